@@ -1,0 +1,158 @@
+# libstagehand — see README.md. Everything is built under $(BUILD).
+#
+#   make            library, tools and the simulated GPU
+#   make test       build and run every test (simulated GPU)
+#   make check      format, cppcheck and a -Werror build
+#   make asan|ubsan|tsan   the test suite under a sanitizer
+#   make install PREFIX=/usr/local
+
+CUDA_HOME ?= /usr/local/cuda
+PREFIX    ?= /usr/local
+BUILD     ?= build
+CC        ?= cc
+SAN       ?=
+OPT       ?= -O2
+
+CUDA_INC := $(CUDA_HOME)/include
+WARN     := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes
+CFLAGS_ALL := -std=c11 -D_GNU_SOURCE $(OPT) -g -fPIC -pthread $(WARN) \
+              -I include -I . -isystem $(CUDA_INC) $(if $(SAN),-fsanitize=$(SAN) -fno-omit-frame-pointer) \
+              $(CFLAGS)
+LDFLAGS_ALL := -pthread $(if $(SAN),-fsanitize=$(SAN)) $(LDFLAGS)
+
+MODULES  := interpose pool transfer policy telemetry
+LIB_SRCS := $(foreach m,$(MODULES),$(wildcard $(m)/*.c))
+LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o)
+LIB_LIBS := -ldl -linih -lm
+
+SIM_DRV_SRCS := $(wildcard tests/sim/drv_*.c)
+SIM_DRV_OBJS := $(SIM_DRV_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/sim/stubs_cuda.o
+SIM_RT_OBJS  := $(BUILD)/obj/tests/sim/cudart.o $(BUILD)/obj/sim/stubs_cudart.o
+SIM_CUPTI_OBJS := $(BUILD)/obj/tests/sim/cupti.o $(BUILD)/obj/sim/stubs_cupti.o
+SIM_LIBS := $(BUILD)/sim/libcuda.so.1 $(BUILD)/sim/libcudart.so.13 $(BUILD)/sim/libcupti.so.13
+
+SIM_TEST_SRCS  := $(wildcard tests/sim/test_*.c)
+UNIT_TEST_SRCS := $(wildcard tests/unit/test_*.c)
+E2E_SRCS       := $(wildcard tests/e2e/*.c)
+SIM_TESTS  := $(SIM_TEST_SRCS:tests/sim/%.c=$(BUILD)/tests/sim/%)
+UNIT_TESTS := $(UNIT_TEST_SRCS:tests/unit/%.c=$(BUILD)/tests/unit/%)
+E2E_BINS   := $(E2E_SRCS:tests/e2e/%.c=$(BUILD)/tests/e2e/%)
+
+TOOL_SRCS := $(wildcard tools/*/main.c)
+TOOLS     := $(patsubst tools/%/main.c,$(BUILD)/%,$(TOOL_SRCS))
+
+PREREQ := $(BUILD)/.prereqs
+
+.PHONY: all test check format asan ubsan tsan install clean bench
+.DEFAULT_GOAL := all
+
+all: $(BUILD)/libstagehand.so $(SIM_LIBS) $(TOOLS)
+
+$(PREREQ): mk/prereqs.sh
+	@mkdir -p $(@D)
+	@CUDA_HOME=$(CUDA_HOME) ./mk/prereqs.sh build
+	@touch $@
+
+# ---- the library ---------------------------------------------------------
+$(BUILD)/obj/%.o: %.c $(PREREQ)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+
+$(BUILD)/libstagehand.so: $(LIB_OBJS) interpose/exports.map
+	$(CC) -shared -o $@ $(LIB_OBJS) -Wl,--version-script=interpose/exports.map \
+	    -Wl,-soname,libstagehand.so $(LDFLAGS_ALL) $(LIB_LIBS)
+
+$(BUILD)/libstagehand.a: $(LIB_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+# ---- the simulated GPU ---------------------------------------------------
+$(BUILD)/obj/sim/stubs_cuda.c: tests/sim/gen_stubs.sh $(PREREQ)
+	@mkdir -p $(@D)
+	tests/sim/gen_stubs.sh $(CC) $(CUDA_INC) cuda.h cu CUresult sim_refuse_driver 801 > $@
+$(BUILD)/obj/sim/stubs_cudart.c: tests/sim/gen_stubs.sh $(PREREQ)
+	@mkdir -p $(@D)
+	tests/sim/gen_stubs.sh $(CC) $(CUDA_INC) cuda_runtime_api.h cuda cudaError_t sim_refuse_runtime 801 > $@
+$(BUILD)/obj/sim/stubs_cupti.c: tests/sim/gen_stubs.sh $(PREREQ)
+	@mkdir -p $(@D)
+	tests/sim/gen_stubs.sh $(CC) $(CUDA_INC) cupti.h cupti CUptiResult sim_refuse_cupti 27 > $@
+$(BUILD)/obj/sim/stubs_%.o: $(BUILD)/obj/sim/stubs_%.c
+	$(CC) $(CFLAGS_ALL) -Wno-strict-prototypes -Wno-missing-prototypes -c $< -o $@
+
+SIM_LDFLAGS := -shared $(LDFLAGS_ALL) -Wl,--version-script=tests/sim/exports.map
+
+$(BUILD)/sim/libcuda.so.1: $(SIM_DRV_OBJS) tests/sim/exports.map
+	@mkdir -p $(@D)
+	$(CC) -o $@ $(SIM_DRV_OBJS) -Wl,-soname,libcuda.so.1 $(SIM_LDFLAGS) -lrt -lm
+	ln -sf libcuda.so.1 $(BUILD)/sim/libcuda.so
+
+$(BUILD)/sim/libcudart.so.13: $(SIM_RT_OBJS) $(BUILD)/sim/libcuda.so.1 tests/sim/cudart.map
+	$(CC) -o $@ $(SIM_RT_OBJS) -Wl,-soname,libcudart.so.13 -shared $(LDFLAGS_ALL) \
+	    -Wl,--version-script=tests/sim/cudart.map -L$(BUILD)/sim -l:libcuda.so.1
+	ln -sf libcudart.so.13 $(BUILD)/sim/libcudart.so
+
+$(BUILD)/sim/libcupti.so.13: $(SIM_CUPTI_OBJS) $(BUILD)/sim/libcuda.so.1
+	$(CC) -o $@ $(SIM_CUPTI_OBJS) -Wl,-soname,libcupti.so.13 $(SIM_LDFLAGS) \
+	    -L$(BUILD)/sim -l:libcuda.so.1
+	ln -sf libcupti.so.13 $(BUILD)/sim/libcupti.so
+
+SIM_LINK := -L$(BUILD)/sim -l:libcudart.so.13 -l:libcuda.so.1 \
+            -Wl,--disable-new-dtags -Wl,-rpath,'$$ORIGIN/../../sim'
+
+# ---- tests ---------------------------------------------------------------
+$(BUILD)/tests/sim/%: $(BUILD)/obj/tests/sim/%.o $(SIM_LIBS)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $< $(LDFLAGS_ALL) $(SIM_LINK) -l:libcupti.so.13 -lcmocka
+
+$(BUILD)/tests/unit/%: $(BUILD)/obj/tests/unit/%.o $(BUILD)/libstagehand.a
+	@mkdir -p $(@D)
+	$(CC) -o $@ $< $(BUILD)/libstagehand.a $(LDFLAGS_ALL) $(LIB_LIBS) -lcmocka
+
+$(BUILD)/tests/e2e/%: $(BUILD)/obj/tests/e2e/%.o $(SIM_LIBS)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $< $(LDFLAGS_ALL) $(SIM_LINK)
+
+# ---- tools ---------------------------------------------------------------
+$(BUILD)/%: $(BUILD)/obj/tools/%/main.o $(BUILD)/libstagehand.a
+	$(CC) -o $@ $< $(BUILD)/libstagehand.a $(LDFLAGS_ALL) $(LIB_LIBS) -lncursesw
+
+TEST_BINS := $(SIM_TESTS) $(UNIT_TESTS) $(E2E_BINS)
+
+test: all $(TEST_BINS)
+	@BUILD=$(BUILD) SAN=$(SAN) tests/run.sh $(SIM_TESTS) $(UNIT_TESTS)
+
+# ---- checks and sanitizers -----------------------------------------------
+FORMAT_SRCS = $(shell git ls-files '*.c' '*.h' 2>/dev/null)
+
+format:
+	clang-format -i $(FORMAT_SRCS)
+
+check:
+	@./mk/prereqs.sh build check
+	clang-format --dry-run --Werror $(FORMAT_SRCS)
+	cppcheck --quiet --error-exitcode=1 --enable=warning,portability,performance \
+	    --inline-suppr --suppress=missingIncludeSystem -D__GNUC__ -D__x86_64__ \
+	    -I include -I . $(MODULES) tools tests
+	$(MAKE) --no-print-directory BUILD=$(BUILD)/check CFLAGS='-Werror' all $(TEST_BINS)
+
+asan:
+	$(MAKE) --no-print-directory BUILD=build/asan SAN=address OPT=-O1 test
+ubsan:
+	$(MAKE) --no-print-directory BUILD=build/ubsan SAN=undefined OPT=-O1 \
+	    CFLAGS='-fno-sanitize-recover=undefined' test
+tsan:
+	$(MAKE) --no-print-directory BUILD=build/tsan SAN=thread OPT=-O1 test
+
+# ---- install -------------------------------------------------------------
+install: all
+	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/bin \
+	    $(DESTDIR)$(PREFIX)/share/stagehand
+	install -m 0755 $(BUILD)/libstagehand.so $(DESTDIR)$(PREFIX)/lib/
+	install -m 0644 include/stagehand.h $(DESTDIR)$(PREFIX)/include/
+	$(if $(TOOLS),install -m 0755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin/)
+	install -m 0644 stagehand.ini $(DESTDIR)$(PREFIX)/share/stagehand/stagehand.ini.example
+
+clean:
+	rm -rf build
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Checks the build prerequisites and installs what is missing.
+# As root, missing Debian packages are installed with apt-get; otherwise the
+# exact command to run is printed and the build stops.
+# Usage: mk/prereqs.sh [build|check|fuzz]...
+set -euo pipefail
+
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+missing=()
+
+need_file() { # need_file PATH PACKAGE
+    [ -e "$1" ] || missing+=("$2")
+}
+need_cmd() { # need_cmd COMMAND PACKAGE
+    command -v "$1" >/dev/null 2>&1 || missing+=("$2")
+}
+
+for what in "${@:-build}"; do
+    case "$what" in
+    build)
+        need_cmd cc gcc
+        need_cmd make make
+        need_file /usr/include/ini.h libinih-dev
+        need_file /usr/include/cmocka.h libcmocka-dev
+        need_file /usr/include/libelf.h libelf-dev
+        need_file /usr/include/ncurses.h libncurses-dev
+        need_file /usr/include/zlib.h zlib1g-dev
+        need_cmd tmux tmux
+        need_cmd python3 python3
+        ;;
+    check)
+        need_cmd clang-format clang-format
+        need_cmd cppcheck cppcheck
+        ;;
+    fuzz)
+        need_cmd clang clang
+        need_file /usr/lib/llvm-14/lib/clang/14.0.6/lib/linux/libclang_rt.fuzzer-x86_64.a libclang-rt-14-dev
+        ;;
+    *)
+        echo "prereqs.sh: unknown group '$what'" >&2
+        exit 2
+        ;;
+    esac
+done
+
+if [ ${#missing[@]} -gt 0 ]; then
+    mapfile -t pkgs < <(printf '%s\n' "${missing[@]}" | sort -u)
+    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "prereqs: installing ${pkgs[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq >/dev/null
+        apt-get install -y -qq "${pkgs[@]}" >/dev/null
+    else
+        echo "prereqs: missing packages: ${pkgs[*]}" >&2
+        echo "prereqs: run: sudo apt-get update && sudo apt-get install -y ${pkgs[*]}" >&2
+        exit 1
+    fi
+fi
+
+for h in cuda.h cuda_runtime_api.h cupti.h generated_cuda_meta.h; do
+    if [ ! -f "$CUDA_HOME/include/$h" ]; then
+        echo "prereqs: $CUDA_HOME/include/$h not found." >&2
+        echo "prereqs: install the CUDA 13 toolkit there, or set CUDA_HOME to where it is." >&2
+        exit 1
+    fi
+done
