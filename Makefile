@@ -79,7 +79,7 @@ $(BUILD)/obj/sim/stubs_cupti.c: tests/sim/gen_stubs.sh $(PREREQ)
 $(BUILD)/obj/sim/stubs_%.o: $(BUILD)/obj/sim/stubs_%.c
 	$(CC) $(CFLAGS_ALL) -Wno-strict-prototypes -Wno-missing-prototypes -c $< -o $@
 
-SIM_LDFLAGS := -shared $(LDFLAGS_ALL) -Wl,--version-script=tests/sim/exports.map
+SIM_LDFLAGS := -shared $(LDFLAGS_ALL) -Wl,--no-undefined -Wl,--version-script=tests/sim/exports.map
 
 $(BUILD)/sim/libcuda.so.1: $(SIM_DRV_OBJS) tests/sim/exports.map
 	@mkdir -p $(@D)
@@ -87,7 +87,7 @@ $(BUILD)/sim/libcuda.so.1: $(SIM_DRV_OBJS) tests/sim/exports.map
 	ln -sf libcuda.so.1 $(BUILD)/sim/libcuda.so
 
 $(BUILD)/sim/libcudart.so.13: $(SIM_RT_OBJS) $(BUILD)/sim/libcuda.so.1 tests/sim/cudart.map
-	$(CC) -o $@ $(SIM_RT_OBJS) -Wl,-soname,libcudart.so.13 -shared $(LDFLAGS_ALL) \
+	$(CC) -o $@ $(SIM_RT_OBJS) -Wl,-soname,libcudart.so.13 -shared $(LDFLAGS_ALL) -Wl,--no-undefined \
 	    -Wl,--version-script=tests/sim/cudart.map -L$(BUILD)/sim -l:libcuda.so.1
 	ln -sf libcudart.so.13 $(BUILD)/sim/libcudart.so
 

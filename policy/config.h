@@ -1,0 +1,167 @@
+/* config.h — stagehand's settings: stagehand.ini, STAGEHAND_* overrides, built-in defaults.
+ *
+ * Every function works only on the struct sh_config and the buffers the caller
+ * passes in; the module holds no state of its own, so all of it is reentrant.
+ * Errors are returned as a negative SH_E* code with one line in `err`:
+ *
+ *     "path:line: key: what is wrong"      a value or combination from a file
+ *     "env STAGEHAND_X: key: what is wrong" a value from the environment
+ *     "defaults: key: what is wrong"        only the built-in values are involved
+ *
+ * stagehand.ini at the repository root documents every key. In the struct below a
+ * key `name_mb`/`name_kb` lives in a field `name`; every other key has its own name.
+ */
+#ifndef SH_POLICY_CONFIG_H
+#define SH_POLICY_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define SH_CONFIG_MAX_LIST  16  /* values in a list key */
+#define SH_CONFIG_STR_MAX   256 /* string values and file names, with the NUL */
+#define SH_CONFIG_MAX_KEYS  64  /* capacity of the per-key origin table */
+#define SH_CONFIG_MAX_FILES 4   /* distinct files one struct can be loaded from */
+#define SH_CONFIG_ERR_MAX   512 /* a good size for err buffers; longer text is cut */
+
+enum sh_config_drain { SH_CONFIG_DRAIN_DEVICE = 0, SH_CONFIG_DRAIN_TRACKED = 1 };
+enum sh_config_eviction { SH_CONFIG_EVICT_LRU = 0, SH_CONFIG_EVICT_LEARNED = 1 };
+enum sh_config_tracking {
+    SH_CONFIG_TRACK_AUTO = 0,
+    SH_CONFIG_TRACK_CUPTI = 1,
+    SH_CONFIG_TRACK_HOOKS = 2
+};
+
+/* A size as written, then as resolved. */
+struct sh_size_opt {
+    uint64_t bytes; /* as written when !is_pct; after sh_config_resolve() always the bytes */
+    double pct;     /* the percentage as written when is_pct (0..100) */
+    int is_pct;
+};
+
+struct sh_config_list {
+    uint32_t n;
+    uint32_t v[SH_CONFIG_MAX_LIST];
+};
+
+/* Where a key got its value; read it through sh_config_origin(). */
+struct sh_config_origin {
+    int16_t src; /* -1 default, -2 environment, >= 0 index into files_ */
+    int32_t line;
+};
+
+struct sh_config {
+    struct {
+        int enabled;
+        int log_level; /* SH_LOG_ERROR .. SH_LOG_DEBUG (sh_log.h) */
+        int device;
+    } general;
+    struct {
+        struct sh_size_opt vram_budget;         /* % of the card */
+        struct sh_size_opt vram_high_watermark; /* % of the budget */
+        struct sh_size_opt vram_low_watermark;  /* % of the budget */
+        struct sh_size_opt host_ram_budget;     /* % of the machine's RAM */
+    } budget;
+    struct {
+        struct sh_size_opt min_region;
+        struct sh_size_opt max_chunk;
+        struct sh_size_opt va_cache;
+        struct sh_size_opt device_cache; /* % of the budget */
+        struct sh_size_opt suballoc_max;
+    } regions;
+    struct {
+        struct sh_config_list classes_mb;      /* pinned_pool_classes_mb, in MB */
+        struct sh_config_list slabs_per_class; /* after resolve: one per class */
+        struct sh_size_opt prepin;             /* % of host_ram_budget */
+        int grow_in_background;
+    } pool;
+    struct {
+        int max_inflight_d2h;
+        int max_inflight_h2d;
+        int drain_mode; /* enum sh_config_drain */
+        int batch_max;
+    } transfer;
+    struct {
+        int eviction; /* enum sh_config_eviction */
+        int prefetch_window;
+        int prefetch_enabled;
+    } policy;
+    struct {
+        int enabled;
+        int backward_pressure_pct;
+        int backward_prefetch_window;
+        int optimizer_max_inflight_h2d;
+        int contention_checks;
+    } conductor;
+    struct {
+        int mode; /* enum sh_config_tracking */
+        char cupti_path[SH_CONFIG_STR_MAX];
+    } tracking;
+    struct {
+        int telemetry_enabled;
+        char telemetry_file[SH_CONFIG_STR_MAX]; /* "" = no JSONL file */
+        int telemetry_interval;
+        int shm_enabled;
+    } telemetry;
+    struct {
+        int debug_checksums;
+        char trace_file[SH_CONFIG_STR_MAX]; /* "" = none */
+    } debug;
+
+    int resolved; /* set by sh_config_resolve() */
+    struct sh_config_origin origin_[SH_CONFIG_MAX_KEYS];
+    char files_[SH_CONFIG_MAX_FILES][SH_CONFIG_STR_MAX];
+};
+
+/* One key, for help screens and tests. Strings are static. */
+struct sh_config_key_info {
+    const char *section;
+    const char *name;
+    const char *unit; /* "MB", "KB", "bool", "launches", ... */
+    const char *def;  /* the default exactly as stagehand.ini writes it */
+    const char *help;
+};
+
+/* Sets every key to its built-in default (not yet resolved). */
+void sh_config_defaults(struct sh_config *cfg);
+
+/* Parses one INI file over the current values; cfg is left untouched on error.
+ * SH_ENOTFOUND if it cannot be opened, SH_EINVAL for a bad file. */
+int sh_config_load_file(struct sh_config *cfg, const char *path, char *err, size_t errlen);
+
+/* The same from a string; `name` stands for the path in messages. */
+int sh_config_load_string(struct sh_config *cfg, const char *name, const char *text, char *err,
+                          size_t errlen);
+
+/* Applies STAGEHAND_<SECTION>_<KEY>=value entries of envp (NULL-terminated, or NULL).
+ * An unknown key in a known section is an error; other names are ignored.
+ * cfg is left untouched on error. */
+int sh_config_apply_env(struct sh_config *cfg, char *const *envp, char *err, size_t errlen);
+
+/* Turns percentages into bytes (card_bytes or host_ram_bytes 0 = unknown, and then a
+ * percentage of it is an error) and checks the combinations. cfg is left untouched
+ * on error; resolving again (say with another card size) is allowed. */
+int sh_config_resolve(struct sh_config *cfg, uint64_t card_bytes, uint64_t host_ram_bytes,
+                      char *err, size_t errlen);
+
+/* Start-up: defaults, then $STAGEHAND_CONFIG (must exist) or else ./stagehand.ini
+ * (if present), then the environment, then resolve. *used_path gets the file read,
+ * "" for none. */
+int sh_config_init(struct sh_config *cfg, char *const *envp, uint64_t card_bytes,
+                   uint64_t host_ram_bytes, char *used_path, size_t pathlen, char *err,
+                   size_t errlen);
+
+/* 1 when envp has STAGEHAND_DISABLE set to anything but "", 0, false, no or off. */
+int sh_config_disabled(char *const *envp);
+
+/* "budget=81920MB high=65536MB low=49152MB ..." (percentages as written until resolved). */
+void sh_config_summary(const struct sh_config *cfg, char *buf, size_t len);
+
+/* Where section.key got its value: "defaults", "path:line" or "env STAGEHAND_...".
+ * SH_ENOTFOUND for an unknown key. */
+int sh_config_origin(const struct sh_config *cfg, const char *section, const char *key, char *buf,
+                     size_t len);
+
+/* The index-th key in table order; SH_ENOTFOUND past the last one. */
+int sh_config_key_at(size_t index, struct sh_config_key_info *out);
+
+#endif

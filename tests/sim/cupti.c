@@ -1,0 +1,145 @@
+/* cupti.c — the simulated CUPTI (libcupti.so.13): one subscriber, callbacks
+ * enabled per (domain, id) or per domain, fed by the simulated driver's API
+ * hub with the real callback-data and parameter structs.
+ *
+ * Locking: mu guards the subscriber and the enable table; the hook copies
+ * what it needs under mu and calls the subscriber without it, so a callback
+ * may call CUPTI again.
+ */
+#include "sim.h"
+
+#include <cupti.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef void (*simcuda_api_hook)(void *user, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
+                                 const CUpti_CallbackData *data);
+void simcuda__set_api_hook(simcuda_api_hook hook, void *user);
+
+#define MAX_CBID 1024
+
+struct subscriber {
+    CUpti_CallbackFunc fn;
+    void *user;
+    bool used;
+    unsigned char enabled[CUPTI_CB_DOMAIN_SIZE][MAX_CBID];
+};
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static struct subscriber sub;
+
+int sim_refuse_cupti(const char *name, int code);
+int sim_refuse_cupti(const char *name, int code)
+{
+    fprintf(stderr, "simcuda: %s is not supported by the simulated CUPTI\n", name);
+    return code;
+}
+
+static bool api_domain(CUpti_CallbackDomain d)
+{
+    return d == CUPTI_CB_DOMAIN_DRIVER_API || d == CUPTI_CB_DOMAIN_RUNTIME_API;
+}
+
+static void hook(void *user, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
+                 const CUpti_CallbackData *data)
+{
+    (void)user;
+    pthread_mutex_lock(&mu);
+    bool on = sub.used && cbid < MAX_CBID && sub.enabled[domain][cbid];
+    CUpti_CallbackFunc fn = sub.fn;
+    void *u = sub.user;
+    pthread_mutex_unlock(&mu);
+    if (on)
+        fn(u, domain, cbid, data);
+}
+
+SIM_EXPORT CUptiResult cuptiSubscribe(CUpti_SubscriberHandle *subscriber,
+                                      CUpti_CallbackFunc callback, void *userdata)
+{
+    if (!subscriber)
+        return CUPTI_ERROR_INVALID_PARAMETER;
+    pthread_mutex_lock(&mu);
+    if (sub.used) {
+        pthread_mutex_unlock(&mu);
+        return CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED;
+    }
+    memset(&sub, 0, sizeof sub);
+    sub.fn = callback;
+    sub.user = userdata;
+    sub.used = true;
+    pthread_mutex_unlock(&mu);
+    *subscriber = (CUpti_SubscriberHandle)&sub;
+    simcuda__set_api_hook(hook, NULL);
+    return CUPTI_SUCCESS;
+}
+
+SIM_EXPORT CUptiResult cuptiSubscribe_v2(CUpti_SubscriberHandle *subscriber,
+                                         CUpti_CallbackFunc callback, void *userdata,
+                                         CUpti_SubscriberParams *params)
+{
+    (void)params;
+    return cuptiSubscribe(subscriber, callback, userdata);
+}
+
+static bool valid(CUpti_SubscriberHandle s)
+{
+    return s == (CUpti_SubscriberHandle)&sub && sub.used;
+}
+
+SIM_EXPORT CUptiResult cuptiUnsubscribe(CUpti_SubscriberHandle subscriber)
+{
+    pthread_mutex_lock(&mu);
+    bool ok = valid(subscriber);
+    if (ok)
+        sub.used = false;
+    pthread_mutex_unlock(&mu);
+    if (!ok)
+        return CUPTI_ERROR_INVALID_PARAMETER;
+    simcuda__set_api_hook(NULL, NULL);
+    return CUPTI_SUCCESS;
+}
+
+SIM_EXPORT CUptiResult cuptiEnableCallback(uint32_t enable, CUpti_SubscriberHandle subscriber,
+                                           CUpti_CallbackDomain domain, CUpti_CallbackId cbid)
+{
+    if (domain <= CUPTI_CB_DOMAIN_INVALID || domain >= CUPTI_CB_DOMAIN_SIZE || cbid >= MAX_CBID)
+        return CUPTI_ERROR_INVALID_PARAMETER;
+    pthread_mutex_lock(&mu);
+    bool ok = valid(subscriber);
+    if (ok)
+        sub.enabled[domain][cbid] = enable != 0;
+    pthread_mutex_unlock(&mu);
+    return ok ? CUPTI_SUCCESS : CUPTI_ERROR_INVALID_PARAMETER;
+}
+
+SIM_EXPORT CUptiResult cuptiEnableDomain(uint32_t enable, CUpti_SubscriberHandle subscriber,
+                                         CUpti_CallbackDomain domain)
+{
+    if (domain <= CUPTI_CB_DOMAIN_INVALID || domain >= CUPTI_CB_DOMAIN_SIZE)
+        return CUPTI_ERROR_INVALID_PARAMETER;
+    if (!api_domain(domain))
+        return sim_refuse_cupti("cuptiEnableDomain (non-API domains)", CUPTI_ERROR_NOT_SUPPORTED);
+    pthread_mutex_lock(&mu);
+    bool ok = valid(subscriber);
+    if (ok)
+        memset(sub.enabled[domain], enable != 0, MAX_CBID);
+    pthread_mutex_unlock(&mu);
+    return ok ? CUPTI_SUCCESS : CUPTI_ERROR_INVALID_PARAMETER;
+}
+
+SIM_EXPORT CUptiResult cuptiGetResultString(CUptiResult result, const char **str)
+{
+    if (!str)
+        return CUPTI_ERROR_INVALID_PARAMETER;
+    switch (result) {
+    case CUPTI_SUCCESS: *str = "CUPTI_SUCCESS"; break;
+    case CUPTI_ERROR_INVALID_PARAMETER: *str = "CUPTI_ERROR_INVALID_PARAMETER"; break;
+    case CUPTI_ERROR_NOT_SUPPORTED: *str = "CUPTI_ERROR_NOT_SUPPORTED"; break;
+    case CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED:
+        *str = "CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED";
+        break;
+    default: *str = NULL; return CUPTI_ERROR_INVALID_PARAMETER;
+    }
+    return CUPTI_SUCCESS;
+}

@@ -1,0 +1,537 @@
+/* drv_core.c — the simulated driver's front: cuInit, the one device, its
+ * primary context, sticky errors, error strings, cuGetProcAddress and the
+ * hub that feeds API callbacks to the simulated CUPTI.
+ *
+ * Shared state: `initialised` and `sticky` are atomics; the current context
+ * is thread-local; the callback hook is an atomic pointer set by libcupti.
+ */
+#include "sim.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct sim_cfg sim_cfg;
+struct sim_stats sim_stats;
+
+static atomic_int initialised;
+static atomic_int sticky = CUDA_SUCCESS;
+static atomic_uint corr_ids;
+
+/* The primary context. Its address is the CUcontext handle. */
+static struct {
+    int retains;
+    int dummy;
+} primary;
+static _Thread_local CUcontext current;
+
+static size_t env_size(const char *name, size_t dflt, size_t unit)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return dflt;
+    char *end;
+    errno = 0;
+    unsigned long long n = strtoull(v, &end, 10);
+    if (errno || *end || n == 0) {
+        fprintf(stderr, "simcuda: %s=%s: expected a positive integer; using %zu\n", name, v,
+                dflt / unit);
+        return dflt;
+    }
+    return (size_t)n * unit;
+}
+
+static double env_double(const char *name)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return 0;
+    char *end;
+    double d = strtod(v, &end);
+    if (*end || d < 0) {
+        fprintf(stderr, "simcuda: %s=%s: expected a non-negative number; using 0\n", name, v);
+        return 0;
+    }
+    return d;
+}
+
+static void read_config(void)
+{
+    sim_cfg.vram_bytes = env_size("SIMCUDA_VRAM_MB", 1024ull << 20, 1 << 20);
+    sim_cfg.host_bytes = env_size("SIMCUDA_HOST_MB", 8192ull << 20, 1 << 20);
+    sim_cfg.gran = env_size("SIMCUDA_GRANULARITY_KB", 2048ull << 10, 1 << 10);
+    if (sim_cfg.gran & (sim_cfg.gran - 1) || sim_cfg.gran < 4096) {
+        fprintf(stderr, "simcuda: SIMCUDA_GRANULARITY_KB must be a power of two >= 4; using 2048\n");
+        sim_cfg.gran = 2048ull << 10;
+    }
+    /* GB/s = 1e9 B/s = 1e3 B/us */
+    sim_cfg.pcie_bytes_per_us = env_double("SIMCUDA_PCIE_GBPS") * 1e3;
+    sim_cfg.kernel_us = (unsigned)env_double("SIMCUDA_KERNEL_US");
+    const char *nh = getenv("SIMCUDA_NO_HOST_VMM");
+    sim_cfg.no_host_vmm = nh && *nh && strcmp(nh, "0") != 0;
+}
+
+SIM_EXPORT CUresult cuInit(unsigned int flags)
+{
+    if (flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    int expected = 0;
+    if (atomic_compare_exchange_strong(&initialised, &expected, 2)) {
+        read_config();
+        sim_exec_init();
+        atomic_store(&initialised, 1);
+    }
+    while (atomic_load(&initialised) == 2)
+        ; /* another thread is initialising */
+    return atomic_load(&sticky);
+}
+
+CUresult sim_check(void)
+{
+    if (atomic_load(&initialised) != 1)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return atomic_load(&sticky);
+}
+
+CUresult sim_check_ctx(void)
+{
+    CUresult r = sim_check();
+    if (r == CUDA_SUCCESS && current == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    return r;
+}
+
+void sim_fault(uintptr_t addr, const char *what)
+{
+    int ok = CUDA_SUCCESS;
+    atomic_compare_exchange_strong(&sticky, &ok, CUDA_ERROR_ILLEGAL_ADDRESS);
+    atomic_fetch_add(&sim_stats.faults, 1);
+    fprintf(stderr, "simcuda: illegal address 0x%llx in %s; the context is now unusable\n",
+            (unsigned long long)addr, what);
+}
+
+bool sim_faulted(void)
+{
+    return atomic_load(&sticky) != CUDA_SUCCESS;
+}
+
+int sim_refuse_driver(const char *name, int code)
+{
+    fprintf(stderr, "simcuda: %s is not supported by the simulated GPU\n", name);
+    return code;
+}
+
+void sim_sleep_us(double us)
+{
+    if (us <= 0)
+        return;
+    struct timespec ts = {(time_t)(us / 1e6), (long)((us - (double)(time_t)(us / 1e6) * 1e6) * 1e3)};
+    while (nanosleep(&ts, &ts) == -1 && errno == EINTR)
+        ;
+}
+
+/* ---- versions and the device ---- */
+
+SIM_EXPORT CUresult cuDriverGetVersion(int *v)
+{
+    if (!v)
+        return CUDA_ERROR_INVALID_VALUE;
+    *v = 13000;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuDeviceGetCount(int *count)
+{
+    CUresult r = sim_check();
+    if (r)
+        return r;
+    if (!count)
+        return CUDA_ERROR_INVALID_VALUE;
+    *count = 1;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuDeviceGet(CUdevice *dev, int ordinal)
+{
+    CUresult r = sim_check();
+    if (r)
+        return r;
+    if (!dev)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (ordinal != 0)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *dev = 0;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
+{
+    CUresult r = sim_check();
+    if (r)
+        return r;
+    if (dev != 0)
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (!name || len <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    snprintf(name, (size_t)len, "Simulated GPU (simcuda)");
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    CUresult r = sim_check();
+    if (r)
+        return r;
+    if (dev != 0)
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (!bytes)
+        return CUDA_ERROR_INVALID_VALUE;
+    *bytes = sim_cfg.vram_bytes;
+    return CUDA_SUCCESS;
+}
+
+static int attribute(CUdevice_attribute a, int *known)
+{
+    *known = 1;
+    switch (a) {
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: return 9;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: return 0;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: return 132;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: return 1024;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: return 32;
+    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: return 1;
+    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: return 1;
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: return 1;
+    case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: return 2;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: return 1;
+    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: return 0;
+    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: return 0;
+    case CU_DEVICE_ATTRIBUTE_INTEGRATED: return 0;
+    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: return 0;
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: return 0;
+    case CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS: return 0;
+    case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH: return 1;
+    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: return 1;
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: return 1;
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: return 0;
+    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED: return 0;
+    case CU_DEVICE_ATTRIBUTE_NUMA_CONFIG: return CU_DEVICE_NUMA_CONFIG_NONE;
+    case CU_DEVICE_ATTRIBUTE_NUMA_ID: return -1;
+    case CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID: return 0;
+    case CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+        return !sim_cfg.no_host_vmm;
+    case CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED: return 1;
+    default: *known = 0; return 0;
+    }
+}
+
+SIM_EXPORT CUresult cuDeviceGetAttribute(int *value, CUdevice_attribute attrib, CUdevice dev)
+{
+    CUresult r = sim_check();
+    if (r)
+        return r;
+    if (!value || (int)attrib <= 0 || attrib >= CU_DEVICE_ATTRIBUTE_MAX)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev != 0)
+        return CUDA_ERROR_INVALID_DEVICE;
+    int known;
+    int v = attribute(attrib, &known);
+    if (!known) {
+        fprintf(stderr, "simcuda: cuDeviceGetAttribute: attribute %d is not modelled\n",
+                (int)attrib);
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    *value = v;
+    return CUDA_SUCCESS;
+}
+
+/* ---- contexts: one primary context, current per thread ---- */
+
+SIM_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    CUresult r = sim_check();
+    if (r)
+        return r;
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev != 0)
+        return CUDA_ERROR_INVALID_DEVICE;
+    __atomic_add_fetch(&primary.retains, 1, __ATOMIC_RELAXED);
+    *pctx = (CUcontext)&primary;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    CUresult r = sim_check();
+    if (r)
+        return r;
+    if (dev != 0)
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (__atomic_load_n(&primary.retains, __ATOMIC_RELAXED) <= 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    __atomic_sub_fetch(&primary.retains, 1, __ATOMIC_RELAXED);
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
+{
+    CUresult r = sim_check();
+    if (r)
+        return r;
+    if (dev != 0)
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (!flags || !active)
+        return CUDA_ERROR_INVALID_VALUE;
+    *flags = 0;
+    *active = __atomic_load_n(&primary.retains, __ATOMIC_RELAXED) > 0;
+    return CUDA_SUCCESS;
+}
+
+static bool valid_ctx(CUcontext c)
+{
+    return c == (CUcontext)&primary;
+}
+
+SIM_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+    CUresult r = sim_check();
+    if (r)
+        return r;
+    if (ctx && !valid_ctx(ctx))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    current = ctx;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
+{
+    CUresult r = sim_check();
+    if (r)
+        return r;
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pctx = current;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+    return cuCtxSetCurrent(ctx); /* one context: the stack has depth one */
+}
+
+SIM_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
+{
+    CUresult r = sim_check_ctx();
+    if (r)
+        return r;
+    if (pctx)
+        *pctx = current;
+    current = NULL;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
+{
+    CUresult r = sim_check_ctx();
+    if (r)
+        return r;
+    if (!dev)
+        return CUDA_ERROR_INVALID_VALUE;
+    *dev = 0;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxSynchronize(void)
+{
+    CUresult r = sim_check_ctx();
+    if (r)
+        return r;
+    return sim_ctx_synchronize();
+}
+
+SIM_EXPORT CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest)
+{
+    CUresult r = sim_check_ctx();
+    if (r)
+        return r;
+    if (least)
+        *least = 0;
+    if (greatest)
+        *greatest = -5;
+    return CUDA_SUCCESS;
+}
+
+/* ---- error strings ---- */
+
+#define SIM_ERRORS(X)                                                                           \
+    X(CUDA_SUCCESS, "no error")                                                                 \
+    X(CUDA_ERROR_INVALID_VALUE, "invalid argument")                                             \
+    X(CUDA_ERROR_OUT_OF_MEMORY, "out of memory")                                                \
+    X(CUDA_ERROR_NOT_INITIALIZED, "initialization error")                                       \
+    X(CUDA_ERROR_DEINITIALIZED, "driver shutting down")                                         \
+    X(CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal")                                      \
+    X(CUDA_ERROR_INVALID_CONTEXT, "invalid device context")                                     \
+    X(CUDA_ERROR_INVALID_HANDLE, "invalid resource handle")                                     \
+    X(CUDA_ERROR_NOT_FOUND, "named symbol not found")                                           \
+    X(CUDA_ERROR_NOT_READY, "device not ready")                                                 \
+    X(CUDA_ERROR_ILLEGAL_ADDRESS, "an illegal memory access was encountered")                   \
+    X(CUDA_ERROR_LAUNCH_FAILED, "unspecified launch failure")                                   \
+    X(CUDA_ERROR_NOT_PERMITTED, "operation not permitted")                                      \
+    X(CUDA_ERROR_NOT_SUPPORTED, "operation not supported")                                      \
+    X(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED,                                                \
+      "part or all of the requested memory range is already mapped")                           \
+    X(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, "pointer does not correspond to a registered memory region") \
+    X(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "operation not permitted when stream is capturing") \
+    X(CUDA_ERROR_UNKNOWN, "unknown error")
+
+SIM_EXPORT CUresult cuGetErrorString(CUresult error, const char **str)
+{
+    if (!str)
+        return CUDA_ERROR_INVALID_VALUE;
+#define X(code, text)                                                                           \
+    if (error == code) {                                                                        \
+        *str = text;                                                                            \
+        return CUDA_SUCCESS;                                                                    \
+    }
+    SIM_ERRORS(X)
+#undef X
+    *str = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+SIM_EXPORT CUresult cuGetErrorName(CUresult error, const char **str)
+{
+    if (!str)
+        return CUDA_ERROR_INVALID_VALUE;
+#define X(code, text)                                                                           \
+    if (error == code) {                                                                        \
+        *str = #code;                                                                           \
+        return CUDA_SUCCESS;                                                                    \
+    }
+    SIM_ERRORS(X)
+#undef X
+    *str = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ---- cuGetProcAddress: returns the driver's own definitions, as the real
+ * one does, so a caller can reach them past any interposer. ---- */
+
+static void *self_handle(void)
+{
+    static void *self;
+    if (!self) {
+        Dl_info info;
+        if (dladdr((void *)cuInit, &info) && info.dli_fname)
+            self = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+    }
+    return self;
+}
+
+SIM_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
+                                        cuuint64_t flags, CUdriverProcAddressQueryResult *status)
+{
+    (void)flags;
+    if (!symbol || !pfn)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pfn = NULL;
+    void *self = self_handle();
+    char name[256];
+    static const char *const suffixes[] = {"_v4", "_v3", "_v2", ""};
+    for (size_t i = 0; self && i < sizeof suffixes / sizeof *suffixes; i++) {
+        snprintf(name, sizeof name, "%s%s", symbol, suffixes[i]);
+        void *f = dlsym(self, name);
+        if (f) {
+            *pfn = f;
+            if (status)
+                *status = CU_GET_PROC_ADDRESS_SUCCESS;
+            return CUDA_SUCCESS;
+        }
+    }
+    if (status)
+        *status = cudaVersion > 13000 ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
+                                      : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return CUDA_ERROR_NOT_FOUND;
+}
+
+/* ---- the API-callback hub ---- */
+
+typedef void (*simcuda_api_hook)(void *user, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
+                                 const CUpti_CallbackData *data);
+static _Atomic(simcuda_api_hook) api_hook;
+static void *_Atomic api_hook_user;
+
+/* Called by the simulated CUPTI; NULL detaches. Internal ABI, not for tests. */
+SIM_EXPORT void simcuda__set_api_hook(simcuda_api_hook hook, void *user);
+void simcuda__set_api_hook(simcuda_api_hook hook, void *user)
+{
+    atomic_store(&api_hook_user, user);
+    atomic_store(&api_hook, hook);
+}
+
+void sim_api_enter(struct sim_api_call *call, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
+                   const char *fname, const char *symbol, const void *params)
+{
+    simcuda_api_hook hook = atomic_load(&api_hook);
+    call->active = hook != NULL;
+    if (!hook)
+        return;
+    call->domain = domain;
+    call->cbid = cbid;
+    call->corr_data = 0;
+    call->data = (CUpti_CallbackData){
+        .callbackSite = CUPTI_API_ENTER,
+        .functionName = fname,
+        .functionParams = params,
+        .functionReturnValue = NULL,
+        .symbolName = symbol,
+        .context = current,
+        .contextUid = 1,
+        .correlationData = &call->corr_data,
+        .correlationId = atomic_fetch_add(&corr_ids, 1) + 1,
+    };
+    hook(atomic_load(&api_hook_user), domain, cbid, &call->data);
+}
+
+void sim_api_exit(struct sim_api_call *call, void *ret)
+{
+    simcuda_api_hook hook = atomic_load(&api_hook);
+    if (!call->active || !hook)
+        return;
+    call->data.callbackSite = CUPTI_API_EXIT;
+    call->data.functionReturnValue = ret;
+    hook(atomic_load(&api_hook_user), call->domain, call->cbid, &call->data);
+}
+
+/* Lets the simulated runtime wrap its own calls in API callbacks. */
+SIM_EXPORT void simcuda__api_enter(struct sim_api_call *call, int domain, int cbid,
+                                   const char *fname, const char *symbol, const void *params);
+SIM_EXPORT void simcuda__api_exit(struct sim_api_call *call, void *ret);
+void simcuda__api_enter(struct sim_api_call *call, int domain, int cbid, const char *fname,
+                        const char *symbol, const void *params)
+{
+    sim_api_enter(call, (CUpti_CallbackDomain)domain, (CUpti_CallbackId)cbid, fname, symbol,
+                  params);
+}
+void simcuda__api_exit(struct sim_api_call *call, void *ret)
+{
+    sim_api_exit(call, ret);
+}
+
+SIM_EXPORT void simcuda_get_stats(simcuda_stats_t *out)
+{
+    if (!out)
+        return;
+    memset(out, 0, sizeof *out);
+    sim_mem_stats(&out->device_bytes_in_use, &out->device_bytes_peak, &out->host_bytes_in_use);
+    out->copies_h2d = atomic_load(&sim_stats.copies_h2d);
+    out->copies_d2h = atomic_load(&sim_stats.copies_d2h);
+    out->bytes_h2d = atomic_load(&sim_stats.bytes_h2d);
+    out->bytes_d2h = atomic_load(&sim_stats.bytes_d2h);
+    out->launches = atomic_load(&sim_stats.launches);
+    out->faults = atomic_load(&sim_stats.faults);
+}

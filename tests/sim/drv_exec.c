@@ -1,0 +1,450 @@
+/* drv_exec.c — kernels, launches, copies and memsets, and the fault guard.
+ *
+ * Work runs on stream workers inside a guard: a SIGSEGV/SIGBUS raised there
+ * (an address with no mapping or no access) becomes the context's sticky
+ * CUDA_ERROR_ILLEGAL_ADDRESS, as a GPU fault would; a fault anywhere else is
+ * passed on to whatever handler was there before.
+ *
+ * Locking: kern_mu guards the kernel table; kernel entries are never freed,
+ * so a CUfunction stays valid for the life of the process.
+ */
+#include "sim.h"
+
+#include <cupti.h> /* the launch parameter structs CUPTI hands out */
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_KERNELS 4096
+#define MAX_PARAMS 64
+
+struct sim_kernel {
+    simcuda_kernel_fn fn;
+    char name[96];
+    int nparams;
+    size_t sizes[MAX_PARAMS], offsets[MAX_PARAMS], total;
+    unsigned duration_us;
+};
+
+static pthread_mutex_t kern_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct sim_kernel kernels[MAX_KERNELS];
+static int nkernels;
+
+/* ---- the fault guard ---- */
+
+static _Thread_local sigjmp_buf *guard_jmp;
+static _Thread_local uintptr_t guard_addr;
+static struct sigaction old_segv, old_bus;
+
+static void on_fault(int sig, siginfo_t *info, void *uc)
+{
+    if (guard_jmp) {
+        guard_addr = (uintptr_t)info->si_addr;
+        siglongjmp(*guard_jmp, 1);
+    }
+    struct sigaction *old = sig == SIGSEGV ? &old_segv : &old_bus;
+    if (old->sa_flags & SA_SIGINFO && old->sa_sigaction) {
+        old->sa_sigaction(sig, info, uc);
+    } else if (old->sa_handler != SIG_IGN && old->sa_handler != SIG_DFL) {
+        old->sa_handler(sig);
+    } else {
+        signal(sig, SIG_DFL); /* returning re-executes the access and dies */
+    }
+}
+
+void sim_exec_init(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_fault;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &old_segv);
+    sigaction(SIGBUS, &sa, &old_bus);
+}
+
+bool sim_guarded(void (*fn)(void *), void *arg, const char *what)
+{
+    sigjmp_buf jb;
+    if (sigsetjmp(jb, 1)) {
+        guard_jmp = NULL;
+        sim_fault(guard_addr, what);
+        return false;
+    }
+    guard_jmp = &jb;
+    fn(arg);
+    guard_jmp = NULL;
+    return true;
+}
+
+static void op_free(struct sim_op *op)
+{
+    free(op->waits);
+    free(op);
+}
+
+/* ---- copies and memsets ---- */
+
+struct copy_op {
+    struct sim_op op;
+    void *dst;
+    const void *src;
+    size_t n;
+    double us;
+};
+
+static void copy_run(struct sim_op *op)
+{
+    struct copy_op *c = (struct copy_op *)op;
+    sim_sleep_us(c->us); /* the bytes land at the end of the transfer */
+    memmove(c->dst, c->src, c->n);
+}
+
+/* Counts a copy and returns the time it takes on the modelled link. */
+static double account_copy(const void *dst, const void *src, size_t n)
+{
+    bool d_dev = sim_mem_kind((uintptr_t)dst) == SIM_MEM_DEVICE;
+    bool s_dev = sim_mem_kind((uintptr_t)src) == SIM_MEM_DEVICE;
+    if (d_dev == s_dev)
+        return 0;
+    if (d_dev) {
+        atomic_fetch_add(&sim_stats.copies_h2d, 1);
+        atomic_fetch_add(&sim_stats.bytes_h2d, n);
+    } else {
+        atomic_fetch_add(&sim_stats.copies_d2h, 1);
+        atomic_fetch_add(&sim_stats.bytes_d2h, n);
+    }
+    return sim_cfg.pcie_bytes_per_us > 0 ? (double)n / sim_cfg.pcie_bytes_per_us : 0;
+}
+
+static CUresult submit_and_maybe_wait(struct sim_stream *s, struct sim_op *op, bool sync)
+{
+    uint64_t ticket;
+    CUresult r = sim_stream_submit(s, op, &ticket);
+    if (r == CUDA_SUCCESS && sync) {
+        sim_stream_wait_ticket(s, ticket);
+        r = sim_check();
+    }
+    return r;
+}
+
+CUresult sim_copy(void *dst, const void *src, size_t n, CUstream hs, bool sync)
+{
+    CUresult r = sim_check_ctx();
+    if (r)
+        return r;
+    struct sim_stream *s = sim_stream_get(hs);
+    if (!s)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (n == 0)
+        return CUDA_SUCCESS;
+    if (!dst || !src)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct copy_op *op = calloc(1, sizeof *op);
+    if (!op)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *op = (struct copy_op){.op = {.run = copy_run, .fini = op_free}, .dst = dst, .src = src, .n = n};
+    op->us = account_copy(dst, src, n);
+    return submit_and_maybe_wait(s, &op->op, sync);
+}
+
+struct fill_op {
+    struct sim_op op;
+    void *dst;
+    unsigned value;
+    size_t elem, count;
+};
+
+static void fill_run(struct sim_op *op)
+{
+    struct fill_op *f = (struct fill_op *)op;
+    if (f->elem == 1) {
+        memset(f->dst, (int)f->value, f->count);
+        return;
+    }
+    for (size_t i = 0; i < f->count; i++) {
+        if (f->elem == 2)
+            ((uint16_t *)f->dst)[i] = (uint16_t)f->value;
+        else
+            ((uint32_t *)f->dst)[i] = f->value;
+    }
+}
+
+CUresult sim_fill(void *dst, unsigned value, size_t elem, size_t count, CUstream hs, bool sync)
+{
+    CUresult r = sim_check_ctx();
+    if (r)
+        return r;
+    struct sim_stream *s = sim_stream_get(hs);
+    if (!s)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (count == 0)
+        return CUDA_SUCCESS;
+    if (!dst || ((uintptr_t)dst & (elem - 1)))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fill_op *op = calloc(1, sizeof *op);
+    if (!op)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *op = (struct fill_op){
+        .op = {.run = fill_run, .fini = op_free}, .dst = dst, .value = value, .elem = elem, .count = count};
+    return submit_and_maybe_wait(s, &op->op, sync);
+}
+
+#define P(x) ((void *)(uintptr_t)(x))
+#define CP(x) ((const void *)(uintptr_t)(x))
+
+SIM_EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n)
+{
+    return sim_copy(P(dst), CP(src), n, NULL, true);
+}
+SIM_EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
+{
+    return sim_copy(P(dst), CP(src), n, s, false);
+}
+SIM_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
+{
+    return sim_copy(P(dst), src, n, NULL, true);
+}
+SIM_EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
+{
+    return sim_copy(dst, CP(src), n, NULL, true);
+}
+SIM_EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n)
+{
+    return sim_copy(P(dst), CP(src), n, NULL, true);
+}
+SIM_EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s)
+{
+    return sim_copy(P(dst), src, n, s, false);
+}
+SIM_EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s)
+{
+    return sim_copy(dst, CP(src), n, s, false);
+}
+SIM_EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
+{
+    return sim_copy(P(dst), CP(src), n, s, false);
+}
+SIM_EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n)
+{
+    return sim_fill(P(dst), v, 1, n, NULL, true);
+}
+SIM_EXPORT CUresult cuMemsetD16_v2(CUdeviceptr dst, unsigned short v, size_t n)
+{
+    return sim_fill(P(dst), v, 2, n, NULL, true);
+}
+SIM_EXPORT CUresult cuMemsetD32_v2(CUdeviceptr dst, unsigned int v, size_t n)
+{
+    return sim_fill(P(dst), v, 4, n, NULL, true);
+}
+SIM_EXPORT CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream s)
+{
+    return sim_fill(P(dst), v, 1, n, s, false);
+}
+SIM_EXPORT CUresult cuMemsetD16Async(CUdeviceptr dst, unsigned short v, size_t n, CUstream s)
+{
+    return sim_fill(P(dst), v, 2, n, s, false);
+}
+SIM_EXPORT CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int v, size_t n, CUstream s)
+{
+    return sim_fill(P(dst), v, 4, n, s, false);
+}
+
+/* ---- kernels ---- */
+
+SIM_EXPORT int simcuda_register_kernel(simcuda_kernel_fn fn, const char *name, int nparams,
+                                       const size_t *param_sizes, unsigned duration_us)
+{
+    if (!fn || nparams < 0 || nparams > MAX_PARAMS || (nparams > 0 && !param_sizes))
+        return -1;
+    struct sim_kernel k = {.fn = fn, .nparams = nparams, .duration_us = duration_us};
+    snprintf(k.name, sizeof k.name, "%s", name ? name : "kernel");
+    for (int i = 0; i < nparams; i++) {
+        size_t sz = param_sizes[i], align = sz >= 8 ? 8 : sz >= 4 ? 4 : sz >= 2 ? 2 : 1;
+        if (sz == 0)
+            return -1;
+        k.offsets[i] = (k.total + align - 1) & ~(align - 1); /* natural alignment, as nvcc lays out */
+        k.sizes[i] = sz;
+        k.total = k.offsets[i] + sz;
+    }
+    pthread_mutex_lock(&kern_mu);
+    int slot = -1;
+    for (int i = 0; i < nkernels; i++)
+        if (kernels[i].fn == fn)
+            slot = i;
+    if (slot < 0 && nkernels < MAX_KERNELS)
+        slot = nkernels++;
+    if (slot >= 0)
+        kernels[slot] = k;
+    pthread_mutex_unlock(&kern_mu);
+    return slot < 0 ? -1 : 0;
+}
+
+SIM_EXPORT CUfunction simcuda_function(simcuda_kernel_fn fn)
+{
+    CUfunction f = NULL;
+    pthread_mutex_lock(&kern_mu);
+    for (int i = 0; i < nkernels && !f; i++)
+        if (kernels[i].fn == fn)
+            f = (CUfunction)&kernels[i];
+    pthread_mutex_unlock(&kern_mu);
+    return f;
+}
+
+static struct sim_kernel *kernel_get(const void *f)
+{
+    const struct sim_kernel *k = f;
+    if (k < kernels || k >= kernels + MAX_KERNELS || (size_t)((const char *)k - (const char *)kernels) % sizeof *k)
+        return NULL;
+    pthread_mutex_lock(&kern_mu);
+    bool live = k - kernels < nkernels;
+    pthread_mutex_unlock(&kern_mu);
+    return live ? (struct sim_kernel *)k : NULL;
+}
+
+SIM_EXPORT CUresult cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t *paramOffset,
+                                       size_t *paramSize)
+{
+    CUresult r = sim_check();
+    if (r)
+        return r;
+    struct sim_kernel *k = kernel_get(func);
+    if (!k)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!paramOffset || paramIndex >= (size_t)k->nparams)
+        return CUDA_ERROR_INVALID_VALUE;
+    *paramOffset = k->offsets[paramIndex];
+    if (paramSize)
+        *paramSize = k->sizes[paramIndex];
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuKernelGetParamInfo(CUkernel kernel, size_t paramIndex, size_t *paramOffset,
+                                         size_t *paramSize)
+{
+    return cuFuncGetParamInfo((CUfunction)kernel, paramIndex, paramOffset, paramSize);
+}
+
+SIM_EXPORT CUresult cuFuncGetName(const char **name, CUfunction func)
+{
+    CUresult r = sim_check();
+    if (r)
+        return r;
+    struct sim_kernel *k = kernel_get(func);
+    if (!k)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!name)
+        return CUDA_ERROR_INVALID_VALUE;
+    *name = k->name;
+    return CUDA_SUCCESS;
+}
+
+struct launch_op {
+    struct sim_op op;
+    struct sim_kernel *k;
+    double us;
+    void *args[MAX_PARAMS];
+    unsigned char buf[]; /* the parameter values, copied at launch as a GPU does */
+};
+
+static void launch_run(struct sim_op *op)
+{
+    struct launch_op *l = (struct launch_op *)op;
+    sim_sleep_us(l->us); /* results appear when the kernel ends */
+    l->k->fn(l->args);
+}
+
+static CUresult launch(struct sim_kernel *k, CUstream hs, void **params, void **extra,
+                       unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz)
+{
+    if (extra) {
+        fprintf(stderr, "simcuda: cuLaunchKernel: the 'extra' parameter buffer is not supported\n");
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    if (!gx || !gy || !gz || !bx || !by || !bz || (unsigned long long)bx * by * bz > 1024)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (k->nparams > 0 && !params)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct sim_stream *s = sim_stream_get(hs);
+    if (!s)
+        return CUDA_ERROR_INVALID_HANDLE;
+    struct launch_op *op = calloc(1, sizeof *op + k->total);
+    if (!op)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    op->op.run = launch_run;
+    op->op.fini = op_free;
+    op->k = k;
+    op->us = k->duration_us ? k->duration_us : sim_cfg.kernel_us;
+    for (int i = 0; i < k->nparams; i++) {
+        memcpy(op->buf + k->offsets[i], params[i], k->sizes[i]);
+        op->args[i] = op->buf + k->offsets[i];
+    }
+    atomic_fetch_add(&sim_stats.launches, 1);
+    return sim_stream_submit(s, &op->op, NULL);
+}
+
+SIM_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                   unsigned int gridDimZ, unsigned int blockDimX,
+                                   unsigned int blockDimY, unsigned int blockDimZ,
+                                   unsigned int sharedMemBytes, CUstream hStream,
+                                   void **kernelParams, void **extra)
+{
+    cuLaunchKernel_params p = {f,         gridDimX,       gridDimY, gridDimZ,     blockDimX,
+                               blockDimY, blockDimZ,      sharedMemBytes, hStream, kernelParams,
+                               extra};
+    struct sim_kernel *k = kernel_get(f);
+    struct sim_api_call call;
+    sim_api_enter(&call, CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,
+                  "cuLaunchKernel", k ? k->name : NULL, &p);
+    CUresult r = sim_check_ctx();
+    if (r == CUDA_SUCCESS)
+        r = k ? launch(k, hStream, kernelParams, extra, gridDimX, gridDimY, gridDimZ, blockDimX,
+                       blockDimY, blockDimZ)
+              : CUDA_ERROR_INVALID_HANDLE;
+    sim_api_exit(&call, &r);
+    return r;
+}
+
+SIM_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f,
+                                     void **kernelParams, void **extra)
+{
+    cuLaunchKernelEx_params p = {config, f, kernelParams, extra};
+    struct sim_kernel *k = kernel_get(f);
+    struct sim_api_call call;
+    sim_api_enter(&call, CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx,
+                  "cuLaunchKernelEx", k ? k->name : NULL, &p);
+    CUresult r = sim_check_ctx();
+    if (r == CUDA_SUCCESS && !config)
+        r = CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS)
+        r = k ? launch(k, config->hStream, kernelParams, extra, config->gridDimX, config->gridDimY,
+                       config->gridDimZ, config->blockDimX, config->blockDimY, config->blockDimZ)
+              : CUDA_ERROR_INVALID_HANDLE;
+    sim_api_exit(&call, &r);
+    return r;
+}
+
+SIM_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX,
+                                              unsigned int gridDimY, unsigned int gridDimZ,
+                                              unsigned int blockDimX, unsigned int blockDimY,
+                                              unsigned int blockDimZ, unsigned int sharedMemBytes,
+                                              CUstream hStream, void **kernelParams)
+{
+    cuLaunchCooperativeKernel_params p = {f,         gridDimX,  gridDimY,       gridDimZ, blockDimX,
+                                          blockDimY, blockDimZ, sharedMemBytes, hStream,  kernelParams};
+    struct sim_kernel *k = kernel_get(f);
+    struct sim_api_call call;
+    sim_api_enter(&call, CUPTI_CB_DOMAIN_DRIVER_API,
+                  CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel",
+                  k ? k->name : NULL, &p);
+    CUresult r = sim_check_ctx();
+    if (r == CUDA_SUCCESS)
+        r = k ? launch(k, hStream, kernelParams, NULL, gridDimX, gridDimY, gridDimZ, blockDimX,
+                       blockDimY, blockDimZ)
+              : CUDA_ERROR_INVALID_HANDLE;
+    sim_api_exit(&call, &r);
+    return r;
+}

@@ -1,0 +1,657 @@
+/* drv_stream.c — streams and events.
+ *
+ * Every stream runs its queue in order on its own worker thread. Each op gets
+ * a ticket; a stream's `completed` is the ticket of its last finished op, so
+ * "has the stream passed this point" is one comparison. The legacy default
+ * stream waits for all blocking streams and they wait for it, as on a GPU.
+ *
+ * Locking: submit_mu serialises submissions (tickets and the legacy barriers
+ * are taken together) and guards the stream and event lists; each stream's
+ * mu guards its queue and counters; each event's mu guards its record. Stream
+ * and event structs are never returned to malloc: destroyed ones are marked
+ * dead and reused, so a stale handle is detected, never dereferenced freed.
+ */
+#include "sim.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define STREAM_MAGIC 0x5354524du
+#define EVENT_MAGIC 0x45564e54u
+
+struct sim_stream {
+    unsigned magic;
+    bool legacy;
+    unsigned flags;
+    int priority;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct sim_op *head, *tail;
+    uint64_t submitted, completed;
+    bool stop;
+    pthread_t thread;
+    struct sim_stream *next_all;
+};
+
+struct sim_event {
+    unsigned magic;
+    unsigned flags;
+    pthread_mutex_t mu;
+    struct sim_stream *stream; /* NULL until recorded */
+    uint64_t ticket, gen;
+    double stamp_us;
+    bool stamped;
+    struct sim_event *next_free;
+};
+
+static pthread_mutex_t submit_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct sim_stream *all_streams; /* live and dead, for barriers and sync */
+static struct sim_stream legacy_stream;
+static struct sim_event *free_events;
+static pthread_once_t legacy_once = PTHREAD_ONCE_INIT;
+static _Thread_local struct sim_stream *per_thread;
+
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+/* ---- workers ---- */
+
+static void run_op(void *arg)
+{
+    struct sim_op *op = arg;
+    op->run(op);
+}
+
+static void *worker(void *arg)
+{
+    struct sim_stream *s = arg;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        while (!s->head && !s->stop)
+            pthread_cond_wait(&s->cv, &s->mu);
+        struct sim_op *op = s->head;
+        pthread_mutex_unlock(&s->mu);
+        if (!op)
+            return NULL;
+        for (int i = 0; i < op->nwaits; i++)
+            sim_stream_wait_ticket(op->waits[i].stream, op->waits[i].ticket);
+        if (!sim_faulted() && op->run) /* a faulted context runs nothing more */
+            sim_guarded(run_op, op, "stream work");
+        pthread_mutex_lock(&s->mu);
+        s->head = op->next;
+        if (!s->head)
+            s->tail = NULL;
+        s->completed = op->ticket;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        if (op->fini)
+            op->fini(op);
+    }
+}
+
+static int stream_start(struct sim_stream *s, bool legacy, unsigned flags, int priority)
+{
+    s->magic = STREAM_MAGIC;
+    s->legacy = legacy;
+    s->flags = flags;
+    s->priority = priority;
+    s->head = s->tail = NULL;
+    s->stop = false;
+    s->submitted = s->completed = 0;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    if (pthread_create(&s->thread, NULL, worker, s) != 0) {
+        s->magic = 0;
+        return -1;
+    }
+    pthread_mutex_lock(&submit_mu);
+    s->next_all = all_streams;
+    all_streams = s;
+    pthread_mutex_unlock(&submit_mu);
+    return 0;
+}
+
+static void legacy_init(void)
+{
+    if (stream_start(&legacy_stream, true, 0, 0) != 0) {
+        fprintf(stderr, "simcuda: cannot start the default stream's worker\n");
+        abort();
+    }
+}
+
+/* Stops s after its queued work and joins its worker. */
+static void stream_stop(struct sim_stream *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->stop = true;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->thread, NULL);
+}
+
+static pthread_key_t per_thread_key;
+static pthread_once_t per_thread_once = PTHREAD_ONCE_INIT;
+
+static void per_thread_exit(void *arg)
+{
+    struct sim_stream *s = arg;
+    stream_stop(s);
+    s->magic = 0;
+}
+
+static void per_thread_key_init(void)
+{
+    pthread_key_create(&per_thread_key, per_thread_exit);
+}
+
+static struct sim_stream *per_thread_stream(void)
+{
+    if (!per_thread) {
+        pthread_once(&per_thread_once, per_thread_key_init);
+        struct sim_stream *s = calloc(1, sizeof *s);
+        if (!s || stream_start(s, false, CU_STREAM_DEFAULT, 0) != 0) {
+            free(s);
+            return NULL;
+        }
+        pthread_setspecific(per_thread_key, s);
+        per_thread = s;
+    }
+    return per_thread;
+}
+
+struct sim_stream *sim_stream_get(CUstream h)
+{
+    pthread_once(&legacy_once, legacy_init);
+    if (h == NULL || h == CU_STREAM_LEGACY)
+        return &legacy_stream;
+    if (h == CU_STREAM_PER_THREAD)
+        return per_thread_stream();
+    struct sim_stream *found = NULL;
+    pthread_mutex_lock(&submit_mu);
+    for (struct sim_stream *s = all_streams; s; s = s->next_all)
+        if ((CUstream)s == h && s->magic == STREAM_MAGIC)
+            found = s;
+    pthread_mutex_unlock(&submit_mu);
+    return found;
+}
+
+CUresult sim_op_add_wait(struct sim_op *op, struct sim_stream *s, uint64_t ticket)
+{
+    if (ticket == 0)
+        return CUDA_SUCCESS;
+    struct sim_wait *w = realloc(op->waits, (size_t)(op->nwaits + 1) * sizeof *w);
+    if (!w)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    w[op->nwaits++] = (struct sim_wait){s, ticket};
+    op->waits = w;
+    return CUDA_SUCCESS;
+}
+
+/* The implicit legacy-stream ordering; submit_mu held. */
+static CUresult add_barriers(struct sim_stream *s, struct sim_op *op)
+{
+    if (s->legacy) {
+        for (struct sim_stream *t = all_streams; t; t = t->next_all)
+            if (t != s && t->magic == STREAM_MAGIC && !(t->flags & CU_STREAM_NON_BLOCKING))
+                if (sim_op_add_wait(op, t, t->submitted))
+                    return CUDA_ERROR_OUT_OF_MEMORY;
+        return CUDA_SUCCESS;
+    }
+    if (s->flags & CU_STREAM_NON_BLOCKING)
+        return CUDA_SUCCESS;
+    return sim_op_add_wait(op, &legacy_stream, legacy_stream.submitted);
+}
+
+CUresult sim_stream_submit(struct sim_stream *s, struct sim_op *op, uint64_t *ticket)
+{
+    pthread_mutex_lock(&submit_mu);
+    CUresult r = add_barriers(s, op);
+    if (r == CUDA_SUCCESS) {
+        pthread_mutex_lock(&s->mu);
+        uint64_t t = op->ticket = ++s->submitted;
+        op->next = NULL;
+        if (s->tail)
+            s->tail->next = op;
+        else
+            s->head = op;
+        s->tail = op;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu); /* from here the worker may free op */
+        if (ticket)
+            *ticket = t;
+    }
+    pthread_mutex_unlock(&submit_mu);
+    if (r != CUDA_SUCCESS && op->fini)
+        op->fini(op);
+    return r;
+}
+
+void sim_stream_wait_ticket(struct sim_stream *s, uint64_t ticket)
+{
+    pthread_mutex_lock(&s->mu);
+    while (s->completed < ticket)
+        pthread_cond_wait(&s->cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+}
+
+bool sim_stream_done(struct sim_stream *s, uint64_t ticket)
+{
+    pthread_mutex_lock(&s->mu);
+    bool done = s->completed >= ticket;
+    pthread_mutex_unlock(&s->mu);
+    return done;
+}
+
+static uint64_t submitted(struct sim_stream *s)
+{
+    pthread_mutex_lock(&s->mu);
+    uint64_t t = s->submitted;
+    pthread_mutex_unlock(&s->mu);
+    return t;
+}
+
+CUresult sim_ctx_synchronize(void)
+{
+    pthread_once(&legacy_once, legacy_init);
+    pthread_mutex_lock(&submit_mu);
+    struct sim_stream *list = all_streams;
+    pthread_mutex_unlock(&submit_mu);
+    /* Streams are only ever prepended, so walking from a snapshot is safe. */
+    for (struct sim_stream *s = list; s; s = s->next_all)
+        sim_stream_wait_ticket(s, submitted(s));
+    return sim_check();
+}
+
+/* ---- the stream API ---- */
+
+static CUresult create_stream(CUstream *ph, unsigned flags, int priority)
+{
+    CUresult r = sim_check_ctx();
+    if (r)
+        return r;
+    if (!ph || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_once(&legacy_once, legacy_init);
+    /* Clamp to the range the device reports, as the driver does. */
+    priority = priority > 0 ? 0 : priority < -5 ? -5 : priority;
+    struct sim_stream *s = NULL;
+    pthread_mutex_lock(&submit_mu);
+    for (struct sim_stream *t = all_streams; t && !s; t = t->next_all)
+        if (t->magic == 0 && t != &legacy_stream)
+            s = t; /* reuse a destroyed stream's struct */
+    if (s)
+        s->magic = STREAM_MAGIC; /* claim it under the lock */
+    pthread_mutex_unlock(&submit_mu);
+    if (s) {
+        s->legacy = false;
+        s->flags = flags;
+        s->priority = priority;
+        s->stop = false;
+        if (pthread_create(&s->thread, NULL, worker, s) != 0) {
+            s->magic = 0;
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    } else {
+        s = calloc(1, sizeof *s);
+        if (!s || stream_start(s, false, flags, priority) != 0) {
+            free(s);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    *ph = (CUstream)s;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuStreamCreate(CUstream *ph, unsigned int flags)
+{
+    return create_stream(ph, flags, 0);
+}
+
+SIM_EXPORT CUresult cuStreamCreateWithPriority(CUstream *ph, unsigned int flags, int priority)
+{
+    return create_stream(ph, flags, priority);
+}
+
+static bool user_stream(CUstream h, struct sim_stream **out)
+{
+    *out = NULL;
+    if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD)
+        return false;
+    *out = sim_stream_get(h);
+    return *out != NULL;
+}
+
+SIM_EXPORT CUresult cuStreamDestroy_v2(CUstream h)
+{
+    CUresult r = sim_check_ctx();
+    if (r)
+        return r;
+    struct sim_stream *s;
+    if (!user_stream(h, &s))
+        return CUDA_ERROR_INVALID_HANDLE;
+    /* Queued work still completes, as the documentation promises. */
+    stream_stop(s);
+    pthread_mutex_lock(&submit_mu);
+    s->magic = 0;
+    pthread_mutex_unlock(&submit_mu);
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuStreamSynchronize(CUstream h)
+{
+    CUresult r = sim_check_ctx();
+    if (r)
+        return r;
+    struct sim_stream *s = sim_stream_get(h);
+    if (!s)
+        return CUDA_ERROR_INVALID_HANDLE;
+    sim_stream_wait_ticket(s, submitted(s));
+    return sim_check();
+}
+
+SIM_EXPORT CUresult cuStreamQuery(CUstream h)
+{
+    CUresult r = sim_check_ctx();
+    if (r)
+        return r;
+    struct sim_stream *s = sim_stream_get(h);
+    if (!s)
+        return CUDA_ERROR_INVALID_HANDLE;
+    return sim_stream_done(s, submitted(s)) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+SIM_EXPORT CUresult cuStreamGetPriority(CUstream h, int *priority)
+{
+    CUresult r = sim_check_ctx();
+    if (r)
+        return r;
+    struct sim_stream *s = sim_stream_get(h);
+    if (!s)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!priority)
+        return CUDA_ERROR_INVALID_VALUE;
+    *priority = s->priority;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuStreamGetFlags(CUstream h, unsigned int *flags)
+{
+    CUresult r = sim_check_ctx();
+    if (r)
+        return r;
+    struct sim_stream *s = sim_stream_get(h);
+    if (!s)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    *flags = s->flags;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuStreamIsCapturing(CUstream h, CUstreamCaptureStatus *status)
+{
+    CUresult r = sim_check_ctx();
+    if (r)
+        return r;
+    if (!sim_stream_get(h))
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!status)
+        return CUDA_ERROR_INVALID_VALUE;
+    *status = CU_STREAM_CAPTURE_STATUS_NONE; /* capture is not simulated yet */
+    return CUDA_SUCCESS;
+}
+
+static void op_free(struct sim_op *op)
+{
+    free(op->waits);
+    free(op);
+}
+
+struct host_fn_op {
+    struct sim_op op;
+    CUhostFn fn;
+    void *user;
+};
+
+static void host_fn_run(struct sim_op *op)
+{
+    struct host_fn_op *h = (struct host_fn_op *)op;
+    h->fn(h->user);
+}
+
+SIM_EXPORT CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void *userData)
+{
+    CUresult r = sim_check_ctx();
+    if (r)
+        return r;
+    struct sim_stream *s = sim_stream_get(h);
+    if (!s)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!fn)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct host_fn_op *op = calloc(1, sizeof *op);
+    if (!op)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *op = (struct host_fn_op){.op = {.run = host_fn_run, .fini = op_free}, .fn = fn, .user = userData};
+    return sim_stream_submit(s, &op->op, NULL);
+}
+
+/* ---- events ---- */
+
+static struct sim_event *event_get(CUevent h)
+{
+    struct sim_event *e = (struct sim_event *)h;
+    return e && e->magic == EVENT_MAGIC ? e : NULL;
+}
+
+SIM_EXPORT CUresult cuEventCreate(CUevent *ph, unsigned int flags)
+{
+    CUresult r = sim_check_ctx();
+    if (r)
+        return r;
+    if (!ph || (flags & ~0xfu))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&submit_mu);
+    struct sim_event *e = free_events;
+    if (e)
+        free_events = e->next_free;
+    pthread_mutex_unlock(&submit_mu);
+    if (!e) {
+        e = calloc(1, sizeof *e);
+        if (!e)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        pthread_mutex_init(&e->mu, NULL);
+    }
+    pthread_mutex_lock(&e->mu);
+    e->flags = flags;
+    e->stream = NULL;
+    e->ticket = 0;
+    e->gen++;
+    e->stamped = false;
+    e->magic = EVENT_MAGIC;
+    pthread_mutex_unlock(&e->mu);
+    *ph = (CUevent)e;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuEventDestroy_v2(CUevent h)
+{
+    CUresult r = sim_check_ctx();
+    if (r)
+        return r;
+    struct sim_event *e = event_get(h);
+    if (!e)
+        return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&e->mu);
+    e->magic = 0;
+    e->gen++;
+    pthread_mutex_unlock(&e->mu);
+    pthread_mutex_lock(&submit_mu);
+    e->next_free = free_events;
+    free_events = e;
+    pthread_mutex_unlock(&submit_mu);
+    return CUDA_SUCCESS;
+}
+
+struct record_op {
+    struct sim_op op;
+    struct sim_event *event;
+    uint64_t gen;
+};
+
+static void record_run(struct sim_op *op)
+{
+    struct record_op *ro = (struct record_op *)op;
+    struct sim_event *e = ro->event;
+    pthread_mutex_lock(&e->mu);
+    if (e->gen == ro->gen) {
+        e->stamp_us = now_us();
+        e->stamped = true;
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+SIM_EXPORT CUresult cuEventRecord(CUevent h, CUstream hs)
+{
+    CUresult r = sim_check_ctx();
+    if (r)
+        return r;
+    struct sim_event *e = event_get(h);
+    struct sim_stream *s = sim_stream_get(hs);
+    if (!e || !s)
+        return CUDA_ERROR_INVALID_HANDLE;
+    struct record_op *op = calloc(1, sizeof *op);
+    if (!op)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    op->op.run = record_run;
+    op->op.fini = op_free;
+    op->event = e;
+    /* The event now stands for this point of this stream. Hold e->mu across
+     * the submission so a concurrent query never sees the new generation
+     * paired with the old ticket. */
+    pthread_mutex_lock(&e->mu);
+    op->gen = ++e->gen;
+    e->stamped = false;
+    uint64_t ticket = 0;
+    r = sim_stream_submit(s, &op->op, &ticket);
+    if (r == CUDA_SUCCESS) {
+        e->stream = s;
+        e->ticket = ticket;
+    }
+    pthread_mutex_unlock(&e->mu);
+    return r;
+}
+
+SIM_EXPORT CUresult cuEventRecordWithFlags(CUevent h, CUstream hs, unsigned int flags)
+{
+    if (flags & ~(unsigned)CU_EVENT_RECORD_EXTERNAL)
+        return CUDA_ERROR_INVALID_VALUE;
+    return cuEventRecord(h, hs);
+}
+
+/* Where the event stands: its stream and ticket (stream NULL if never recorded). */
+static void event_point(struct sim_event *e, struct sim_stream **s, uint64_t *ticket)
+{
+    pthread_mutex_lock(&e->mu);
+    *s = e->stream;
+    *ticket = e->ticket;
+    pthread_mutex_unlock(&e->mu);
+}
+
+SIM_EXPORT CUresult cuEventQuery(CUevent h)
+{
+    CUresult r = sim_check_ctx();
+    if (r)
+        return r;
+    struct sim_event *e = event_get(h);
+    if (!e)
+        return CUDA_ERROR_INVALID_HANDLE;
+    struct sim_stream *s;
+    uint64_t t;
+    event_point(e, &s, &t);
+    return !s || sim_stream_done(s, t) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+SIM_EXPORT CUresult cuEventSynchronize(CUevent h)
+{
+    CUresult r = sim_check_ctx();
+    if (r)
+        return r;
+    struct sim_event *e = event_get(h);
+    if (!e)
+        return CUDA_ERROR_INVALID_HANDLE;
+    struct sim_stream *s;
+    uint64_t t;
+    event_point(e, &s, &t);
+    if (s)
+        sim_stream_wait_ticket(s, t);
+    return sim_check();
+}
+
+SIM_EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end)
+{
+    CUresult r = sim_check_ctx();
+    if (r)
+        return r;
+    struct sim_event *a = event_get(start), *b = event_get(end);
+    if (!a || !b)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!ms)
+        return CUDA_ERROR_INVALID_VALUE;
+    if ((a->flags | b->flags) & CU_EVENT_DISABLE_TIMING)
+        return CUDA_ERROR_INVALID_HANDLE;
+    struct sim_stream *sa, *sb;
+    uint64_t ta, tb;
+    event_point(a, &sa, &ta);
+    event_point(b, &sb, &tb);
+    if (!sa || !sb)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!sim_stream_done(sa, ta) || !sim_stream_done(sb, tb))
+        return CUDA_ERROR_NOT_READY;
+    pthread_mutex_lock(&a->mu);
+    double t0 = a->stamp_us;
+    bool ok = a->stamped;
+    pthread_mutex_unlock(&a->mu);
+    pthread_mutex_lock(&b->mu);
+    double t1 = b->stamp_us;
+    ok = ok && b->stamped;
+    pthread_mutex_unlock(&b->mu);
+    if (!ok)
+        return CUDA_ERROR_NOT_READY;
+    *ms = (float)((t1 - t0) / 1e3);
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuStreamWaitEvent(CUstream hs, CUevent h, unsigned int flags)
+{
+    CUresult r = sim_check_ctx();
+    if (r)
+        return r;
+    struct sim_stream *s = sim_stream_get(hs);
+    struct sim_event *e = event_get(h);
+    if (!s || !e)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (flags & ~(unsigned)CU_EVENT_WAIT_EXTERNAL)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct sim_stream *es;
+    uint64_t t;
+    event_point(e, &es, &t);
+    if (!es || es == s)
+        return CUDA_SUCCESS; /* nothing to wait for, or already in order */
+    struct sim_op *op = calloc(1, sizeof *op);
+    if (!op)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    op->fini = op_free;
+    if ((r = sim_op_add_wait(op, es, t))) {
+        free(op);
+        return r;
+    }
+    return sim_stream_submit(s, op, NULL);
+}

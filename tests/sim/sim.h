@@ -1,0 +1,106 @@
+/* sim.h — internals shared by the files of the simulated driver.
+ *
+ * Layout: drv_core.c (init, devices, contexts, sticky errors, strings,
+ * cuGetProcAddress, the API-callback hub), drv_mem.c (physical handles,
+ * reservations, mappings, allocations), drv_stream.c (streams, events,
+ * worker threads), drv_exec.c (kernels, launches, copies, fault guard).
+ */
+#ifndef SIM_H
+#define SIM_H
+
+#include "simcuda.h"
+
+#include <cuda.h>
+#include <cupti_callbacks.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define SIM_EXPORT __attribute__((visibility("default")))
+
+/* ---- configuration (read once, at cuInit) ---- */
+struct sim_cfg {
+    size_t vram_bytes, host_bytes, gran;
+    double pcie_bytes_per_us; /* 0: copies take no modelled time */
+    unsigned kernel_us;
+    bool no_host_vmm;
+};
+extern struct sim_cfg sim_cfg;
+
+/* ---- core ---- */
+/* Common prologue: CUDA_ERROR_NOT_INITIALIZED before cuInit, the sticky
+ * error once the context has faulted, CUDA_SUCCESS otherwise. */
+CUresult sim_check(void);
+/* As sim_check, and also CUDA_ERROR_INVALID_CONTEXT with no current context. */
+CUresult sim_check_ctx(void);
+/* Records a device fault: sets the sticky error and names the address. */
+void sim_fault(uintptr_t addr, const char *what);
+bool sim_faulted(void);
+int sim_refuse_driver(const char *name, int code);
+void sim_sleep_us(double us);
+
+struct sim_stats {
+    atomic_ullong copies_h2d, copies_d2h, bytes_h2d, bytes_d2h, launches, faults;
+};
+extern struct sim_stats sim_stats;
+
+/* API callbacks (CUPTI). `call` lives on the caller's stack between the two. */
+struct sim_api_call {
+    CUpti_CallbackData data;
+    CUpti_CallbackDomain domain;
+    CUpti_CallbackId cbid;
+    uint64_t corr_data;
+    bool active;
+};
+void sim_api_enter(struct sim_api_call *call, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
+                   const char *fname, const char *symbol, const void *params);
+void sim_api_exit(struct sim_api_call *call, void *ret);
+
+/* ---- memory ---- */
+enum sim_memkind { SIM_MEM_PAGEABLE = 0, SIM_MEM_PINNED = 1, SIM_MEM_DEVICE = 2 };
+/* Where the byte at addr lives, for modelling copy time. */
+enum sim_memkind sim_mem_kind(uintptr_t addr);
+void sim_mem_stats(size_t *dev_in_use, size_t *dev_peak, size_t *host_in_use);
+
+/* ---- streams ---- */
+struct sim_stream;
+struct sim_op;
+typedef void (*sim_op_fn)(struct sim_op *op);
+
+struct sim_wait {
+    struct sim_stream *stream;
+    uint64_t ticket;
+};
+
+struct sim_op {
+    struct sim_op *next;
+    uint64_t ticket;
+    sim_op_fn run;  /* on the worker, inside the fault guard */
+    sim_op_fn fini; /* on the worker, after run; frees the op */
+    int nwaits;
+    struct sim_wait *waits;
+};
+
+/* Resolves a CUstream handle (NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
+ * or a created stream); NULL if the handle is not a live stream. */
+struct sim_stream *sim_stream_get(CUstream h);
+/* Enqueues op (allocated by the caller, freed by op->fini) and returns its
+ * ticket through *ticket (may be NULL). Adds the legacy-stream barriers. */
+CUresult sim_stream_submit(struct sim_stream *s, struct sim_op *op, uint64_t *ticket);
+void sim_stream_wait_ticket(struct sim_stream *s, uint64_t ticket);
+bool sim_stream_done(struct sim_stream *s, uint64_t ticket);
+CUresult sim_ctx_synchronize(void);
+/* Adds a dependency to an op before it is submitted. */
+CUresult sim_op_add_wait(struct sim_op *op, struct sim_stream *s, uint64_t ticket);
+
+/* ---- execution ---- */
+/* Runs fn(arg) on the calling worker; returns false and records the fault
+ * if it touched an address with no mapping or no access. */
+bool sim_guarded(void (*fn)(void *), void *arg, const char *what);
+void sim_exec_init(void);
+/* Submits a copy of n bytes; synchronous when s is NULL (legacy stream, then waits). */
+CUresult sim_copy(void *dst, const void *src, size_t n, CUstream s, bool sync);
+CUresult sim_fill(void *dst, unsigned value, size_t elem, size_t count, CUstream s, bool sync);
+
+#endif

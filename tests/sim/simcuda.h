@@ -1,0 +1,43 @@
+/* simcuda.h — the test-side API of the simulated GPU (build/sim/libcuda.so.1).
+ *
+ * Kernels are host functions registered with their parameter layout. A
+ * program launches one with cudaLaunchKernel((const void *)fn, ...) or with
+ * cuLaunchKernel(simcuda_function(fn), ...); the simulated stream runs it on
+ * its worker thread, where device memory is real process memory.
+ *
+ * Environment: SIMCUDA_VRAM_MB (1024), SIMCUDA_HOST_MB (8192),
+ * SIMCUDA_GRANULARITY_KB (2048), SIMCUDA_PCIE_GBPS (0 = instant),
+ * SIMCUDA_KERNEL_US (0), SIMCUDA_NO_HOST_VMM (0: host-located VMM supported).
+ */
+#ifndef SIMCUDA_H
+#define SIMCUDA_H
+
+#include <cuda.h>
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Gets the args array exactly as cudaLaunchKernel/cuLaunchKernel got it. */
+typedef void (*simcuda_kernel_fn)(void **args);
+
+/* 0, or -1 if the table is full, a parameter size is 0, or fn is NULL.
+ * duration_us 0 means SIMCUDA_KERNEL_US. Registering fn again replaces it. */
+int simcuda_register_kernel(simcuda_kernel_fn fn, const char *name, int nparams,
+                            const size_t *param_sizes, unsigned duration_us);
+
+/* The CUfunction for a registered kernel, or NULL. */
+CUfunction simcuda_function(simcuda_kernel_fn fn);
+
+typedef struct {
+    size_t device_bytes_in_use, device_bytes_peak, host_bytes_in_use;
+    unsigned long long copies_h2d, copies_d2h, bytes_h2d, bytes_d2h, launches, faults;
+} simcuda_stats_t;
+
+void simcuda_get_stats(simcuda_stats_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
