@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Runs cmocka test programs from the repository root against the simulated
+# GPU and prints one closing line: "tests: N passed, N failed".
+# Usage: tests/run.sh PROGRAM...   (BUILD, TEST_TIMEOUT and SAN from the environment)
+set -u
+build=${BUILD:-build}
+timeout_s=${TEST_TIMEOUT:-300}
+export LD_LIBRARY_PATH="$PWD/$build/sim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export STAGEHAND_TEST_BUILD="$build"
+# Sanitizer runs: fail on the first report, and let the simulated GPU own SIGSEGV.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=0:allow_user_segv_handler=1:handle_segv=0:detect_leaks=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+
+passed=0 failed=0 broken=()
+for t in "$@"; do
+    out=$(timeout "$timeout_s" "$t" 2>&1)
+    rc=$?
+    printf '%s\n' "$out"
+    p=$(printf '%s\n' "$out" | sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' | awk '{s+=$1} END {print s+0}')
+    f=$(printf '%s\n' "$out" | sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' | awk '{s+=$1} END {print s+0}')
+    passed=$((passed + p))
+    failed=$((failed + f))
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+        # Crashed, hung or a sanitizer report: count it as a failure.
+        [ "$rc" -eq 124 ] && echo "$t: timed out after ${timeout_s}s"
+        failed=$((failed + 1))
+        broken+=("$t (exit $rc)")
+    elif [ "$rc" -ne 0 ]; then
+        broken+=("$t")
+    fi
+done
+for b in "${broken[@]+"${broken[@]}"}"; do
+    echo "failed: $b"
+done
+echo "tests: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
