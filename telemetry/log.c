@@ -60,14 +60,23 @@ void sh_log_once(int *once, int level, const char *fmt, ...)
 const char *sh_strerror(int err)
 {
     switch (err) {
-    case SH_OK: return "success";
-    case SH_ENOMEM: return "out of memory";
-    case SH_EINVAL: return "invalid argument";
-    case SH_EDRIVER: return "CUDA driver error";
-    case SH_ESTATE: return "invalid state transition";
-    case SH_ENOTFOUND: return "not found";
-    case SH_EBUSY: return "busy";
-    case SH_ERANGE: return "out of range";
-    default: return "unknown error";
+    case SH_OK:
+        return "success";
+    case SH_ENOMEM:
+        return "out of memory";
+    case SH_EINVAL:
+        return "invalid argument";
+    case SH_EDRIVER:
+        return "CUDA driver error";
+    case SH_ESTATE:
+        return "invalid state transition";
+    case SH_ENOTFOUND:
+        return "not found";
+    case SH_EBUSY:
+        return "busy";
+    case SH_ERANGE:
+        return "out of range";
+    default:
+        return "unknown error";
     }
 }

@@ -38,18 +38,30 @@ static void init(void)
 static cudaError_t to_rt(CUresult r)
 {
     switch (r) {
-    case CUDA_SUCCESS: return cudaSuccess;
-    case CUDA_ERROR_OUT_OF_MEMORY: return cudaErrorMemoryAllocation;
-    case CUDA_ERROR_NOT_INITIALIZED: return cudaErrorInitializationError;
-    case CUDA_ERROR_INVALID_CONTEXT: return cudaErrorDeviceUninitialized;
-    case CUDA_ERROR_INVALID_HANDLE: return cudaErrorInvalidResourceHandle;
-    case CUDA_ERROR_NOT_READY: return cudaErrorNotReady;
-    case CUDA_ERROR_ILLEGAL_ADDRESS: return cudaErrorIllegalAddress;
-    case CUDA_ERROR_INVALID_DEVICE: return cudaErrorInvalidDevice;
-    case CUDA_ERROR_NOT_SUPPORTED: return cudaErrorNotSupported;
-    case CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: return cudaErrorHostMemoryAlreadyRegistered;
-    case CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED: return cudaErrorHostMemoryNotRegistered;
-    default: return (cudaError_t)r; /* the remaining codes share their values */
+    case CUDA_SUCCESS:
+        return cudaSuccess;
+    case CUDA_ERROR_OUT_OF_MEMORY:
+        return cudaErrorMemoryAllocation;
+    case CUDA_ERROR_NOT_INITIALIZED:
+        return cudaErrorInitializationError;
+    case CUDA_ERROR_INVALID_CONTEXT:
+        return cudaErrorDeviceUninitialized;
+    case CUDA_ERROR_INVALID_HANDLE:
+        return cudaErrorInvalidResourceHandle;
+    case CUDA_ERROR_NOT_READY:
+        return cudaErrorNotReady;
+    case CUDA_ERROR_ILLEGAL_ADDRESS:
+        return cudaErrorIllegalAddress;
+    case CUDA_ERROR_INVALID_DEVICE:
+        return cudaErrorInvalidDevice;
+    case CUDA_ERROR_NOT_SUPPORTED:
+        return cudaErrorNotSupported;
+    case CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED:
+        return cudaErrorHostMemoryAlreadyRegistered;
+    case CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED:
+        return cudaErrorHostMemoryNotRegistered;
+    default:
+        return (cudaError_t)r; /* the remaining codes share their values */
     }
 }
 
@@ -81,11 +93,11 @@ static cudaError_t enter(void)
     return cudaSuccess;
 }
 
-#define ENTER()                                                                                \
-    do {                                                                                       \
-        cudaError_t e_ = enter();                                                              \
-        if (e_ != cudaSuccess)                                                                 \
-            return e_;                                                                         \
+#define ENTER()                                                                                    \
+    do {                                                                                           \
+        cudaError_t e_ = enter();                                                                  \
+        if (e_ != cudaSuccess)                                                                     \
+            return e_;                                                                             \
     } while (0)
 
 int sim_refuse_runtime(const char *name, int code);
@@ -314,7 +326,8 @@ SIM_EXPORT cudaError_t cudaMemset(void *dst, int value, size_t n)
 SIM_EXPORT cudaError_t cudaMemsetAsync(void *dst, int value, size_t n, cudaStream_t s)
 {
     ENTER();
-    return ret_cu(cuMemsetD8Async((CUdeviceptr)(uintptr_t)dst, (unsigned char)value, n, (CUstream)s));
+    return ret_cu(
+        cuMemsetD8Async((CUdeviceptr)(uintptr_t)dst, (unsigned char)value, n, (CUstream)s));
 }
 
 /* ---- streams and events ---- */
@@ -431,8 +444,8 @@ static cudaError_t launch(CUfunction f, dim3 g, dim3 b, void **args, size_t shme
 {
     if (!f)
         return ret(cudaErrorInvalidDeviceFunction);
-    return ret_cu(cuLaunchKernel(f, g.x, g.y, g.z, b.x, b.y, b.z, (unsigned)shmem, (CUstream)s,
-                                 args, NULL));
+    return ret_cu(
+        cuLaunchKernel(f, g.x, g.y, g.z, b.x, b.y, b.z, (unsigned)shmem, (CUstream)s, args, NULL));
 }
 
 SIM_EXPORT cudaError_t cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockDim, void **args,
@@ -461,10 +474,9 @@ SIM_EXPORT cudaError_t cudaLaunchCooperativeKernel(const void *func, dim3 gridDi
                        CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_v9000,
                        "cudaLaunchCooperativeKernel", NULL, &p);
     CUfunction f = simcuda_function((simcuda_kernel_fn)func);
-    cudaError_t r = f ? ret_cu(cuLaunchCooperativeKernel(f, gridDim.x, gridDim.y, gridDim.z,
-                                                        blockDim.x, blockDim.y, blockDim.z,
-                                                        (unsigned)sharedMem, (CUstream)stream,
-                                                        args))
+    cudaError_t r = f ? ret_cu(cuLaunchCooperativeKernel(
+                            f, gridDim.x, gridDim.y, gridDim.z, blockDim.x, blockDim.y, blockDim.z,
+                            (unsigned)sharedMem, (CUstream)stream, args))
                       : ret(cudaErrorInvalidDeviceFunction);
     simcuda__api_exit(&call, &r);
     return r;

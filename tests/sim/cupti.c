@@ -133,13 +133,21 @@ SIM_EXPORT CUptiResult cuptiGetResultString(CUptiResult result, const char **str
     if (!str)
         return CUPTI_ERROR_INVALID_PARAMETER;
     switch (result) {
-    case CUPTI_SUCCESS: *str = "CUPTI_SUCCESS"; break;
-    case CUPTI_ERROR_INVALID_PARAMETER: *str = "CUPTI_ERROR_INVALID_PARAMETER"; break;
-    case CUPTI_ERROR_NOT_SUPPORTED: *str = "CUPTI_ERROR_NOT_SUPPORTED"; break;
+    case CUPTI_SUCCESS:
+        *str = "CUPTI_SUCCESS";
+        break;
+    case CUPTI_ERROR_INVALID_PARAMETER:
+        *str = "CUPTI_ERROR_INVALID_PARAMETER";
+        break;
+    case CUPTI_ERROR_NOT_SUPPORTED:
+        *str = "CUPTI_ERROR_NOT_SUPPORTED";
+        break;
     case CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED:
         *str = "CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED";
         break;
-    default: *str = NULL; return CUPTI_ERROR_INVALID_PARAMETER;
+    default:
+        *str = NULL;
+        return CUPTI_ERROR_INVALID_PARAMETER;
     }
     return CUPTI_SUCCESS;
 }

@@ -64,7 +64,8 @@ static void read_config(void)
     sim_cfg.host_bytes = env_size("SIMCUDA_HOST_MB", 8192ull << 20, 1 << 20);
     sim_cfg.gran = env_size("SIMCUDA_GRANULARITY_KB", 2048ull << 10, 1 << 10);
     if (sim_cfg.gran & (sim_cfg.gran - 1) || sim_cfg.gran < 4096) {
-        fprintf(stderr, "simcuda: SIMCUDA_GRANULARITY_KB must be a power of two >= 4; using 2048\n");
+        fprintf(stderr,
+                "simcuda: SIMCUDA_GRANULARITY_KB must be a power of two >= 4; using 2048\n");
         sim_cfg.gran = 2048ull << 10;
     }
     /* GB/s = 1e9 B/s = 1e3 B/us */
@@ -128,7 +129,8 @@ void sim_sleep_us(double us)
 {
     if (us <= 0)
         return;
-    struct timespec ts = {(time_t)(us / 1e6), (long)((us - (double)(time_t)(us / 1e6) * 1e6) * 1e3)};
+    struct timespec ts = {(time_t)(us / 1e6),
+                          (long)((us - (double)(time_t)(us / 1e6) * 1e6) * 1e3)};
     while (nanosleep(&ts, &ts) == -1 && errno == EINTR)
         ;
 }
@@ -197,34 +199,61 @@ static int attribute(CUdevice_attribute a, int *known)
 {
     *known = 1;
     switch (a) {
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: return 9;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: return 0;
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: return 132;
-    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: return 1024;
-    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: return 32;
-    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: return 1;
-    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: return 1;
-    case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: return 1;
-    case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: return 2;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: return 1;
-    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: return 0;
-    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: return 0;
-    case CU_DEVICE_ATTRIBUTE_INTEGRATED: return 0;
-    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: return 0;
-    case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: return 0;
-    case CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS: return 0;
-    case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH: return 1;
-    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: return 1;
-    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: return 1;
-    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: return 0;
-    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED: return 0;
-    case CU_DEVICE_ATTRIBUTE_NUMA_CONFIG: return CU_DEVICE_NUMA_CONFIG_NONE;
-    case CU_DEVICE_ATTRIBUTE_NUMA_ID: return -1;
-    case CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID: return 0;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
+        return 9;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
+        return 0;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
+        return 132;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
+        return 1024;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE:
+        return 32;
+    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
+        return 1;
+    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY:
+        return 1;
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS:
+        return 1;
+    case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT:
+        return 2;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID:
+        return 1;
+    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID:
+        return 0;
+    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID:
+        return 0;
+    case CU_DEVICE_ATTRIBUTE_INTEGRATED:
+        return 0;
+    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY:
+        return 0;
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS:
+        return 0;
+    case CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS:
+        return 0;
+    case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH:
+        return 1;
+    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
+        return 1;
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+        return 1;
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
+        return 0;
+    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED:
+        return 0;
+    case CU_DEVICE_ATTRIBUTE_NUMA_CONFIG:
+        return CU_DEVICE_NUMA_CONFIG_NONE;
+    case CU_DEVICE_ATTRIBUTE_NUMA_ID:
+        return -1;
+    case CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID:
+        return 0;
     case CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
         return !sim_cfg.no_host_vmm;
-    case CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED: return 1;
-    default: *known = 0; return 0;
+    case CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED:
+        return 1;
+    default:
+        *known = 0;
+        return 0;
     }
 }
 
@@ -367,35 +396,36 @@ SIM_EXPORT CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest)
 
 /* ---- error strings ---- */
 
-#define SIM_ERRORS(X)                                                                           \
-    X(CUDA_SUCCESS, "no error")                                                                 \
-    X(CUDA_ERROR_INVALID_VALUE, "invalid argument")                                             \
-    X(CUDA_ERROR_OUT_OF_MEMORY, "out of memory")                                                \
-    X(CUDA_ERROR_NOT_INITIALIZED, "initialization error")                                       \
-    X(CUDA_ERROR_DEINITIALIZED, "driver shutting down")                                         \
-    X(CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal")                                      \
-    X(CUDA_ERROR_INVALID_CONTEXT, "invalid device context")                                     \
-    X(CUDA_ERROR_INVALID_HANDLE, "invalid resource handle")                                     \
-    X(CUDA_ERROR_NOT_FOUND, "named symbol not found")                                           \
-    X(CUDA_ERROR_NOT_READY, "device not ready")                                                 \
-    X(CUDA_ERROR_ILLEGAL_ADDRESS, "an illegal memory access was encountered")                   \
-    X(CUDA_ERROR_LAUNCH_FAILED, "unspecified launch failure")                                   \
-    X(CUDA_ERROR_NOT_PERMITTED, "operation not permitted")                                      \
-    X(CUDA_ERROR_NOT_SUPPORTED, "operation not supported")                                      \
-    X(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED,                                                \
-      "part or all of the requested memory range is already mapped")                           \
-    X(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, "pointer does not correspond to a registered memory region") \
-    X(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "operation not permitted when stream is capturing") \
+#define SIM_ERRORS(X)                                                                              \
+    X(CUDA_SUCCESS, "no error")                                                                    \
+    X(CUDA_ERROR_INVALID_VALUE, "invalid argument")                                                \
+    X(CUDA_ERROR_OUT_OF_MEMORY, "out of memory")                                                   \
+    X(CUDA_ERROR_NOT_INITIALIZED, "initialization error")                                          \
+    X(CUDA_ERROR_DEINITIALIZED, "driver shutting down")                                            \
+    X(CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal")                                         \
+    X(CUDA_ERROR_INVALID_CONTEXT, "invalid device context")                                        \
+    X(CUDA_ERROR_INVALID_HANDLE, "invalid resource handle")                                        \
+    X(CUDA_ERROR_NOT_FOUND, "named symbol not found")                                              \
+    X(CUDA_ERROR_NOT_READY, "device not ready")                                                    \
+    X(CUDA_ERROR_ILLEGAL_ADDRESS, "an illegal memory access was encountered")                      \
+    X(CUDA_ERROR_LAUNCH_FAILED, "unspecified launch failure")                                      \
+    X(CUDA_ERROR_NOT_PERMITTED, "operation not permitted")                                         \
+    X(CUDA_ERROR_NOT_SUPPORTED, "operation not supported")                                         \
+    X(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED,                                                   \
+      "part or all of the requested memory range is already mapped")                               \
+    X(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED,                                                       \
+      "pointer does not correspond to a registered memory region")                                 \
+    X(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "operation not permitted when stream is capturing")   \
     X(CUDA_ERROR_UNKNOWN, "unknown error")
 
 SIM_EXPORT CUresult cuGetErrorString(CUresult error, const char **str)
 {
     if (!str)
         return CUDA_ERROR_INVALID_VALUE;
-#define X(code, text)                                                                           \
-    if (error == code) {                                                                        \
-        *str = text;                                                                            \
-        return CUDA_SUCCESS;                                                                    \
+#define X(code, text)                                                                              \
+    if (error == code) {                                                                           \
+        *str = text;                                                                               \
+        return CUDA_SUCCESS;                                                                       \
     }
     SIM_ERRORS(X)
 #undef X
@@ -407,10 +437,10 @@ SIM_EXPORT CUresult cuGetErrorName(CUresult error, const char **str)
 {
     if (!str)
         return CUDA_ERROR_INVALID_VALUE;
-#define X(code, text)                                                                           \
-    if (error == code) {                                                                        \
-        *str = #code;                                                                           \
-        return CUDA_SUCCESS;                                                                    \
+#define X(code, text)                                                                              \
+    if (error == code) {                                                                           \
+        *str = #code;                                                                              \
+        return CUDA_SUCCESS;                                                                       \
     }
     SIM_ERRORS(X)
 #undef X

@@ -19,7 +19,7 @@
 #include <string.h>
 
 #define MAX_KERNELS 4096
-#define MAX_PARAMS 64
+#define MAX_PARAMS  64
 
 struct sim_kernel {
     simcuda_kernel_fn fn;
@@ -146,7 +146,8 @@ CUresult sim_copy(void *dst, const void *src, size_t n, CUstream hs, bool sync)
     struct copy_op *op = calloc(1, sizeof *op);
     if (!op)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    *op = (struct copy_op){.op = {.run = copy_run, .fini = op_free}, .dst = dst, .src = src, .n = n};
+    *op =
+        (struct copy_op){.op = {.run = copy_run, .fini = op_free}, .dst = dst, .src = src, .n = n};
     op->us = account_copy(dst, src, n);
     return submit_and_maybe_wait(s, &op->op, sync);
 }
@@ -188,12 +189,15 @@ CUresult sim_fill(void *dst, unsigned value, size_t elem, size_t count, CUstream
     struct fill_op *op = calloc(1, sizeof *op);
     if (!op)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    *op = (struct fill_op){
-        .op = {.run = fill_run, .fini = op_free}, .dst = dst, .value = value, .elem = elem, .count = count};
+    *op = (struct fill_op){.op = {.run = fill_run, .fini = op_free},
+                           .dst = dst,
+                           .value = value,
+                           .elem = elem,
+                           .count = count};
     return submit_and_maybe_wait(s, &op->op, sync);
 }
 
-#define P(x) ((void *)(uintptr_t)(x))
+#define P(x)  ((void *)(uintptr_t)(x))
 #define CP(x) ((const void *)(uintptr_t)(x))
 
 SIM_EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n)
@@ -266,7 +270,8 @@ SIM_EXPORT int simcuda_register_kernel(simcuda_kernel_fn fn, const char *name, i
         size_t sz = param_sizes[i], align = sz >= 8 ? 8 : sz >= 4 ? 4 : sz >= 2 ? 2 : 1;
         if (sz == 0)
             return -1;
-        k.offsets[i] = (k.total + align - 1) & ~(align - 1); /* natural alignment, as nvcc lays out */
+        k.offsets[i] =
+            (k.total + align - 1) & ~(align - 1); /* natural alignment, as nvcc lays out */
         k.sizes[i] = sz;
         k.total = k.offsets[i] + sz;
     }
@@ -297,7 +302,8 @@ SIM_EXPORT CUfunction simcuda_function(simcuda_kernel_fn fn)
 static struct sim_kernel *kernel_get(const void *f)
 {
     const struct sim_kernel *k = f;
-    if (k < kernels || k >= kernels + MAX_KERNELS || (size_t)((const char *)k - (const char *)kernels) % sizeof *k)
+    if (k < kernels || k >= kernels + MAX_KERNELS ||
+        (size_t)((const char *)k - (const char *)kernels) % sizeof *k)
         return NULL;
     pthread_mutex_lock(&kern_mu);
     bool live = k - kernels < nkernels;
@@ -357,8 +363,8 @@ static void launch_run(struct sim_op *op)
     l->k->fn(l->args);
 }
 
-static CUresult launch(struct sim_kernel *k, CUstream hs, void **params, void **extra,
-                       unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz)
+static CUresult launch(struct sim_kernel *k, CUstream hs, void **params, void **extra, unsigned gx,
+                       unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz)
 {
     if (extra) {
         fprintf(stderr, "simcuda: cuLaunchKernel: the 'extra' parameter buffer is not supported\n");
@@ -392,9 +398,9 @@ SIM_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned
                                    unsigned int sharedMemBytes, CUstream hStream,
                                    void **kernelParams, void **extra)
 {
-    cuLaunchKernel_params p = {f,         gridDimX,       gridDimY, gridDimZ,     blockDimX,
-                               blockDimY, blockDimZ,      sharedMemBytes, hStream, kernelParams,
-                               extra};
+    cuLaunchKernel_params p = {f,         gridDimX,     gridDimY,  gridDimZ,
+                               blockDimX, blockDimY,    blockDimZ, sharedMemBytes,
+                               hStream,   kernelParams, extra};
     struct sim_kernel *k = kernel_get(f);
     struct sim_api_call call;
     sim_api_enter(&call, CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,
@@ -433,8 +439,9 @@ SIM_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDim
                                               unsigned int blockDimZ, unsigned int sharedMemBytes,
                                               CUstream hStream, void **kernelParams)
 {
-    cuLaunchCooperativeKernel_params p = {f,         gridDimX,  gridDimY,       gridDimZ, blockDimX,
-                                          blockDimY, blockDimZ, sharedMemBytes, hStream,  kernelParams};
+    cuLaunchCooperativeKernel_params p = {f,         gridDimX,    gridDimY,  gridDimZ,
+                                          blockDimX, blockDimY,   blockDimZ, sharedMemBytes,
+                                          hStream,   kernelParams};
     struct sim_kernel *k = kernel_get(f);
     struct sim_api_call call;
     sim_api_enter(&call, CUPTI_CB_DOMAIN_DRIVER_API,

@@ -171,7 +171,7 @@ enum sim_memkind sim_mem_kind(uintptr_t addr)
     struct map_entry *m = find(&maps, addr);
     if (m)
         k = handles[m->handle]->loc == CU_MEM_LOCATION_TYPE_DEVICE ? SIM_MEM_DEVICE
-                                                                    : SIM_MEM_PINNED;
+                                                                   : SIM_MEM_PINNED;
     else if (find(&hosts, addr))
         k = SIM_MEM_PINNED;
     pthread_mutex_unlock(&mem_mu);
@@ -265,7 +265,7 @@ SIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t siz
     if ((r = check_location(&prop->location)))
         return r;
     int loc = prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? CU_MEM_LOCATION_TYPE_DEVICE
-                                                                  : CU_MEM_LOCATION_TYPE_HOST;
+                                                                 : CU_MEM_LOCATION_TYPE_HOST;
     pthread_mutex_lock(&mem_mu);
     unsigned long long h = 0;
     r = handle_create(size, loc, &h);
@@ -300,8 +300,9 @@ SIM_EXPORT CUresult cuMemGetAllocationGranularity(size_t *granularity,
     CUresult r = sim_check();
     if (r)
         return r;
-    if (!granularity || !prop || (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM &&
-                                  option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+    if (!granularity || !prop ||
+        (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM &&
+         option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
         return CUDA_ERROR_INVALID_VALUE;
     if ((r = check_location(&prop->location)))
         return r;
@@ -482,9 +483,12 @@ SIM_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 static int prot_of(unsigned long long flags)
 {
     switch (flags) {
-    case CU_MEM_ACCESS_FLAGS_PROT_READ: return PROT_READ;
-    case CU_MEM_ACCESS_FLAGS_PROT_READWRITE: return PROT_READ | PROT_WRITE;
-    default: return PROT_NONE;
+    case CU_MEM_ACCESS_FLAGS_PROT_READ:
+        return PROT_READ;
+    case CU_MEM_ACCESS_FLAGS_PROT_READWRITE:
+        return PROT_READ | PROT_WRITE;
+    default:
+        return PROT_NONE;
     }
 }
 
@@ -563,8 +567,8 @@ static CUresult alloc_device(uintptr_t *out, size_t size)
     if (r == CUDA_SUCCESS) {
         struct alloc_entry a = {va, size, mapped, h};
         struct map_entry m = {va, mapped, h, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
-        if (mmap((void *)va, mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
-                 handles[h]->fd, 0) == MAP_FAILED ||
+        if (mmap((void *)va, mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, handles[h]->fd,
+                 0) == MAP_FAILED ||
             insert(&allocs, &a) != 0 || insert(&maps, &m) != 0) {
             struct alloc_entry *e = find(&allocs, va);
             if (e)

@@ -20,7 +20,7 @@
 #include <time.h>
 
 #define STREAM_MAGIC 0x5354524du
-#define EVENT_MAGIC 0x45564e54u
+#define EVENT_MAGIC  0x45564e54u
 
 struct sim_stream {
     unsigned magic;
@@ -439,7 +439,8 @@ SIM_EXPORT CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void *userData)
     struct host_fn_op *op = calloc(1, sizeof *op);
     if (!op)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    *op = (struct host_fn_op){.op = {.run = host_fn_run, .fini = op_free}, .fn = fn, .user = userData};
+    *op = (struct host_fn_op){
+        .op = {.run = host_fn_run, .fini = op_free}, .fn = fn, .user = userData};
     return sim_stream_submit(s, &op->op, NULL);
 }
 
