@@ -967,16 +967,23 @@ static int load_search(struct sh_config *cfg, char *const *envp, char *used, siz
     return rc;
 }
 
-int sh_config_init(struct sh_config *cfg, char *const *envp, uint64_t card_bytes,
-                   uint64_t host_ram_bytes, char *used_path, size_t pathlen, char *err,
-                   size_t errlen)
+int sh_config_load(struct sh_config *cfg, char *const *envp, char *used_path, size_t pathlen,
+                   char *err, size_t errlen)
 {
     int rc;
     sh_config_defaults(cfg);
     copy_str(used_path, pathlen, "");
     if ((rc = load_search(cfg, envp, used_path, pathlen, err, errlen)) != 0)
         return rc;
-    if ((rc = sh_config_apply_env(cfg, envp, err, errlen)) != 0)
+    return sh_config_apply_env(cfg, envp, err, errlen);
+}
+
+int sh_config_init(struct sh_config *cfg, char *const *envp, uint64_t card_bytes,
+                   uint64_t host_ram_bytes, char *used_path, size_t pathlen, char *err,
+                   size_t errlen)
+{
+    int rc = sh_config_load(cfg, envp, used_path, pathlen, err, errlen);
+    if (rc != 0)
         return rc;
     return sh_config_resolve(cfg, card_bytes, host_ram_bytes, err, errlen);
 }

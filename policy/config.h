@@ -146,6 +146,12 @@ int sh_config_resolve(struct sh_config *cfg, uint64_t card_bytes, uint64_t host_
 /* Start-up: defaults, then $STAGEHAND_CONFIG (must exist) or else ./stagehand.ini
  * (if present), then the environment, then resolve. *used_path gets the file read,
  * "" for none. */
+/* Defaults, then the file found by the search order, then the environment,
+ * without resolving: what the library runs at load time, before the card's
+ * size is known, so that a bad file stops the program before it starts. */
+int sh_config_load(struct sh_config *cfg, char *const *envp, char *used_path, size_t pathlen,
+                   char *err, size_t errlen);
+
 int sh_config_init(struct sh_config *cfg, char *const *envp, uint64_t card_bytes,
                    uint64_t host_ram_bytes, char *used_path, size_t pathlen, char *err,
                    size_t errlen);

@@ -1,0 +1,84 @@
+/* pool.h — regions on CUDA virtual memory: the pool module's public face.
+ *
+ * A region is a fixed VA range, backed by a few power-of-two chunks (one
+ * physical handle and one mapping each), so its backing can later move
+ * without its address changing. Freed regions are kept, mapped, for reuse by
+ * an allocation of the same mapped size, so steady-state alloc/free makes no
+ * VMM call; small sizes are served by a cached sub-allocator. Frees may be
+ * stream-ordered: memory freed on stream S with fence F is reused by S at
+ * once and by other streams only once F is done.
+ *
+ * The driver is reached only through struct sh_vmm_ops and the fence ops.
+ */
+#ifndef SH_POOL_H
+#define SH_POOL_H
+
+#include "pool/pool_parts.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum sh_path { SH_PATH_MALLOC = 0, SH_PATH_ASYNC = 1, SH_PATH_PLUGGABLE = 2, SH_PATH_SLAB = 3 };
+
+struct sh_fence_ops {
+    void *ctx;
+    int (*done)(void *ctx, uint64_t fence);  /* 1 once the work before it finished */
+    void (*wait)(void *ctx, uint64_t fence); /* blocks until done */
+    void (*drop)(void *ctx, uint64_t fence); /* the pool no longer needs it */
+};
+
+struct sh_pool_params {
+    size_t granularity;  /* the driver's allocation granularity */
+    size_t max_chunk;    /* largest chunk, power of two >= granularity */
+    size_t va_block;     /* VA reserved at a time */
+    size_t va_cache;     /* free VA kept reserved */
+    size_t device_cache; /* device bytes kept in freed regions and spare chunks */
+    size_t suballoc_max; /* sizes up to this on the async paths use the sub-allocator */
+};
+
+/* What a lookup reports about the region containing an address. */
+struct sh_region_info {
+    uintptr_t va;
+    size_t size, mapped;
+    uint64_t id;
+    int state; /* enum sh_rstate */
+    int path;  /* enum sh_path */
+    unsigned nchunks;
+};
+
+struct sh_pool_stats {
+    size_t regions[SH_RS_COUNT]; /* by state */
+    size_t live_bytes;           /* requested bytes of live (not freed) regions */
+    size_t device_bytes;         /* device memory held: mapped, cached and spare */
+    size_t freed_bytes;          /* mapped bytes kept in freed regions */
+    uint64_t allocs, frees, reuses, vmm_maps, vmm_unmaps;
+    uint64_t small_allocs, small_frees;
+};
+
+struct sh_pool;
+
+int sh_pool_create(const struct sh_pool_params *p, const struct sh_vmm_ops *vmm,
+                   const struct sh_fence_ops *fences, struct sh_pool **out);
+/* Tears everything down; waits for outstanding fences first. */
+void sh_pool_destroy(struct sh_pool *pool);
+
+/* A region (or, for path ASYNC/PLUGGABLE and size <= suballoc_max, a
+ * sub-allocated block) of at least size bytes. SH_ENOMEM when the device is
+ * full even after dropping the caches. */
+int sh_pool_alloc(struct sh_pool *pool, size_t size, int path, uint64_t stream, uintptr_t *va);
+/* Frees what sh_pool_alloc returned. fence 0: the caller has synchronised.
+ * SH_ENOTFOUND if va is not the start of one of ours (pass it through). */
+int sh_pool_free(struct sh_pool *pool, uintptr_t va, uint64_t stream, uint64_t fence);
+/* The region containing addr (interior pointers too); SH_ENOTFOUND if none. */
+int sh_pool_lookup(struct sh_pool *pool, uintptr_t addr, struct sh_region_info *out);
+/* Releases cached device memory (freed regions, spare chunks) until at least
+ * bytes are returned or nothing is left; returns the bytes released. */
+size_t sh_pool_trim(struct sh_pool *pool, size_t bytes);
+void sh_pool_stats(struct sh_pool *pool, struct sh_pool_stats *st);
+
+/* The chunk sizes a region of `mapped` bytes is split into: greedy powers of
+ * two, largest first, none above max_chunk. Returns the count (<= max). */
+unsigned sh_pool_split(size_t mapped, size_t granularity, size_t max_chunk, size_t *chunks,
+                       unsigned max);
+
+#endif

@@ -1,0 +1,472 @@
+/* region.c — the region registry: regions built from VA arena ranges and
+ * cached device chunks, freed regions kept mapped for reuse, small sizes
+ * sent to the sub-allocator.
+ *
+ * Locking: pool->mu guards region bookkeeping (states, the freed lists, the
+ * counters). pool->index_lock guards the address index: lookups take the
+ * read side, creation and teardown the write side. Order: mu, then
+ * index_lock. VMM calls and fence waits run with neither held; a region
+ * being built or torn down is reachable by no one else meanwhile.
+ */
+#include "pool/pool.h"
+
+#include "sh_err.h"
+#include "sh_log.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NBUCKETS  64
+#define NO_STREAM UINT64_MAX
+
+struct chunk {
+    size_t off, size;
+    uint64_t handle;
+};
+
+struct region {
+    uintptr_t va;
+    size_t size, mapped;
+    uint64_t id;
+    int state, path;
+    uint64_t stream, fence;             /* where and when it was freed */
+    struct region *lru_prev, *lru_next; /* all freed regions, oldest first */
+    struct region *bucket_next;         /* freed regions of similar size */
+    unsigned nchunks;
+    struct chunk chunks[];
+};
+
+struct sh_pool {
+    struct sh_pool_params p;
+    struct sh_vmm_ops vmm;
+    struct sh_fence_ops fences;
+    pthread_mutex_t mu;
+    pthread_rwlock_t index_lock;
+    struct sh_rindex *index;
+    struct sh_vaarena *va;
+    struct sh_chunkcache *cc;
+    struct sh_suballoc *sa;
+    struct region *lru_head, *lru_tail;
+    struct region *buckets[NBUCKETS];
+    uint64_t next_id;
+    struct sh_pool_stats st;
+};
+
+static int fence_done(struct sh_pool *pool, uint64_t fence)
+{
+    return fence == 0 || pool->fences.done(pool->fences.ctx, fence);
+}
+
+static void fence_drop(struct sh_pool *pool, uint64_t fence)
+{
+    if (fence && pool->fences.drop)
+        pool->fences.drop(pool->fences.ctx, fence);
+}
+
+unsigned sh_pool_split(size_t mapped, size_t gran, size_t max_chunk, size_t *chunks, unsigned max)
+{
+    unsigned n = 0;
+    while (mapped >= gran && n < max) {
+        size_t c = max_chunk;
+        while (c > mapped)
+            c >>= 1;
+        /* Many max-size chunks are fine; what remains decomposes in powers of two. */
+        chunks[n++] = c;
+        mapped -= c;
+    }
+    return mapped ? 0 : n;
+}
+
+static size_t round_up(size_t x, size_t to)
+{
+    return (x + to - 1) / to * to;
+}
+
+/* ---- freed regions: an LRU list plus size buckets ---- */
+
+static unsigned bucket_of(const struct sh_pool *pool, size_t mapped)
+{
+    return (unsigned)((mapped / pool->p.granularity) % NBUCKETS);
+}
+
+static void freed_push(struct sh_pool *pool, struct region *r)
+{
+    r->lru_next = NULL;
+    r->lru_prev = pool->lru_tail;
+    if (pool->lru_tail)
+        pool->lru_tail->lru_next = r;
+    else
+        pool->lru_head = r;
+    pool->lru_tail = r;
+    unsigned b = bucket_of(pool, r->mapped);
+    r->bucket_next = pool->buckets[b];
+    pool->buckets[b] = r;
+    pool->st.freed_bytes += r->mapped;
+}
+
+static void freed_unlink(struct sh_pool *pool, struct region *r)
+{
+    if (r->lru_prev)
+        r->lru_prev->lru_next = r->lru_next;
+    else
+        pool->lru_head = r->lru_next;
+    if (r->lru_next)
+        r->lru_next->lru_prev = r->lru_prev;
+    else
+        pool->lru_tail = r->lru_prev;
+    struct region **pp = &pool->buckets[bucket_of(pool, r->mapped)];
+    while (*pp != r)
+        pp = &(*pp)->bucket_next;
+    *pp = r->bucket_next;
+    pool->st.freed_bytes -= r->mapped;
+}
+
+/* A freed region of exactly `mapped` bytes usable by `stream`; mu held. */
+static struct region *freed_take(struct sh_pool *pool, size_t mapped, uint64_t stream)
+{
+    for (struct region *r = pool->buckets[bucket_of(pool, mapped)]; r; r = r->bucket_next) {
+        if (r->mapped != mapped || r->path == SH_PATH_SLAB)
+            continue;
+        if ((stream != NO_STREAM && r->stream == stream) || fence_done(pool, r->fence)) {
+            freed_unlink(pool, r);
+            return r;
+        }
+    }
+    return NULL;
+}
+
+/* ---- building and tearing down ---- */
+
+static void unbuild(struct sh_pool *pool, struct region *r, unsigned mapped_chunks)
+{
+    for (unsigned i = 0; i < r->nchunks; i++) {
+        struct chunk *c = &r->chunks[i];
+        if (i < mapped_chunks && pool->vmm.unmap(pool->vmm.ctx, r->va + c->off, c->size) == 0)
+            __atomic_add_fetch(&pool->st.vmm_unmaps, 1, __ATOMIC_RELAXED);
+        if (c->handle)
+            sh_chunkcache_put(pool->cc, c->handle, c->size);
+    }
+    sh_vaarena_free(pool->va, r->va, r->mapped);
+    free(r);
+}
+
+static int get_chunk(struct sh_pool *pool, size_t size, uint64_t *handle)
+{
+    int rc = sh_chunkcache_get(pool->cc, size, handle);
+    if (rc == SH_ENOMEM && sh_pool_trim(pool, size) > 0)
+        rc = sh_chunkcache_get(pool->cc, size, handle);
+    return rc;
+}
+
+static int build(struct sh_pool *pool, size_t size, int path, struct region **out)
+{
+    size_t mapped = round_up(size, pool->p.granularity);
+    unsigned cap = (unsigned)(mapped / pool->p.max_chunk) + 64; /* + one per power of two */
+    size_t *sizes = malloc(cap * sizeof *sizes);
+    unsigned n =
+        sizes ? sh_pool_split(mapped, pool->p.granularity, pool->p.max_chunk, sizes, cap) : 0;
+    struct region *r = n ? calloc(1, sizeof *r + n * sizeof(struct chunk)) : NULL;
+    if (!r) {
+        free(sizes);
+        return SH_ENOMEM;
+    }
+    r->size = size;
+    r->mapped = mapped;
+    r->path = path;
+    r->nchunks = n;
+    int rc = sh_vaarena_alloc(pool->va, mapped, pool->p.granularity, &r->va);
+    if (rc) {
+        free(sizes);
+        free(r);
+        return rc;
+    }
+    size_t off = 0;
+    for (unsigned i = 0; i < n; i++) {
+        r->chunks[i] = (struct chunk){.off = off, .size = sizes[i]};
+        off += sizes[i];
+    }
+    free(sizes);
+    for (unsigned i = 0; i < n; i++) {
+        struct chunk *c = &r->chunks[i];
+        rc = get_chunk(pool, c->size, &c->handle);
+        if (rc == 0)
+            rc = pool->vmm.map(pool->vmm.ctx, r->va + c->off, c->size, c->handle);
+        if (rc) {
+            unbuild(pool, r, i);
+            return rc;
+        }
+        __atomic_add_fetch(&pool->st.vmm_maps, 1, __ATOMIC_RELAXED);
+    }
+    *out = r;
+    return 0;
+}
+
+/* Removes a freed region from the index and releases its backing. Its
+ * fence is waited for first: the device may still be using the memory. */
+static void teardown(struct sh_pool *pool, struct region *r)
+{
+    if (r->fence) {
+        pool->fences.wait(pool->fences.ctx, r->fence);
+        fence_drop(pool, r->fence);
+    }
+    pthread_rwlock_wrlock(&pool->index_lock);
+    sh_rindex_remove(pool->index, r->va, NULL);
+    pthread_rwlock_unlock(&pool->index_lock);
+    sh_state_move(&r->state, SH_RS_DEAD, r->id);
+    unbuild(pool, r, r->nchunks);
+}
+
+size_t sh_pool_trim(struct sh_pool *pool, size_t bytes)
+{
+    size_t done = 0;
+    while (done < bytes) {
+        pthread_mutex_lock(&pool->mu);
+        struct region *r = pool->lru_head;
+        if (r) {
+            freed_unlink(pool, r);
+            pool->st.regions[SH_RS_FREED]--;
+        }
+        pthread_mutex_unlock(&pool->mu);
+        if (!r)
+            break;
+        size_t mapped = r->mapped;
+        teardown(pool, r);
+        done += mapped;
+    }
+    if (done < bytes)
+        done += sh_chunkcache_trim(pool->cc, bytes - done);
+    return done;
+}
+
+/* ---- the sub-allocator's slabs are regions that are never freed by users ---- */
+
+static int region_alloc(struct sh_pool *pool, size_t size, int path, uint64_t stream,
+                        uintptr_t *va);
+
+static int slab_get(void *ctx, size_t bytes, uintptr_t *base)
+{
+    return region_alloc(ctx, bytes, SH_PATH_SLAB, NO_STREAM, base);
+}
+
+static void slab_put(void *ctx, uintptr_t base, size_t bytes)
+{
+    (void)bytes;
+    sh_pool_free(ctx, base, NO_STREAM, 0);
+}
+
+static int sa_fence_done(void *ctx, uint64_t fence)
+{
+    return fence_done(ctx, fence);
+}
+
+static void sa_fence_drop(void *ctx, uint64_t fence)
+{
+    fence_drop(ctx, fence);
+}
+
+/* ---- the API ---- */
+
+int sh_pool_create(const struct sh_pool_params *p, const struct sh_vmm_ops *vmm,
+                   const struct sh_fence_ops *fences, struct sh_pool **out)
+{
+    if (!p || !vmm || !fences || !out || p->granularity == 0 ||
+        (p->granularity & (p->granularity - 1)) || p->max_chunk < p->granularity ||
+        (p->max_chunk & (p->max_chunk - 1)))
+        return SH_EINVAL;
+    struct sh_pool *pool = calloc(1, sizeof *pool);
+    if (!pool)
+        return SH_ENOMEM;
+    pool->p = *p;
+    pool->vmm = *vmm;
+    pool->fences = *fences;
+    pool->next_id = 1;
+    pthread_mutex_init(&pool->mu, NULL);
+    pthread_rwlock_init(&pool->index_lock, NULL);
+    struct sh_suballoc_ops sops = {pool, slab_get, slab_put, sa_fence_done, sa_fence_drop};
+    struct sh_suballoc_config scfg = {.max_block = p->suballoc_max};
+    int rc = sh_rindex_create(&pool->index);
+    if (!rc)
+        rc = sh_vaarena_create(&pool->vmm, p->granularity, p->va_block, p->va_cache, &pool->va);
+    if (!rc)
+        rc = sh_chunkcache_create(&pool->vmm, p->granularity, p->device_cache, &pool->cc);
+    if (!rc && p->suballoc_max)
+        rc = sh_suballoc_create(&sops, &scfg, &pool->sa);
+    if (rc) {
+        sh_pool_destroy(pool);
+        return rc;
+    }
+    *out = pool;
+    return 0;
+}
+
+static int teardown_visit(void *arg, uintptr_t start, size_t len, void *payload)
+{
+    (void)start;
+    (void)len;
+    struct region **list = arg;
+    struct region *r = payload;
+    r->lru_next = *list; /* reuse the link: nothing else looks at it now */
+    *list = r;
+    return 0;
+}
+
+void sh_pool_destroy(struct sh_pool *pool)
+{
+    if (!pool)
+        return;
+    if (pool->sa)
+        sh_suballoc_destroy(pool->sa);
+    struct region *all = NULL;
+    if (pool->index) {
+        sh_rindex_foreach(pool->index, teardown_visit, &all);
+        while (all) {
+            struct region *next = all->lru_next;
+            if (all->fence)
+                pool->fences.wait(pool->fences.ctx, all->fence);
+            fence_drop(pool, all->fence);
+            sh_rindex_remove(pool->index, all->va, NULL);
+            unbuild(pool, all, all->nchunks);
+            all = next;
+        }
+        sh_rindex_destroy(pool->index);
+    }
+    if (pool->cc)
+        sh_chunkcache_destroy(pool->cc);
+    if (pool->va)
+        sh_vaarena_destroy(pool->va);
+    pthread_rwlock_destroy(&pool->index_lock);
+    pthread_mutex_destroy(&pool->mu);
+    free(pool);
+}
+
+static int region_alloc(struct sh_pool *pool, size_t size, int path, uint64_t stream, uintptr_t *va)
+{
+    size_t mapped = round_up(size, pool->p.granularity);
+    pthread_mutex_lock(&pool->mu);
+    struct region *r = path == SH_PATH_SLAB ? NULL : freed_take(pool, mapped, stream);
+    if (r) {
+        fence_drop(pool, r->fence);
+        r->fence = 0;
+        r->size = size;
+        r->path = path;
+        sh_state_move(&r->state, SH_RS_RESIDENT, r->id);
+        pool->st.regions[SH_RS_FREED]--;
+        pool->st.regions[SH_RS_RESIDENT]++;
+        pool->st.live_bytes += size;
+        pool->st.reuses++;
+        pool->st.allocs++;
+        pthread_mutex_unlock(&pool->mu);
+        *va = r->va;
+        return 0;
+    }
+    pthread_mutex_unlock(&pool->mu);
+    int rc = build(pool, size, path, &r);
+    if (rc)
+        return rc;
+    pthread_rwlock_wrlock(&pool->index_lock);
+    rc = sh_rindex_insert(pool->index, r->va, r->mapped, r);
+    pthread_rwlock_unlock(&pool->index_lock);
+    if (rc) {
+        unbuild(pool, r, r->nchunks);
+        return rc;
+    }
+    pthread_mutex_lock(&pool->mu);
+    r->id = pool->next_id++;
+    r->state = SH_RS_RESIDENT;
+    pool->st.regions[SH_RS_RESIDENT]++;
+    pool->st.live_bytes += size;
+    pool->st.allocs++;
+    pthread_mutex_unlock(&pool->mu);
+    *va = r->va;
+    return 0;
+}
+
+int sh_pool_alloc(struct sh_pool *pool, size_t size, int path, uint64_t stream, uintptr_t *va)
+{
+    if (!pool || !va || size == 0)
+        return SH_EINVAL;
+    if (path == SH_PATH_MALLOC)
+        stream = NO_STREAM; /* usable from any stream: reuse only what is done */
+    if (pool->sa && path != SH_PATH_MALLOC && size <= pool->p.suballoc_max) {
+        int rc = sh_suballoc_alloc(pool->sa, size, stream, va);
+        if (rc == 0)
+            __atomic_add_fetch(&pool->st.small_allocs, 1, __ATOMIC_RELAXED);
+        return rc;
+    }
+    return region_alloc(pool, size, path, stream, va);
+}
+
+/* Keeps the freed cache within its budget: the oldest go first. */
+static void enforce_cache_limit(struct sh_pool *pool)
+{
+    for (;;) {
+        pthread_mutex_lock(&pool->mu);
+        struct region *r = pool->st.freed_bytes > pool->p.device_cache ? pool->lru_head : NULL;
+        if (r) {
+            freed_unlink(pool, r);
+            pool->st.regions[SH_RS_FREED]--;
+        }
+        pthread_mutex_unlock(&pool->mu);
+        if (!r)
+            return;
+        teardown(pool, r);
+    }
+}
+
+int sh_pool_free(struct sh_pool *pool, uintptr_t va, uint64_t stream, uint64_t fence)
+{
+    if (!pool)
+        return SH_EINVAL;
+    if (pool->sa && sh_suballoc_owns(pool->sa, va)) {
+        int rc = sh_suballoc_free(pool->sa, va, stream, fence);
+        if (rc == 0)
+            __atomic_add_fetch(&pool->st.small_frees, 1, __ATOMIC_RELAXED);
+        return rc;
+    }
+    pthread_rwlock_rdlock(&pool->index_lock);
+    uintptr_t start = 0;
+    struct region *r = NULL;
+    int found = sh_rindex_find(pool->index, va, &start, NULL, (void **)&r) == 0 && start == va;
+    pthread_rwlock_unlock(&pool->index_lock);
+    if (!found)
+        return SH_ENOTFOUND;
+    pthread_mutex_lock(&pool->mu);
+    int from = r->state;
+    int rc = sh_state_move(&r->state, SH_RS_FREED, r->id);
+    if (rc == 0) {
+        r->stream = stream;
+        r->fence = fence;
+        pool->st.regions[from]--;
+        pool->st.regions[SH_RS_FREED]++;
+        pool->st.live_bytes -= r->size;
+        pool->st.frees++;
+        freed_push(pool, r);
+    }
+    pthread_mutex_unlock(&pool->mu);
+    if (rc == 0)
+        enforce_cache_limit(pool);
+    return rc;
+}
+
+int sh_pool_lookup(struct sh_pool *pool, uintptr_t addr, struct sh_region_info *out)
+{
+    pthread_rwlock_rdlock(&pool->index_lock);
+    struct region *r = sh_rindex_lookup(pool->index, addr);
+    if (r && out)
+        *out = (struct sh_region_info){
+            r->va,   r->size,   r->mapped, r->id, __atomic_load_n(&r->state, __ATOMIC_RELAXED),
+            r->path, r->nchunks};
+    pthread_rwlock_unlock(&pool->index_lock);
+    return r ? 0 : SH_ENOTFOUND;
+}
+
+void sh_pool_stats(struct sh_pool *pool, struct sh_pool_stats *st)
+{
+    struct sh_chunkcache_stats cs;
+    sh_chunkcache_stats(pool->cc, &cs);
+    pthread_mutex_lock(&pool->mu);
+    *st = pool->st;
+    pthread_mutex_unlock(&pool->mu);
+    st->device_bytes = cs.device_bytes;
+}
