@@ -16,7 +16,7 @@ OPT       ?= -O2
 CUDA_INC := $(CUDA_HOME)/include
 WARN     := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes
 CFLAGS_ALL := -std=c11 -D_GNU_SOURCE $(OPT) -g -fPIC -pthread $(WARN) \
-              -I include -I . -isystem $(CUDA_INC) $(if $(SAN),-fsanitize=$(SAN) -fno-omit-frame-pointer) \
+              -I include -I . -I tests/sim -isystem $(CUDA_INC) $(if $(SAN),-fsanitize=$(SAN) -fno-omit-frame-pointer) \
               $(CFLAGS)
 LDFLAGS_ALL := -pthread $(if $(SAN),-fsanitize=$(SAN)) $(LDFLAGS)
 
@@ -33,7 +33,7 @@ SIM_LIBS := $(BUILD)/sim/libcuda.so.1 $(BUILD)/sim/libcudart.so.13 $(BUILD)/sim/
 
 SIM_TEST_SRCS  := $(wildcard tests/sim/test_*.c)
 UNIT_TEST_SRCS := $(wildcard tests/unit/test_*.c)
-E2E_SRCS       := $(wildcard tests/e2e/*.c)
+E2E_SRCS       := $(wildcard tests/e2e/test_*.c)
 SIM_TESTS  := $(SIM_TEST_SRCS:tests/sim/%.c=$(BUILD)/tests/sim/%)
 UNIT_TESTS := $(UNIT_TEST_SRCS:tests/unit/%.c=$(BUILD)/tests/unit/%)
 E2E_BINS   := $(E2E_SRCS:tests/e2e/%.c=$(BUILD)/tests/e2e/%)
@@ -110,7 +110,7 @@ $(BUILD)/tests/unit/%: $(BUILD)/obj/tests/unit/%.o $(BUILD)/libstagehand.a
 
 $(BUILD)/tests/e2e/%: $(BUILD)/obj/tests/e2e/%.o $(SIM_LIBS)
 	@mkdir -p $(@D)
-	$(CC) -o $@ $< $(LDFLAGS_ALL) $(SIM_LINK)
+	$(CC) -o $@ $< $(LDFLAGS_ALL) $(SIM_LINK) -lcmocka -ldl
 
 # ---- tools ---------------------------------------------------------------
 $(BUILD)/%: $(BUILD)/obj/tools/%/main.o $(BUILD)/libstagehand.a
@@ -119,7 +119,7 @@ $(BUILD)/%: $(BUILD)/obj/tools/%/main.o $(BUILD)/libstagehand.a
 TEST_BINS := $(SIM_TESTS) $(UNIT_TESTS) $(E2E_BINS)
 
 test: all $(TEST_BINS)
-	@BUILD=$(BUILD) SAN=$(SAN) tests/run.sh $(SIM_TESTS) $(UNIT_TESTS)
+	@BUILD=$(BUILD) SAN=$(SAN) E2E="$(E2E_BINS)" tests/run.sh $(SIM_TESTS) $(UNIT_TESTS)
 
 # ---- checks and sanitizers -----------------------------------------------
 FORMAT_SRCS = $(shell git ls-files '*.c' '*.h' 2>/dev/null)

@@ -47,7 +47,8 @@ struct sh_region_info {
 };
 
 struct sh_pool_stats {
-    size_t regions[SH_RS_COUNT]; /* by state */
+    size_t regions[SH_RS_COUNT]; /* by state, the sub-allocator's slabs included */
+    size_t slabs;                /* live regions that are sub-allocator slabs */
     size_t live_bytes;           /* requested bytes of live (not freed) regions */
     size_t device_bytes;         /* device memory held: mapped, cached and spare */
     size_t freed_bytes;          /* mapped bytes kept in freed regions */

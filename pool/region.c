@@ -375,6 +375,7 @@ static int region_alloc(struct sh_pool *pool, size_t size, int path, uint64_t st
     r->id = pool->next_id++;
     r->state = SH_RS_RESIDENT;
     pool->st.regions[SH_RS_RESIDENT]++;
+    pool->st.slabs += path == SH_PATH_SLAB;
     pool->st.live_bytes += size;
     pool->st.allocs++;
     pthread_mutex_unlock(&pool->mu);
@@ -439,6 +440,7 @@ int sh_pool_free(struct sh_pool *pool, uintptr_t va, uint64_t stream, uint64_t f
         r->fence = fence;
         pool->st.regions[from]--;
         pool->st.regions[SH_RS_FREED]++;
+        pool->st.slabs -= r->path == SH_PATH_SLAB;
         pool->st.live_bytes -= r->size;
         pool->st.frees++;
         freed_push(pool, r);

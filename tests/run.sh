@@ -12,9 +12,17 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=0:allow_user_segv_handler=1:h
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
 
+# End-to-end programs run twice: under the library, and with it disabled.
+runs=("$@")
+for e in ${E2E:-}; do
+    runs+=("env LD_PRELOAD=$PWD/$build/libstagehand.so $e" "env STAGEHAND_DISABLE=1 LD_PRELOAD=$PWD/$build/libstagehand.so $e")
+done
+export ASAN_OPTIONS="$ASAN_OPTIONS:verify_asan_link_order=0"
+
 passed=0 failed=0 broken=()
-for t in "$@"; do
-    out=$(timeout "$timeout_s" "$t" 2>&1)
+for t in "${runs[@]}"; do
+    # shellcheck disable=SC2086  # an entry may carry its environment
+    out=$(timeout "$timeout_s" $t 2>&1)
     rc=$?
     printf '%s\n' "$out"
     p=$(printf '%s\n' "$out" | sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' | awk '{s+=$1} END {print s+0}')

@@ -469,18 +469,30 @@ SIM_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda
     if (!symbol || !pfn)
         return CUDA_ERROR_INVALID_VALUE;
     *pfn = NULL;
-    void *self = self_handle();
-    char name[256];
+    void *self = self_handle(), *stub = NULL;
+    char name[256], stub_name[300];
     static const char *const suffixes[] = {"_v4", "_v3", "_v2", ""};
+    /* The newest implemented version; a stub only if nothing is implemented. */
     for (size_t i = 0; self && i < sizeof suffixes / sizeof *suffixes; i++) {
         snprintf(name, sizeof name, "%s%s", symbol, suffixes[i]);
+        snprintf(stub_name, sizeof stub_name, "simcuda_stub_%s", name);
         void *f = dlsym(self, name);
+        if (f && f == dlsym(self, stub_name)) {
+            stub = stub ? stub : f;
+            continue;
+        }
         if (f) {
             *pfn = f;
             if (status)
                 *status = CU_GET_PROC_ADDRESS_SUCCESS;
             return CUDA_SUCCESS;
         }
+    }
+    if (stub) {
+        *pfn = stub;
+        if (status)
+            *status = CU_GET_PROC_ADDRESS_SUCCESS;
+        return CUDA_SUCCESS;
     }
     if (status)
         *status = cudaVersion > 13000 ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Emits a weak stub for every function a CUDA header declares, so that a call
 # the simulated GPU does not implement is refused loudly instead of failing to
-# link or load. Real definitions elsewhere in the library override the stubs.
+# link or load. Real definitions elsewhere in the library override the stubs;
+# simcuda_stub_NAME stays the stub, so cuGetProcAddress can tell the two apart.
 # Usage: gen_stubs.sh CC CUDA_INCLUDE HEADER NAME_PREFIX RETURN_TYPE REFUSE_FN CODE
 set -euo pipefail
 cc=$1 inc=$2 header=$3 prefix=$4 rtype=$5 refuse=$6 code=$7
@@ -13,6 +14,6 @@ printf '#include <%s>\n' "$header" | "$cc" -E -P -I"$inc" -x c - |
     grep -oE "^[[:space:]]*(extern[[:space:]]+)?$rtype[[:space:]]+$prefix[A-Za-z0-9_]*[[:space:]]*\(" |
     grep -oE "$prefix[A-Za-z0-9_]*" | sort -u |
     while read -r name; do
-        printf '__attribute__((weak)) int %s(void) { return %s("%s", %s); }\n' \
-            "$name" "$refuse" "$name" "$code"
+        printf 'int simcuda_stub_%s(void) { return %s("%s", %s); }\n' "$name" "$refuse" "$name" "$code"
+        printf '__attribute__((weak, alias("simcuda_stub_%s"))) int %s(void);\n' "$name" "$name"
     done

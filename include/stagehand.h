@@ -1,0 +1,82 @@
+/* stagehand.h — the control API of libstagehand.
+ *
+ * Everything here is plain C with fixed-width types, so Python can call it
+ * through ctypes:
+ *
+ *   lib = ctypes.CDLL(None)            # the preloaded library's symbols
+ *   lib.stagehand_step()
+ *
+ * All functions are safe to call when the library is disabled or not yet
+ * initialised: they then report an inactive library and do nothing.
+ */
+#ifndef STAGEHAND_H
+#define STAGEHAND_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define STAGEHAND_VERSION_MAJOR 0
+#define STAGEHAND_VERSION_MINOR 1
+#define STAGEHAND_VERSION_PATCH 0
+
+/* Training phases, in the order a step goes through them. */
+enum stagehand_phase_id {
+    STAGEHAND_PHASE_STEP_BEGIN = 0,
+    STAGEHAND_PHASE_FORWARD = 1,
+    STAGEHAND_PHASE_BACKWARD = 2,
+    STAGEHAND_PHASE_OPTIMIZER = 3,
+    STAGEHAND_PHASE_STEP_END = 4,
+};
+
+/* "major.minor.patch". */
+const char *stagehand_version(void);
+
+/* 1 when allocations are being managed, 0 when the library passes through. */
+int stagehand_active(void);
+
+/* Marks a step boundary; returns the number of the step that begins. */
+int64_t stagehand_step(void);
+
+/* Marks the phase the program enters; 0, or -1 for an unknown phase. */
+int stagehand_phase(int phase);
+
+/* A snapshot of the library's figures. Fields are only ever appended; pass
+ * sizeof(stagehand_stats_t) so an older caller keeps working. */
+typedef struct stagehand_stats {
+    uint64_t active;         /* 1 when managing allocations */
+    int64_t step;            /* current step number */
+    int64_t phase;           /* current enum stagehand_phase_id */
+    uint64_t budget_bytes;   /* the VRAM budget */
+    uint64_t high_watermark; /* bytes */
+    uint64_t low_watermark;  /* bytes */
+    uint64_t device_bytes;   /* device memory held by regions and caches */
+    uint64_t live_bytes;     /* bytes the program holds in regions */
+    uint64_t regions_live;   /* regions the program holds */
+    uint64_t regions_freed;  /* freed regions kept for reuse */
+    uint64_t allocs;         /* region allocations */
+    uint64_t frees;          /* region frees */
+    uint64_t reuses;         /* allocations served by a freed region */
+    uint64_t small_allocs;   /* allocations served by the sub-allocator */
+    uint64_t small_frees;
+    uint64_t passthrough; /* calls passed to CUDA untouched */
+    uint64_t vmm_maps;    /* cuMemMap calls made */
+    uint64_t vmm_unmaps;  /* cuMemUnmap calls made */
+    uint64_t oom;         /* allocations refused for lack of memory */
+} stagehand_stats_t;
+
+/* Fills *out (at most size bytes of it); 0, or -1 if out is NULL. */
+int stagehand_get_stats(stagehand_stats_t *out, size_t size);
+
+/* PyTorch CUDAPluggableAllocator entry points. */
+void *stagehand_malloc(ssize_t size, int device, void *stream);
+void stagehand_free(void *ptr, ssize_t size, int device, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,73 @@
+/* control.c — the stagehand.h control API: version, step and phase marks,
+ * and the stats snapshot. Callable from Python through ctypes.
+ *
+ * Shared state: the step and phase atomics in sh_rt.
+ */
+#include "interpose/interpose.h"
+
+#include "stagehand.h"
+
+#include <string.h>
+
+#define EXPORT  __attribute__((visibility("default")))
+#define STR2(x) #x
+#define STR(x)  STR2(x)
+
+EXPORT const char *stagehand_version(void)
+{
+    return STR(STAGEHAND_VERSION_MAJOR) "." STR(STAGEHAND_VERSION_MINOR) "." STR(
+        STAGEHAND_VERSION_PATCH);
+}
+
+EXPORT int stagehand_active(void)
+{
+    return sh_managed();
+}
+
+EXPORT int64_t stagehand_step(void)
+{
+    atomic_store(&sh_rt.phase, STAGEHAND_PHASE_STEP_BEGIN);
+    return atomic_fetch_add(&sh_rt.step, 1) + 1;
+}
+
+EXPORT int stagehand_phase(int phase)
+{
+    if (phase < STAGEHAND_PHASE_STEP_BEGIN || phase > STAGEHAND_PHASE_STEP_END)
+        return -1;
+    atomic_store(&sh_rt.phase, phase);
+    return 0;
+}
+
+EXPORT int stagehand_get_stats(stagehand_stats_t *out, size_t size)
+{
+    if (!out)
+        return -1;
+    stagehand_stats_t s;
+    memset(&s, 0, sizeof s);
+    s.step = atomic_load(&sh_rt.step);
+    s.phase = atomic_load(&sh_rt.phase);
+    s.passthrough = atomic_load(&sh_rt.passthrough);
+    s.oom = atomic_load(&sh_rt.oom);
+    if (sh_managed()) {
+        struct sh_pool_stats st;
+        sh_pool_stats(sh_rt.pool, &st);
+        s.active = 1;
+        s.budget_bytes = sh_rt.cfg.budget.vram_budget.bytes;
+        s.high_watermark = sh_rt.cfg.budget.vram_high_watermark.bytes;
+        s.low_watermark = sh_rt.cfg.budget.vram_low_watermark.bytes;
+        s.device_bytes = st.device_bytes;
+        s.live_bytes = st.live_bytes;
+        s.regions_live = st.regions[SH_RS_RESIDENT] + st.regions[SH_RS_EVICTING] +
+                         st.regions[SH_RS_HOST] + st.regions[SH_RS_RESTORING] - st.slabs;
+        s.regions_freed = st.regions[SH_RS_FREED];
+        s.allocs = st.allocs;
+        s.frees = st.frees;
+        s.reuses = st.reuses;
+        s.small_allocs = st.small_allocs;
+        s.small_frees = st.small_frees;
+        s.vmm_maps = st.vmm_maps;
+        s.vmm_unmaps = st.vmm_unmaps;
+    }
+    memcpy(out, &s, size < sizeof s ? size : sizeof s);
+    return 0;
+}

@@ -1,0 +1,166 @@
+/* cudart.c — the intercepted runtime allocation calls and the PyTorch
+ * pluggable-allocator entry points. Thin: they route to the pool and fall
+ * back to the real function for everything the pool does not own.
+ *
+ * Shared state: none of its own (see runtime.c).
+ */
+#include "interpose/interpose.h"
+
+#include "sh_err.h"
+#include "stagehand.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+static uint64_t stream_id(cudaStream_t s)
+{
+    return (uint64_t)(uintptr_t)s;
+}
+
+static cudaError_t passthrough(void)
+{
+    atomic_fetch_add(&sh_rt.passthrough, 1);
+    return cudaSuccess;
+}
+
+/* Keeps the device within the budget: drops cached memory first. */
+static int within_budget(size_t size)
+{
+    struct sh_pool_stats st;
+    sh_pool_stats(sh_rt.pool, &st);
+    size_t budget = sh_rt.cfg.budget.vram_budget.bytes;
+    if (st.device_bytes + size <= budget)
+        return 1;
+    sh_pool_trim(sh_rt.pool, st.device_bytes + size - budget);
+    sh_pool_stats(sh_rt.pool, &st);
+    return st.device_bytes + size <= budget;
+}
+
+static cudaError_t managed_alloc(void **ptr, size_t size, int path, cudaStream_t stream,
+                                 const char *what)
+{
+    uintptr_t va = 0;
+    int rc = within_budget(size) ? sh_pool_alloc(sh_rt.pool, size, path, stream_id(stream), &va)
+                                 : SH_ENOMEM;
+    if (rc == SH_ENOMEM) {
+        *ptr = NULL;
+        return sh_oom(size, what);
+    }
+    if (rc != SH_OK)
+        return cudaErrorUnknown; /* the caller falls back to the real call */
+    *ptr = (void *)va;
+    return cudaSuccess;
+}
+
+EXPORT cudaError_t cudaMalloc(void **ptr, size_t size)
+{
+    const struct sh_real *real = sh_real();
+    if (!ptr || size < sh_rt.cfg.regions.min_region.bytes || !sh_managed()) {
+        passthrough();
+        return real->cudaMalloc(ptr, size);
+    }
+    cudaError_t e = managed_alloc(ptr, size, SH_PATH_MALLOC, NULL, "cudaMalloc");
+    return e == cudaErrorUnknown ? (passthrough(), real->cudaMalloc(ptr, size)) : e;
+}
+
+EXPORT cudaError_t cudaFree(void *ptr)
+{
+    const struct sh_real *real = sh_real();
+    struct sh_region_info info;
+    if (!ptr || !sh_managed() || sh_pool_lookup(sh_rt.pool, (uintptr_t)ptr, &info) != SH_OK ||
+        info.va != (uintptr_t)ptr)
+        return real->cudaFree(ptr);
+    /* cudaFree synchronises the device; so do we, so the memory is idle. */
+    CUresult r = sh_rt.drv.cuCtxSynchronize();
+    if (r != CUDA_SUCCESS)
+        return (cudaError_t)r;
+    return sh_pool_free(sh_rt.pool, (uintptr_t)ptr, UINT64_MAX, 0) == SH_OK ? cudaSuccess
+                                                                            : cudaErrorInvalidValue;
+}
+
+EXPORT cudaError_t cudaMallocAsync(void **ptr, size_t size, cudaStream_t stream)
+{
+    const struct sh_real *real = sh_real();
+    if (!ptr || size == 0 || !sh_managed()) {
+        passthrough();
+        return real->cudaMallocAsync(ptr, size, stream);
+    }
+    cudaError_t e = managed_alloc(ptr, size, SH_PATH_ASYNC, stream, "cudaMallocAsync");
+    return e == cudaErrorUnknown ? (passthrough(), real->cudaMallocAsync(ptr, size, stream)) : e;
+}
+
+/* Stream-ordered free: the memory is reused by another stream only after
+ * the fence recorded here has passed. */
+static int managed_free_async(void *ptr, cudaStream_t stream)
+{
+    struct sh_region_info info;
+    if (sh_pool_lookup(sh_rt.pool, (uintptr_t)ptr, &info) != SH_OK)
+        return SH_ENOTFOUND;
+    uint64_t fence = sh_driver_fence_record(&sh_rt.drv, (CUstream)stream);
+    if (!fence)
+        sh_rt.drv.cuCtxSynchronize(); /* no event: fall back to a full wait */
+    int rc = sh_pool_free(sh_rt.pool, (uintptr_t)ptr, stream_id(stream), fence);
+    if (rc != SH_OK && fence) {
+        struct sh_fence_ops f;
+        sh_driver_fence_ops(&sh_rt.drv, &f);
+        f.drop(f.ctx, fence);
+    }
+    return rc;
+}
+
+EXPORT cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream)
+{
+    if (!ptr || !sh_managed())
+        return sh_real()->cudaFreeAsync(ptr, stream);
+    int rc = managed_free_async(ptr, stream);
+    if (rc == SH_ENOTFOUND)
+        return sh_real()->cudaFreeAsync(ptr, stream);
+    return rc == SH_OK ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+/* The budget view: total is the budget; free is what is left of it after
+ * everything the process holds on the device, counting memory we keep
+ * cached (and give back on demand) as free. */
+EXPORT cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)
+{
+    cudaError_t e = sh_real()->cudaMemGetInfo(free_bytes, total);
+    if (e != cudaSuccess || !sh_managed() || !free_bytes || !total)
+        return e;
+    struct sh_pool_stats st;
+    sh_pool_stats(sh_rt.pool, &st);
+    size_t used = *total - *free_bytes, budget = sh_rt.cfg.budget.vram_budget.bytes;
+    size_t cached = st.device_bytes > st.live_bytes ? st.device_bytes - st.live_bytes : 0;
+    used = used > cached ? used - cached : 0;
+    *total = budget;
+    *free_bytes = budget > used ? budget - used : 0;
+    return cudaSuccess;
+}
+
+EXPORT void *stagehand_malloc(ssize_t size, int device, void *stream)
+{
+    (void)device; /* one device per process */
+    void *p = NULL;
+    if (size <= 0)
+        return NULL;
+    if (!sh_managed()) {
+        const struct sh_real *real = sh_real();
+        return real->cudaMallocAsync &&
+                       real->cudaMallocAsync(&p, (size_t)size, stream) == cudaSuccess
+                   ? p
+                   : NULL;
+    }
+    cudaError_t e = managed_alloc(&p, (size_t)size, SH_PATH_PLUGGABLE, stream, "stagehand_malloc");
+    if (e == cudaErrorUnknown &&
+        sh_real()->cudaMallocAsync(&p, (size_t)size, stream) != cudaSuccess)
+        return NULL;
+    return e == cudaErrorMemoryAllocation ? NULL : p;
+}
+
+EXPORT void stagehand_free(void *ptr, ssize_t size, int device, void *stream)
+{
+    (void)size;
+    (void)device;
+    if (!ptr)
+        return;
+    if (!sh_managed() || managed_free_async(ptr, stream) == SH_ENOTFOUND)
+        sh_real()->cudaFreeAsync(ptr, stream);
+}

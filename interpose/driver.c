@@ -1,0 +1,188 @@
+/* driver.c — the driver entry-point table, and the pool's VMM and fence
+ * operations on top of it.
+ *
+ * Shared state: a free list of recycled events, guarded by event_mu. The
+ * table itself is written once, before any other thread reads it.
+ */
+#include "interpose/driver.h"
+
+#include "sh_err.h"
+#include "sh_log.h"
+
+#include <dlfcn.h>
+#include <stdbool.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+typedef CUresult (*get_proc_fn)(const char *, void **, int, cuuint64_t,
+                                CUdriverProcAddressQueryResult *);
+
+int sh_driver_load(struct sh_driver *drv, const char *path)
+{
+    drv->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!drv->lib) {
+        sh_log(SH_LOG_ERROR, "cannot load the CUDA driver (%s): %s", path, dlerror());
+        return SH_EDRIVER;
+    }
+    get_proc_fn get_proc = (get_proc_fn)dlsym(drv->lib, "cuGetProcAddress_v2");
+    if (!get_proc) {
+        sh_log(SH_LOG_ERROR, "%s has no cuGetProcAddress_v2: a CUDA 12 or newer driver is needed",
+               path);
+        return SH_EDRIVER;
+    }
+    CUdriverProcAddressQueryResult status;
+#define SH_DRIVER_LOAD(name)                                                                       \
+    if (get_proc(#name, (void **)&drv->name, 13000, CU_GET_PROC_ADDRESS_DEFAULT, &status) !=       \
+            CUDA_SUCCESS ||                                                                        \
+        !drv->name) {                                                                              \
+        sh_log(SH_LOG_ERROR, "the CUDA driver lacks %s", #name);                                   \
+        return SH_EDRIVER;                                                                         \
+    }
+    SH_DRIVER_ENTRIES(SH_DRIVER_LOAD)
+#undef SH_DRIVER_LOAD
+    return SH_OK;
+}
+
+const char *sh_driver_error(const struct sh_driver *drv, CUresult r)
+{
+    const char *s = NULL;
+    if (drv->cuGetErrorString)
+        drv->cuGetErrorString(r, &s);
+    return s ? s : "unknown CUDA error";
+}
+
+/* ---- VMM operations ---- */
+
+struct vmm_ctx {
+    struct sh_driver *drv;
+    CUdevice dev;
+};
+
+static int result(struct sh_driver *drv, CUresult r, const char *what)
+{
+    if (r == CUDA_SUCCESS)
+        return SH_OK;
+    if (r == CUDA_ERROR_OUT_OF_MEMORY)
+        return SH_ENOMEM;
+    sh_log(SH_LOG_WARN, "%s failed: %s", what, sh_driver_error(drv, r));
+    return SH_EDRIVER;
+}
+
+static int vmm_reserve(void *ctx, size_t size, size_t align, uintptr_t *va)
+{
+    struct vmm_ctx *c = ctx;
+    CUdeviceptr p = 0;
+    int rc =
+        result(c->drv, c->drv->cuMemAddressReserve(&p, size, align, 0, 0), "cuMemAddressReserve");
+    *va = (uintptr_t)p;
+    return rc;
+}
+
+static int vmm_unreserve(void *ctx, uintptr_t va, size_t size)
+{
+    struct vmm_ctx *c = ctx;
+    return result(c->drv, c->drv->cuMemAddressFree((CUdeviceptr)va, size), "cuMemAddressFree");
+}
+
+static int vmm_create(void *ctx, size_t size, int loc, uint64_t *handle)
+{
+    struct vmm_ctx *c = ctx;
+    CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED};
+    prop.location.type =
+        loc == SH_LOC_DEVICE ? CU_MEM_LOCATION_TYPE_DEVICE : CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    prop.location.id = loc == SH_LOC_DEVICE ? c->dev : 0;
+    CUmemGenericAllocationHandle h = 0;
+    int rc = result(c->drv, c->drv->cuMemCreate(&h, size, &prop, 0), "cuMemCreate");
+    *handle = h;
+    return rc;
+}
+
+static int vmm_release(void *ctx, uint64_t handle)
+{
+    struct vmm_ctx *c = ctx;
+    return result(c->drv, c->drv->cuMemRelease(handle), "cuMemRelease");
+}
+
+static int vmm_map(void *ctx, uintptr_t va, size_t size, uint64_t handle)
+{
+    struct vmm_ctx *c = ctx;
+    int rc = result(c->drv, c->drv->cuMemMap((CUdeviceptr)va, size, 0, handle, 0), "cuMemMap");
+    if (rc)
+        return rc;
+    CUmemAccessDesc access = {{CU_MEM_LOCATION_TYPE_DEVICE, c->dev},
+                              CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    rc =
+        result(c->drv, c->drv->cuMemSetAccess((CUdeviceptr)va, size, &access, 1), "cuMemSetAccess");
+    if (rc)
+        c->drv->cuMemUnmap((CUdeviceptr)va, size);
+    return rc;
+}
+
+static int vmm_unmap(void *ctx, uintptr_t va, size_t size)
+{
+    struct vmm_ctx *c = ctx;
+    return result(c->drv, c->drv->cuMemUnmap((CUdeviceptr)va, size), "cuMemUnmap");
+}
+
+void sh_driver_vmm_ops(struct sh_driver *drv, CUdevice dev, struct sh_vmm_ops *ops)
+{
+    static struct vmm_ctx ctx; /* one device per process */
+    ctx.drv = drv;
+    ctx.dev = dev;
+    *ops = (struct sh_vmm_ops){&ctx,        vmm_reserve, vmm_unreserve, vmm_create,
+                               vmm_release, vmm_map,     vmm_unmap};
+}
+
+/* ---- fences: recycled events ---- */
+
+#define EVENT_CACHE 256
+
+static pthread_mutex_t event_mu = PTHREAD_MUTEX_INITIALIZER;
+static CUevent spare[EVENT_CACHE];
+static int nspare;
+
+uint64_t sh_driver_fence_record(struct sh_driver *drv, CUstream stream)
+{
+    CUevent ev = NULL;
+    pthread_mutex_lock(&event_mu);
+    if (nspare > 0)
+        ev = spare[--nspare];
+    pthread_mutex_unlock(&event_mu);
+    if (!ev && drv->cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+        return 0;
+    if (drv->cuEventRecord(ev, stream) != CUDA_SUCCESS) {
+        drv->cuEventDestroy(ev);
+        return 0;
+    }
+    return (uint64_t)(uintptr_t)ev;
+}
+
+static int fence_done(void *ctx, uint64_t fence)
+{
+    struct sh_driver *drv = ctx;
+    return drv->cuEventQuery((CUevent)(uintptr_t)fence) != CUDA_ERROR_NOT_READY;
+}
+
+static void fence_wait(void *ctx, uint64_t fence)
+{
+    struct sh_driver *drv = ctx;
+    drv->cuEventSynchronize((CUevent)(uintptr_t)fence);
+}
+
+static void fence_drop(void *ctx, uint64_t fence)
+{
+    struct sh_driver *drv = ctx;
+    CUevent ev = (CUevent)(uintptr_t)fence;
+    pthread_mutex_lock(&event_mu);
+    bool kept = nspare < EVENT_CACHE;
+    if (kept)
+        spare[nspare++] = ev;
+    pthread_mutex_unlock(&event_mu);
+    if (!kept)
+        drv->cuEventDestroy(ev);
+}
+
+void sh_driver_fence_ops(struct sh_driver *drv, struct sh_fence_ops *ops)
+{
+    *ops = (struct sh_fence_ops){drv, fence_done, fence_wait, fence_drop};
+}

@@ -1,0 +1,61 @@
+/* driver.h — the CUDA driver, reached through one table of entry points.
+ *
+ * The table is filled once from dlopen("libcuda.so.1") and cuGetProcAddress,
+ * never by linking -lcuda, so tools and tests run without a GPU and the
+ * simulated driver can stand in. It also implements the pool's VMM and fence
+ * operations over the driver.
+ */
+#ifndef SH_INTERPOSE_DRIVER_H
+#define SH_INTERPOSE_DRIVER_H
+
+#include "pool/pool.h"
+
+#include <cuda.h>
+
+#define SH_DRIVER_ENTRIES(X)                                                                       \
+    X(cuInit)                                                                                      \
+    X(cuDeviceGet)                                                                                 \
+    X(cuDeviceGetAttribute)                                                                        \
+    X(cuDeviceTotalMem)                                                                            \
+    X(cuDevicePrimaryCtxRetain)                                                                    \
+    X(cuCtxGetCurrent)                                                                             \
+    X(cuCtxSetCurrent)                                                                             \
+    X(cuCtxSynchronize)                                                                            \
+    X(cuMemGetInfo)                                                                                \
+    X(cuMemAddressReserve)                                                                         \
+    X(cuMemAddressFree)                                                                            \
+    X(cuMemCreate)                                                                                 \
+    X(cuMemRelease)                                                                                \
+    X(cuMemMap)                                                                                    \
+    X(cuMemUnmap)                                                                                  \
+    X(cuMemSetAccess)                                                                              \
+    X(cuMemGetAllocationGranularity)                                                               \
+    X(cuEventCreate)                                                                               \
+    X(cuEventDestroy)                                                                              \
+    X(cuEventRecord)                                                                               \
+    X(cuEventQuery)                                                                                \
+    X(cuEventSynchronize)                                                                          \
+    X(cuGetErrorString)
+
+struct sh_driver {
+#define SH_DRIVER_FIELD(name) __typeof__(name) *name;
+    SH_DRIVER_ENTRIES(SH_DRIVER_FIELD)
+#undef SH_DRIVER_FIELD
+    void *lib;
+};
+
+/* Loads the driver; SH_EDRIVER with a log line naming what is missing. */
+int sh_driver_load(struct sh_driver *drv, const char *path);
+
+/* The driver's name for r, for messages. */
+const char *sh_driver_error(const struct sh_driver *drv, CUresult r);
+
+/* VMM and fence operations for the pool, on device dev. The returned
+ * structs point at *drv, which must outlive them. */
+void sh_driver_vmm_ops(struct sh_driver *drv, CUdevice dev, struct sh_vmm_ops *ops);
+void sh_driver_fence_ops(struct sh_driver *drv, struct sh_fence_ops *ops);
+
+/* A fence: an event recorded on stream. 0 if none could be recorded. */
+uint64_t sh_driver_fence_record(struct sh_driver *drv, CUstream stream);
+
+#endif

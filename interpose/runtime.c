@@ -1,0 +1,170 @@
+/* runtime.c — start-up: configuration at load time (a bad stagehand.ini
+ * stops the program before it runs), real-symbol lookup, and on the first
+ * managed call the driver, the device and the pool.
+ *
+ * Shared state: sh_rt, written inside pthread_once and read-only after;
+ * the counters in it are atomics. The current-context flag is per thread.
+ */
+#include "interpose/interpose.h"
+
+#include "sh_err.h"
+#include "sh_log.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+extern char **environ;
+
+struct sh_runtime sh_rt;
+
+static int disabled; /* STAGEHAND_DISABLE or enabled=false */
+static pthread_once_t real_once = PTHREAD_ONCE_INIT;
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static int managed; /* set once, inside init_once */
+static _Thread_local int ctx_ready;
+
+__attribute__((constructor)) static void load_config(void)
+{
+    if (sh_config_disabled(environ)) {
+        disabled = 1;
+        return;
+    }
+    char path[SH_CONFIG_STR_MAX], err[SH_CONFIG_ERR_MAX];
+    if (sh_config_load(&sh_rt.cfg, environ, path, sizeof path, err, sizeof err) != 0) {
+        fprintf(stderr, "stagehand: %s\n", err);
+        _exit(1); /* nothing has run yet, so nothing is lost */
+    }
+    sh_log_set_level(sh_rt.cfg.general.log_level);
+    disabled = !sh_rt.cfg.general.enabled;
+    if (path[0])
+        sh_log(SH_LOG_INFO, "configuration from %s", path);
+}
+
+static void resolve_real(void)
+{
+    void *h = RTLD_NEXT;
+#define REAL(name) sh_rt.real.name = (__typeof__(sh_rt.real.name))dlsym(h, #name)
+    REAL(cudaMalloc);
+    if (!sh_rt.real.cudaMalloc) {
+        /* The runtime was loaded after us: look in the global scope. */
+        h = dlopen("libcudart.so.13", RTLD_NOW | RTLD_NOLOAD);
+        if (!h)
+            h = RTLD_DEFAULT;
+        REAL(cudaMalloc);
+    }
+    REAL(cudaFree);
+    REAL(cudaMallocAsync);
+    REAL(cudaFreeAsync);
+    REAL(cudaMemGetInfo);
+    REAL(cudaGetDevice);
+#undef REAL
+}
+
+const struct sh_real *sh_real(void)
+{
+    pthread_once(&real_once, resolve_real);
+    return &sh_rt.real;
+}
+
+static uint64_t host_ram(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+}
+
+static int open_device(void)
+{
+    struct sh_driver *d = &sh_rt.drv;
+    int dev = 0;
+    /* Lets the runtime create and select its context first, as the program expects. */
+    if (sh_real()->cudaGetDevice && sh_real()->cudaGetDevice(&dev) != cudaSuccess)
+        return SH_EDRIVER;
+    if (d->cuInit(0) != CUDA_SUCCESS || d->cuDeviceGet(&sh_rt.dev, dev) != CUDA_SUCCESS ||
+        d->cuDevicePrimaryCtxRetain(&sh_rt.ctx, sh_rt.dev) != CUDA_SUCCESS ||
+        d->cuDeviceTotalMem(&sh_rt.card_bytes, sh_rt.dev) != CUDA_SUCCESS)
+        return SH_EDRIVER;
+    int vmm = 0;
+    d->cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                            sh_rt.dev);
+    if (!vmm) {
+        sh_log(SH_LOG_WARN, "device %d has no virtual memory management; passing through", dev);
+        return SH_EDRIVER;
+    }
+    return SH_OK;
+}
+
+static int open_pool(void)
+{
+    struct sh_driver *d = &sh_rt.drv;
+    CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                .location = {CU_MEM_LOCATION_TYPE_DEVICE, sh_rt.dev}};
+    size_t gran = 0;
+    if (d->cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+        return SH_EDRIVER;
+    const struct sh_config *c = &sh_rt.cfg;
+    size_t max_chunk = c->regions.max_chunk.bytes < gran ? gran : c->regions.max_chunk.bytes;
+    struct sh_pool_params p = {.granularity = gran,
+                               .max_chunk = max_chunk,
+                               .va_block = 1ull << 30,
+                               .va_cache = c->regions.va_cache.bytes,
+                               .device_cache = c->regions.device_cache.bytes,
+                               .suballoc_max = c->regions.suballoc_max.bytes};
+    struct sh_vmm_ops vmm;
+    struct sh_fence_ops fences;
+    sh_driver_vmm_ops(d, sh_rt.dev, &vmm);
+    sh_driver_fence_ops(d, &fences);
+    return sh_pool_create(&p, &vmm, &fences, &sh_rt.pool);
+}
+
+static void init(void)
+{
+    if (disabled || !sh_real()->cudaMalloc)
+        return;
+    if (sh_driver_load(&sh_rt.drv, "libcuda.so.1") != SH_OK || open_device() != SH_OK) {
+        sh_log(SH_LOG_WARN, "CUDA driver unavailable; passing all calls through");
+        return;
+    }
+    char err[SH_CONFIG_ERR_MAX];
+    if (sh_config_resolve(&sh_rt.cfg, sh_rt.card_bytes, host_ram(), err, sizeof err) != 0) {
+        fprintf(stderr, "stagehand: %s\n", err);
+        _exit(1); /* the first allocation has not happened yet */
+    }
+    if (open_pool() != SH_OK) {
+        sh_log(SH_LOG_WARN, "cannot set up the region pool; passing all calls through");
+        return;
+    }
+    char summary[512];
+    sh_config_summary(&sh_rt.cfg, summary, sizeof summary);
+    sh_log(SH_LOG_INFO, "managing allocations on device %d: %s", (int)sh_rt.dev, summary);
+    managed = 1;
+}
+
+int sh_managed(void)
+{
+    if (disabled)
+        return 0;
+    pthread_once(&init_once, init);
+    if (!managed)
+        return 0;
+    if (!ctx_ready) {
+        CUcontext cur = NULL;
+        sh_rt.drv.cuCtxGetCurrent(&cur);
+        if (!cur)
+            sh_rt.drv.cuCtxSetCurrent(sh_rt.ctx);
+        ctx_ready = 1;
+    }
+    return 1;
+}
+
+cudaError_t sh_oom(size_t size, const char *what)
+{
+    atomic_fetch_add(&sh_rt.oom, 1);
+    struct sh_pool_stats st;
+    sh_pool_stats(sh_rt.pool, &st);
+    sh_log(SH_LOG_WARN, "%s(%zu bytes): out of memory: %zu MB held of a %llu MB budget", what, size,
+           st.device_bytes >> 20, (unsigned long long)(sh_rt.cfg.budget.vram_budget.bytes >> 20));
+    return cudaErrorMemoryAllocation;
+}
