@@ -38,12 +38,12 @@ SIM_TESTS  := $(SIM_TEST_SRCS:tests/sim/%.c=$(BUILD)/tests/sim/%)
 UNIT_TESTS := $(UNIT_TEST_SRCS:tests/unit/%.c=$(BUILD)/tests/unit/%)
 E2E_BINS   := $(E2E_SRCS:tests/e2e/%.c=$(BUILD)/tests/e2e/%)
 
-TOOL_SRCS := $(wildcard tools/*/main.c)
-TOOLS     := $(patsubst tools/%/main.c,$(BUILD)/%,$(TOOL_SRCS))
+TOOL_DIRS := $(patsubst %/,%,$(dir $(wildcard tools/*/main.c)))
+TOOLS     := $(TOOL_DIRS:tools/%=$(BUILD)/%)
 
 PREREQ := $(BUILD)/.prereqs
 
-.PHONY: all test check format asan ubsan tsan install clean bench
+.PHONY: all test check format asan ubsan tsan install clean bench bench-policy
 .DEFAULT_GOAL := all
 
 all: $(BUILD)/libstagehand.so $(SIM_LIBS) $(TOOLS)
@@ -106,20 +106,28 @@ $(BUILD)/tests/sim/%: $(BUILD)/obj/tests/sim/%.o $(SIM_LIBS)
 
 $(BUILD)/tests/unit/%: $(BUILD)/obj/tests/unit/%.o $(BUILD)/libstagehand.a
 	@mkdir -p $(@D)
-	$(CC) -o $@ $< $(BUILD)/libstagehand.a $(LDFLAGS_ALL) $(LIB_LIBS) -lcmocka
+	$(CC) -o $@ $< $(BUILD)/libstagehand.a $(LDFLAGS_ALL) $(LIB_LIBS) -lcmocka -ljson-c
 
 $(BUILD)/tests/e2e/%: $(BUILD)/obj/tests/e2e/%.o $(SIM_LIBS)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< $(LDFLAGS_ALL) $(SIM_LINK) -lcmocka -ldl
 
 # ---- tools ---------------------------------------------------------------
-$(BUILD)/%: $(BUILD)/obj/tools/%/main.o $(BUILD)/libstagehand.a
-	$(CC) -o $@ $< $(BUILD)/libstagehand.a $(LDFLAGS_ALL) $(LIB_LIBS) -lncursesw
+# Each tools/NAME/ folder is one program, build/NAME, from all its .c files.
+define tool_rule
+$(BUILD)/$(1): $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tools/$(1)/*.c)) $(BUILD)/libstagehand.a
+	$$(CC) -o $$@ $$(filter %.o,$$^) $(BUILD)/libstagehand.a $$(LDFLAGS_ALL) $$(LIB_LIBS) -lncursesw
+endef
+$(foreach t,$(TOOL_DIRS:tools/%=%),$(eval $(call tool_rule,$(t))))
 
 TEST_BINS := $(SIM_TESTS) $(UNIT_TESTS) $(E2E_BINS)
 
 test: all $(TEST_BINS)
 	@BUILD=$(BUILD) SAN=$(SAN) E2E="$(E2E_BINS)" tests/run.sh $(SIM_TESTS) $(UNIT_TESTS)
+
+# ---- benchmarks (ratios against a baseline measured in the same run) ----
+bench-policy: $(BUILD)/stagehand-sim
+	tools/stagehand-sim/bench-policy.sh $(BUILD)/stagehand-sim
 
 # ---- checks and sanitizers -----------------------------------------------
 FORMAT_SRCS = $(shell git ls-files '*.c' '*.h' 2>/dev/null)

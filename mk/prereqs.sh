@@ -25,6 +25,7 @@ for what in "${@:-build}"; do
         need_file /usr/include/libelf.h libelf-dev
         need_file /usr/include/ncurses.h libncurses-dev
         need_file /usr/include/zlib.h zlib1g-dev
+        need_file /usr/include/json-c/json.h libjson-c-dev
         need_cmd tmux tmux
         need_cmd python3 python3
         ;;
