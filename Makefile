@@ -126,6 +126,19 @@ test: all $(TEST_BINS)
 	@BUILD=$(BUILD) SAN=$(SAN) E2E="$(E2E_BINS)" tests/run.sh $(SIM_TESTS) $(UNIT_TESTS)
 
 # ---- benchmarks (ratios against a baseline measured in the same run) ----
+BENCH_BINS := $(BUILD)/tests/bench/bench_alloc $(BUILD)/tests/bench/bench_pool
+
+$(BUILD)/tests/bench/bench_alloc: $(BUILD)/obj/tests/bench/bench_alloc.o $(SIM_LIBS)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $< $(LDFLAGS_ALL) -L$(BUILD)/sim -l:libcudart.so.13 -l:libcuda.so.1
+
+$(BUILD)/tests/bench/bench_pool: $(BUILD)/obj/tests/bench/bench_pool.o $(BUILD)/libstagehand.a
+	@mkdir -p $(@D)
+	$(CC) -o $@ $< $(BUILD)/libstagehand.a $(LDFLAGS_ALL) $(LIB_LIBS)
+
+bench: all $(BENCH_BINS)
+	tests/bench/run.sh $(BUILD)
+
 bench-policy: $(BUILD)/stagehand-sim
 	tools/stagehand-sim/bench-policy.sh $(BUILD)/stagehand-sim
 
@@ -162,5 +175,8 @@ install: all
 
 clean:
 	rm -rf build
+
+# Objects are kept, so a second make does nothing.
+.SECONDARY:
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -926,6 +926,24 @@ static const struct rel rels[] = {
     {AT(conductor.optimizer_max_inflight_h2d), AT(transfer.max_inflight_h2d), 0},
 };
 
+/* A key whose value is known before the machine is: not a percentage. */
+static int absolute(const struct sh_config *cfg, int k)
+{
+    return keys[k].type != T_SIZE ||
+           !((const struct sh_size_opt *)cfield_of(cfg, &keys[k]))->is_pct;
+}
+
+/* The relations between keys that are both known at load time, so that a
+ * contradiction written in the file stops the program before it starts. */
+static int check_static(const struct sh_config *cfg, char *err, size_t errlen)
+{
+    for (size_t i = 0; i < sizeof rels / sizeof rels[0]; i++)
+        if (absolute(cfg, key_at(rels[i].a)) && absolute(cfg, key_at(rels[i].b)) &&
+            check_rel(cfg, &rels[i], err, errlen))
+            return SH_EINVAL;
+    return 0;
+}
+
 int sh_config_resolve(struct sh_config *cfg, uint64_t card_bytes, uint64_t host_ram_bytes,
                       char *err, size_t errlen)
 {
@@ -975,7 +993,9 @@ int sh_config_load(struct sh_config *cfg, char *const *envp, char *used_path, si
     copy_str(used_path, pathlen, "");
     if ((rc = load_search(cfg, envp, used_path, pathlen, err, errlen)) != 0)
         return rc;
-    return sh_config_apply_env(cfg, envp, err, errlen);
+    if ((rc = sh_config_apply_env(cfg, envp, err, errlen)) != 0)
+        return rc;
+    return check_static(cfg, err, errlen);
 }
 
 int sh_config_init(struct sh_config *cfg, char *const *envp, uint64_t card_bytes,
