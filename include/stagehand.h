@@ -63,10 +63,20 @@ typedef struct stagehand_stats {
     uint64_t reuses;         /* allocations served by a freed region */
     uint64_t small_allocs;   /* allocations served by the sub-allocator */
     uint64_t small_frees;
-    uint64_t passthrough; /* calls passed to CUDA untouched */
-    uint64_t vmm_maps;    /* cuMemMap calls made */
-    uint64_t vmm_unmaps;  /* cuMemUnmap calls made */
-    uint64_t oom;         /* allocations refused for lack of memory */
+    uint64_t passthrough;   /* calls passed to CUDA untouched */
+    uint64_t vmm_maps;      /* cuMemMap calls made */
+    uint64_t vmm_unmaps;    /* cuMemUnmap calls made */
+    uint64_t oom;           /* allocations refused for lack of memory */
+    uint64_t evictions;     /* regions moved to host memory */
+    uint64_t restores;      /* regions brought back */
+    uint64_t d2h_bytes;     /* bytes copied device -> host by eviction */
+    uint64_t h2d_bytes;     /* bytes copied host -> device by restores */
+    uint64_t host_bytes;    /* bytes of regions living in host memory now */
+    uint64_t pinned_bytes;  /* host slab memory pinned */
+    uint64_t launches;      /* launches seen */
+    uint64_t tracking_mode; /* 0 none, 1 CUPTI, 2 hooks */
+    uint64_t checksum_mismatches;
+    uint64_t remap_windows; /* remap windows opened */
 } stagehand_stats_t;
 
 /* Fills *out (at most size bytes of it); 0, or -1 if out is NULL. */

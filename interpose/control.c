@@ -67,6 +67,20 @@ EXPORT int stagehand_get_stats(stagehand_stats_t *out, size_t size)
         s.small_frees = st.small_frees;
         s.vmm_maps = st.vmm_maps;
         s.vmm_unmaps = st.vmm_unmaps;
+        s.evictions = st.evictions;
+        s.restores = st.restores;
+        s.d2h_bytes = st.evicted_bytes;
+        s.h2d_bytes = st.restored_bytes;
+        s.host_bytes = st.host_bytes;
+        s.checksum_mismatches = st.checksum_mismatches;
+        s.launches = atomic_load(&sh_rt.launches);
+        s.tracking_mode = (uint64_t)sh_launch_mode();
+        s.remap_windows = sh_gate_windows(sh_rt.gate);
+        if (sh_rt.host) {
+            struct sh_hostpool_stats hs;
+            sh_hostpool_stats(sh_rt.host, &hs);
+            s.pinned_bytes = hs.pinned_bytes;
+        }
     }
     memcpy(out, &s, size < sizeof s ? size : sizeof s);
     return 0;

@@ -22,25 +22,32 @@ static cudaError_t passthrough(void)
     return cudaSuccess;
 }
 
-/* Keeps the device within the budget: drops cached memory first. */
-static int within_budget(size_t size)
+static size_t device_bytes(void)
 {
     struct sh_pool_stats st;
     sh_pool_stats(sh_rt.pool, &st);
-    size_t budget = sh_rt.cfg.budget.vram_budget.bytes;
-    if (st.device_bytes + size <= budget)
-        return 1;
-    sh_pool_trim(sh_rt.pool, st.device_bytes + size - budget);
-    sh_pool_stats(sh_rt.pool, &st);
-    return st.device_bytes + size <= budget;
+    return st.device_bytes;
+}
+
+int sh_make_room(size_t need, const uintptr_t *protect, size_t np)
+{
+    const struct sh_config *c = &sh_rt.cfg;
+    size_t dev = device_bytes();
+    if (dev + need <= c->budget.vram_high_watermark.bytes)
+        return SH_OK;
+    size_t target = dev + need - c->budget.vram_low_watermark.bytes, released = 0;
+    sh_pool_evict(sh_rt.pool, target, protect, np, &released);
+    return device_bytes() + need <= c->budget.vram_budget.bytes ? SH_OK : SH_ENOMEM;
 }
 
 static cudaError_t managed_alloc(void **ptr, size_t size, int path, cudaStream_t stream,
                                  const char *what)
 {
     uintptr_t va = 0;
-    int rc = within_budget(size) ? sh_pool_alloc(sh_rt.pool, size, path, stream_id(stream), &va)
-                                 : SH_ENOMEM;
+    size_t need = (size + sh_rt.gran - 1) / sh_rt.gran * sh_rt.gran;
+    int rc = sh_make_room(need, NULL, 0);
+    if (rc == SH_OK)
+        rc = sh_pool_alloc(sh_rt.pool, size, path, stream_id(stream), &va);
     if (rc == SH_ENOMEM) {
         *ptr = NULL;
         return sh_oom(size, what);

@@ -186,3 +186,64 @@ void sh_driver_fence_ops(struct sh_driver *drv, struct sh_fence_ops *ops)
 {
     *ops = (struct sh_fence_ops){drv, fence_done, fence_wait, fence_drop};
 }
+
+/* ---- copy operations: two dedicated streams ---- */
+
+static struct {
+    struct sh_driver *drv;
+    CUstream stream[2];
+} copier;
+
+static int copy_issue(void *ctx, int dir, uintptr_t dst, uintptr_t src, size_t n, uint64_t *token)
+{
+    (void)ctx;
+    struct sh_driver *drv = copier.drv;
+    CUresult r = drv->cuMemcpyAsync((CUdeviceptr)dst, (CUdeviceptr)src, n, copier.stream[dir]);
+    if (r != CUDA_SUCCESS)
+        return result(drv, r, "cuMemcpyAsync");
+    *token = sh_driver_fence_record(drv, copier.stream[dir]);
+    if (*token == 0) /* no event: wait now, so the token means "done" */
+        return result(drv, drv->cuStreamSynchronize(copier.stream[dir]), "cuStreamSynchronize");
+    return SH_OK;
+}
+
+static int copy_done(void *ctx, uint64_t token)
+{
+    (void)ctx;
+    return token == 0 || fence_done(copier.drv, token);
+}
+
+static int copy_wait(void *ctx, uint64_t token)
+{
+    (void)ctx;
+    if (token == 0)
+        return SH_OK;
+    CUresult r = copier.drv->cuEventSynchronize((CUevent)(uintptr_t)token);
+    return result(copier.drv, r, "cuEventSynchronize");
+}
+
+static void copy_forget(void *ctx, uint64_t token)
+{
+    (void)ctx;
+    if (token)
+        fence_drop(copier.drv, token);
+}
+
+static int copy_drain(void *ctx)
+{
+    (void)ctx;
+    return result(copier.drv, copier.drv->cuCtxSynchronize(), "cuCtxSynchronize");
+}
+
+int sh_driver_copy_ops(struct sh_driver *drv, struct sh_copy_ops *ops)
+{
+    int least = 0, greatest = 0;
+    drv->cuCtxGetStreamPriorityRange(&least, &greatest);
+    copier.drv = drv;
+    for (int d = 0; d < 2; d++)
+        if (drv->cuStreamCreateWithPriority(&copier.stream[d], CU_STREAM_NON_BLOCKING, greatest) !=
+            CUDA_SUCCESS)
+            return SH_EDRIVER;
+    *ops = (struct sh_copy_ops){NULL, copy_issue, copy_done, copy_wait, copy_forget, copy_drain};
+    return SH_OK;
+}

@@ -9,6 +9,7 @@
 #define SH_INTERPOSE_DRIVER_H
 
 #include "pool/pool.h"
+#include "transfer/transfer.h"
 
 #include <cuda.h>
 
@@ -35,7 +36,15 @@
     X(cuEventRecord)                                                                               \
     X(cuEventQuery)                                                                                \
     X(cuEventSynchronize)                                                                          \
-    X(cuGetErrorString)
+    X(cuStreamSynchronize)                                                                         \
+    X(cuGetErrorString)                                                                            \
+    X(cuGetProcAddress)                                                                            \
+    X(cuStreamCreateWithPriority)                                                                  \
+    X(cuCtxGetStreamPriorityRange)                                                                 \
+    X(cuMemcpyAsync)                                                                               \
+    X(cuLaunchKernel)                                                                              \
+    X(cuLaunchKernelEx)                                                                            \
+    X(cuLaunchCooperativeKernel)
 
 struct sh_driver {
 #define SH_DRIVER_FIELD(name) __typeof__(name) *name;
@@ -54,6 +63,10 @@ const char *sh_driver_error(const struct sh_driver *drv, CUresult r);
  * structs point at *drv, which must outlive them. */
 void sh_driver_vmm_ops(struct sh_driver *drv, CUdevice dev, struct sh_vmm_ops *ops);
 void sh_driver_fence_ops(struct sh_driver *drv, struct sh_fence_ops *ops);
+
+/* Copy operations for the transfer engine: two high-priority non-blocking
+ * streams, an event per copy. SH_EDRIVER if the streams cannot be made. */
+int sh_driver_copy_ops(struct sh_driver *drv, struct sh_copy_ops *ops);
 
 /* A fence: an event recorded on stream. 0 if none could be recorded. */
 uint64_t sh_driver_fence_record(struct sh_driver *drv, CUstream stream);

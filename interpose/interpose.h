@@ -11,6 +11,7 @@
 #include "interpose/driver.h"
 #include "policy/config.h"
 #include "pool/pool.h"
+#include "transfer/transfer.h"
 
 #include <cuda_runtime_api.h>
 #include <stdatomic.h>
@@ -24,15 +25,21 @@ struct sh_real {
     __typeof__(cudaGetDevice) *cudaGetDevice;
 };
 
+enum sh_track_mode { SH_TRACK_NONE = 0, SH_TRACK_CUPTI = 1, SH_TRACK_HOOKS = 2 };
+enum sh_key_kind { SH_KEY_HOST_FN = 1, SH_KEY_FUNCTION = 2, SH_KEY_KERNEL = 3 };
+
 struct sh_runtime {
     struct sh_config cfg;
     struct sh_real real;
     struct sh_driver drv;
     struct sh_pool *pool;
+    struct sh_hostpool *host; /* NULL when eviction is off */
+    struct sh_xfer *xfer;
+    struct sh_gate *gate;
     CUdevice dev;
     CUcontext ctx;
-    size_t card_bytes;
-    atomic_ullong passthrough, oom;
+    size_t card_bytes, gran;
+    atomic_ullong passthrough, oom, launches;
     atomic_llong step;
     atomic_int phase;
 };
@@ -50,5 +57,17 @@ int sh_managed(void);
 
 /* cudaErrorMemoryAllocation, with one stderr line saying why. */
 cudaError_t sh_oom(size_t size, const char *what);
+
+/* Makes room for need more device bytes: above the high watermark, evicts
+ * until below the low one, never a region containing protect[0..np).
+ * SH_ENOMEM if the budget cannot take need bytes even then. */
+int sh_make_room(size_t need, const uintptr_t *protect, size_t np);
+
+/* Launch tracking (launch.c). begin/end bracket the issue of one launch:
+ * begin restores what it points into and enters the remap gate. */
+int sh_launch_init(void);
+int sh_launch_mode(void);
+void sh_launch_begin(const void *key, int kind, void **args);
+void sh_launch_end(void);
 
 #endif

@@ -104,6 +104,7 @@ static int open_pool(void)
     size_t gran = 0;
     if (d->cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
         return SH_EDRIVER;
+    sh_rt.gran = gran;
     const struct sh_config *c = &sh_rt.cfg;
     size_t max_chunk = c->regions.max_chunk.bytes < gran ? gran : c->regions.max_chunk.bytes;
     struct sh_pool_params p = {.granularity = gran,
@@ -119,6 +120,48 @@ static int open_pool(void)
     return sh_pool_create(&p, &vmm, &fences, &sh_rt.pool);
 }
 
+/* Host slabs and the copy engine; without them the library still manages
+ * allocations, it just cannot evict. */
+static void open_mover(void)
+{
+    const struct sh_config *c = &sh_rt.cfg;
+    int host_vmm = 0;
+    sh_rt.drv.cuDeviceGetAttribute(
+        &host_vmm, CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, sh_rt.dev);
+    if (!host_vmm) {
+        sh_log(SH_LOG_WARN, "the driver cannot map host memory into the device's address space; "
+                            "eviction is off");
+        return;
+    }
+    struct sh_hostpool_params hp = {.granularity = sh_rt.gran,
+                                    .ram_budget = c->budget.host_ram_budget.bytes,
+                                    .prepin = c->pool.prepin.bytes,
+                                    .grow_in_background = c->pool.grow_in_background};
+    hp.nclasses = c->pool.classes_mb.n;
+    for (unsigned i = 0; i < hp.nclasses && i < SH_HOSTPOOL_MAX_CLASSES; i++) {
+        hp.class_bytes[i] = (size_t)c->pool.classes_mb.v[i] << 20;
+        hp.slabs[i] = c->pool.slabs_per_class.v[i];
+    }
+    struct sh_vmm_ops vmm;
+    struct sh_copy_ops copy;
+    sh_driver_vmm_ops(&sh_rt.drv, sh_rt.dev, &vmm);
+    if (sh_hostpool_create(&hp, &vmm, &sh_rt.host) != SH_OK ||
+        sh_driver_copy_ops(&sh_rt.drv, &copy) != SH_OK ||
+        sh_xfer_create(&copy, (unsigned)c->transfer.max_inflight_d2h,
+                       (unsigned)c->transfer.max_inflight_h2d, &sh_rt.xfer) != SH_OK) {
+        sh_log(SH_LOG_WARN, "cannot set up host slabs or copy streams; eviction is off");
+        sh_hostpool_destroy(sh_rt.host);
+        sh_rt.host = NULL;
+        return;
+    }
+    struct sh_pool_mover m = {.host = sh_rt.host,
+                              .xfer = sh_rt.xfer,
+                              .gate = sh_rt.gate,
+                              .checksums = c->debug.debug_checksums,
+                              .slab_wait_ms = 2000};
+    sh_pool_set_mover(sh_rt.pool, &m);
+}
+
 static void init(void)
 {
     if (disabled || !sh_real()->cudaMalloc)
@@ -132,10 +175,12 @@ static void init(void)
         fprintf(stderr, "stagehand: %s\n", err);
         _exit(1); /* the first allocation has not happened yet */
     }
-    if (open_pool() != SH_OK) {
+    if (sh_gate_create(&sh_rt.gate) != SH_OK || open_pool() != SH_OK) {
         sh_log(SH_LOG_WARN, "cannot set up the region pool; passing all calls through");
         return;
     }
+    open_mover();
+    sh_launch_init();
     char summary[512];
     sh_config_summary(&sh_rt.cfg, summary, sizeof summary);
     sh_log(SH_LOG_INFO, "managing allocations on device %d: %s", (int)sh_rt.dev, summary);

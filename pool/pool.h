@@ -14,6 +14,7 @@
 #define SH_POOL_H
 
 #include "pool/pool_parts.h"
+#include "transfer/transfer.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -54,6 +55,10 @@ struct sh_pool_stats {
     size_t freed_bytes;          /* mapped bytes kept in freed regions */
     uint64_t allocs, frees, reuses, vmm_maps, vmm_unmaps;
     uint64_t small_allocs, small_frees;
+    uint64_t evictions, restores;           /* regions moved */
+    uint64_t evicted_bytes, restored_bytes; /* bytes copied each way */
+    uint64_t checksum_mismatches;
+    size_t host_bytes; /* bytes of regions living in host slabs */
 };
 
 struct sh_pool;
@@ -76,6 +81,76 @@ int sh_pool_lookup(struct sh_pool *pool, uintptr_t addr, struct sh_region_info *
  * bytes are returned or nothing is left; returns the bytes released. */
 size_t sh_pool_trim(struct sh_pool *pool, size_t bytes);
 void sh_pool_stats(struct sh_pool *pool, struct sh_pool_stats *st);
+
+/* ---- host slab pool ------------------------------------------------------ */
+
+#define SH_HOSTPOOL_MAX_CLASSES 16
+
+struct sh_slab {
+    uint64_t handle;   /* host-located physical handle */
+    uintptr_t staging; /* where it is mapped for copies and checksums */
+    size_t size;
+    int cls;
+    struct sh_slab *next, *all_next;
+};
+
+struct sh_hostpool_params {
+    size_t granularity;
+    size_t class_bytes[SH_HOSTPOOL_MAX_CLASSES]; /* increasing */
+    unsigned slabs[SH_HOSTPOOL_MAX_CLASSES];     /* free slabs kept ready per class */
+    unsigned nclasses;
+    size_t ram_budget; /* pinned bytes never exceed this */
+    size_t prepin;     /* pinned at create */
+    int grow_in_background;
+};
+
+struct sh_hostpool_stats {
+    size_t pinned_bytes, budget_bytes;
+    unsigned nclasses;
+    size_t class_bytes[SH_HOSTPOOL_MAX_CLASSES];
+    unsigned class_total[SH_HOSTPOOL_MAX_CLASSES], class_free[SH_HOSTPOOL_MAX_CLASSES];
+    uint64_t hits, fallbacks, misses, waits, grown;
+};
+
+struct sh_hostpool;
+
+int sh_hostpool_create(const struct sh_hostpool_params *p, const struct sh_vmm_ops *vmm,
+                       struct sh_hostpool **out);
+void sh_hostpool_destroy(struct sh_hostpool *hp);
+/* A slab of at least bytes: the smallest class that has one, else a larger
+ * class; when none is free, waits up to wait_ms for the background grower.
+ * SH_ENOMEM when the RAM budget is spent; SH_EINVAL above the largest class. */
+int sh_hostpool_get(struct sh_hostpool *hp, size_t bytes, unsigned wait_ms, struct sh_slab **out);
+void sh_hostpool_put(struct sh_hostpool *hp, struct sh_slab *s);
+void sh_hostpool_stats(struct sh_hostpool *hp, struct sh_hostpool_stats *st);
+
+/* ---- moving regions between device and host (evict.c) --------------------- */
+
+/* What eviction and restore need besides the pool. */
+struct sh_pool_mover {
+    struct sh_hostpool *host;
+    struct sh_xfer *xfer;
+    struct sh_gate *gate;
+    int checksums;         /* CRC32 each chunk at eviction, verify at restore */
+    unsigned slab_wait_ms; /* how long to wait for the host pool to grow */
+};
+
+/* Enables eviction. Until called, sh_pool_evict releases nothing. */
+void sh_pool_set_mover(struct sh_pool *pool, const struct sh_pool_mover *m);
+/* Moves least recently used resident regions to host slabs until at least
+ * need bytes of device memory are released, never a region containing an
+ * address in protect[0..np). Regions are never copied once freed: freed
+ * ones are dropped first. *released gets the bytes released. SH_ENOMEM if
+ * nothing could be released (host side exhausted, or nothing evictable). */
+int sh_pool_evict(struct sh_pool *pool, size_t need, const uintptr_t *protect, size_t np,
+                  size_t *released);
+/* Records a use of the regions containing addrs[0..n) (a launch) and
+ * returns, through *host_bytes, the device memory it takes to bring back
+ * those of them that are evicted. */
+void sh_pool_touch(struct sh_pool *pool, const uintptr_t *addrs, size_t n, size_t *host_bytes);
+/* Brings the evicted regions containing addrs[0..n) back to the device. The
+ * caller makes room first. SH_ENOMEM if device memory ran out. */
+int sh_pool_restore(struct sh_pool *pool, const uintptr_t *addrs, size_t n);
 
 /* The chunk sizes a region of `mapped` bytes is split into: greedy powers of
  * two, largest first, none above max_chunk. Returns the count (<= max). */

@@ -8,7 +8,7 @@
  * index_lock. VMM calls and fence waits run with neither held; a region
  * being built or torn down is reachable by no one else meanwhile.
  */
-#include "pool/pool.h"
+#include "pool/region_int.h"
 
 #include "sh_err.h"
 #include "sh_log.h"
@@ -16,42 +16,6 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define NBUCKETS  64
-#define NO_STREAM UINT64_MAX
-
-struct chunk {
-    size_t off, size;
-    uint64_t handle;
-};
-
-struct region {
-    uintptr_t va;
-    size_t size, mapped;
-    uint64_t id;
-    int state, path;
-    uint64_t stream, fence;             /* where and when it was freed */
-    struct region *lru_prev, *lru_next; /* all freed regions, oldest first */
-    struct region *bucket_next;         /* freed regions of similar size */
-    unsigned nchunks;
-    struct chunk chunks[];
-};
-
-struct sh_pool {
-    struct sh_pool_params p;
-    struct sh_vmm_ops vmm;
-    struct sh_fence_ops fences;
-    pthread_mutex_t mu;
-    pthread_rwlock_t index_lock;
-    struct sh_rindex *index;
-    struct sh_vaarena *va;
-    struct sh_chunkcache *cc;
-    struct sh_suballoc *sa;
-    struct region *lru_head, *lru_tail;
-    struct region *buckets[NBUCKETS];
-    uint64_t next_id;
-    struct sh_pool_stats st;
-};
 
 static int fence_done(struct sh_pool *pool, uint64_t fence)
 {
@@ -126,7 +90,7 @@ static void freed_unlink(struct sh_pool *pool, struct region *r)
 static struct region *freed_take(struct sh_pool *pool, size_t mapped, uint64_t stream)
 {
     for (struct region *r = pool->buckets[bucket_of(pool, mapped)]; r; r = r->bucket_next) {
-        if (r->mapped != mapped || r->path == SH_PATH_SLAB)
+        if (r->mapped != mapped)
             continue;
         if ((stream != NO_STREAM && r->stream == stream) || fence_done(pool, r->fence)) {
             freed_unlink(pool, r);
@@ -146,6 +110,8 @@ static void unbuild(struct sh_pool *pool, struct region *r, unsigned mapped_chun
             __atomic_add_fetch(&pool->st.vmm_unmaps, 1, __ATOMIC_RELAXED);
         if (c->handle)
             sh_chunkcache_put(pool->cc, c->handle, c->size);
+        if (c->slab) /* an evicted region freed by the program */
+            sh_hostpool_put(pool->mover.host, c->slab);
     }
     sh_vaarena_free(pool->va, r->va, r->mapped);
     free(r);
@@ -217,9 +183,12 @@ static void teardown(struct sh_pool *pool, struct region *r)
     unbuild(pool, r, r->nchunks);
 }
 
+/* A torn-down region's chunks go to the chunk cache, which is still device
+ * memory: only what leaves the cache counts. Spare chunks go first, so the
+ * cache has room for the chunks of each region torn down after them. */
 size_t sh_pool_trim(struct sh_pool *pool, size_t bytes)
 {
-    size_t done = 0;
+    size_t done = sh_chunkcache_trim(pool->cc, bytes);
     while (done < bytes) {
         pthread_mutex_lock(&pool->mu);
         struct region *r = pool->lru_head;
@@ -230,12 +199,9 @@ size_t sh_pool_trim(struct sh_pool *pool, size_t bytes)
         pthread_mutex_unlock(&pool->mu);
         if (!r)
             break;
-        size_t mapped = r->mapped;
         teardown(pool, r);
-        done += mapped;
-    }
-    if (done < bytes)
         done += sh_chunkcache_trim(pool->cc, bytes - done);
+    }
     return done;
 }
 
@@ -262,7 +228,14 @@ static int sa_fence_done(void *ctx, uint64_t fence)
 
 static void sa_fence_drop(void *ctx, uint64_t fence)
 {
-    fence_drop(ctx, fence);
+    struct sh_pool *pool = ctx;
+    /* pool->sa is NULL only while destroy tears the sub-allocator down: it
+     * drops the fences of blocks still pending, then hands back their slabs
+     * to be unmapped, so the work behind them must be done first. No other
+     * thread is in the pool by then; waiting under its lock blocks no one. */
+    if (!pool->sa && !fence_done(pool, fence))
+        pool->fences.wait(pool->fences.ctx, fence);
+    fence_drop(pool, fence);
 }
 
 /* ---- the API ---- */
@@ -282,9 +255,12 @@ int sh_pool_create(const struct sh_pool_params *p, const struct sh_vmm_ops *vmm,
     pool->fences = *fences;
     pool->next_id = 1;
     pthread_mutex_init(&pool->mu, NULL);
+    pthread_mutex_init(&pool->move_mu, NULL);
     pthread_rwlock_init(&pool->index_lock, NULL);
     struct sh_suballoc_ops sops = {pool, slab_get, slab_put, sa_fence_done, sa_fence_drop};
-    struct sh_suballoc_config scfg = {.max_block = p->suballoc_max};
+    /* One empty slab kept per class: a block freed and allocated again
+     * must not cost a slab (VMM calls) each time. */
+    struct sh_suballoc_config scfg = {.max_block = p->suballoc_max, .keep_empty = 1};
     int rc = sh_rindex_create(&pool->index);
     if (!rc)
         rc = sh_vaarena_create(&pool->vmm, p->granularity, p->va_block, p->va_cache, &pool->va);
@@ -315,8 +291,13 @@ void sh_pool_destroy(struct sh_pool *pool)
 {
     if (!pool)
         return;
-    if (pool->sa)
-        sh_suballoc_destroy(pool->sa);
+    if (pool->sa) {
+        /* Its slabs come back through slab_put as it goes: they are freed as
+         * regions, not looked up in the sub-allocator being destroyed. */
+        struct sh_suballoc *sa = pool->sa;
+        pool->sa = NULL;
+        sh_suballoc_destroy(sa);
+    }
     struct region *all = NULL;
     if (pool->index) {
         sh_rindex_foreach(pool->index, teardown_visit, &all);
@@ -336,6 +317,7 @@ void sh_pool_destroy(struct sh_pool *pool)
     if (pool->va)
         sh_vaarena_destroy(pool->va);
     pthread_rwlock_destroy(&pool->index_lock);
+    pthread_mutex_destroy(&pool->move_mu);
     pthread_mutex_destroy(&pool->mu);
     free(pool);
 }
@@ -344,15 +326,19 @@ static int region_alloc(struct sh_pool *pool, size_t size, int path, uint64_t st
 {
     size_t mapped = round_up(size, pool->p.granularity);
     pthread_mutex_lock(&pool->mu);
-    struct region *r = path == SH_PATH_SLAB ? NULL : freed_take(pool, mapped, stream);
+    struct region *r = freed_take(pool, mapped, stream);
     if (r) {
         fence_drop(pool, r->fence);
         r->fence = 0;
+        /* Lookups read these under the index lock alone. */
+        pthread_rwlock_wrlock(&pool->index_lock);
         r->size = size;
         r->path = path;
+        pthread_rwlock_unlock(&pool->index_lock);
         sh_state_move(&r->state, SH_RS_RESIDENT, r->id);
         pool->st.regions[SH_RS_FREED]--;
         pool->st.regions[SH_RS_RESIDENT]++;
+        pool->st.slabs += path == SH_PATH_SLAB;
         pool->st.live_bytes += size;
         pool->st.reuses++;
         pool->st.allocs++;
@@ -364,21 +350,24 @@ static int region_alloc(struct sh_pool *pool, size_t size, int path, uint64_t st
     int rc = build(pool, size, path, &r);
     if (rc)
         return rc;
+    /* Complete before a lookup can find it. */
+    pthread_mutex_lock(&pool->mu);
+    r->id = pool->next_id++;
+    r->state = SH_RS_RESIDENT;
     pthread_rwlock_wrlock(&pool->index_lock);
     rc = sh_rindex_insert(pool->index, r->va, r->mapped, r);
     pthread_rwlock_unlock(&pool->index_lock);
+    if (rc == 0) {
+        pool->st.regions[SH_RS_RESIDENT]++;
+        pool->st.slabs += path == SH_PATH_SLAB;
+        pool->st.live_bytes += size;
+        pool->st.allocs++;
+    }
+    pthread_mutex_unlock(&pool->mu);
     if (rc) {
         unbuild(pool, r, r->nchunks);
         return rc;
     }
-    pthread_mutex_lock(&pool->mu);
-    r->id = pool->next_id++;
-    r->state = SH_RS_RESIDENT;
-    pool->st.regions[SH_RS_RESIDENT]++;
-    pool->st.slabs += path == SH_PATH_SLAB;
-    pool->st.live_bytes += size;
-    pool->st.allocs++;
-    pthread_mutex_unlock(&pool->mu);
     *va = r->va;
     return 0;
 }
@@ -433,20 +422,33 @@ int sh_pool_free(struct sh_pool *pool, uintptr_t va, uint64_t stream, uint64_t f
     if (!found)
         return SH_ENOTFOUND;
     pthread_mutex_lock(&pool->mu);
+    while (r->state == SH_RS_EVICTING || r->state == SH_RS_RESTORING) {
+        /* Its backing is moving: moves run whole under move_mu, so wait it out. */
+        pthread_mutex_unlock(&pool->mu);
+        pthread_mutex_lock(&pool->move_mu);
+        pthread_mutex_unlock(&pool->move_mu);
+        pthread_mutex_lock(&pool->mu);
+    }
     int from = r->state;
     int rc = sh_state_move(&r->state, SH_RS_FREED, r->id);
     if (rc == 0) {
         r->stream = stream;
         r->fence = fence;
         pool->st.regions[from]--;
-        pool->st.regions[SH_RS_FREED]++;
         pool->st.slabs -= r->path == SH_PATH_SLAB;
         pool->st.live_bytes -= r->size;
         pool->st.frees++;
-        freed_push(pool, r);
+        if (from == SH_RS_HOST) {
+            pool->st.host_bytes -= r->mapped; /* host-backed: drop it, never copy it back */
+        } else {
+            pool->st.regions[SH_RS_FREED]++;
+            freed_push(pool, r);
+        }
     }
     pthread_mutex_unlock(&pool->mu);
-    if (rc == 0)
+    if (rc == 0 && from == SH_RS_HOST)
+        teardown(pool, r);
+    else if (rc == 0)
         enforce_cache_limit(pool);
     return rc;
 }
@@ -467,8 +469,20 @@ void sh_pool_stats(struct sh_pool *pool, struct sh_pool_stats *st)
 {
     struct sh_chunkcache_stats cs;
     sh_chunkcache_stats(pool->cc, &cs);
+    /* vmm_maps .. small_frees are bumped with atomics outside mu: they are
+     * read with atomics; everything else is copied under mu. */
+    _Static_assert(offsetof(struct sh_pool_stats, small_frees) ==
+                       offsetof(struct sh_pool_stats, vmm_maps) + 3 * sizeof(uint64_t),
+                   "the atomic counters are contiguous");
+    const size_t lo = offsetof(struct sh_pool_stats, vmm_maps);
+    const size_t hi = offsetof(struct sh_pool_stats, small_frees) + sizeof(uint64_t);
     pthread_mutex_lock(&pool->mu);
-    *st = pool->st;
+    memcpy(st, &pool->st, lo);
+    memcpy((char *)st + hi, (const char *)&pool->st + hi, sizeof *st - hi);
     pthread_mutex_unlock(&pool->mu);
+    st->vmm_maps = __atomic_load_n(&pool->st.vmm_maps, __ATOMIC_RELAXED);
+    st->vmm_unmaps = __atomic_load_n(&pool->st.vmm_unmaps, __ATOMIC_RELAXED);
+    st->small_allocs = __atomic_load_n(&pool->st.small_allocs, __ATOMIC_RELAXED);
+    st->small_frees = __atomic_load_n(&pool->st.small_frees, __ATOMIC_RELAXED);
     st->device_bytes = cs.device_bytes;
 }

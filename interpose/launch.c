@@ -1,0 +1,284 @@
+/* launch.c — seeing kernel launches: which regions each one points into.
+ *
+ * Primary mode: CUPTI callbacks on the driver and runtime launch APIs. A
+ * runtime launch also raises the driver callback of the launch it makes;
+ * a per-thread depth de-duplicates them. Fallback mode, when CUPTI is
+ * missing or another subscriber (a profiler) owns it: the exported hooks
+ * on the same calls do the work (they are thin pass-throughs otherwise).
+ *
+ * Each launch's parameter buffer is scanned at 8-byte stride against the
+ * region index, using parameter offsets and sizes from cuFuncGetParamInfo /
+ * cuKernelGetParamInfo, cached per function. Evicted regions it touches are
+ * restored before the launch proceeds; the launch then holds the remap
+ * gate's read side until it has been issued.
+ *
+ * Locking: layout_mu guards the layout cache; the mode is written once at
+ * start. The depth counter is thread-local.
+ */
+#include "interpose/interpose.h"
+
+#include "sh_log.h"
+
+#include <cupti.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <string.h>
+
+#define LAYOUTS    4096
+#define MAX_PARAMS 128
+#define MAX_ADDRS  256
+
+struct layout {
+    const void *key;
+    int kind, nparams;
+    uint16_t off[MAX_PARAMS], size[MAX_PARAMS];
+};
+
+static pthread_mutex_t layout_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct layout *layouts; /* open addressing on key */
+static _Thread_local int depth;
+static int mode = SH_TRACK_NONE;
+
+static __typeof__(cudaGetFuncBySymbol) *real_get_func;
+static CUresult (*kernel_param_info)(CUkernel, size_t, size_t *, size_t *);
+static CUresult (*func_param_info)(CUfunction, size_t, size_t *, size_t *);
+
+/* ---- parameter layouts ---- */
+
+static void fill_layout(struct layout *l)
+{
+    CUfunction f = NULL;
+    if (l->kind == SH_KEY_HOST_FN && real_get_func)
+        real_get_func((cudaFunction_t *)&f, l->key);
+    else if (l->kind == SH_KEY_FUNCTION)
+        f = (CUfunction)(uintptr_t)l->key;
+    for (int i = 0; i < MAX_PARAMS; i++) {
+        size_t off = 0, size = 0;
+        CUresult r = CUDA_ERROR_INVALID_VALUE;
+        if (l->kind == SH_KEY_KERNEL && kernel_param_info)
+            r = kernel_param_info((CUkernel)(uintptr_t)l->key, (size_t)i, &off, &size);
+        else if (f && func_param_info)
+            r = func_param_info(f, (size_t)i, &off, &size);
+        if (r != CUDA_SUCCESS || off > UINT16_MAX || size > UINT16_MAX)
+            break;
+        l->off[i] = (uint16_t)off;
+        l->size[i] = (uint16_t)size;
+        l->nparams = i + 1;
+    }
+}
+
+/* The cached layout of a function; a copy, so the caller needs no lock. */
+static int get_layout(const void *key, int kind, struct layout *out)
+{
+    size_t h = ((uintptr_t)key >> 4) * 0x9e3779b97f4a7c15ull % LAYOUTS;
+    pthread_mutex_lock(&layout_mu);
+    for (size_t i = 0; i < LAYOUTS; i++) {
+        struct layout *l = &layouts[(h + i) % LAYOUTS];
+        if (l->key == key && l->kind == kind) {
+            *out = *l;
+            pthread_mutex_unlock(&layout_mu);
+            return 1;
+        }
+        if (!l->key) {
+            l->key = key;
+            l->kind = kind;
+            fill_layout(l);
+            *out = *l;
+            pthread_mutex_unlock(&layout_mu);
+            return 1;
+        }
+    }
+    pthread_mutex_unlock(&layout_mu);
+    return 0; /* table full: the launch goes unseen, which costs speed, not data */
+}
+
+/* ---- the scan ---- */
+
+static size_t scan(const struct layout *l, void **args, uintptr_t *addrs)
+{
+    size_t n = 0;
+    for (int i = 0; i < l->nparams && args; i++) {
+        const unsigned char *p = args[i];
+        for (size_t off = 0; p && off + 8 <= l->size[i] && n < MAX_ADDRS; off += 8) {
+            uintptr_t v;
+            memcpy(&v, p + off, sizeof v);
+            if (v && sh_pool_lookup(sh_rt.pool, v, NULL) == 0)
+                addrs[n++] = v;
+        }
+    }
+    return n;
+}
+
+/* Makes the regions a launch points into resident. */
+static void prepare(const void *key, int kind, void **args)
+{
+    struct layout l;
+    if (!key || !get_layout(key, kind, &l))
+        return;
+    uintptr_t addrs[MAX_ADDRS];
+    size_t n = scan(&l, args, addrs), host = 0;
+    atomic_fetch_add(&sh_rt.launches, 1);
+    if (n == 0)
+        return;
+    sh_pool_touch(sh_rt.pool, addrs, n, &host);
+    if (host == 0)
+        return;
+    if (sh_make_room(host, addrs, n) != 0 || sh_pool_restore(sh_rt.pool, addrs, n) != 0)
+        sh_log(SH_LOG_DEBUG, "a launch runs on host-mapped memory: no room to restore");
+}
+
+void sh_launch_begin(const void *key, int kind, void **args)
+{
+    if (depth++ == 0) {
+        prepare(key, kind, args);
+        sh_gate_enter(sh_rt.gate);
+    }
+}
+
+void sh_launch_end(void)
+{
+    if (depth > 0 && --depth == 0)
+        sh_gate_leave(sh_rt.gate);
+}
+
+int sh_launch_mode(void)
+{
+    return mode;
+}
+
+/* ---- CUPTI ---- */
+
+static void CUPTIAPI on_callback(void *user, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
+                                 const void *data)
+{
+    (void)user;
+    const CUpti_CallbackData *cb = data;
+    if (cb->callbackSite == CUPTI_API_EXIT) {
+        sh_launch_end();
+        return;
+    }
+    const void *key = NULL;
+    int kind = SH_KEY_FUNCTION;
+    void **args = NULL;
+    const void *p = cb->functionParams;
+    if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
+        switch (cbid) {
+        case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000:
+        case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000:
+            key = ((const cudaLaunchKernel_v7000_params *)p)->func;
+            args = ((const cudaLaunchKernel_v7000_params *)p)->args;
+            kind = SH_KEY_HOST_FN;
+            break;
+        case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_v9000:
+        case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_ptsz_v9000:
+            key = ((const cudaLaunchCooperativeKernel_v9000_params *)p)->func;
+            args = ((const cudaLaunchCooperativeKernel_v9000_params *)p)->args;
+            kind = SH_KEY_HOST_FN;
+            break;
+        case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060:
+        case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060:
+            key = ((const cudaLaunchKernelExC_v11060_params *)p)->func;
+            args = ((const cudaLaunchKernelExC_v11060_params *)p)->args;
+            kind = SH_KEY_HOST_FN;
+            break;
+        case CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_v13000:
+        case CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_ptsz_v13000:
+            /* Same layout as cudaLaunchKernel's, with a kernel handle first. */
+            key = ((const cudaLaunchKernel_v7000_params *)p)->func;
+            args = ((const cudaLaunchKernel_v7000_params *)p)->args;
+            kind = SH_KEY_KERNEL;
+            break;
+        default:
+            break;
+        }
+    } else {
+        switch (cbid) {
+        case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel:
+        case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz:
+            key = ((const cuLaunchKernel_params *)p)->f;
+            args = ((const cuLaunchKernel_params *)p)->kernelParams;
+            break;
+        case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx:
+        case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz:
+            key = ((const cuLaunchKernelEx_params *)p)->f;
+            args = ((const cuLaunchKernelEx_params *)p)->kernelParams;
+            break;
+        case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel:
+        case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz:
+            key = ((const cuLaunchCooperativeKernel_params *)p)->f;
+            args = ((const cuLaunchCooperativeKernel_params *)p)->kernelParams;
+            break;
+        default:
+            break;
+        }
+    }
+    sh_launch_begin(key, kind, args); /* every ENTER pairs with an EXIT */
+}
+
+static const CUpti_CallbackId runtime_ids[] = {
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_v9000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_ptsz_v9000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060,
+    CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_v13000,
+    CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_ptsz_v13000,
+};
+static const CUpti_CallbackId driver_ids[] = {
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz,
+};
+
+static const char *start_cupti(const char *path)
+{
+    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!lib)
+        return "libcupti could not be loaded";
+    __typeof__(cuptiSubscribe) *subscribe =
+        (__typeof__(cuptiSubscribe) *)dlsym(lib, "cuptiSubscribe");
+    __typeof__(cuptiEnableCallback) *enable =
+        (__typeof__(cuptiEnableCallback) *)dlsym(lib, "cuptiEnableCallback");
+    if (!subscribe || !enable)
+        return "libcupti lacks cuptiSubscribe";
+    CUpti_SubscriberHandle sub;
+    CUptiResult r = subscribe(&sub, (CUpti_CallbackFunc)on_callback, NULL);
+    if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED)
+        return "another CUPTI subscriber (a profiler?) is active";
+    if (r != CUPTI_SUCCESS)
+        return "cuptiSubscribe failed";
+    for (size_t i = 0; i < sizeof runtime_ids / sizeof *runtime_ids; i++)
+        enable(1, sub, CUPTI_CB_DOMAIN_RUNTIME_API, runtime_ids[i]);
+    for (size_t i = 0; i < sizeof driver_ids / sizeof *driver_ids; i++)
+        enable(1, sub, CUPTI_CB_DOMAIN_DRIVER_API, driver_ids[i]);
+    return NULL;
+}
+
+int sh_launch_init(void)
+{
+    layouts = calloc(LAYOUTS, sizeof *layouts);
+    if (!layouts)
+        return -1;
+    real_get_func = (__typeof__(cudaGetFuncBySymbol) *)dlsym(RTLD_NEXT, "cudaGetFuncBySymbol");
+    CUdriverProcAddressQueryResult q;
+    sh_rt.drv.cuGetProcAddress("cuFuncGetParamInfo", (void **)&func_param_info, 13000, 0, &q);
+    sh_rt.drv.cuGetProcAddress("cuKernelGetParamInfo", (void **)&kernel_param_info, 13000, 0, &q);
+    const char *why = "configured";
+    if (sh_rt.cfg.tracking.mode != SH_CONFIG_TRACK_HOOKS) {
+        why = start_cupti(sh_rt.cfg.tracking.cupti_path);
+        if (!why) {
+            mode = SH_TRACK_CUPTI;
+            sh_log(SH_LOG_INFO, "launch tracking: CUPTI callbacks");
+            return 0;
+        }
+        if (sh_rt.cfg.tracking.mode == SH_CONFIG_TRACK_CUPTI)
+            sh_log(SH_LOG_WARN, "tracking mode cupti requested, but %s", why);
+    }
+    mode = SH_TRACK_HOOKS;
+    sh_log(SH_LOG_INFO, "launch tracking: runtime and driver hooks (%s)", why);
+    return 0;
+}

@@ -1,0 +1,299 @@
+/* hostpool.c — pinned host slabs for evicted chunks.
+ *
+ * A slab is a host-located physical handle (cuMemCreate on the GPU's NUMA
+ * node) mapped at a staging address the CPU and the GPU can both reach, so
+ * copies and checksums work on it while it is also mapped at a region's
+ * address. Slabs come in size classes; a request takes the smallest class
+ * that fits and falls back to larger ones. Pinning is slow (1-2 GB/s), so it
+ * never happens on the caller's path: slabs are pre-pinned at start and a
+ * background thread grows each class towards its target of free slabs, up
+ * to the RAM budget. A caller that finds nothing free waits for it.
+ *
+ * Locking: hp->mu guards the free lists and counters; the grower creates
+ * and maps slabs without it.
+ */
+#include "pool/pool.h"
+
+#include "sh_err.h"
+#include "sh_log.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <time.h>
+
+struct slab_class {
+    size_t size;
+    unsigned target; /* free slabs the grower keeps ready */
+    unsigned total, free_count;
+    uint64_t wanted; /* requests that found the class empty */
+    struct sh_slab *free;
+};
+
+struct sh_hostpool {
+    struct sh_vmm_ops vmm;
+    size_t gran, budget, pinned;
+    unsigned nclasses;
+    struct slab_class cls[SH_HOSTPOOL_MAX_CLASSES];
+    pthread_mutex_t mu;
+    pthread_cond_t more, grow;
+    pthread_t grower;
+    int running, stop, exhausted_logged;
+    struct sh_slab *all; /* every slab, for teardown */
+    struct sh_hostpool_stats st;
+};
+
+static size_t round_up(size_t x, size_t to)
+{
+    return (x + to - 1) / to * to;
+}
+
+/* Pins one slab of class c; mu not held. */
+static int slab_make(struct sh_hostpool *hp, unsigned c, struct sh_slab **out)
+{
+    struct sh_slab *s = calloc(1, sizeof *s);
+    if (!s)
+        return SH_ENOMEM;
+    s->size = hp->cls[c].size;
+    s->cls = (int)c;
+    int rc = hp->vmm.create(hp->vmm.ctx, s->size, SH_LOC_HOST, &s->handle);
+    if (rc == 0) {
+        rc = hp->vmm.reserve(hp->vmm.ctx, s->size, hp->gran, &s->staging);
+        if (rc == 0 && (rc = hp->vmm.map(hp->vmm.ctx, s->staging, s->size, s->handle)) != 0)
+            hp->vmm.unreserve(hp->vmm.ctx, s->staging, s->size);
+        if (rc)
+            hp->vmm.release(hp->vmm.ctx, s->handle);
+    }
+    if (rc) {
+        free(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+static void slab_unmake(struct sh_hostpool *hp, struct sh_slab *s)
+{
+    hp->vmm.unmap(hp->vmm.ctx, s->staging, s->size);
+    hp->vmm.unreserve(hp->vmm.ctx, s->staging, s->size);
+    hp->vmm.release(hp->vmm.ctx, s->handle);
+    free(s);
+}
+
+/* Adds a new slab to its class; mu held. */
+static void slab_add(struct sh_hostpool *hp, struct sh_slab *s)
+{
+    struct slab_class *k = &hp->cls[s->cls];
+    s->next = k->free;
+    k->free = s;
+    s->all_next = hp->all;
+    hp->all = s;
+    k->total++;
+    k->free_count++;
+    hp->pinned += s->size;
+}
+
+/* The class the grower should add to next, or -1; mu held. Classes that
+ * callers found empty go first, then those below their target. */
+static int grow_choice(const struct sh_hostpool *hp)
+{
+    int best = -1;
+    for (unsigned c = 0; c < hp->nclasses; c++) {
+        const struct slab_class *k = &hp->cls[c];
+        if (hp->pinned + k->size > hp->budget)
+            continue;
+        if (k->wanted)
+            return (int)c;
+        if (best < 0 && k->free_count < k->target)
+            best = (int)c;
+    }
+    return best;
+}
+
+static void *grower_main(void *arg)
+{
+    struct sh_hostpool *hp = arg;
+    pthread_mutex_lock(&hp->mu);
+    while (!hp->stop) {
+        int c = grow_choice(hp);
+        if (c < 0) {
+            pthread_cond_wait(&hp->grow, &hp->mu);
+            continue;
+        }
+        hp->pinned += hp->cls[c].size; /* claim the budget before dropping the lock */
+        pthread_mutex_unlock(&hp->mu);
+        struct sh_slab *s = NULL;
+        int rc = slab_make(hp, (unsigned)c, &s);
+        pthread_mutex_lock(&hp->mu);
+        hp->pinned -= hp->cls[c].size;
+        if (rc) {
+            /* The host is out of pinnable memory: stop at what we have. */
+            hp->budget = hp->pinned;
+            hp->cls[c].wanted = 0;
+            pthread_cond_broadcast(&hp->more);
+            continue;
+        }
+        if (hp->cls[c].wanted)
+            hp->cls[c].wanted--;
+        slab_add(hp, s);
+        hp->st.grown++;
+        pthread_cond_broadcast(&hp->more);
+    }
+    pthread_mutex_unlock(&hp->mu);
+    return NULL;
+}
+
+int sh_hostpool_create(const struct sh_hostpool_params *p, const struct sh_vmm_ops *vmm,
+                       struct sh_hostpool **out)
+{
+    if (!p || !vmm || !out || p->nclasses == 0 || p->nclasses > SH_HOSTPOOL_MAX_CLASSES ||
+        p->granularity == 0)
+        return SH_EINVAL;
+    struct sh_hostpool *hp = calloc(1, sizeof *hp);
+    if (!hp)
+        return SH_ENOMEM;
+    hp->vmm = *vmm;
+    hp->gran = p->granularity;
+    hp->budget = p->ram_budget;
+    for (unsigned i = 0; i < p->nclasses; i++) {
+        /* A class below the granularity cannot back a chunk: lift it, merging duplicates. */
+        size_t size = round_up(p->class_bytes[i], p->granularity);
+        if (hp->nclasses && hp->cls[hp->nclasses - 1].size >= size) {
+            hp->cls[hp->nclasses - 1].target += p->slabs[i];
+            continue;
+        }
+        hp->cls[hp->nclasses++] = (struct slab_class){.size = size, .target = p->slabs[i]};
+    }
+    pthread_mutex_init(&hp->mu, NULL);
+    pthread_cond_init(&hp->more, NULL);
+    pthread_cond_init(&hp->grow, NULL);
+    /* Pre-pin the targets, smallest classes first, up to prepin bytes. */
+    for (unsigned c = 0; c < hp->nclasses; c++)
+        for (unsigned n = 0; n < hp->cls[c].target; n++) {
+            if (hp->pinned + hp->cls[c].size > p->prepin ||
+                hp->pinned + hp->cls[c].size > hp->budget)
+                break;
+            struct sh_slab *s;
+            int rc = slab_make(hp, c, &s);
+            if (rc) {
+                sh_hostpool_destroy(hp);
+                return rc;
+            }
+            slab_add(hp, s);
+        }
+    hp->running = p->grow_in_background && pthread_create(&hp->grower, NULL, grower_main, hp) == 0;
+    *out = hp;
+    return 0;
+}
+
+void sh_hostpool_destroy(struct sh_hostpool *hp)
+{
+    if (!hp)
+        return;
+    if (hp->running) {
+        pthread_mutex_lock(&hp->mu);
+        hp->stop = 1;
+        pthread_cond_broadcast(&hp->grow);
+        pthread_mutex_unlock(&hp->mu);
+        pthread_join(hp->grower, NULL);
+    }
+    while (hp->all) {
+        struct sh_slab *s = hp->all;
+        hp->all = s->all_next;
+        slab_unmake(hp, s);
+    }
+    pthread_cond_destroy(&hp->more);
+    pthread_cond_destroy(&hp->grow);
+    pthread_mutex_destroy(&hp->mu);
+    free(hp);
+}
+
+/* A free slab of class c or larger; mu held. */
+static struct sh_slab *take(struct sh_hostpool *hp, unsigned c)
+{
+    for (unsigned k = c; k < hp->nclasses; k++) {
+        struct slab_class *sc = &hp->cls[k];
+        if (!sc->free)
+            continue;
+        struct sh_slab *s = sc->free;
+        sc->free = s->next;
+        sc->free_count--;
+        hp->st.hits += k == c;
+        hp->st.fallbacks += k != c;
+        if (sc->free_count < sc->target)
+            pthread_cond_signal(&hp->grow);
+        return s;
+    }
+    return NULL;
+}
+
+static int can_grow(const struct sh_hostpool *hp, unsigned c)
+{
+    for (unsigned k = c; k < hp->nclasses; k++)
+        if (hp->pinned + hp->cls[k].size <= hp->budget)
+            return 1;
+    return 0;
+}
+
+int sh_hostpool_get(struct sh_hostpool *hp, size_t bytes, unsigned wait_ms, struct sh_slab **out)
+{
+    unsigned c = 0;
+    while (c < hp->nclasses && hp->cls[c].size < bytes)
+        c++;
+    if (c == hp->nclasses)
+        return SH_EINVAL; /* larger than the largest class */
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += wait_ms / 1000;
+    deadline.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec++;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&hp->mu);
+    struct sh_slab *s;
+    while (!(s = take(hp, c))) {
+        if (!hp->running || !can_grow(hp, c))
+            break;
+        hp->cls[c].wanted++;
+        hp->st.waits++;
+        pthread_cond_signal(&hp->grow);
+        if (pthread_cond_timedwait(&hp->more, &hp->mu, &deadline) == ETIMEDOUT) {
+            s = take(hp, c);
+            break;
+        }
+    }
+    if (!s)
+        hp->st.misses++;
+    pthread_mutex_unlock(&hp->mu);
+    if (!s)
+        return SH_ENOMEM;
+    *out = s;
+    return 0;
+}
+
+void sh_hostpool_put(struct sh_hostpool *hp, struct sh_slab *s)
+{
+    pthread_mutex_lock(&hp->mu);
+    struct slab_class *k = &hp->cls[s->cls];
+    s->next = k->free;
+    k->free = s;
+    k->free_count++;
+    pthread_cond_broadcast(&hp->more);
+    pthread_mutex_unlock(&hp->mu);
+}
+
+void sh_hostpool_stats(struct sh_hostpool *hp, struct sh_hostpool_stats *st)
+{
+    pthread_mutex_lock(&hp->mu);
+    *st = hp->st;
+    st->pinned_bytes = hp->pinned;
+    st->budget_bytes = hp->budget;
+    st->nclasses = hp->nclasses;
+    for (unsigned c = 0; c < hp->nclasses; c++) {
+        st->class_bytes[c] = hp->cls[c].size;
+        st->class_total[c] = hp->cls[c].total;
+        st->class_free[c] = hp->cls[c].free_count;
+    }
+    pthread_mutex_unlock(&hp->mu);
+}

@@ -1,0 +1,57 @@
+/* region_int.h — the region registry's insides, shared by the files of
+ * pool/ that work on regions: region.c builds, reuses and tears them down,
+ * evict.c moves their backing. Nothing outside pool/ includes this.
+ *
+ * Locking: see region.c. A chunk's handle and slab change only inside a
+ * remap window, while the region is EVICTING or RESTORING, states that only
+ * the thread that set them leaves.
+ */
+#ifndef SH_POOL_REGION_INT_H
+#define SH_POOL_REGION_INT_H
+
+#include "pool/pool.h"
+
+#include <pthread.h>
+
+#define NBUCKETS  64
+#define NO_STREAM UINT64_MAX
+
+struct chunk {
+    size_t off, size;
+    uint64_t handle;      /* device handle while resident, else 0 */
+    struct sh_slab *slab; /* host slab while evicted, else NULL */
+    uint32_t crc;         /* of the slab at eviction, with debug_checksums */
+};
+
+struct region {
+    uintptr_t va;
+    size_t size, mapped;
+    uint64_t id;
+    int state, path;
+    uint64_t stream, fence;             /* where and when it was freed */
+    uint64_t last_use;                  /* the pool's clock when a launch last used it */
+    struct region *lru_prev, *lru_next; /* all freed regions, oldest first */
+    struct region *bucket_next;         /* freed regions of similar size */
+    unsigned nchunks;
+    struct chunk chunks[];
+};
+
+struct sh_pool {
+    struct sh_pool_params p;
+    struct sh_vmm_ops vmm;
+    struct sh_fence_ops fences;
+    struct sh_pool_mover mover; /* eviction's collaborators; zero until set */
+    pthread_mutex_t mu;
+    pthread_mutex_t move_mu; /* one eviction or restore batch at a time */
+    pthread_rwlock_t index_lock;
+    struct sh_rindex *index;
+    struct sh_vaarena *va;
+    struct sh_chunkcache *cc;
+    struct sh_suballoc *sa;
+    struct region *lru_head, *lru_tail;
+    struct region *buckets[NBUCKETS];
+    uint64_t next_id, clock;
+    struct sh_pool_stats st;
+};
+
+#endif

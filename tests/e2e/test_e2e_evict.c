@@ -1,0 +1,309 @@
+/* test_e2e_evict.c — a workload three times the simulated VRAM.
+ *
+ * Under LD_PRELOAD=libstagehand.so it completes with every byte as an
+ * unlimited GPU would leave it, device memory never above the budget, even
+ * for regions reached only through a pointer table the launch scan cannot
+ * see, and under a 4-thread stress of random alloc/free/launch. With
+ * STAGEHAND_DISABLE=1 the same workload runs out of memory.
+ *
+ * The program re-executes itself once to set the simulated card and the
+ * budget before anything (the library reads its configuration at load).
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "simcuda.h"
+#include "stagehand.h"
+
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define VRAM_MB   512
+#define BUDGET_MB 256
+#define REGION_MB 16
+#define NREGIONS  48 /* 768 MB: 3x the budget */
+#define WORDS     ((size_t)REGION_MB << 20) / 4
+
+static int preloaded;
+
+static uint32_t expect(uint32_t seed, size_t i, uint32_t bumps)
+{
+    return seed * 2654435761u + (uint32_t)i + bumps;
+}
+
+/* fill(p, n, seed) */
+static void k_fill(void **a)
+{
+    uint32_t *p = *(uint32_t **)a[0];
+    size_t n = *(size_t *)a[1];
+    uint32_t seed = *(uint32_t *)a[2];
+    for (size_t i = 0; i < n; i++)
+        p[i] = expect(seed, i, 0);
+}
+
+/* bump(p, n): p[i] += 1 */
+static void k_bump(void **a)
+{
+    uint32_t *p = *(uint32_t **)a[0];
+    size_t n = *(size_t *)a[1];
+    for (size_t i = 0; i < n; i++)
+        p[i] += 1;
+}
+
+/* table_bump(table, count, n): bumps every region the table points to.
+ * The launch sees only the table, never the regions it lists. */
+static void k_table_bump(void **a)
+{
+    uint32_t **t = *(uint32_t ***)a[0];
+    int count = *(int *)a[1];
+    size_t n = *(size_t *)a[2];
+    for (int r = 0; r < count; r++)
+        for (size_t i = 0; i < n; i++)
+            t[r][i] += 1;
+}
+
+static dim3 one = {1, 1, 1};
+
+static cudaError_t fill(void *p, size_t n, uint32_t seed, cudaStream_t s)
+{
+    void *args[] = {&p, &n, &seed};
+    return cudaLaunchKernel((const void *)k_fill, one, one, args, 0, s);
+}
+
+static cudaError_t bump(void *p, size_t n, cudaStream_t s)
+{
+    void *args[] = {&p, &n};
+    return cudaLaunchKernel((const void *)k_bump, one, one, args, 0, s);
+}
+
+/* Number of words of p[0..n) that differ from expect(seed, i, bumps). */
+static size_t mismatches(const void *p, size_t n, uint32_t seed, uint32_t bumps, cudaStream_t s)
+{
+    uint32_t *h = malloc(n * 4);
+    assert_non_null(h);
+    assert_int_equal(cudaMemcpyAsync(h, p, n * 4, cudaMemcpyDeviceToHost, s), cudaSuccess);
+    assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad += h[i] != expect(seed, i, bumps);
+    free(h);
+    return bad;
+}
+
+static void stats(stagehand_stats_t *st)
+{
+    int (*get)(stagehand_stats_t *, size_t) =
+        (int (*)(stagehand_stats_t *, size_t))dlsym(RTLD_DEFAULT, "stagehand_get_stats");
+    memset(st, 0, sizeof *st);
+    if (get)
+        get(st, sizeof *st);
+}
+
+static void test_three_times_vram(void **state)
+{
+    (void)state;
+    void *r[NREGIONS];
+    cudaError_t e = cudaSuccess;
+    int n = 0;
+    for (; n < NREGIONS; n++) {
+        e = cudaMalloc(&r[n], (size_t)REGION_MB << 20);
+        if (e != cudaSuccess)
+            break;
+        assert_int_equal(fill(r[n], WORDS, (uint32_t)n + 1, NULL), cudaSuccess);
+    }
+    if (!preloaded) {
+        /* Without the library the card runs out, as it would without us. */
+        assert_int_equal(e, cudaErrorMemoryAllocation);
+        assert_true(n < NREGIONS);
+        for (int i = 0; i < n; i++)
+            cudaFree(r[i]);
+        return;
+    }
+    assert_int_equal(n, NREGIONS);
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < NREGIONS; i++)
+            assert_int_equal(bump(r[i], WORDS, NULL), cudaSuccess);
+    for (int i = 0; i < NREGIONS; i++)
+        assert_int_equal(mismatches(r[i], WORDS, (uint32_t)i + 1, 2, NULL), 0);
+
+    simcuda_stats_t sim;
+    simcuda_get_stats(&sim);
+    assert_true(sim.device_bytes_peak <= (size_t)BUDGET_MB << 20);
+    assert_int_equal(sim.faults, 0);
+    stagehand_stats_t st;
+    stats(&st);
+    assert_true(st.evictions > 0);
+    assert_true(st.restores > 0);
+    for (int i = 0; i < NREGIONS; i++)
+        assert_int_equal(cudaFree(r[i]), cudaSuccess);
+}
+
+static void test_pointer_table(void **state)
+{
+    (void)state;
+    if (!preloaded)
+        skip();
+    enum { N = 24 }; /* 384 MB behind the table: more than the budget */
+    uint32_t *r[N];
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(cudaMalloc((void **)&r[i], (size_t)REGION_MB << 20), cudaSuccess);
+        assert_int_equal(fill(r[i], WORDS, (uint32_t)(100 + i), NULL), cudaSuccess);
+    }
+    uint32_t **table;
+    assert_int_equal(cudaMalloc((void **)&table, 2u << 20), cudaSuccess);
+    assert_int_equal(cudaMemcpy(table, r, sizeof r, cudaMemcpyHostToDevice), cudaSuccess);
+    int count = N;
+    size_t n = WORDS;
+    void *args[] = {&table, &count, &n};
+    /* Some of the regions are evicted now: the kernel reaches them over the
+     * host mapping, at the same addresses. */
+    assert_int_equal(cudaLaunchKernel((const void *)k_table_bump, one, one, args, 0, NULL),
+                     cudaSuccess);
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(mismatches(r[i], WORDS, (uint32_t)(100 + i), 1, NULL), 0);
+    simcuda_stats_t sim;
+    simcuda_get_stats(&sim);
+    assert_int_equal(sim.faults, 0);
+    for (int i = 0; i < N; i++)
+        cudaFree(r[i]);
+    cudaFree(table);
+}
+
+/* ---- stress: 4 threads x 2 streams of random alloc/free/launch ---- */
+
+struct slot {
+    void *p;
+    size_t words;
+    uint32_t seed, bumps;
+};
+
+struct worker {
+    unsigned id, rng;
+    size_t bad, failures;
+};
+
+static unsigned next(unsigned *s)
+{
+    *s = *s * 1103515245u + 12345u;
+    return *s >> 8;
+}
+
+static void *stress_main(void *arg)
+{
+    struct worker *w = arg;
+    struct slot slots[12] = {{0}};
+    cudaStream_t s[2];
+    for (int i = 0; i < 2; i++)
+        cudaStreamCreateWithFlags(&s[i], cudaStreamNonBlocking);
+    for (int op = 0; op < 300; op++) {
+        unsigned k = next(&w->rng) % 12;
+        struct slot *sl = &slots[k];
+        cudaStream_t st = s[k & 1]; /* a slot's work stays ordered on one stream */
+        unsigned what = next(&w->rng) % 10;
+        if (!sl->p) {
+            sl->words = ((size_t)(2 + next(&w->rng) % 14) << 20) / 4;
+            sl->seed = w->id * 100000u + (unsigned)op;
+            sl->bumps = 0;
+            if (cudaMallocAsync(&sl->p, sl->words * 4, st) != cudaSuccess ||
+                fill(sl->p, sl->words, sl->seed, st) != cudaSuccess) {
+                w->failures++;
+                sl->p = NULL;
+            }
+        } else if (what < 5) {
+            w->failures += bump(sl->p, sl->words, st) != cudaSuccess;
+            sl->bumps++;
+        } else if (what < 8) {
+            w->bad += mismatches(sl->p, sl->words, sl->seed, sl->bumps, st);
+        } else {
+            w->bad += mismatches(sl->p, sl->words, sl->seed, sl->bumps, st);
+            w->failures += cudaFreeAsync(sl->p, st) != cudaSuccess;
+            sl->p = NULL;
+        }
+    }
+    for (int i = 0; i < 12; i++)
+        if (slots[i].p) {
+            w->bad +=
+                mismatches(slots[i].p, slots[i].words, slots[i].seed, slots[i].bumps, s[i & 1]);
+            cudaFreeAsync(slots[i].p, s[i & 1]);
+        }
+    for (int i = 0; i < 2; i++) {
+        cudaStreamSynchronize(s[i]);
+        cudaStreamDestroy(s[i]);
+    }
+    return NULL;
+}
+
+static void test_stress(void **state)
+{
+    (void)state;
+    if (!preloaded)
+        skip();
+    stagehand_stats_t before, after;
+    stats(&before);
+    pthread_t t[4];
+    struct worker w[4];
+    for (unsigned i = 0; i < 4; i++) {
+        w[i] = (struct worker){.id = i, .rng = 12345u + i};
+        assert_int_equal(pthread_create(&t[i], NULL, stress_main, &w[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(t[i], NULL);
+        assert_int_equal(w[i].bad, 0);
+        assert_int_equal(w[i].failures, 0);
+    }
+    stats(&after);
+    simcuda_stats_t sim;
+    simcuda_get_stats(&sim);
+    assert_int_equal(sim.faults, 0);
+    assert_true(sim.device_bytes_peak <= (size_t)BUDGET_MB << 20);
+    fprintf(stderr, "stress: %llu evictions, %llu restores\n",
+            (unsigned long long)(after.evictions - before.evictions),
+            (unsigned long long)(after.restores - before.restores));
+    assert_true(after.evictions > before.evictions);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    size_t fill_sizes[] = {sizeof(void *), sizeof(size_t), sizeof(uint32_t)};
+    size_t bump_sizes[] = {sizeof(void *), sizeof(size_t)};
+    size_t table_sizes[] = {sizeof(void *), sizeof(int), sizeof(size_t)};
+    assert_int_equal(simcuda_register_kernel(k_fill, "fill", 3, fill_sizes, 0), 0);
+    assert_int_equal(simcuda_register_kernel(k_bump, "bump", 2, bump_sizes, 0), 0);
+    assert_int_equal(simcuda_register_kernel(k_table_bump, "table_bump", 3, table_sizes, 0), 0);
+    stagehand_stats_t st;
+    stats(&st);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    if (!getenv("E2E_EVICT_CONFIGURED")) {
+        setenv("E2E_EVICT_CONFIGURED", "1", 1);
+        setenv("SIMCUDA_VRAM_MB", "512", 1);
+        setenv("STAGEHAND_BUDGET_VRAM_BUDGET_MB", "256", 1);
+        setenv("STAGEHAND_POOL_SLABS_PER_CLASS", "0", 1);
+        setenv("STAGEHAND_POOL_PREPIN_MB", "0", 1);
+        execv("/proc/self/exe", argv);
+        perror("execv");
+        return 1;
+    }
+    preloaded = dlsym(RTLD_DEFAULT, "stagehand_get_stats") && !getenv("STAGEHAND_DISABLE");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_three_times_vram),
+        cmocka_unit_test(test_pointer_table),
+        cmocka_unit_test(test_stress),
+    };
+    return cmocka_run_group_tests_name(preloaded ? "e2e_evict (preloaded)" : "e2e_evict (disabled)",
+                                       tests, setup, NULL);
+}

@@ -1,0 +1,161 @@
+/* engine.c — the copy engine: per-direction queues of in-flight copies with
+ * caps and inline finalize.
+ *
+ * Locking: x->mu guards the queues and counters. Waiting for a copy happens
+ * without it (the copy is taken off the queue first), so one thread's
+ * finalize never blocks another thread's bookkeeping.
+ */
+#include "transfer/transfer.h"
+
+#include "sh_err.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+#define MAX_INFLIGHT 64
+
+struct queue {
+    uint64_t tokens[MAX_INFLIGHT];
+    unsigned head, count, cap;
+};
+
+struct sh_xfer {
+    struct sh_copy_ops ops;
+    pthread_mutex_t mu;
+    struct queue q[2];
+    struct sh_xfer_stats st;
+};
+
+static unsigned clamp_cap(unsigned cap)
+{
+    return cap == 0 ? 1 : cap > MAX_INFLIGHT ? MAX_INFLIGHT : cap;
+}
+
+int sh_xfer_create(const struct sh_copy_ops *ops, unsigned max_d2h, unsigned max_h2d,
+                   struct sh_xfer **out)
+{
+    if (!ops || !out)
+        return SH_EINVAL;
+    struct sh_xfer *x = calloc(1, sizeof *x);
+    if (!x)
+        return SH_ENOMEM;
+    x->ops = *ops;
+    pthread_mutex_init(&x->mu, NULL);
+    x->q[SH_D2H].cap = clamp_cap(max_d2h);
+    x->q[SH_H2D].cap = clamp_cap(max_h2d);
+    *out = x;
+    return 0;
+}
+
+void sh_xfer_destroy(struct sh_xfer *x)
+{
+    if (!x)
+        return;
+    sh_xfer_flush(x, SH_D2H);
+    sh_xfer_flush(x, SH_H2D);
+    pthread_mutex_destroy(&x->mu);
+    free(x);
+}
+
+/* Takes the oldest copy of a direction off its queue; mu held. */
+static uint64_t pop(struct queue *q)
+{
+    uint64_t t = q->tokens[q->head];
+    q->head = (q->head + 1) % MAX_INFLIGHT;
+    q->count--;
+    return t;
+}
+
+static int finish(struct sh_xfer *x, uint64_t token)
+{
+    int rc = x->ops.wait(x->ops.ctx, token);
+    x->ops.forget(x->ops.ctx, token);
+    return rc;
+}
+
+int sh_xfer_copy(struct sh_xfer *x, int dir, uintptr_t dst, uintptr_t src, size_t n)
+{
+    if (dir != SH_D2H && dir != SH_H2D)
+        return SH_EINVAL;
+    struct queue *q = &x->q[dir];
+    int rc = 0;
+    pthread_mutex_lock(&x->mu);
+    while (q->count >= q->cap) {
+        /* Inline finalize: make room by waiting for the oldest copy. */
+        uint64_t oldest = pop(q);
+        x->st.inline_finalized[dir]++;
+        pthread_mutex_unlock(&x->mu);
+        int r = finish(x, oldest);
+        rc = rc ? rc : r;
+        pthread_mutex_lock(&x->mu);
+    }
+    uint64_t token = 0;
+    int r = x->ops.copy(x->ops.ctx, dir, dst, src, n, &token);
+    if (r == 0) {
+        q->tokens[(q->head + q->count) % MAX_INFLIGHT] = token;
+        q->count++;
+        if (q->count > x->st.max_inflight_seen[dir])
+            x->st.max_inflight_seen[dir] = q->count;
+        x->st.copies[dir]++;
+        x->st.bytes[dir] += n;
+    }
+    pthread_mutex_unlock(&x->mu);
+    return rc ? rc : r;
+}
+
+int sh_xfer_flush(struct sh_xfer *x, int dir)
+{
+    int rc = 0;
+    pthread_mutex_lock(&x->mu);
+    while (x->q[dir].count > 0) {
+        uint64_t t = pop(&x->q[dir]);
+        pthread_mutex_unlock(&x->mu);
+        int r = finish(x, t);
+        rc = rc ? rc : r;
+        pthread_mutex_lock(&x->mu);
+    }
+    pthread_mutex_unlock(&x->mu);
+    return rc;
+}
+
+void sh_xfer_poll(struct sh_xfer *x)
+{
+    pthread_mutex_lock(&x->mu);
+    for (int d = 0; d < 2; d++) {
+        struct queue *q = &x->q[d];
+        while (q->count > 0 && x->ops.done(x->ops.ctx, q->tokens[q->head]))
+            x->ops.forget(x->ops.ctx, pop(q));
+    }
+    pthread_mutex_unlock(&x->mu);
+}
+
+unsigned sh_xfer_inflight(struct sh_xfer *x, int dir)
+{
+    pthread_mutex_lock(&x->mu);
+    unsigned n = x->q[dir].count;
+    pthread_mutex_unlock(&x->mu);
+    return n;
+}
+
+void sh_xfer_set_caps(struct sh_xfer *x, unsigned max_d2h, unsigned max_h2d)
+{
+    pthread_mutex_lock(&x->mu);
+    x->q[SH_D2H].cap = clamp_cap(max_d2h);
+    x->q[SH_H2D].cap = clamp_cap(max_h2d);
+    pthread_mutex_unlock(&x->mu);
+}
+
+int sh_xfer_drain(struct sh_xfer *x)
+{
+    pthread_mutex_lock(&x->mu);
+    x->st.drains++;
+    pthread_mutex_unlock(&x->mu);
+    return x->ops.drain(x->ops.ctx);
+}
+
+void sh_xfer_stats(struct sh_xfer *x, struct sh_xfer_stats *st)
+{
+    pthread_mutex_lock(&x->mu);
+    *st = x->st;
+    pthread_mutex_unlock(&x->mu);
+}
