@@ -43,7 +43,7 @@ TOOLS     := $(TOOL_DIRS:tools/%=$(BUILD)/%)
 
 PREREQ := $(BUILD)/.prereqs
 
-.PHONY: all test check format asan ubsan tsan install clean bench bench-policy
+.PHONY: all test check format asan ubsan tsan install clean bench bench-policy demo
 .DEFAULT_GOAL := all
 
 all: $(BUILD)/libstagehand.so $(SIM_LIBS) $(TOOLS)
@@ -124,6 +124,14 @@ TEST_BINS := $(SIM_TESTS) $(UNIT_TESTS) $(E2E_BINS)
 
 test: all $(TEST_BINS)
 	@BUILD=$(BUILD) SAN=$(SAN) E2E="$(E2E_BINS)" tests/run.sh $(SIM_TESTS) $(UNIT_TESTS)
+
+# ---- the demo: the README's main job ----------------------------------------
+$(BUILD)/demo/train: $(BUILD)/obj/tests/demo/train.o $(SIM_LIBS)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $< $(LDFLAGS_ALL) $(SIM_LINK) -ldl -lm
+
+demo: $(BUILD)/libstagehand.so $(BUILD)/demo/train
+	@tests/demo/run.sh $(BUILD)
 
 # ---- benchmarks (ratios against a baseline measured in the same run) ----
 BENCH_BINS := $(BUILD)/tests/bench/bench_alloc $(BUILD)/tests/bench/bench_pool
