@@ -16,6 +16,7 @@
 typedef void (*simcuda_api_hook)(void *user, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
                                  const CUpti_CallbackData *data);
 void simcuda__set_api_hook(simcuda_api_hook hook, void *user);
+int simcuda__inject(const char *fn);
 
 #define MAX_CBID 1024
 
@@ -59,6 +60,8 @@ SIM_EXPORT CUptiResult cuptiSubscribe(CUpti_SubscriberHandle *subscriber,
 {
     if (!subscriber)
         return CUPTI_ERROR_INVALID_PARAMETER;
+    if (simcuda__inject("cuptiSubscribe") != 0) /* SIMCUDA_FAIL=cuptiSubscribe:1 */
+        return CUPTI_ERROR_NOT_INITIALIZED;
     pthread_mutex_lock(&mu);
     if (sub.used) {
         pthread_mutex_unlock(&mu);

@@ -9,6 +9,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,6 +80,9 @@ SIM_EXPORT CUresult cuInit(unsigned int flags)
 {
     if (flags != 0)
         return CUDA_ERROR_INVALID_VALUE;
+    CUresult inj = sim_inject(__func__);
+    if (inj != CUDA_SUCCESS)
+        return inj;
     int expected = 0;
     if (atomic_compare_exchange_strong(&initialised, &expected, 2)) {
         read_config();
@@ -99,10 +103,110 @@ CUresult sim_check(void)
 
 CUresult sim_check_ctx(void)
 {
-    CUresult r = sim_check();
+    CUresult r = sim_enter(__func__, false);
     if (r == CUDA_SUCCESS && current == NULL)
         return CUDA_ERROR_INVALID_CONTEXT;
     return r;
+}
+
+/* ---- fault injection ---- */
+
+#define MAX_RULES 32
+
+struct fail_rule {
+    char call[64];
+    unsigned long nth;
+    bool onwards;
+    CUresult err;
+    atomic_ulong seen;
+};
+
+static struct fail_rule rules[MAX_RULES];
+static int nrules;
+static pthread_once_t rules_once = PTHREAD_ONCE_INIT;
+
+static CUresult error_by_name(const char *name, bool *ok);
+
+/* cuMemAlloc_v2 and cuMemcpyAsync_ptsz count as cuMemAlloc and cuMemcpyAsync. */
+static size_t base_len(const char *fn)
+{
+    size_t n = strlen(fn);
+    static const char *const sfx[] = {"_ptsz", "_ptds", "_v2", "_v3", "_v4"};
+    for (size_t i = 0; i < sizeof sfx / sizeof *sfx; i++) {
+        size_t k = strlen(sfx[i]);
+        if (n > k && strcmp(fn + n - k, sfx[i]) == 0)
+            n -= k;
+    }
+    return n;
+}
+
+static bool parse_rule(char *spec, struct fail_rule *r)
+{
+    char *call = strtok(spec, ":"), *nth = strtok(NULL, ":"), *err = strtok(NULL, ":");
+    if (!call || !nth || strlen(call) >= sizeof r->call)
+        return false;
+    char *end;
+    r->nth = strtoul(nth, &end, 10);
+    r->onwards = *end == '+';
+    if (r->nth == 0 || (*end && strcmp(end, "+") != 0))
+        return false;
+    bool ok = true;
+    r->err = err ? error_by_name(err, &ok) : CUDA_ERROR_UNKNOWN;
+    snprintf(r->call, sizeof r->call, "%.*s", (int)base_len(call), call);
+    return ok;
+}
+
+static void read_rules(void)
+{
+    const char *env = getenv("SIMCUDA_FAIL");
+    if (!env || !*env)
+        return;
+    char buf[2048];
+    snprintf(buf, sizeof buf, "%s", env);
+    char *save = NULL;
+    for (char *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        char spec[256];
+        snprintf(spec, sizeof spec, "%s", item);
+        if (nrules == MAX_RULES || !parse_rule(spec, &rules[nrules])) {
+            fprintf(stderr, "simcuda: SIMCUDA_FAIL: cannot use '%s' (want call:nth[+][:error])\n",
+                    item);
+            continue;
+        }
+        nrules++;
+    }
+}
+
+CUresult sim_inject(const char *fn)
+{
+    pthread_once(&rules_once, read_rules);
+    size_t n = base_len(fn);
+    for (int i = 0; i < nrules; i++) {
+        struct fail_rule *r = &rules[i];
+        if (strlen(r->call) != n || strncmp(r->call, fn, n) != 0)
+            continue;
+        unsigned long k = atomic_fetch_add(&r->seen, 1) + 1;
+        if (k == r->nth || (r->onwards && k > r->nth)) {
+            const char *name = NULL;
+            cuGetErrorName(r->err, &name);
+            fprintf(stderr, "simcuda: injected failure of %s (call %lu): %s\n", r->call, k,
+                    name ? name : "?");
+            return r->err;
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+/* For the simulated CUPTI, whose calls are injectable too. */
+SIM_EXPORT int simcuda__inject(const char *fn);
+int simcuda__inject(const char *fn)
+{
+    return (int)sim_inject(fn);
+}
+
+CUresult sim_enter(const char *fn, bool needs_ctx)
+{
+    CUresult r = needs_ctx ? sim_check_ctx() : sim_check();
+    return r != CUDA_SUCCESS ? r : sim_inject(fn);
 }
 
 void sim_fault(uintptr_t addr, const char *what)
@@ -147,7 +251,7 @@ SIM_EXPORT CUresult cuDriverGetVersion(int *v)
 
 SIM_EXPORT CUresult cuDeviceGetCount(int *count)
 {
-    CUresult r = sim_check();
+    CUresult r = sim_enter(__func__, false);
     if (r)
         return r;
     if (!count)
@@ -158,7 +262,7 @@ SIM_EXPORT CUresult cuDeviceGetCount(int *count)
 
 SIM_EXPORT CUresult cuDeviceGet(CUdevice *dev, int ordinal)
 {
-    CUresult r = sim_check();
+    CUresult r = sim_enter(__func__, false);
     if (r)
         return r;
     if (!dev)
@@ -171,7 +275,7 @@ SIM_EXPORT CUresult cuDeviceGet(CUdevice *dev, int ordinal)
 
 SIM_EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
 {
-    CUresult r = sim_check();
+    CUresult r = sim_enter(__func__, false);
     if (r)
         return r;
     if (dev != 0)
@@ -184,7 +288,7 @@ SIM_EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
 
 SIM_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
-    CUresult r = sim_check();
+    CUresult r = sim_enter(__func__, false);
     if (r)
         return r;
     if (dev != 0)
@@ -259,7 +363,7 @@ static int attribute(CUdevice_attribute a, int *known)
 
 SIM_EXPORT CUresult cuDeviceGetAttribute(int *value, CUdevice_attribute attrib, CUdevice dev)
 {
-    CUresult r = sim_check();
+    CUresult r = sim_enter(__func__, false);
     if (r)
         return r;
     if (!value || (int)attrib <= 0 || attrib >= CU_DEVICE_ATTRIBUTE_MAX)
@@ -281,7 +385,7 @@ SIM_EXPORT CUresult cuDeviceGetAttribute(int *value, CUdevice_attribute attrib, 
 
 SIM_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
-    CUresult r = sim_check();
+    CUresult r = sim_enter(__func__, false);
     if (r)
         return r;
     if (!pctx)
@@ -295,7 +399,7 @@ SIM_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 
 SIM_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
-    CUresult r = sim_check();
+    CUresult r = sim_enter(__func__, false);
     if (r)
         return r;
     if (dev != 0)
@@ -308,7 +412,7 @@ SIM_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 
 SIM_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
 {
-    CUresult r = sim_check();
+    CUresult r = sim_enter(__func__, false);
     if (r)
         return r;
     if (dev != 0)
@@ -327,7 +431,7 @@ static bool valid_ctx(CUcontext c)
 
 SIM_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
 {
-    CUresult r = sim_check();
+    CUresult r = sim_enter(__func__, false);
     if (r)
         return r;
     if (ctx && !valid_ctx(ctx))
@@ -338,7 +442,7 @@ SIM_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
 
 SIM_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
 {
-    CUresult r = sim_check();
+    CUresult r = sim_enter(__func__, false);
     if (r)
         return r;
     if (!pctx)
@@ -354,7 +458,7 @@ SIM_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 
 SIM_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
 {
-    CUresult r = sim_check_ctx();
+    CUresult r = sim_enter(__func__, true);
     if (r)
         return r;
     if (pctx)
@@ -365,7 +469,7 @@ SIM_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
 
 SIM_EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
 {
-    CUresult r = sim_check_ctx();
+    CUresult r = sim_enter(__func__, true);
     if (r)
         return r;
     if (!dev)
@@ -376,7 +480,7 @@ SIM_EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
 
 SIM_EXPORT CUresult cuCtxSynchronize(void)
 {
-    CUresult r = sim_check_ctx();
+    CUresult r = sim_enter(__func__, true);
     if (r)
         return r;
     return sim_ctx_synchronize();
@@ -384,7 +488,7 @@ SIM_EXPORT CUresult cuCtxSynchronize(void)
 
 SIM_EXPORT CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest)
 {
-    CUresult r = sim_check_ctx();
+    CUresult r = sim_enter(__func__, true);
     if (r)
         return r;
     if (least)
@@ -417,6 +521,23 @@ SIM_EXPORT CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest)
       "pointer does not correspond to a registered memory region")                                 \
     X(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "operation not permitted when stream is capturing")   \
     X(CUDA_ERROR_UNKNOWN, "unknown error")
+
+static CUresult error_by_name(const char *name, bool *ok)
+{
+    *ok = true;
+#define X(code, text)                                                                              \
+    if (strcmp(name, #code) == 0)                                                                  \
+        return code;
+    SIM_ERRORS(X)
+#undef X
+    char *end;
+    long v = strtol(name, &end, 10);
+    if (*end || v <= 0) {
+        *ok = false;
+        return CUDA_ERROR_UNKNOWN;
+    }
+    return (CUresult)v;
+}
 
 SIM_EXPORT CUresult cuGetErrorString(CUresult error, const char **str)
 {

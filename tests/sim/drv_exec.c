@@ -131,9 +131,9 @@ static CUresult submit_and_maybe_wait(struct sim_stream *s, struct sim_op *op, b
     return r;
 }
 
-CUresult sim_copy(void *dst, const void *src, size_t n, CUstream hs, bool sync)
+CUresult sim_copy(const char *api, void *dst, const void *src, size_t n, CUstream hs, bool sync)
 {
-    CUresult r = sim_check_ctx();
+    CUresult r = sim_enter(api, true);
     if (r)
         return r;
     struct sim_stream *s = sim_stream_get(hs);
@@ -174,9 +174,10 @@ static void fill_run(struct sim_op *op)
     }
 }
 
-CUresult sim_fill(void *dst, unsigned value, size_t elem, size_t count, CUstream hs, bool sync)
+CUresult sim_fill(const char *api, void *dst, unsigned value, size_t elem, size_t count,
+                  CUstream hs, bool sync)
 {
-    CUresult r = sim_check_ctx();
+    CUresult r = sim_enter(api, true);
     if (r)
         return r;
     struct sim_stream *s = sim_stream_get(hs);
@@ -202,59 +203,59 @@ CUresult sim_fill(void *dst, unsigned value, size_t elem, size_t count, CUstream
 
 SIM_EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n)
 {
-    return sim_copy(P(dst), CP(src), n, NULL, true);
+    return sim_copy(__func__, P(dst), CP(src), n, NULL, true);
 }
 SIM_EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
 {
-    return sim_copy(P(dst), CP(src), n, s, false);
+    return sim_copy(__func__, P(dst), CP(src), n, s, false);
 }
 SIM_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
 {
-    return sim_copy(P(dst), src, n, NULL, true);
+    return sim_copy(__func__, P(dst), src, n, NULL, true);
 }
 SIM_EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
 {
-    return sim_copy(dst, CP(src), n, NULL, true);
+    return sim_copy(__func__, dst, CP(src), n, NULL, true);
 }
 SIM_EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n)
 {
-    return sim_copy(P(dst), CP(src), n, NULL, true);
+    return sim_copy(__func__, P(dst), CP(src), n, NULL, true);
 }
 SIM_EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s)
 {
-    return sim_copy(P(dst), src, n, s, false);
+    return sim_copy(__func__, P(dst), src, n, s, false);
 }
 SIM_EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s)
 {
-    return sim_copy(dst, CP(src), n, s, false);
+    return sim_copy(__func__, dst, CP(src), n, s, false);
 }
 SIM_EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
 {
-    return sim_copy(P(dst), CP(src), n, s, false);
+    return sim_copy(__func__, P(dst), CP(src), n, s, false);
 }
 SIM_EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n)
 {
-    return sim_fill(P(dst), v, 1, n, NULL, true);
+    return sim_fill(__func__, P(dst), v, 1, n, NULL, true);
 }
 SIM_EXPORT CUresult cuMemsetD16_v2(CUdeviceptr dst, unsigned short v, size_t n)
 {
-    return sim_fill(P(dst), v, 2, n, NULL, true);
+    return sim_fill(__func__, P(dst), v, 2, n, NULL, true);
 }
 SIM_EXPORT CUresult cuMemsetD32_v2(CUdeviceptr dst, unsigned int v, size_t n)
 {
-    return sim_fill(P(dst), v, 4, n, NULL, true);
+    return sim_fill(__func__, P(dst), v, 4, n, NULL, true);
 }
 SIM_EXPORT CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream s)
 {
-    return sim_fill(P(dst), v, 1, n, s, false);
+    return sim_fill(__func__, P(dst), v, 1, n, s, false);
 }
 SIM_EXPORT CUresult cuMemsetD16Async(CUdeviceptr dst, unsigned short v, size_t n, CUstream s)
 {
-    return sim_fill(P(dst), v, 2, n, s, false);
+    return sim_fill(__func__, P(dst), v, 2, n, s, false);
 }
 SIM_EXPORT CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int v, size_t n, CUstream s)
 {
-    return sim_fill(P(dst), v, 4, n, s, false);
+    return sim_fill(__func__, P(dst), v, 4, n, s, false);
 }
 
 /* ---- kernels ---- */
@@ -314,7 +315,7 @@ static struct sim_kernel *kernel_get(const void *f)
 SIM_EXPORT CUresult cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t *paramOffset,
                                        size_t *paramSize)
 {
-    CUresult r = sim_check();
+    CUresult r = sim_enter(__func__, false);
     if (r)
         return r;
     struct sim_kernel *k = kernel_get(func);
@@ -336,7 +337,7 @@ SIM_EXPORT CUresult cuKernelGetParamInfo(CUkernel kernel, size_t paramIndex, siz
 
 SIM_EXPORT CUresult cuFuncGetName(const char **name, CUfunction func)
 {
-    CUresult r = sim_check();
+    CUresult r = sim_enter(__func__, false);
     if (r)
         return r;
     struct sim_kernel *k = kernel_get(func);
@@ -405,7 +406,7 @@ SIM_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned
     struct sim_api_call call;
     sim_api_enter(&call, CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,
                   "cuLaunchKernel", k ? k->name : NULL, &p);
-    CUresult r = sim_check_ctx();
+    CUresult r = sim_enter(__func__, true);
     if (r == CUDA_SUCCESS)
         r = k ? launch(k, hStream, kernelParams, extra, gridDimX, gridDimY, gridDimZ, blockDimX,
                        blockDimY, blockDimZ)
@@ -422,7 +423,7 @@ SIM_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f,
     struct sim_api_call call;
     sim_api_enter(&call, CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx,
                   "cuLaunchKernelEx", k ? k->name : NULL, &p);
-    CUresult r = sim_check_ctx();
+    CUresult r = sim_enter(__func__, true);
     if (r == CUDA_SUCCESS && !config)
         r = CUDA_ERROR_INVALID_VALUE;
     if (r == CUDA_SUCCESS)
@@ -447,7 +448,7 @@ SIM_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDim
     sim_api_enter(&call, CUPTI_CB_DOMAIN_DRIVER_API,
                   CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel",
                   k ? k->name : NULL, &p);
-    CUresult r = sim_check_ctx();
+    CUresult r = sim_enter(__func__, true);
     if (r == CUDA_SUCCESS)
         r = k ? launch(k, hStream, kernelParams, NULL, gridDimX, gridDimY, gridDimZ, blockDimX,
                        blockDimY, blockDimZ)

@@ -256,7 +256,7 @@ static CUresult check_location(const CUmemLocation *l)
 SIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                                 const CUmemAllocationProp *prop, unsigned long long flags)
 {
-    CUresult r = sim_check();
+    CUresult r = sim_enter(__func__, false);
     if (r)
         return r;
     if (!handle || !prop || flags != 0 || size == 0 || !aligned(size) ||
@@ -277,7 +277,7 @@ SIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t siz
 
 SIM_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
-    CUresult r = sim_check();
+    CUresult r = sim_enter(__func__, false);
     if (r)
         return r;
     pthread_mutex_lock(&mem_mu);
@@ -297,7 +297,7 @@ SIM_EXPORT CUresult cuMemGetAllocationGranularity(size_t *granularity,
                                                   const CUmemAllocationProp *prop,
                                                   CUmemAllocationGranularity_flags option)
 {
-    CUresult r = sim_check();
+    CUresult r = sim_enter(__func__, false);
     if (r)
         return r;
     if (!granularity || !prop ||
@@ -348,7 +348,7 @@ static uintptr_t reserve(size_t size, size_t align, uintptr_t hint)
 SIM_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
                                         CUdeviceptr addr, unsigned long long flags)
 {
-    CUresult r = sim_check();
+    CUresult r = sim_enter(__func__, false);
     if (r)
         return r;
     if (!ptr || size == 0 || !aligned(size) || flags != 0 || !aligned(addr) ||
@@ -372,7 +372,7 @@ SIM_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t al
 
 SIM_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
 {
-    CUresult r = sim_check();
+    CUresult r = sim_enter(__func__, false);
     if (r)
         return r;
     pthread_mutex_lock(&mem_mu);
@@ -398,7 +398,7 @@ static bool in_one_reservation(uintptr_t va, size_t size)
 SIM_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                              CUmemGenericAllocationHandle handle, unsigned long long flags)
 {
-    CUresult r = sim_check();
+    CUresult r = sim_enter(__func__, false);
     if (r)
         return r;
     if (offset != 0 || flags != 0 || size == 0 || !aligned(size) || !aligned(ptr))
@@ -454,7 +454,7 @@ static bool ends_at(size_t i, uintptr_t end)
 
 SIM_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
-    CUresult r = sim_check();
+    CUresult r = sim_enter(__func__, false);
     if (r)
         return r;
     if (size == 0 || !aligned(size) || !aligned(ptr))
@@ -495,7 +495,7 @@ static int prot_of(unsigned long long flags)
 SIM_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
                                    size_t count)
 {
-    CUresult r = sim_check();
+    CUresult r = sim_enter(__func__, false);
     if (r)
         return r;
     if (!desc || count == 0 || size == 0 || !aligned(size) || !aligned(ptr))
@@ -530,7 +530,7 @@ SIM_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcce
 SIM_EXPORT CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocation *location,
                                    CUdeviceptr ptr)
 {
-    CUresult r = sim_check();
+    CUresult r = sim_enter(__func__, false);
     if (r)
         return r;
     if (!flags || !location)
@@ -590,7 +590,7 @@ static CUresult alloc_device(uintptr_t *out, size_t size)
 
 SIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
-    CUresult r = sim_check_ctx();
+    CUresult r = sim_enter(__func__, true);
     if (r)
         return r;
     if (!dptr || bytesize == 0)
@@ -619,7 +619,7 @@ static CUresult free_device(uintptr_t va)
 
 SIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
-    CUresult r = sim_check_ctx();
+    CUresult r = sim_enter(__func__, true);
     if (r)
         return r;
     if (dptr == 0)
@@ -637,7 +637,7 @@ SIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
  * the stream reaches it. */
 SIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
 {
-    CUresult r = sim_check_ctx();
+    CUresult r = sim_enter(__func__, true);
     if (r)
         return r;
     if (!sim_stream_get(stream))
@@ -665,7 +665,7 @@ static void op_free(struct sim_op *op)
 
 SIM_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
 {
-    CUresult r = sim_check_ctx();
+    CUresult r = sim_enter(__func__, true);
     if (r)
         return r;
     struct sim_stream *s = sim_stream_get(stream);
@@ -688,7 +688,7 @@ SIM_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
 
 SIM_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
 {
-    CUresult r = sim_check_ctx();
+    CUresult r = sim_enter(__func__, true);
     if (r)
         return r;
     if (!free_bytes || !total)
@@ -704,7 +704,7 @@ SIM_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
 
 SIM_EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags)
 {
-    CUresult r = sim_check_ctx();
+    CUresult r = sim_enter(__func__, true);
     if (r)
         return r;
     if (!pp || bytesize == 0 || (flags & ~0xfu))
@@ -736,7 +736,7 @@ SIM_EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
 
 SIM_EXPORT CUresult cuMemFreeHost(void *p)
 {
-    CUresult r = sim_check_ctx();
+    CUresult r = sim_enter(__func__, true);
     if (r)
         return r;
     pthread_mutex_lock(&mem_mu);
@@ -754,7 +754,7 @@ SIM_EXPORT CUresult cuMemFreeHost(void *p)
 
 SIM_EXPORT CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int flags)
 {
-    CUresult r = sim_check_ctx();
+    CUresult r = sim_enter(__func__, true);
     if (r)
         return r;
     if (!p || bytesize == 0 || (flags & ~0xfu))
@@ -777,7 +777,7 @@ SIM_EXPORT CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int 
 
 SIM_EXPORT CUresult cuMemHostUnregister(void *p)
 {
-    CUresult r = sim_check_ctx();
+    CUresult r = sim_enter(__func__, true);
     if (r)
         return r;
     pthread_mutex_lock(&mem_mu);
@@ -794,7 +794,7 @@ SIM_EXPORT CUresult cuMemHostUnregister(void *p)
 
 SIM_EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int flags)
 {
-    CUresult r = sim_check_ctx();
+    CUresult r = sim_enter(__func__, true);
     if (r)
         return r;
     if (!pdptr || flags != 0)

@@ -273,7 +273,7 @@ CUresult sim_ctx_synchronize(void)
 
 static CUresult create_stream(CUstream *ph, unsigned flags, int priority)
 {
-    CUresult r = sim_check_ctx();
+    CUresult r = sim_enter(__func__, true);
     if (r)
         return r;
     if (!ph || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING))
@@ -330,7 +330,7 @@ static bool user_stream(CUstream h, struct sim_stream **out)
 
 SIM_EXPORT CUresult cuStreamDestroy_v2(CUstream h)
 {
-    CUresult r = sim_check_ctx();
+    CUresult r = sim_enter(__func__, true);
     if (r)
         return r;
     struct sim_stream *s;
@@ -346,7 +346,7 @@ SIM_EXPORT CUresult cuStreamDestroy_v2(CUstream h)
 
 SIM_EXPORT CUresult cuStreamSynchronize(CUstream h)
 {
-    CUresult r = sim_check_ctx();
+    CUresult r = sim_enter(__func__, true);
     if (r)
         return r;
     struct sim_stream *s = sim_stream_get(h);
@@ -358,7 +358,7 @@ SIM_EXPORT CUresult cuStreamSynchronize(CUstream h)
 
 SIM_EXPORT CUresult cuStreamQuery(CUstream h)
 {
-    CUresult r = sim_check_ctx();
+    CUresult r = sim_enter(__func__, true);
     if (r)
         return r;
     struct sim_stream *s = sim_stream_get(h);
@@ -369,7 +369,7 @@ SIM_EXPORT CUresult cuStreamQuery(CUstream h)
 
 SIM_EXPORT CUresult cuStreamGetPriority(CUstream h, int *priority)
 {
-    CUresult r = sim_check_ctx();
+    CUresult r = sim_enter(__func__, true);
     if (r)
         return r;
     struct sim_stream *s = sim_stream_get(h);
@@ -383,7 +383,7 @@ SIM_EXPORT CUresult cuStreamGetPriority(CUstream h, int *priority)
 
 SIM_EXPORT CUresult cuStreamGetFlags(CUstream h, unsigned int *flags)
 {
-    CUresult r = sim_check_ctx();
+    CUresult r = sim_enter(__func__, true);
     if (r)
         return r;
     struct sim_stream *s = sim_stream_get(h);
@@ -397,7 +397,7 @@ SIM_EXPORT CUresult cuStreamGetFlags(CUstream h, unsigned int *flags)
 
 SIM_EXPORT CUresult cuStreamIsCapturing(CUstream h, CUstreamCaptureStatus *status)
 {
-    CUresult r = sim_check_ctx();
+    CUresult r = sim_enter(__func__, true);
     if (r)
         return r;
     if (!sim_stream_get(h))
@@ -428,7 +428,7 @@ static void host_fn_run(struct sim_op *op)
 
 SIM_EXPORT CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void *userData)
 {
-    CUresult r = sim_check_ctx();
+    CUresult r = sim_enter(__func__, true);
     if (r)
         return r;
     struct sim_stream *s = sim_stream_get(h);
@@ -454,7 +454,7 @@ static struct sim_event *event_get(CUevent h)
 
 SIM_EXPORT CUresult cuEventCreate(CUevent *ph, unsigned int flags)
 {
-    CUresult r = sim_check_ctx();
+    CUresult r = sim_enter(__func__, true);
     if (r)
         return r;
     if (!ph || (flags & ~0xfu))
@@ -484,7 +484,7 @@ SIM_EXPORT CUresult cuEventCreate(CUevent *ph, unsigned int flags)
 
 SIM_EXPORT CUresult cuEventDestroy_v2(CUevent h)
 {
-    CUresult r = sim_check_ctx();
+    CUresult r = sim_enter(__func__, true);
     if (r)
         return r;
     struct sim_event *e = event_get(h);
@@ -521,7 +521,7 @@ static void record_run(struct sim_op *op)
 
 SIM_EXPORT CUresult cuEventRecord(CUevent h, CUstream hs)
 {
-    CUresult r = sim_check_ctx();
+    CUresult r = sim_enter(__func__, true);
     if (r)
         return r;
     struct sim_event *e = event_get(h);
@@ -568,7 +568,7 @@ static void event_point(struct sim_event *e, struct sim_stream **s, uint64_t *ti
 
 SIM_EXPORT CUresult cuEventQuery(CUevent h)
 {
-    CUresult r = sim_check_ctx();
+    CUresult r = sim_enter(__func__, true);
     if (r)
         return r;
     struct sim_event *e = event_get(h);
@@ -582,7 +582,7 @@ SIM_EXPORT CUresult cuEventQuery(CUevent h)
 
 SIM_EXPORT CUresult cuEventSynchronize(CUevent h)
 {
-    CUresult r = sim_check_ctx();
+    CUresult r = sim_enter(__func__, true);
     if (r)
         return r;
     struct sim_event *e = event_get(h);
@@ -598,7 +598,7 @@ SIM_EXPORT CUresult cuEventSynchronize(CUevent h)
 
 SIM_EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end)
 {
-    CUresult r = sim_check_ctx();
+    CUresult r = sim_enter(__func__, true);
     if (r)
         return r;
     struct sim_event *a = event_get(start), *b = event_get(end);
@@ -632,7 +632,7 @@ SIM_EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end)
 
 SIM_EXPORT CUresult cuStreamWaitEvent(CUstream hs, CUevent h, unsigned int flags)
 {
-    CUresult r = sim_check_ctx();
+    CUresult r = sim_enter(__func__, true);
     if (r)
         return r;
     struct sim_stream *s = sim_stream_get(hs);

@@ -34,6 +34,14 @@ extern struct sim_cfg sim_cfg;
 CUresult sim_check(void);
 /* As sim_check, and also CUDA_ERROR_INVALID_CONTEXT with no current context. */
 CUresult sim_check_ctx(void);
+/* The prologue of an entry point: sim_check (or sim_check_ctx when
+ * needs_ctx), then fault injection: SIMCUDA_FAIL=<call>:<nth>[+][:<error>]
+ * [,...] fails the nth call of <call> (and every later one with '+') with
+ * <error> (a CUresult name or number; default CUDA_ERROR_UNKNOWN). Calls
+ * are counted whatever their outcome; _v2/_ptsz suffixes are ignored. */
+CUresult sim_enter(const char *fn, bool needs_ctx);
+/* The injection alone, for entry points with their own prologue. */
+CUresult sim_inject(const char *fn);
 /* Records a device fault: sets the sticky error and names the address. */
 void sim_fault(uintptr_t addr, const char *what);
 bool sim_faulted(void);
@@ -99,8 +107,10 @@ CUresult sim_op_add_wait(struct sim_op *op, struct sim_stream *s, uint64_t ticke
  * if it touched an address with no mapping or no access. */
 bool sim_guarded(void (*fn)(void *), void *arg, const char *what);
 void sim_exec_init(void);
-/* Submits a copy of n bytes; synchronous when s is NULL (legacy stream, then waits). */
-CUresult sim_copy(void *dst, const void *src, size_t n, CUstream s, bool sync);
-CUresult sim_fill(void *dst, unsigned value, size_t elem, size_t count, CUstream s, bool sync);
+/* Submits a copy of n bytes on s; waits for it when sync. api names the
+ * entry point, for fault injection. */
+CUresult sim_copy(const char *api, void *dst, const void *src, size_t n, CUstream s, bool sync);
+CUresult sim_fill(const char *api, void *dst, unsigned value, size_t elem, size_t count, CUstream s,
+                  bool sync);
 
 #endif
