@@ -438,6 +438,58 @@ SIM_EXPORT cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_
     return ret_cu(cuEventElapsedTime((float *)ms, (CUevent)a, (CUevent)b));
 }
 
+/* ---- capture and graphs ---- */
+
+SIM_EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode)
+{
+    ENTER();
+    return ret_cu(cuStreamBeginCapture((CUstream)s, (CUstreamCaptureMode)mode));
+}
+
+SIM_EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph)
+{
+    ENTER();
+    return ret_cu(cuStreamEndCapture((CUstream)s, (CUgraph *)graph));
+}
+
+SIM_EXPORT cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph,
+                                            unsigned long long flags)
+{
+    ENTER();
+    return ret_cu(cuGraphInstantiate((CUgraphExec *)exec, (CUgraph)graph, flags));
+}
+
+SIM_EXPORT cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *exec, cudaGraph_t graph,
+                                                     unsigned long long flags)
+{
+    return cudaGraphInstantiate(exec, graph, flags);
+}
+
+SIM_EXPORT cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s)
+{
+    ENTER();
+    cudaGraphLaunch_v10000_params p = {exec, s};
+    struct sim_api_call call;
+    simcuda__api_enter(&call, CUPTI_CB_DOMAIN_RUNTIME_API,
+                       CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000, "cudaGraphLaunch", NULL,
+                       &p);
+    cudaError_t r = ret_cu(cuGraphLaunch((CUgraphExec)exec, (CUstream)s));
+    simcuda__api_exit(&call, &r);
+    return r;
+}
+
+SIM_EXPORT cudaError_t cudaGraphDestroy(cudaGraph_t graph)
+{
+    ENTER();
+    return ret_cu(cuGraphDestroy((CUgraph)graph));
+}
+
+SIM_EXPORT cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec)
+{
+    ENTER();
+    return ret_cu(cuGraphExecDestroy((CUgraphExec)exec));
+}
+
 /* ---- launches ---- */
 
 static cudaError_t launch(CUfunction f, dim3 g, dim3 b, void **args, size_t shmem, cudaStream_t s)

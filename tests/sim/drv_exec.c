@@ -190,7 +190,10 @@ CUresult sim_fill(const char *api, void *dst, unsigned value, size_t elem, size_
     struct fill_op *op = calloc(1, sizeof *op);
     if (!op)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    *op = (struct fill_op){.op = {.run = fill_run, .fini = op_free},
+    *op = (struct fill_op){.op = {.run = fill_run,
+                                  .fini = op_free,
+                                  .size = sizeof *op,
+                                  .node_type = CU_GRAPH_NODE_TYPE_MEMSET},
                            .dst = dst,
                            .value = value,
                            .elem = elem,
@@ -364,6 +367,24 @@ static void launch_run(struct sim_op *op)
     l->k->fn(l->args);
 }
 
+/* A copied launch must point its args at its own copy of the values. */
+static void launch_relocate(struct sim_op *op)
+{
+    struct launch_op *l = (struct launch_op *)op;
+    for (int i = 0; i < l->k->nparams; i++)
+        l->args[i] = l->buf + l->k->offsets[i];
+}
+
+bool sim_launch_info(const struct sim_op *op, CUfunction *f, void ***params)
+{
+    if (op->run != launch_run)
+        return false;
+    struct launch_op *l = (struct launch_op *)op;
+    *f = (CUfunction)l->k;
+    *params = l->args;
+    return true;
+}
+
 static CUresult launch(struct sim_kernel *k, CUstream hs, void **params, void **extra, unsigned gx,
                        unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz)
 {
@@ -383,6 +404,9 @@ static CUresult launch(struct sim_kernel *k, CUstream hs, void **params, void **
         return CUDA_ERROR_OUT_OF_MEMORY;
     op->op.run = launch_run;
     op->op.fini = op_free;
+    op->op.size = sizeof *op + k->total;
+    op->op.node_type = CU_GRAPH_NODE_TYPE_KERNEL;
+    op->op.relocate = launch_relocate;
     op->k = k;
     op->us = k->duration_us ? k->duration_us : sim_cfg.kernel_us;
     for (int i = 0; i < k->nparams; i++) {

@@ -682,6 +682,8 @@ SIM_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
         return CUDA_ERROR_OUT_OF_MEMORY;
     op->op.run = free_op_run;
     op->op.fini = op_free;
+    op->op.size = sizeof *op;
+    op->op.capture = SIM_CAP_REFUSE; /* memory nodes are not simulated */
     op->va = dptr;
     return sim_stream_submit(s, &op->op, NULL);
 }

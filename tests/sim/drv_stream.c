@@ -34,6 +34,8 @@ struct sim_stream {
     bool stop;
     pthread_t thread;
     struct sim_stream *next_all;
+    struct sim_graph *capture; /* non-NULL while capturing */
+    bool capture_invalid;
 };
 
 struct sim_event {
@@ -48,6 +50,7 @@ struct sim_event {
 };
 
 static pthread_mutex_t submit_mu = PTHREAD_MUTEX_INITIALIZER;
+static int capturing;                  /* streams capturing now; submit_mu */
 static struct sim_stream *all_streams; /* live and dead, for barriers and sync */
 static struct sim_stream legacy_stream;
 static struct sim_event *free_events;
@@ -209,9 +212,52 @@ static CUresult add_barriers(struct sim_stream *s, struct sim_op *op)
     return sim_op_add_wait(op, &legacy_stream, legacy_stream.submitted);
 }
 
+/* Invalidates every capture in progress (global capture mode); submit_mu held. */
+static void invalidate_captures(void)
+{
+    for (struct sim_stream *t = all_streams; t; t = t->next_all)
+        if (t->capture)
+            t->capture_invalid = true;
+}
+
+/* Diverts op into s's capture; submit_mu held. */
+static CUresult capture_op(struct sim_stream *s, struct sim_op *op, uint64_t *ticket)
+{
+    if (ticket)
+        *ticket = 0; /* captured work has no place in the stream */
+    if (op->capture == SIM_CAP_REFUSE) {
+        s->capture_invalid = true;
+        if (op->fini)
+            op->fini(op);
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    if (op->capture == SIM_CAP_DROP || s->capture_invalid) {
+        if (op->fini)
+            op->fini(op);
+        return s->capture_invalid ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
+    }
+    free(op->waits);
+    op->waits = NULL;
+    op->nwaits = 0;
+    return sim_graph_append(s->capture, op);
+}
+
 CUresult sim_stream_submit(struct sim_stream *s, struct sim_op *op, uint64_t *ticket)
 {
     pthread_mutex_lock(&submit_mu);
+    if (s->capture) {
+        CUresult c = capture_op(s, op, ticket);
+        pthread_mutex_unlock(&submit_mu);
+        return c;
+    }
+    if (capturing > 0 && s->legacy) {
+        /* The legacy stream would join the capture implicitly: refused. */
+        invalidate_captures();
+        pthread_mutex_unlock(&submit_mu);
+        if (op->fini)
+            op->fini(op);
+        return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+    }
     CUresult r = add_barriers(s, op);
     if (r == CUDA_SUCCESS) {
         pthread_mutex_lock(&s->mu);
@@ -262,11 +308,73 @@ CUresult sim_ctx_synchronize(void)
     pthread_once(&legacy_once, legacy_init);
     pthread_mutex_lock(&submit_mu);
     struct sim_stream *list = all_streams;
+    if (capturing > 0) {
+        invalidate_captures();
+        pthread_mutex_unlock(&submit_mu);
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
     pthread_mutex_unlock(&submit_mu);
     /* Streams are only ever prepended, so walking from a snapshot is safe. */
     for (struct sim_stream *s = list; s; s = s->next_all)
         sim_stream_wait_ticket(s, submitted(s));
     return sim_check();
+}
+
+/* Synchronising with a capturing stream is an error that ends the capture. */
+static CUresult refuse_if_capturing(struct sim_stream *s)
+{
+    pthread_mutex_lock(&submit_mu);
+    bool cap = s->capture != NULL;
+    if (cap)
+        s->capture_invalid = true;
+    pthread_mutex_unlock(&submit_mu);
+    return cap ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
+CUresult sim_capture_begin(struct sim_stream *s)
+{
+    if (s->legacy)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    struct sim_graph *g = sim_graph_new();
+    if (!g)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&submit_mu);
+    CUresult r = CUDA_SUCCESS;
+    if (s->capture) {
+        r = CUDA_ERROR_ILLEGAL_STATE;
+    } else {
+        s->capture = g;
+        s->capture_invalid = false;
+        capturing++;
+    }
+    pthread_mutex_unlock(&submit_mu);
+    if (r != CUDA_SUCCESS)
+        free(g);
+    return r;
+}
+
+CUresult sim_capture_end(struct sim_stream *s, struct sim_graph **out, bool *invalid)
+{
+    pthread_mutex_lock(&submit_mu);
+    struct sim_graph *g = s->capture;
+    *invalid = s->capture_invalid;
+    if (g) {
+        s->capture = NULL;
+        capturing--;
+    }
+    pthread_mutex_unlock(&submit_mu);
+    *out = g;
+    return g ? CUDA_SUCCESS : CUDA_ERROR_ILLEGAL_STATE;
+}
+
+CUstreamCaptureStatus sim_capture_status(struct sim_stream *s)
+{
+    pthread_mutex_lock(&submit_mu);
+    CUstreamCaptureStatus st = !s->capture          ? CU_STREAM_CAPTURE_STATUS_NONE
+                               : s->capture_invalid ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                                                    : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    pthread_mutex_unlock(&submit_mu);
+    return st;
 }
 
 /* ---- the stream API ---- */
@@ -352,6 +460,8 @@ SIM_EXPORT CUresult cuStreamSynchronize(CUstream h)
     struct sim_stream *s = sim_stream_get(h);
     if (!s)
         return CUDA_ERROR_INVALID_HANDLE;
+    if ((r = refuse_if_capturing(s)))
+        return r;
     sim_stream_wait_ticket(s, submitted(s));
     return sim_check();
 }
@@ -364,6 +474,8 @@ SIM_EXPORT CUresult cuStreamQuery(CUstream h)
     struct sim_stream *s = sim_stream_get(h);
     if (!s)
         return CUDA_ERROR_INVALID_HANDLE;
+    if ((r = refuse_if_capturing(s)))
+        return r;
     return sim_stream_done(s, submitted(s)) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
@@ -404,7 +516,7 @@ SIM_EXPORT CUresult cuStreamIsCapturing(CUstream h, CUstreamCaptureStatus *statu
         return CUDA_ERROR_INVALID_HANDLE;
     if (!status)
         return CUDA_ERROR_INVALID_VALUE;
-    *status = CU_STREAM_CAPTURE_STATUS_NONE; /* capture is not simulated yet */
+    *status = sim_capture_status(sim_stream_get(h));
     return CUDA_SUCCESS;
 }
 
@@ -533,6 +645,8 @@ SIM_EXPORT CUresult cuEventRecord(CUevent h, CUstream hs)
         return CUDA_ERROR_OUT_OF_MEMORY;
     op->op.run = record_run;
     op->op.fini = op_free;
+    op->op.size = sizeof *op;
+    op->op.capture = SIM_CAP_DROP; /* a linear capture needs no event nodes */
     op->event = e;
     /* The event now stands for this point of this stream. Hold e->mu across
      * the submission so a concurrent query never sees the new generation
@@ -650,6 +764,8 @@ SIM_EXPORT CUresult cuStreamWaitEvent(CUstream hs, CUevent h, unsigned int flags
     if (!op)
         return CUDA_ERROR_OUT_OF_MEMORY;
     op->fini = op_free;
+    op->size = sizeof *op;
+    op->capture = SIM_CAP_DROP;
     if ((r = sim_op_add_wait(op, es, t))) {
         free(op);
         return r;

@@ -81,6 +81,10 @@ struct sim_wait {
     uint64_t ticket;
 };
 
+/* How stream capture treats an op: recorded as a graph node, dropped
+ * (ordering ops that a linear capture makes redundant), or refused. */
+enum sim_capture { SIM_CAP_NODE = 0, SIM_CAP_DROP = 1, SIM_CAP_REFUSE = 2 };
+
 struct sim_op {
     struct sim_op *next;
     uint64_t ticket;
@@ -88,6 +92,10 @@ struct sim_op {
     sim_op_fn fini; /* on the worker, after run; frees the op */
     int nwaits;
     struct sim_wait *waits;
+    size_t size;         /* bytes of the whole op, so a graph can copy it */
+    int capture;         /* enum sim_capture */
+    int node_type;       /* CUgraphNodeType when captured */
+    sim_op_fn relocate;  /* fixes inner pointers after a copy (may be NULL) */
 };
 
 /* Resolves a CUstream handle (NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
@@ -99,6 +107,19 @@ CUresult sim_stream_submit(struct sim_stream *s, struct sim_op *op, uint64_t *ti
 void sim_stream_wait_ticket(struct sim_stream *s, uint64_t ticket);
 bool sim_stream_done(struct sim_stream *s, uint64_t ticket);
 CUresult sim_ctx_synchronize(void);
+/* Stream capture (drv_graph.c keeps the graphs). */
+struct sim_graph;
+/* Begins or ends capture on s; see cuStreamBeginCapture/EndCapture. */
+CUresult sim_capture_begin(struct sim_stream *s);
+CUresult sim_capture_end(struct sim_stream *s, struct sim_graph **out, bool *invalid);
+CUstreamCaptureStatus sim_capture_status(struct sim_stream *s);
+/* Appends a captured op to a graph (the graph owns it from then on). */
+CUresult sim_graph_append(struct sim_graph *g, struct sim_op *op);
+struct sim_graph *sim_graph_new(void);
+/* A copy of a template op, ready to submit. */
+struct sim_op *sim_op_clone(const struct sim_op *op);
+/* The kernel and parameters of a captured launch (false for other ops). */
+bool sim_launch_info(const struct sim_op *op, CUfunction *f, void ***params);
 /* Adds a dependency to an op before it is submitted. */
 CUresult sim_op_add_wait(struct sim_op *op, struct sim_stream *s, uint64_t ticket);
 

@@ -1,0 +1,186 @@
+/* test_sim_graph.c — stream capture and graphs on the simulated GPU:
+ * captured work runs only when the graph is launched, as often as it is
+ * launched, with the parameter values it was captured with; synchronising
+ * a capturing stream, or the whole context, or touching the legacy stream
+ * during a capture is refused and invalidates it; graph launches raise the
+ * CUPTI callback; kernel nodes report their function and parameters.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "simcuda.h"
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <cupti.h>
+#include <string.h>
+
+static void k_add(void **a) /* (int *p, int v): *p += v */
+{
+    int *p = *(int **)a[0];
+    *p += *(int *)a[1];
+}
+
+static const dim3 one = {1, 1, 1};
+
+static int *counter;
+static cudaStream_t stream;
+
+static int setup(void **state)
+{
+    (void)state;
+    size_t sizes[] = {sizeof(int *), sizeof(int)};
+    assert_int_equal(simcuda_register_kernel(k_add, "add", 2, sizes, 0), 0);
+    assert_int_equal(cudaMalloc((void **)&counter, 4096), cudaSuccess);
+    assert_int_equal(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    return 0;
+}
+
+static int read_counter(void)
+{
+    int v = -1;
+    assert_int_equal(cudaMemcpy(&v, counter, sizeof v, cudaMemcpyDeviceToHost), cudaSuccess);
+    return v;
+}
+
+static cudaGraph_t capture_adds(int first, int second)
+{
+    cudaGraph_t g = NULL;
+    assert_int_equal(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+    enum cudaStreamCaptureStatus st;
+    assert_int_equal(cudaStreamIsCapturing(stream, &st), cudaSuccess);
+    assert_int_equal(st, cudaStreamCaptureStatusActive);
+    int v = first;
+    void *args[] = {&counter, &v};
+    assert_int_equal(cudaLaunchKernel((const void *)k_add, one, one, args, 0, stream), cudaSuccess);
+    v = second; /* the first node keeps the value it was captured with */
+    assert_int_equal(cudaLaunchKernel((const void *)k_add, one, one, args, 0, stream), cudaSuccess);
+    assert_int_equal(cudaStreamEndCapture(stream, &g), cudaSuccess);
+    assert_int_equal(cudaStreamIsCapturing(stream, &st), cudaSuccess);
+    assert_int_equal(st, cudaStreamCaptureStatusNone);
+    return g;
+}
+
+static void test_capture_runs_only_when_launched(void **state)
+{
+    (void)state;
+    assert_int_equal(cudaMemset(counter, 0, 4), cudaSuccess);
+    cudaGraph_t g = capture_adds(1, 10);
+    assert_non_null(g);
+    assert_int_equal(read_counter(), 0); /* nothing ran during capture */
+    cudaGraphExec_t e;
+    assert_int_equal(cudaGraphInstantiate(&e, g, 0), cudaSuccess);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(cudaGraphLaunch(e, stream), cudaSuccess);
+    assert_int_equal(cudaStreamSynchronize(stream), cudaSuccess);
+    assert_int_equal(read_counter(), 33);
+    assert_int_equal(cudaGraphExecDestroy(e), cudaSuccess);
+    assert_int_equal(cudaGraphDestroy(g), cudaSuccess);
+}
+
+static void test_kernel_nodes(void **state)
+{
+    (void)state;
+    cudaGraph_t g = capture_adds(2, 3);
+    size_t n = 0;
+    assert_int_equal(cuGraphGetNodes((CUgraph)g, NULL, &n), CUDA_SUCCESS);
+    assert_int_equal(n, 2);
+    CUgraphNode nodes[2];
+    assert_int_equal(cuGraphGetNodes((CUgraph)g, nodes, &n), CUDA_SUCCESS);
+    for (int i = 0; i < 2; i++) {
+        CUgraphNodeType t;
+        assert_int_equal(cuGraphNodeGetType(nodes[i], &t), CUDA_SUCCESS);
+        assert_int_equal(t, CU_GRAPH_NODE_TYPE_KERNEL);
+        CUDA_KERNEL_NODE_PARAMS p;
+        assert_int_equal(cuGraphKernelNodeGetParams(nodes[i], &p), CUDA_SUCCESS);
+        assert_ptr_equal(p.func, simcuda_function(k_add));
+        assert_ptr_equal(*(int **)p.kernelParams[0], counter);
+        assert_int_equal(*(int *)p.kernelParams[1], i == 0 ? 2 : 3);
+    }
+    assert_int_equal(cudaGraphDestroy(g), cudaSuccess);
+    assert_int_equal(cuGraphDestroy((CUgraph)g), CUDA_ERROR_INVALID_VALUE); /* already gone */
+}
+
+static void test_sync_during_capture_invalidates(void **state)
+{
+    (void)state;
+    cudaGraph_t g = NULL;
+    assert_int_equal(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+    assert_int_equal(cudaStreamSynchronize(stream), cudaErrorStreamCaptureUnsupported);
+    enum cudaStreamCaptureStatus st;
+    assert_int_equal(cudaStreamIsCapturing(stream, &st), cudaSuccess);
+    assert_int_equal(st, cudaStreamCaptureStatusInvalidated);
+    assert_int_equal(cudaStreamEndCapture(stream, &g), cudaErrorStreamCaptureInvalidated);
+    assert_null(g);
+
+    assert_int_equal(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+    assert_int_equal(cudaDeviceSynchronize(), cudaErrorStreamCaptureUnsupported);
+    assert_int_equal(cudaStreamEndCapture(stream, &g), cudaErrorStreamCaptureInvalidated);
+
+    assert_int_equal(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+    int v = 0;
+    assert_int_equal(cudaMemcpy(&v, counter, 4, cudaMemcpyDeviceToHost),
+                     cudaErrorStreamCaptureImplicit); /* the legacy stream may not join */
+    assert_int_equal(cudaStreamEndCapture(stream, &g), cudaErrorStreamCaptureInvalidated);
+    cudaGetLastError();
+}
+
+static void test_capture_on_legacy_stream_refused(void **state)
+{
+    (void)state;
+    assert_int_equal(cudaStreamBeginCapture(NULL, cudaStreamCaptureModeGlobal),
+                     cudaErrorStreamCaptureUnsupported);
+    assert_int_equal(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+    assert_int_equal(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal),
+                     cudaErrorIllegalState);
+    cudaGraph_t g;
+    assert_int_equal(cudaStreamEndCapture(stream, &g), cudaSuccess);
+    assert_int_equal(cudaGraphDestroy(g), cudaSuccess);
+    cudaGetLastError();
+}
+
+static int graph_callbacks;
+
+static void CUPTIAPI on_cb(void *u, CUpti_CallbackDomain d, CUpti_CallbackId id, const void *data)
+{
+    (void)u;
+    const CUpti_CallbackData *cb = data;
+    if (cb->callbackSite == CUPTI_API_ENTER &&
+        ((d == CUPTI_CB_DOMAIN_DRIVER_API && id == CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch) ||
+         (d == CUPTI_CB_DOMAIN_RUNTIME_API &&
+          id == CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000)))
+        graph_callbacks++;
+}
+
+static void test_graph_launch_callbacks(void **state)
+{
+    (void)state;
+    CUpti_SubscriberHandle sub;
+    assert_int_equal(cuptiSubscribe(&sub, (CUpti_CallbackFunc)on_cb, NULL), CUPTI_SUCCESS);
+    assert_int_equal(cuptiEnableDomain(1, sub, CUPTI_CB_DOMAIN_DRIVER_API), CUPTI_SUCCESS);
+    assert_int_equal(cuptiEnableDomain(1, sub, CUPTI_CB_DOMAIN_RUNTIME_API), CUPTI_SUCCESS);
+    cudaGraph_t g = capture_adds(1, 1);
+    cudaGraphExec_t e;
+    assert_int_equal(cudaGraphInstantiate(&e, g, 0), cudaSuccess);
+    assert_int_equal(cudaGraphLaunch(e, stream), cudaSuccess);
+    assert_int_equal(graph_callbacks, 2); /* runtime, then the driver launch it makes */
+    assert_int_equal(cuptiUnsubscribe(sub), CUPTI_SUCCESS);
+    assert_int_equal(cudaStreamSynchronize(stream), cudaSuccess);
+    cudaGraphExecDestroy(e);
+    cudaGraphDestroy(g);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_capture_runs_only_when_launched),
+        cmocka_unit_test(test_kernel_nodes),
+        cmocka_unit_test(test_sync_during_capture_invalidates),
+        cmocka_unit_test(test_capture_on_legacy_stream_refused),
+        cmocka_unit_test(test_graph_launch_callbacks),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}
