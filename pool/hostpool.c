@@ -252,12 +252,18 @@ int sh_hostpool_get(struct sh_hostpool *hp, size_t bytes, unsigned wait_ms, stru
     }
     pthread_mutex_lock(&hp->mu);
     struct sh_slab *s;
+    int asked = 0;
     while (!(s = take(hp, c))) {
         if (!hp->running || !can_grow(hp, c))
             break;
-        hp->cls[c].wanted++;
-        hp->st.waits++;
-        pthread_cond_signal(&hp->grow);
+        /* One slab per caller: woken by growth elsewhere, it does not ask
+         * again, unless what was grown for the class went to someone else. */
+        if (!asked || !hp->cls[c].wanted) {
+            hp->cls[c].wanted++;
+            pthread_cond_signal(&hp->grow);
+        }
+        hp->st.waits += !asked;
+        asked = 1;
         if (pthread_cond_timedwait(&hp->more, &hp->mu, &deadline) == ETIMEDOUT) {
             s = take(hp, c);
             break;
