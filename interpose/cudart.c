@@ -35,6 +35,10 @@ int sh_make_room(size_t need, const uintptr_t *protect, size_t np)
     size_t dev = device_bytes();
     if (dev + need <= c->budget.vram_high_watermark.bytes)
         return SH_OK;
+    if (sh_capturing()) { /* eviction waits for the capture to end */
+        atomic_fetch_add(&sh_rt.deferred, 1);
+        return dev + need <= c->budget.vram_budget.bytes ? SH_OK : SH_ENOMEM;
+    }
     size_t target = dev + need - c->budget.vram_low_watermark.bytes, released = 0;
     sh_pool_evict(sh_rt.pool, target, protect, np, &released);
     return device_bytes() + need <= c->budget.vram_budget.bytes ? SH_OK : SH_ENOMEM;

@@ -44,7 +44,10 @@
     X(cuMemcpyAsync)                                                                               \
     X(cuLaunchKernel)                                                                              \
     X(cuLaunchKernelEx)                                                                            \
-    X(cuLaunchCooperativeKernel)
+    X(cuLaunchCooperativeKernel)                                                                   \
+    X(cuGraphGetNodes)                                                                             \
+    X(cuGraphNodeGetType)                                                                          \
+    X(cuGraphKernelNodeGetParams)
 
 struct sh_driver {
 #define SH_DRIVER_FIELD(name) __typeof__(name) *name;

@@ -39,7 +39,8 @@ struct sh_runtime {
     CUdevice dev;
     CUcontext ctx;
     size_t card_bytes, gran;
-    atomic_ullong passthrough, oom, launches;
+    atomic_ullong passthrough, oom, launches, deferred;
+    atomic_int captures; /* streams capturing now */
     atomic_llong step;
     atomic_int phase;
 };
@@ -69,5 +70,16 @@ int sh_launch_init(void);
 int sh_launch_mode(void);
 void sh_launch_begin(const void *key, int kind, void **args);
 void sh_launch_end(void);
+/* For launches whose regions are known already (graphs). */
+void sh_launch_begin_addrs(const uintptr_t *addrs, size_t n);
+/* The region addresses a launch's parameters point into (at most max). */
+size_t sh_launch_scan(const void *key, int kind, void **args, uintptr_t *addrs, size_t max);
+/* Touches addrs and restores the evicted regions among them. */
+void sh_launch_prepare(const uintptr_t *addrs, size_t n);
+
+/* Stream capture and graphs (graph.c). While any stream captures, nothing
+ * is remapped or drained: it would break the capture. */
+int sh_capturing(void);
+void sh_graph_launch_begin(CUgraphExec exec);
 
 #endif

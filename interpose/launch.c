@@ -109,28 +109,56 @@ static size_t scan(const struct layout *l, void **args, uintptr_t *addrs)
     return n;
 }
 
-/* Makes the regions a launch points into resident. */
-static void prepare(const void *key, int kind, void **args)
+size_t sh_launch_scan(const void *key, int kind, void **args, uintptr_t *addrs, size_t max)
 {
     struct layout l;
     if (!key || !get_layout(key, kind, &l))
-        return;
-    uintptr_t addrs[MAX_ADDRS];
-    size_t n = scan(&l, args, addrs), host = 0;
+        return 0;
+    uintptr_t found[MAX_ADDRS];
+    size_t n = scan(&l, args, found);
+    n = n < max ? n : max;
+    memcpy(addrs, found, n * sizeof *addrs);
+    return n;
+}
+
+void sh_launch_prepare(const uintptr_t *addrs, size_t n)
+{
+    size_t host = 0;
     atomic_fetch_add(&sh_rt.launches, 1);
     if (n == 0)
         return;
     sh_pool_touch(sh_rt.pool, addrs, n, &host);
     if (host == 0)
         return;
+    if (sh_capturing()) {
+        /* A remap would drain the device and break the capture: the
+         * captured launch will find the region where it is when it runs. */
+        atomic_fetch_add(&sh_rt.deferred, 1);
+        return;
+    }
     if (sh_make_room(host, addrs, n) != 0 || sh_pool_restore(sh_rt.pool, addrs, n) != 0)
         sh_log(SH_LOG_DEBUG, "a launch runs on host-mapped memory: no room to restore");
+}
+
+/* Makes the regions a launch points into resident. */
+static void prepare(const void *key, int kind, void **args)
+{
+    uintptr_t addrs[MAX_ADDRS];
+    sh_launch_prepare(addrs, sh_launch_scan(key, kind, args, addrs, MAX_ADDRS));
 }
 
 void sh_launch_begin(const void *key, int kind, void **args)
 {
     if (depth++ == 0) {
         prepare(key, kind, args);
+        sh_gate_enter(sh_rt.gate);
+    }
+}
+
+void sh_launch_begin_addrs(const uintptr_t *addrs, size_t n)
+{
+    if (depth++ == 0) {
+        sh_launch_prepare(addrs, n);
         sh_gate_enter(sh_rt.gate);
     }
 }
@@ -181,6 +209,11 @@ static void CUPTIAPI on_callback(void *user, CUpti_CallbackDomain domain, CUpti_
             args = ((const cudaLaunchKernelExC_v11060_params *)p)->args;
             kind = SH_KEY_HOST_FN;
             break;
+        case CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000:
+        case CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_ptsz_v10000:
+            sh_graph_launch_begin(
+                (CUgraphExec)((const cudaGraphLaunch_v10000_params *)p)->graphExec);
+            return;
         case CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_v13000:
         case CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_ptsz_v13000:
             /* Same layout as cudaLaunchKernel's, with a kernel handle first. */
@@ -208,6 +241,10 @@ static void CUPTIAPI on_callback(void *user, CUpti_CallbackDomain domain, CUpti_
             key = ((const cuLaunchCooperativeKernel_params *)p)->f;
             args = ((const cuLaunchCooperativeKernel_params *)p)->kernelParams;
             break;
+        case CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch:
+        case CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz:
+            sh_graph_launch_begin(((const cuGraphLaunch_params *)p)->hGraph);
+            return;
         default:
             break;
         }
@@ -224,6 +261,8 @@ static const CUpti_CallbackId runtime_ids[] = {
     CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060,
     CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_v13000,
     CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_ptsz_v13000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_ptsz_v10000,
 };
 static const CUpti_CallbackId driver_ids[] = {
     CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,
@@ -232,6 +271,8 @@ static const CUpti_CallbackId driver_ids[] = {
     CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz,
     CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel,
     CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz,
 };
 
 static const char *start_cupti(const char *path)
