@@ -184,6 +184,9 @@ install: all
 clean:
 	rm -rf build
 
+# The real-GPU suite (make gpu-test) lives in its own file.
+include mk/gpu.mk
+
 # Objects are kept, so a second make does nothing.
 .SECONDARY:
 
