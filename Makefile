@@ -23,7 +23,7 @@ LDFLAGS_ALL := -pthread $(if $(SAN),-fsanitize=$(SAN)) $(LDFLAGS)
 MODULES  := interpose pool transfer policy telemetry
 LIB_SRCS := $(foreach m,$(MODULES),$(wildcard $(m)/*.c))
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o)
-LIB_LIBS := -ldl -linih -lm -lz
+LIB_LIBS := -ldl -linih -lm -lz -lelf
 
 SIM_DRV_SRCS := $(wildcard tests/sim/drv_*.c)
 SIM_DRV_OBJS := $(SIM_DRV_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/sim/stubs_cuda.o
