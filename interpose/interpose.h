@@ -77,6 +77,15 @@ size_t sh_launch_scan(const void *key, int kind, void **args, uintptr_t *addrs, 
 /* Touches addrs and restores the evicted regions among them. */
 void sh_launch_prepare(const uintptr_t *addrs, size_t n);
 
+/* Module images (modules.c), for drivers that cannot report parameter
+ * layouts: the kernel name of a runtime launch stub, and a kernel's
+ * parameters read from the images seen. */
+struct sh_cubin_param;
+const char *sh_modules_stub_name(const void *stub);
+int sh_modules_layout(const char *name, struct sh_cubin_param *params, size_t cap, size_t *count);
+/* 1 when the driver cannot report layouts, so loaded images must be kept. */
+int sh_launch_needs_images(void);
+
 /* Stream capture and graphs (graph.c). While any stream captures, nothing
  * is remapped or drained: it would break the capture. */
 int sh_capturing(void);

@@ -15,6 +15,7 @@
  * Locking: layout_mu guards the layout cache; the mode is written once at
  * start. The depth counter is thread-local.
  */
+#include "interpose/cubin.h"
 #include "interpose/interpose.h"
 
 #include "sh_log.h"
@@ -42,8 +43,47 @@ static int mode = SH_TRACK_NONE;
 static __typeof__(cudaGetFuncBySymbol) *real_get_func;
 static CUresult (*kernel_param_info)(CUkernel, size_t, size_t *, size_t *);
 static CUresult (*func_param_info)(CUfunction, size_t, size_t *, size_t *);
+static CUresult (*func_get_name)(const char **, CUfunction);
+static CUresult (*kernel_get_name)(const char **, CUkernel);
+static int driver_lacks_layouts; /* set when the driver cannot report them */
 
 /* ---- parameter layouts ---- */
+
+int sh_launch_needs_images(void)
+{
+    return driver_lacks_layouts || !func_param_info;
+}
+
+/* The kernel's mangled name, for the image fallback. */
+static const char *kernel_name(const struct layout *l, CUfunction f)
+{
+    const char *name = NULL;
+    if (l->kind == SH_KEY_HOST_FN)
+        name = sh_modules_stub_name(l->key);
+    if (!name && f && func_get_name)
+        func_get_name(&name, f);
+    if (!name && l->kind == SH_KEY_KERNEL && kernel_get_name)
+        kernel_get_name(&name, (CUkernel)(uintptr_t)l->key);
+    return name;
+}
+
+/* Reads the layout from the module images (cubin.c), for drivers without
+ * cuFuncGetParamInfo. */
+static void fill_from_images(struct layout *l, CUfunction f)
+{
+    const char *name = kernel_name(l, f);
+    struct sh_cubin_param p[MAX_PARAMS];
+    size_t n = 0;
+    if (!name || sh_modules_layout(name, p, MAX_PARAMS, &n) != 0)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i].offset > UINT16_MAX || p[i].size > UINT16_MAX)
+            break;
+        l->off[i] = (uint16_t)p[i].offset;
+        l->size[i] = (uint16_t)p[i].size;
+        l->nparams = (int)i + 1;
+    }
+}
 
 static void fill_layout(struct layout *l)
 {
@@ -59,6 +99,11 @@ static void fill_layout(struct layout *l)
             r = kernel_param_info((CUkernel)(uintptr_t)l->key, (size_t)i, &off, &size);
         else if (f && func_param_info)
             r = func_param_info(f, (size_t)i, &off, &size);
+        if (i == 0 && (r == CUDA_ERROR_NOT_SUPPORTED || (!func_param_info && !kernel_param_info))) {
+            driver_lacks_layouts = 1; /* keep images loaded from now on */
+            fill_from_images(l, f);
+            return;
+        }
         if (r != CUDA_SUCCESS || off > UINT16_MAX || size > UINT16_MAX)
             break;
         l->off[i] = (uint16_t)off;
@@ -308,6 +353,11 @@ int sh_launch_init(void)
     CUdriverProcAddressQueryResult q;
     sh_rt.drv.cuGetProcAddress("cuFuncGetParamInfo", (void **)&func_param_info, 13000, 0, &q);
     sh_rt.drv.cuGetProcAddress("cuKernelGetParamInfo", (void **)&kernel_param_info, 13000, 0, &q);
+    sh_rt.drv.cuGetProcAddress("cuFuncGetName", (void **)&func_get_name, 13000, 0, &q);
+    sh_rt.drv.cuGetProcAddress("cuKernelGetName", (void **)&kernel_get_name, 13000, 0, &q);
+    if (!func_param_info)
+        sh_log(SH_LOG_INFO, "the driver has no cuFuncGetParamInfo: reading parameter layouts "
+                            "from module images");
     const char *why = "configured";
     if (sh_rt.cfg.tracking.mode != SH_CONFIG_TRACK_HOOKS) {
         why = start_cupti(sh_rt.cfg.tracking.cupti_path);

@@ -1,0 +1,117 @@
+/* test_e2e_cubin.c — parameter layouts from module images, for drivers
+ * without cuFuncGetParamInfo. The simulated driver is made to refuse that
+ * call (SIMCUDA_FAIL); the program registers a real nvcc-built fatbin as
+ * nvcc-generated code would, and a launch of the kernel it describes must
+ * still bring an evicted region back before it runs.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "simcuda.h"
+#include "stagehand.h"
+
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <fatbinary_section.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define REGION (16u << 20)
+#define NREG   24 /* 384 MB against a 256 MB budget */
+
+static int preloaded;
+static const dim3 one = {1, 1, 1};
+
+/* Registered under the name of the fixture's extern "C" kernel
+ * k_ptrs(float *a, const int *b, double *c); writes through a. */
+static void k_ptrs(void **args)
+{
+    uint32_t *a = *(uint32_t **)args[0];
+    for (size_t i = 0; i < REGION / 4; i++)
+        a[i] += 7;
+}
+
+static unsigned long long *load_fixture(void)
+{
+    FILE *f = fopen("tests/unit/cubin/kparams.fatbin", "rb");
+    assert_non_null(f);
+    static unsigned long long buf[64 << 10];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    assert_true(n > 1000);
+    return buf;
+}
+
+static stagehand_stats_t stats(void)
+{
+    stagehand_stats_t st = {0};
+    int (*get)(stagehand_stats_t *, size_t) =
+        (int (*)(stagehand_stats_t *, size_t))dlsym(RTLD_DEFAULT, "stagehand_get_stats");
+    if (get)
+        get(&st, sizeof st);
+    return st;
+}
+
+static void test_layout_from_fatbin(void **state)
+{
+    (void)state;
+    static __fatBinC_Wrapper_t wrapper;
+    wrapper = (__fatBinC_Wrapper_t){FATBINC_MAGIC, 1, load_fixture(), NULL};
+    /* As a program's static constructor would; the simulated runtime loads
+     * no modules itself, so only the library (when preloaded) sees it. */
+    void **(*register_fatbin)(void *) =
+        (void **(*)(void *))dlsym(RTLD_DEFAULT, "__cudaRegisterFatBinary");
+    if (register_fatbin)
+        register_fatbin(&wrapper);
+
+    void *r[NREG];
+    for (int i = 0; i < NREG; i++) {
+        assert_int_equal(cudaMalloc(&r[i], REGION), cudaSuccess);
+        assert_int_equal(cudaMemset(r[i], i, REGION), cudaSuccess);
+    }
+    stagehand_stats_t before = stats();
+    void *other = r[1];
+    double *none = NULL;
+    void *args[] = {&r[0], &other, &none}; /* r[0] and r[1] are the coldest: evicted */
+    assert_int_equal(cudaLaunchKernel((const void *)k_ptrs, one, one, args, 0, NULL), cudaSuccess);
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    stagehand_stats_t after = stats();
+    if (preloaded) {
+        assert_true(before.evictions > 0);
+        assert_true(after.restores >= before.restores + 2); /* both pointers were seen */
+    }
+    uint8_t *h = malloc(REGION);
+    assert_int_equal(cudaMemcpy(h, r[0], REGION, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (size_t i = 0; i < REGION; i += 4)
+        if (h[i] != 7 || h[i + 1] != 0)
+            fail_msg("wrong bytes at %zu", i);
+    free(h);
+    for (int i = 0; i < NREG; i++)
+        cudaFree(r[i]);
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    if (!getenv("E2E_CUBIN_CONFIGURED")) {
+        setenv("E2E_CUBIN_CONFIGURED", "1", 1);
+        setenv("SIMCUDA_VRAM_MB", "512", 1);
+        setenv("SIMCUDA_FAIL", "cuFuncGetParamInfo:1+:CUDA_ERROR_NOT_SUPPORTED", 1);
+        setenv("STAGEHAND_BUDGET_VRAM_BUDGET_MB", "256", 1);
+        execv("/proc/self/exe", argv);
+        perror("execv");
+        return 1;
+    }
+    preloaded = dlsym(RTLD_DEFAULT, "stagehand_get_stats") && !getenv("STAGEHAND_DISABLE");
+    size_t sizes[] = {sizeof(void *), sizeof(void *), sizeof(void *)};
+    if (simcuda_register_kernel(k_ptrs, "k_ptrs", 3, sizes, 0) != 0)
+        return 1;
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_layout_from_fatbin)};
+    return cmocka_run_group_tests_name(preloaded ? "e2e_cubin (preloaded)" : "e2e_cubin (disabled)",
+                                       tests, NULL, NULL);
+}
