@@ -83,6 +83,8 @@ static size_t pick_victims(struct sh_pool *pool, size_t need, struct candidates 
     pthread_mutex_lock(&pool->mu);
     for (size_t i = 0; i < c->n && bytes < need; i++)
         if (sh_state_move_from(&c->r[i]->state, SH_RS_RESIDENT, SH_RS_EVICTING, c->r[i]->id) == 0) {
+            pool->st.regions[SH_RS_RESIDENT]--;
+            pool->st.regions[SH_RS_EVICTING]++;
             c->r[n++] = c->r[i];
             bytes += c->r[i]->mapped;
         }
@@ -101,11 +103,11 @@ static void give_back_slabs(struct sh_pool *pool, struct region *r)
         }
 }
 
-static int get_slabs(struct sh_pool *pool, struct region *r)
+static int get_slabs(struct sh_pool *pool, struct region *r, unsigned wait_ms)
 {
     for (unsigned i = 0; i < r->nchunks; i++) {
         struct chunk *c = &r->chunks[i];
-        int rc = sh_hostpool_get(pool->mover.host, c->size, pool->mover.slab_wait_ms, &c->slab);
+        int rc = sh_hostpool_get(pool->mover.host, c->size, wait_ms, &c->slab);
         if (rc) {
             give_back_slabs(pool, r);
             return rc;
@@ -148,7 +150,8 @@ static int remap(struct sh_pool *pool, uintptr_t va, size_t size, uint64_t from,
 }
 
 /* Copies and remaps a batch of EVICTING regions; the gate is held. Returns
- * how many of them (a prefix) completed; the rest are left device-mapped. */
+ * how many of them (a prefix) completed; the rest are left device-mapped,
+ * whole: their slabs go back to the pool, so none may stay mapped. */
 static size_t evict_window(struct sh_pool *pool, struct region **v, size_t n)
 {
     struct sh_xfer *x = pool->mover.xfer;
@@ -157,8 +160,10 @@ static size_t evict_window(struct sh_pool *pool, struct region **v, size_t n)
     for (size_t k = 0; k < n; k++)
         for (unsigned i = 0; i < v[k]->nchunks; i++) {
             struct chunk *c = &v[k]->chunks[i];
-            if (sh_xfer_copy(x, SH_D2H, c->slab->staging, v[k]->va + c->off, c->size) != 0)
+            if (sh_xfer_copy(x, SH_D2H, c->slab->staging, v[k]->va + c->off, c->size) != 0) {
+                sh_xfer_flush(x, SH_D2H); /* nothing lands in a slab after it went back */
                 return 0;
+            }
         }
     if (sh_xfer_flush(x, SH_D2H) != 0)
         return 0;
@@ -167,8 +172,14 @@ static size_t evict_window(struct sh_pool *pool, struct region **v, size_t n)
             struct chunk *c = &v[k]->chunks[i];
             if (pool->mover.checksums)
                 c->crc = crc_of(c);
-            if (remap(pool, v[k]->va + c->off, c->size, c->handle, c->slab->handle) != 0)
-                return k; /* chunks before i moved: undo is the restore path's job */
+            if (remap(pool, v[k]->va + c->off, c->size, c->handle, c->slab->handle) != 0) {
+                /* The device handles still hold the bytes: nothing ran since the copy. */
+                while (i-- > 0) {
+                    c = &v[k]->chunks[i];
+                    remap(pool, v[k]->va + c->off, c->size, c->slab->handle, c->handle);
+                }
+                return k;
+            }
         }
     return n;
 }
@@ -192,15 +203,24 @@ int sh_pool_evict(struct sh_pool *pool, size_t need, const uintptr_t *protect, s
                   size_t *released)
 {
     *released = sh_pool_trim(pool, need); /* freed regions go first, uncopied */
-    if (*released >= need || !pool->mover.xfer)
+    /* A caller issuing work (holding the gate) cannot open a window; it must
+     * not wait for move_mu either: its holder may be waiting for the gate. */
+    if (*released >= need || !pool->mover.xfer || sh_gate_held(pool->mover.gate))
         return *released ? 0 : SH_ENOMEM;
     pthread_mutex_lock(&pool->move_mu);
     struct candidates c = {.protect = protect, .np = np};
     size_t n = pick_victims(pool, need - *released, &c), ready = 0;
-    while (ready < n && get_slabs(pool, c.r[ready]) == 0)
-        ready++;
-    for (size_t k = ready; k < n; k++)
-        finish_state(pool, c.r[k], SH_RS_RESIDENT); /* host side exhausted */
+    unsigned wait_ms = pool->mover.slab_wait_ms;
+    for (size_t k = 0; k < n; k++) {
+        if (get_slabs(pool, c.r[k], wait_ms) == 0) {
+            c.r[ready++] = c.r[k];
+        } else {
+            /* No slabs for its chunk sizes: it stays, the others may still go,
+             * with what the host pool has now. */
+            finish_state(pool, c.r[k], SH_RS_RESIDENT);
+            wait_ms = 0;
+        }
+    }
     size_t done = 0;
     if (ready && sh_gate_lock(pool->mover.gate) == 0) {
         done = evict_window(pool, c.r, ready);
@@ -243,8 +263,8 @@ static size_t pick_restores(struct sh_pool *pool, const uintptr_t *addrs, size_t
                             struct region **out)
 {
     size_t m = 0;
+    pthread_mutex_lock(&pool->mu); /* mu, then index_lock: region.c's order */
     pthread_rwlock_rdlock(&pool->index_lock);
-    pthread_mutex_lock(&pool->mu);
     for (size_t i = 0; i < n; i++) {
         struct region *r = sh_rindex_lookup(pool->index, addrs[i]);
         if (r && r->state == SH_RS_HOST && sh_state_move(&r->state, SH_RS_RESTORING, r->id) == 0) {
@@ -253,9 +273,17 @@ static size_t pick_restores(struct sh_pool *pool, const uintptr_t *addrs, size_t
             out[m++] = r;
         }
     }
-    pthread_mutex_unlock(&pool->mu);
     pthread_rwlock_unlock(&pool->index_lock);
+    pthread_mutex_unlock(&pool->mu);
     return m;
+}
+
+static void put_chunks(struct sh_pool *pool, struct region *r, unsigned n)
+{
+    for (unsigned k = 0; k < n; k++) {
+        sh_chunkcache_put(pool->cc, r->chunks[k].handle, r->chunks[k].size);
+        r->chunks[k].handle = 0;
+    }
 }
 
 static int get_chunks(struct sh_pool *pool, struct region *r)
@@ -263,10 +291,7 @@ static int get_chunks(struct sh_pool *pool, struct region *r)
     for (unsigned i = 0; i < r->nchunks; i++) {
         int rc = sh_chunkcache_get(pool->cc, r->chunks[i].size, &r->chunks[i].handle);
         if (rc) {
-            for (unsigned k = 0; k < i; k++) {
-                sh_chunkcache_put(pool->cc, r->chunks[k].handle, r->chunks[k].size);
-                r->chunks[k].handle = 0;
-            }
+            put_chunks(pool, r, i);
             return rc;
         }
     }
@@ -284,21 +309,52 @@ static void verify(struct sh_pool *pool, struct region *r, const struct chunk *c
            (unsigned long long)r->id, (unsigned long long)r->va, r->size, c->off);
 }
 
-/* Remaps and fills a batch of RESTORING regions; the gate is held. */
-static int restore_window(struct sh_pool *pool, struct region **v, size_t n)
+/* Puts chunks [0, n) of r back on their slabs, which still hold the bytes. */
+static void unrestore(struct sh_pool *pool, struct region *r, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++) {
+        struct chunk *c = &r->chunks[i];
+        remap(pool, r->va + c->off, c->size, c->handle, c->slab->handle);
+    }
+}
+
+/* Remaps and fills a batch of RESTORING regions; the gate is held. Returns
+ * how many of them (a prefix) completed; the rest are left host-mapped,
+ * whole, on their slabs. */
+static size_t restore_window(struct sh_pool *pool, struct region **v, size_t n)
 {
     struct sh_xfer *x = pool->mover.xfer;
     if (sh_xfer_drain(x) != 0)
-        return SH_EDRIVER;
-    for (size_t k = 0; k < n; k++)
-        for (unsigned i = 0; i < v[k]->nchunks; i++) {
-            struct chunk *c = &v[k]->chunks[i];
+        return 0;
+    size_t k = 0;
+    unsigned moved = 0; /* chunks of v[k] mapped to their device handles */
+    int failed = 0;
+    while (k < n && !failed) {
+        for (moved = 0; moved < v[k]->nchunks; moved++) {
+            struct chunk *c = &v[k]->chunks[moved];
             verify(pool, v[k], c);
-            if (remap(pool, v[k]->va + c->off, c->size, c->slab->handle, c->handle) != 0 ||
-                sh_xfer_copy(x, SH_H2D, v[k]->va + c->off, c->slab->staging, c->size) != 0)
-                return SH_EDRIVER;
+            if (remap(pool, v[k]->va + c->off, c->size, c->slab->handle, c->handle) != 0) {
+                failed = 1;
+                break;
+            }
+            if (sh_xfer_copy(x, SH_H2D, v[k]->va + c->off, c->slab->staging, c->size) != 0) {
+                failed = 1;
+                moved++; /* mapped, not filled */
+                break;
+            }
         }
-    return sh_xfer_flush(x, SH_H2D);
+        k += !failed;
+    }
+    /* Copies land before anything they write to is unmapped. */
+    int flushed = sh_xfer_flush(x, SH_H2D) == 0;
+    if (failed)
+        unrestore(pool, v[k], moved);
+    if (!flushed) { /* which copy failed is unknown: the whole batch stays */
+        for (size_t j = 0; j < k; j++)
+            unrestore(pool, v[j], v[j]->nchunks);
+        k = 0;
+    }
+    return k;
 }
 
 static void restored(struct sh_pool *pool, struct region *r)
@@ -316,6 +372,8 @@ int sh_pool_restore(struct sh_pool *pool, const uintptr_t *addrs, size_t n)
 {
     if (!pool->mover.xfer || n == 0)
         return 0;
+    if (sh_gate_held(pool->mover.gate))
+        return SH_EBUSY; /* as in sh_pool_evict */
     struct region **v = malloc(n * sizeof *v);
     if (!v)
         return SH_ENOMEM;
@@ -326,16 +384,26 @@ int sh_pool_restore(struct sh_pool *pool, const uintptr_t *addrs, size_t n)
         ready++;
     for (size_t k = ready; k < m; k++)
         finish_state(pool, v[k], SH_RS_HOST); /* no device memory: stays on the host */
-    if (ready && sh_gate_lock(pool->mover.gate) == 0) {
-        int w = restore_window(pool, v, ready);
+    size_t done = 0;
+    int gate = ready ? sh_gate_lock(pool->mover.gate) : 0;
+    if (ready && gate == 0) {
+        done = restore_window(pool, v, ready);
         sh_gate_unlock(pool->mover.gate);
-        if (w) {
-            sh_log(SH_LOG_ERROR, "restore failed in the remap window; the program will see errors");
-            rc = w;
+        if (done < ready)
+            sh_log(SH_LOG_ERROR,
+                   "restore failed in the remap window; %zu region(s) stay on the host",
+                   ready - done);
+    }
+    if (done < ready)
+        rc = gate ? gate : SH_EDRIVER; /* SH_EBUSY: the caller holds the gate */
+    for (size_t k = 0; k < ready; k++) {
+        if (k < done) {
+            restored(pool, v[k]);
+        } else {
+            put_chunks(pool, v[k], v[k]->nchunks);
+            finish_state(pool, v[k], SH_RS_HOST);
         }
     }
-    for (size_t k = 0; k < ready; k++)
-        restored(pool, v[k]);
     pthread_mutex_unlock(&pool->move_mu);
     free(v);
     return rc;

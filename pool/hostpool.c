@@ -7,7 +7,8 @@
  * that fits and falls back to larger ones. Pinning is slow (1-2 GB/s), so it
  * never happens on the caller's path: slabs are pre-pinned at start and a
  * background thread grows each class towards its target of free slabs, up
- * to the RAM budget. A caller that finds nothing free waits for it.
+ * to the RAM budget. A caller that finds nothing free waits for it; when
+ * the budget is spent, idle slabs of other classes make room for its slab.
  *
  * Locking: hp->mu guards the free lists and counters; the grower creates
  * and maps slabs without it.
@@ -93,21 +94,61 @@ static void slab_add(struct sh_hostpool *hp, struct sh_slab *s)
     hp->pinned += s->size;
 }
 
+/* Bytes of free slabs in classes other than c: a slab a caller waits for
+ * may take their place when the budget is spent; mu held. */
+static size_t idle_bytes(const struct sh_hostpool *hp, unsigned c)
+{
+    size_t b = 0;
+    for (unsigned k = 0; k < hp->nclasses; k++)
+        if (k != c)
+            b += (size_t)hp->cls[k].free_count * hp->cls[k].size;
+    return b;
+}
+
+/* 1 if a slab of class c fits the budget, counting idle slabs of other
+ * classes as room when reclaim is set; mu held. */
+static int fits(const struct sh_hostpool *hp, unsigned c, int reclaim)
+{
+    return hp->pinned + hp->cls[c].size <= hp->budget + (reclaim ? idle_bytes(hp, c) : 0);
+}
+
 /* The class the grower should add to next, or -1; mu held. Classes that
- * callers found empty go first, then those below their target. */
+ * callers found empty go first, even at the cost of idle slabs of other
+ * classes; then those below their target, within the budget. */
 static int grow_choice(const struct sh_hostpool *hp)
 {
     int best = -1;
     for (unsigned c = 0; c < hp->nclasses; c++) {
         const struct slab_class *k = &hp->cls[c];
-        if (hp->pinned + k->size > hp->budget)
-            continue;
-        if (k->wanted)
+        if (k->wanted && fits(hp, c, 1))
             return (int)c;
-        if (best < 0 && k->free_count < k->target)
+        if (best < 0 && k->free_count < k->target && fits(hp, c, 0))
             best = (int)c;
     }
     return best;
+}
+
+/* Takes idle slabs of other classes, smallest first, off the pool until a
+ * slab of class c fits the budget; they are unpinned without mu. mu held. */
+static struct sh_slab *reclaim(struct sh_hostpool *hp, unsigned c)
+{
+    struct sh_slab *out = NULL;
+    for (unsigned k = 0; k < hp->nclasses && !fits(hp, c, 0); k++) {
+        struct slab_class *sc = &hp->cls[k];
+        while (k != c && sc->free && !fits(hp, c, 0)) {
+            struct sh_slab *s = sc->free, **pp = &hp->all;
+            sc->free = s->next;
+            sc->free_count--;
+            sc->total--;
+            hp->pinned -= s->size;
+            while (*pp != s)
+                pp = &(*pp)->all_next;
+            *pp = s->all_next;
+            s->next = out;
+            out = s;
+        }
+    }
+    return out;
 }
 
 static void *grower_main(void *arg)
@@ -120,8 +161,14 @@ static void *grower_main(void *arg)
             pthread_cond_wait(&hp->grow, &hp->mu);
             continue;
         }
+        struct sh_slab *idle = reclaim(hp, (unsigned)c);
         hp->pinned += hp->cls[c].size; /* claim the budget before dropping the lock */
         pthread_mutex_unlock(&hp->mu);
+        while (idle) { /* unpinned before the new slab is pinned */
+            struct sh_slab *next = idle->next;
+            slab_unmake(hp, idle);
+            idle = next;
+        }
         struct sh_slab *s = NULL;
         int rc = slab_make(hp, (unsigned)c, &s);
         pthread_mutex_lock(&hp->mu);
@@ -227,12 +274,10 @@ static struct sh_slab *take(struct sh_hostpool *hp, unsigned c)
     return NULL;
 }
 
+/* Larger classes had no free slab (take() looked), so only c can help. */
 static int can_grow(const struct sh_hostpool *hp, unsigned c)
 {
-    for (unsigned k = c; k < hp->nclasses; k++)
-        if (hp->pinned + hp->cls[k].size <= hp->budget)
-            return 1;
-    return 0;
+    return fits(hp, c, 1);
 }
 
 int sh_hostpool_get(struct sh_hostpool *hp, size_t bytes, unsigned wait_ms, struct sh_slab **out)

@@ -3,7 +3,9 @@
  *
  * Locking: x->mu guards the queues and counters. Waiting for a copy happens
  * without it (the copy is taken off the queue first), so one thread's
- * finalize never blocks another thread's bookkeeping.
+ * finalize never blocks another thread's bookkeeping. A copy being waited
+ * for is still in flight: it counts against the cap until its wait returns
+ * (x->finished is signalled then).
  */
 #include "transfer/transfer.h"
 
@@ -17,11 +19,13 @@
 struct queue {
     uint64_t tokens[MAX_INFLIGHT];
     unsigned head, count, cap;
+    unsigned finishing; /* taken off the queue, still being waited for */
 };
 
 struct sh_xfer {
     struct sh_copy_ops ops;
     pthread_mutex_t mu;
+    pthread_cond_t finished;
     struct queue q[2];
     struct sh_xfer_stats st;
 };
@@ -41,6 +45,7 @@ int sh_xfer_create(const struct sh_copy_ops *ops, unsigned max_d2h, unsigned max
         return SH_ENOMEM;
     x->ops = *ops;
     pthread_mutex_init(&x->mu, NULL);
+    pthread_cond_init(&x->finished, NULL);
     x->q[SH_D2H].cap = clamp_cap(max_d2h);
     x->q[SH_H2D].cap = clamp_cap(max_h2d);
     *out = x;
@@ -53,6 +58,7 @@ void sh_xfer_destroy(struct sh_xfer *x)
         return;
     sh_xfer_flush(x, SH_D2H);
     sh_xfer_flush(x, SH_H2D);
+    pthread_cond_destroy(&x->finished);
     pthread_mutex_destroy(&x->mu);
     free(x);
 }
@@ -66,10 +72,17 @@ static uint64_t pop(struct queue *q)
     return t;
 }
 
-static int finish(struct sh_xfer *x, uint64_t token)
+/* Waits for the oldest copy of q; mu held, dropped meanwhile. */
+static int finish_oldest(struct sh_xfer *x, struct queue *q)
 {
+    uint64_t token = pop(q);
+    q->finishing++;
+    pthread_mutex_unlock(&x->mu);
     int rc = x->ops.wait(x->ops.ctx, token);
     x->ops.forget(x->ops.ctx, token);
+    pthread_mutex_lock(&x->mu);
+    q->finishing--;
+    pthread_cond_broadcast(&x->finished);
     return rc;
 }
 
@@ -80,22 +93,24 @@ int sh_xfer_copy(struct sh_xfer *x, int dir, uintptr_t dst, uintptr_t src, size_
     struct queue *q = &x->q[dir];
     int rc = 0;
     pthread_mutex_lock(&x->mu);
-    while (q->count >= q->cap) {
+    while (q->count + q->finishing >= q->cap) {
+        if (q->count == 0) {
+            /* Other threads are waiting for every copy in flight. */
+            pthread_cond_wait(&x->finished, &x->mu);
+            continue;
+        }
         /* Inline finalize: make room by waiting for the oldest copy. */
-        uint64_t oldest = pop(q);
         x->st.inline_finalized[dir]++;
-        pthread_mutex_unlock(&x->mu);
-        int r = finish(x, oldest);
+        int r = finish_oldest(x, q);
         rc = rc ? rc : r;
-        pthread_mutex_lock(&x->mu);
     }
     uint64_t token = 0;
     int r = x->ops.copy(x->ops.ctx, dir, dst, src, n, &token);
     if (r == 0) {
         q->tokens[(q->head + q->count) % MAX_INFLIGHT] = token;
         q->count++;
-        if (q->count > x->st.max_inflight_seen[dir])
-            x->st.max_inflight_seen[dir] = q->count;
+        if (q->count + q->finishing > x->st.max_inflight_seen[dir])
+            x->st.max_inflight_seen[dir] = q->count + q->finishing;
         x->st.copies[dir]++;
         x->st.bytes[dir] += n;
     }
@@ -108,12 +123,11 @@ int sh_xfer_flush(struct sh_xfer *x, int dir)
     int rc = 0;
     pthread_mutex_lock(&x->mu);
     while (x->q[dir].count > 0) {
-        uint64_t t = pop(&x->q[dir]);
-        pthread_mutex_unlock(&x->mu);
-        int r = finish(x, t);
+        int r = finish_oldest(x, &x->q[dir]);
         rc = rc ? rc : r;
-        pthread_mutex_lock(&x->mu);
     }
+    while (x->q[dir].finishing > 0) /* copies other threads are waiting for */
+        pthread_cond_wait(&x->finished, &x->mu);
     pthread_mutex_unlock(&x->mu);
     return rc;
 }

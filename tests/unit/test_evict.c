@@ -1,0 +1,1076 @@
+/* test_evict.c — moving regions between device chunks and host slabs, with
+ * the real pool, host slab pool, copy engine and gate over a fake VMM whose
+ * handles are real memory.
+ *
+ * A handle is a memfd; reserving address space maps PROT_NONE; mapping a
+ * handle at an address maps the memfd there (MAP_SHARED | MAP_FIXED), so a
+ * slab mapped at its staging address and at a region's address shows the
+ * same bytes at both, exactly as host-located VMM memory does. Copies are
+ * memcpy. The fake checks the driver's contracts (a map lies inside a
+ * reservation, overlaps nothing, uses a live handle of its exact size; an
+ * unmap removes exactly one mapping; only unmapped handles are released)
+ * and, while a test asks it to, that no map or unmap happens while a
+ * launcher thread is inside the gate's read side.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "pool/pool.h"
+#include "sh_err.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define K    ((size_t)1 << 10)
+#define M    ((size_t)1 << 20)
+#define G    (64 * K) /* granularity */
+#define CH   (4 * G)  /* largest chunk */
+#define MAXH 4096
+#define MAXM 1024
+#define MAXR 1024
+#define MAXC 4096
+#define ANY  UINT64_MAX /* the stream of a cudaFree */
+
+/* ---- fake VMM over real memory ----------------------------------------------------- */
+
+struct handle {
+    int fd, loc, maps;
+    size_t size;
+};
+
+struct mapping {
+    uintptr_t va;
+    size_t size;
+    uint64_t h;
+};
+
+struct resv {
+    uintptr_t va;
+    size_t size;
+};
+
+struct fake {
+    pthread_mutex_t mu;
+    struct handle h[MAXH];
+    uint64_t nh;
+    int live[2];
+    size_t bytes[2];        /* live handle bytes by location */
+    size_t device_limit;    /* 0: none */
+    struct mapping m[MAXM]; /* live mappings */
+    int nm;
+    struct resv r[MAXR];
+    int nr;
+    long map_calls, unmap_calls;
+    long fail_map_at; /* this map call fails; 0: none */
+    int bad;
+    /* copies */
+    int copies[2];
+    size_t copy_bytes[2];
+    uintptr_t d2h_src[MAXC];
+    size_t d2h_n[MAXC];
+    int nd2h;
+    int drains;
+    uint64_t next_token;
+    /* the gate check */
+    int checking;
+    int remaps_during_launch;
+};
+
+static struct fake fk;
+static atomic_int launching;
+
+static int find_mapping(uintptr_t va)
+{
+    for (int i = 0; i < fk.nm; i++)
+        if (va - fk.m[i].va < fk.m[i].size)
+            return i;
+    return -1;
+}
+
+static int f_reserve(void *ctx, size_t size, size_t align, uintptr_t *va)
+{
+    (void)ctx;
+    if (align < G)
+        align = G;
+    char *p =
+        mmap(NULL, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return SH_ENOMEM;
+    uintptr_t base = ((uintptr_t)p + align - 1) & ~(uintptr_t)(align - 1);
+    if (base > (uintptr_t)p)
+        munmap(p, base - (uintptr_t)p);
+    size_t tail = (uintptr_t)p + size + align - (base + size);
+    if (tail)
+        munmap((void *)(base + size), tail);
+    pthread_mutex_lock(&fk.mu);
+    if (fk.nr == MAXR) {
+        pthread_mutex_unlock(&fk.mu);
+        munmap((void *)base, size);
+        return SH_ENOMEM;
+    }
+    fk.r[fk.nr++] = (struct resv){base, size};
+    pthread_mutex_unlock(&fk.mu);
+    *va = base;
+    return 0;
+}
+
+static int f_unreserve(void *ctx, uintptr_t va, size_t size)
+{
+    (void)ctx;
+    pthread_mutex_lock(&fk.mu);
+    int i = 0;
+    while (i < fk.nr && !(fk.r[i].va == va && fk.r[i].size == size))
+        i++;
+    int ok = i < fk.nr;
+    for (int k = 0; ok && k < fk.nm; k++)
+        if (fk.m[k].va - va < size)
+            ok = 0; /* something still mapped in it */
+    if (!ok) {
+        fk.bad++;
+        pthread_mutex_unlock(&fk.mu);
+        return SH_EINVAL;
+    }
+    fk.r[i] = fk.r[--fk.nr];
+    pthread_mutex_unlock(&fk.mu);
+    munmap((void *)va, size);
+    return 0;
+}
+
+static int f_create(void *ctx, size_t size, int loc, uint64_t *handle)
+{
+    (void)ctx;
+    pthread_mutex_lock(&fk.mu);
+    if (size == 0 || size % G || fk.nh + 1 >= MAXH) {
+        fk.bad++;
+        pthread_mutex_unlock(&fk.mu);
+        return SH_EINVAL;
+    }
+    if (loc == SH_LOC_DEVICE && fk.device_limit && fk.bytes[loc] + size > fk.device_limit) {
+        pthread_mutex_unlock(&fk.mu);
+        return SH_ENOMEM;
+    }
+    int fd = memfd_create("fake-handle", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, (off_t)size) != 0) {
+        if (fd >= 0)
+            close(fd);
+        pthread_mutex_unlock(&fk.mu);
+        return SH_ENOMEM;
+    }
+    uint64_t h = ++fk.nh;
+    fk.h[h] = (struct handle){.fd = fd, .loc = loc, .size = size};
+    fk.live[loc]++;
+    fk.bytes[loc] += size;
+    pthread_mutex_unlock(&fk.mu);
+    *handle = h;
+    return 0;
+}
+
+static int f_release(void *ctx, uint64_t h)
+{
+    (void)ctx;
+    pthread_mutex_lock(&fk.mu);
+    if (h == 0 || h > fk.nh || fk.h[h].fd < 0 || fk.h[h].size == 0 || fk.h[h].maps) {
+        fk.bad++;
+        pthread_mutex_unlock(&fk.mu);
+        return SH_EINVAL;
+    }
+    close(fk.h[h].fd);
+    fk.h[h].fd = -1;
+    fk.live[fk.h[h].loc]--;
+    fk.bytes[fk.h[h].loc] -= fk.h[h].size;
+    fk.h[h].size = 0;
+    pthread_mutex_unlock(&fk.mu);
+    return 0;
+}
+
+static int f_map(void *ctx, uintptr_t va, size_t size, uint64_t h)
+{
+    (void)ctx;
+    pthread_mutex_lock(&fk.mu);
+    fk.map_calls++;
+    if (fk.checking && atomic_load(&launching))
+        fk.remaps_during_launch++;
+    if (fk.fail_map_at && fk.map_calls == fk.fail_map_at) {
+        pthread_mutex_unlock(&fk.mu);
+        return SH_EDRIVER;
+    }
+    int ok = h > 0 && h <= fk.nh && fk.h[h].size == size && fk.h[h].fd >= 0 && fk.nm < MAXM;
+    int inside = 0;
+    for (int i = 0; i < fk.nr; i++)
+        inside |= va >= fk.r[i].va && va + size <= fk.r[i].va + fk.r[i].size;
+    for (int i = 0; ok && i < fk.nm; i++)
+        if (va < fk.m[i].va + fk.m[i].size && fk.m[i].va < va + size)
+            ok = 0;
+    if (!ok || !inside ||
+        mmap((void *)va, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fk.h[h].fd, 0) ==
+            MAP_FAILED) {
+        fk.bad++;
+        pthread_mutex_unlock(&fk.mu);
+        return SH_EINVAL;
+    }
+    fk.m[fk.nm++] = (struct mapping){va, size, h};
+    fk.h[h].maps++;
+    pthread_mutex_unlock(&fk.mu);
+    return 0;
+}
+
+static int f_unmap(void *ctx, uintptr_t va, size_t size)
+{
+    (void)ctx;
+    pthread_mutex_lock(&fk.mu);
+    fk.unmap_calls++;
+    if (fk.checking && atomic_load(&launching))
+        fk.remaps_during_launch++;
+    int i = find_mapping(va);
+    if (i < 0 || fk.m[i].va != va || fk.m[i].size != size) {
+        fk.bad++;
+        pthread_mutex_unlock(&fk.mu);
+        return SH_EINVAL;
+    }
+    /* Back to reserved-but-unmapped: any access faults. */
+    mmap((void *)va, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1,
+         0);
+    fk.h[fk.m[i].h].maps--;
+    fk.m[i] = fk.m[--fk.nm];
+    pthread_mutex_unlock(&fk.mu);
+    return 0;
+}
+
+static const struct sh_vmm_ops vmm = {&fk,       f_reserve, f_unreserve, f_create,
+                                      f_release, f_map,     f_unmap};
+
+/* ---- fake copy streams: synchronous memcpy ---------------------------------------- */
+
+static int c_copy(void *ctx, int dir, uintptr_t dst, uintptr_t src, size_t n, uint64_t *token)
+{
+    (void)ctx;
+    memcpy((void *)dst, (const void *)src, n);
+    pthread_mutex_lock(&fk.mu);
+    fk.copies[dir]++;
+    fk.copy_bytes[dir] += n;
+    if (dir == SH_D2H && fk.nd2h < MAXC) {
+        fk.d2h_src[fk.nd2h] = src;
+        fk.d2h_n[fk.nd2h++] = n;
+    }
+    *token = ++fk.next_token;
+    pthread_mutex_unlock(&fk.mu);
+    return 0;
+}
+
+static int c_done(void *ctx, uint64_t token)
+{
+    (void)ctx;
+    (void)token;
+    return 1;
+}
+
+static int c_wait(void *ctx, uint64_t token)
+{
+    (void)ctx;
+    (void)token;
+    return 0;
+}
+
+static void c_forget(void *ctx, uint64_t token)
+{
+    (void)ctx;
+    (void)token;
+}
+
+static int c_drain(void *ctx)
+{
+    (void)ctx;
+    pthread_mutex_lock(&fk.mu);
+    fk.drains++;
+    pthread_mutex_unlock(&fk.mu);
+    return 0;
+}
+
+static const struct sh_copy_ops copy_ops = {NULL, c_copy, c_done, c_wait, c_forget, c_drain};
+
+static int fe_done(void *ctx, uint64_t fence)
+{
+    (void)ctx;
+    (void)fence;
+    return 1;
+}
+
+static void fe_wait(void *ctx, uint64_t fence)
+{
+    (void)ctx;
+    (void)fence;
+}
+
+static void fe_drop(void *ctx, uint64_t fence)
+{
+    (void)ctx;
+    (void)fence;
+}
+
+static const struct sh_fence_ops fences = {NULL, fe_done, fe_wait, fe_drop};
+
+/* ---- the system under test ---------------------------------------------------------- */
+
+static struct {
+    struct sh_pool *pool;
+    struct sh_hostpool *host;
+    struct sh_xfer *xfer;
+    struct sh_gate *gate;
+} sys;
+
+struct opts {
+    size_t device_cache;
+    int checksums;
+    unsigned slabs[3]; /* slabs of 64K, 128K, 256K pinned at start */
+};
+
+static void start(const struct opts *o)
+{
+    pthread_mutex_destroy(&fk.mu);
+    memset(&fk, 0, sizeof fk);
+    pthread_mutex_init(&fk.mu, NULL);
+    atomic_store(&launching, 0);
+    memset(&sys, 0, sizeof sys);
+    struct sh_hostpool_params hp = {.granularity = G,
+                                    .class_bytes = {G, 2 * G, 4 * G},
+                                    .slabs = {o->slabs[0], o->slabs[1], o->slabs[2]},
+                                    .nclasses = 3,
+                                    .ram_budget =
+                                        (o->slabs[0] + 2 * o->slabs[1] + 4 * o->slabs[2]) * G,
+                                    .prepin = 64 * M};
+    assert_int_equal(sh_hostpool_create(&hp, &vmm, &sys.host), 0);
+    assert_int_equal(sh_xfer_create(&copy_ops, 2, 2, &sys.xfer), 0);
+    assert_int_equal(sh_gate_create(&sys.gate), 0);
+    struct sh_pool_params p = {.granularity = G,
+                               .max_chunk = CH,
+                               .va_block = 16 * M,
+                               .va_cache = 16 * M,
+                               .device_cache = o->device_cache};
+    assert_int_equal(sh_pool_create(&p, &vmm, &fences, &sys.pool), 0);
+    struct sh_pool_mover m = {.host = sys.host,
+                              .xfer = sys.xfer,
+                              .gate = sys.gate,
+                              .checksums = o->checksums,
+                              .slab_wait_ms = 100};
+    sh_pool_set_mover(sys.pool, &m);
+}
+
+static void stop(void)
+{
+    sh_pool_destroy(sys.pool);
+    sh_hostpool_destroy(sys.host);
+    sh_xfer_destroy(sys.xfer);
+    sh_gate_destroy(sys.gate);
+    memset(&sys, 0, sizeof sys);
+    assert_int_equal(fk.bad, 0);
+    assert_int_equal(fk.nm, 0);
+    assert_int_equal(fk.nr, 0);
+    assert_int_equal(fk.live[SH_LOC_DEVICE], 0);
+    assert_int_equal(fk.live[SH_LOC_HOST], 0);
+}
+
+/* After a test that failed midway: tear down without checking. */
+static int teardown(void **state)
+{
+    (void)state;
+    fk.fail_map_at = 0;
+    fk.device_limit = 0;
+    if (sys.pool)
+        sh_pool_destroy(sys.pool);
+    if (sys.host)
+        sh_hostpool_destroy(sys.host);
+    if (sys.xfer)
+        sh_xfer_destroy(sys.xfer);
+    if (sys.gate)
+        sh_gate_destroy(sys.gate);
+    memset(&sys, 0, sizeof sys);
+    return 0;
+}
+
+static uintptr_t alloc(size_t size)
+{
+    uintptr_t va = 0;
+    assert_int_equal(sh_pool_alloc(sys.pool, size, SH_PATH_MALLOC, 0, &va), 0);
+    return va;
+}
+
+static uint32_t word(uint32_t seed, size_t i)
+{
+    return seed * 2654435761u + (uint32_t)i;
+}
+
+static void fill(uintptr_t va, size_t size, uint32_t seed)
+{
+    uint32_t *p = (uint32_t *)va;
+    for (size_t i = 0; i < size / 4; i++)
+        p[i] = word(seed, i);
+}
+
+static size_t bad_words(uintptr_t va, size_t size, uint32_t seed)
+{
+    const uint32_t *p = (const uint32_t *)va;
+    size_t bad = 0;
+    for (size_t i = 0; i < size / 4; i++)
+        bad += p[i] != word(seed, i);
+    return bad;
+}
+
+static void touch(uintptr_t va)
+{
+    size_t host = 0;
+    sh_pool_touch(sys.pool, &va, 1, &host);
+}
+
+static int state_of(uintptr_t va)
+{
+    struct sh_region_info ri;
+    if (sh_pool_lookup(sys.pool, va, &ri) != 0)
+        return -1;
+    return ri.state;
+}
+
+static uint64_t id_of(uintptr_t va)
+{
+    struct sh_region_info ri;
+    assert_int_equal(sh_pool_lookup(sys.pool, va, &ri), 0);
+    return ri.id;
+}
+
+/* Where the bytes at va live: SH_LOC_DEVICE, SH_LOC_HOST, or -1 if unmapped. */
+static int loc_at(uintptr_t va)
+{
+    pthread_mutex_lock(&fk.mu);
+    int i = find_mapping(va);
+    int loc = i < 0 ? -1 : fk.h[fk.m[i].h].loc;
+    pthread_mutex_unlock(&fk.mu);
+    return loc;
+}
+
+/* Every granule of [va, va+size) is backed from loc. */
+static int all_at(uintptr_t va, size_t size, int loc)
+{
+    for (size_t off = 0; off < size; off += G)
+        if (loc_at(va + off) != loc)
+            return 0;
+    return 1;
+}
+
+static int evict(size_t need, const uintptr_t *protect, size_t np, size_t *released)
+{
+    *released = 12345;
+    return sh_pool_evict(sys.pool, need, protect, np, released);
+}
+
+static int restore1(uintptr_t va)
+{
+    return sh_pool_restore(sys.pool, &va, 1);
+}
+
+static struct sh_pool_stats pstats(void)
+{
+    struct sh_pool_stats st;
+    sh_pool_stats(sys.pool, &st);
+    return st;
+}
+
+static struct sh_hostpool_stats hstats(void)
+{
+    struct sh_hostpool_stats st;
+    sh_hostpool_stats(sys.host, &st);
+    return st;
+}
+
+/* Runs fn with stderr going to a buffer. */
+static void capture_stderr(void (*fn)(void *), void *arg, char *buf, size_t len)
+{
+    FILE *tmp = tmpfile();
+    assert_non_null(tmp);
+    fflush(stderr);
+    int saved = dup(STDERR_FILENO);
+    dup2(fileno(tmp), STDERR_FILENO);
+    fn(arg);
+    fflush(stderr);
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    rewind(tmp);
+    size_t n = fread(buf, 1, len - 1, tmp);
+    buf[n] = 0;
+    fclose(tmp);
+}
+
+static const struct opts plain = {.slabs = {8, 8, 8}};
+
+/* ---- tests ---------------------------------------------------------------------------- */
+
+static void test_evict_and_restore(void **state)
+{
+    (void)state;
+    start(&plain);
+    uintptr_t a = alloc(2 * CH), b = alloc(2 * CH), c = alloc(2 * CH);
+    fill(a, 2 * CH, 1);
+    fill(b, 2 * CH, 2);
+    fill(c, 2 * CH, 3);
+    touch(a);
+    touch(b);
+    touch(c);
+    assert_int_equal(fk.bytes[SH_LOC_DEVICE], 6 * CH);
+    size_t released;
+    assert_int_equal(evict(2 * CH, NULL, 0, &released), 0);
+    assert_int_equal(released, 2 * CH);
+    assert_int_equal(state_of(a), SH_RS_HOST);
+    assert_int_equal(state_of(b), SH_RS_RESIDENT);
+    assert_int_equal(state_of(c), SH_RS_RESIDENT);
+    assert_true(all_at(a, 2 * CH, SH_LOC_HOST));
+    assert_true(all_at(b, 2 * CH, SH_LOC_DEVICE));
+    /* The device memory went back to the driver. */
+    assert_int_equal(fk.bytes[SH_LOC_DEVICE], 4 * CH);
+    assert_int_equal(pstats().device_bytes, 4 * CH);
+    /* Copied once, chunk by chunk, from the region itself. */
+    assert_int_equal(fk.copies[SH_D2H], 2);
+    assert_int_equal(fk.copy_bytes[SH_D2H], 2 * CH);
+    assert_int_equal(fk.d2h_src[0], a);
+    assert_int_equal(fk.d2h_src[1], a + CH);
+    assert_int_equal(fk.copies[SH_H2D], 0);
+    struct sh_pool_stats st = pstats();
+    assert_int_equal(st.evictions, 1);
+    assert_int_equal(st.evicted_bytes, 2 * CH);
+    assert_int_equal(st.host_bytes, 2 * CH);
+    assert_int_equal(st.regions[SH_RS_HOST], 1);
+    assert_int_equal(st.regions[SH_RS_RESIDENT], 2);
+    assert_int_equal(hstats().class_free[2], 6);
+    assert_int_equal(sh_gate_windows(sys.gate), 1);
+    assert_int_equal(fk.drains, 1);
+    /* Evicted, it still reads and writes at the same address. */
+    assert_int_equal(bad_words(a, 2 * CH, 1), 0);
+    ((uint32_t *)a)[10] = 77;
+    /* A launch that uses it learns what bringing it back costs. */
+    uintptr_t addrs[3] = {a + 100, b, 12345};
+    size_t host = 0;
+    sh_pool_touch(sys.pool, addrs, 3, &host);
+    assert_int_equal(host, 2 * CH);
+    assert_int_equal(restore1(a + 5), 0);
+    assert_int_equal(state_of(a), SH_RS_RESIDENT);
+    assert_true(all_at(a, 2 * CH, SH_LOC_DEVICE));
+    assert_int_equal(((uint32_t *)a)[10], 77);
+    ((uint32_t *)a)[10] = word(1, 10);
+    assert_int_equal(bad_words(a, 2 * CH, 1), 0);
+    assert_int_equal(bad_words(b, 2 * CH, 2), 0);
+    assert_int_equal(bad_words(c, 2 * CH, 3), 0);
+    st = pstats();
+    assert_int_equal(st.restores, 1);
+    assert_int_equal(st.restored_bytes, 2 * CH);
+    assert_int_equal(st.host_bytes, 0);
+    assert_int_equal(st.regions[SH_RS_HOST], 0);
+    assert_int_equal(st.regions[SH_RS_RESIDENT], 3);
+    assert_int_equal(fk.copies[SH_H2D], 2);
+    assert_int_equal(hstats().class_free[2], 8); /* slabs back in the pool */
+    assert_int_equal(fk.bytes[SH_LOC_DEVICE], 6 * CH);
+    assert_int_equal(sh_gate_windows(sys.gate), 2);
+    /* Restoring what is resident, or no region at all, does nothing. */
+    assert_int_equal(restore1(b), 0);
+    assert_int_equal(restore1(7), 0);
+    assert_int_equal(sh_gate_windows(sys.gate), 2);
+    assert_int_equal(pstats().restores, 1);
+    stop();
+}
+
+static void test_mixed_chunks(void **state)
+{
+    (void)state;
+    start(&plain);
+    /* 448K: chunks of 256K, 128K and 64K, each its own slab class. */
+    size_t size = 7 * G;
+    uintptr_t a = alloc(size);
+    fill(a, size, 9);
+    struct sh_region_info ri;
+    assert_int_equal(sh_pool_lookup(sys.pool, a, &ri), 0);
+    assert_int_equal(ri.nchunks, 3);
+    size_t released;
+    assert_int_equal(evict(1, NULL, 0, &released), 0);
+    assert_int_equal(released, size);
+    struct sh_hostpool_stats hs = hstats();
+    assert_int_equal(hs.class_free[0], 7);
+    assert_int_equal(hs.class_free[1], 7);
+    assert_int_equal(hs.class_free[2], 7);
+    assert_int_equal(hs.fallbacks, 0);
+    assert_true(all_at(a, size, SH_LOC_HOST));
+    assert_int_equal(bad_words(a, size, 9), 0);
+    assert_int_equal(restore1(a), 0);
+    assert_int_equal(bad_words(a, size, 9), 0);
+    assert_true(all_at(a, size, SH_LOC_DEVICE));
+    stop();
+}
+
+static void test_lru_order(void **state)
+{
+    (void)state;
+    start(&plain);
+    uintptr_t r[4];
+    for (int i = 0; i < 4; i++) {
+        r[i] = alloc(CH);
+        fill(r[i], CH, 10u + (uint32_t)i);
+    }
+    /* Used in the order 3, 1, 0, 2: 3 is the least recently used. */
+    touch(r[3]);
+    touch(r[1]);
+    touch(r[0]);
+    touch(r[2]);
+    size_t released;
+    assert_int_equal(evict(2 * CH, NULL, 0, &released), 0);
+    assert_int_equal(released, 2 * CH);
+    assert_int_equal(state_of(r[3]), SH_RS_HOST);
+    assert_int_equal(state_of(r[1]), SH_RS_HOST);
+    assert_int_equal(state_of(r[0]), SH_RS_RESIDENT);
+    assert_int_equal(state_of(r[2]), SH_RS_RESIDENT);
+    /* A use moves a region to the back of the line. */
+    touch(r[0]);
+    assert_int_equal(evict(CH / 2, NULL, 0, &released), 0);
+    assert_int_equal(released, CH); /* whole regions move */
+    assert_int_equal(state_of(r[2]), SH_RS_HOST);
+    assert_int_equal(state_of(r[0]), SH_RS_RESIDENT);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(bad_words(r[i], CH, 10u + (uint32_t)i), 0);
+    /* Restoring several at once: one window. */
+    uint64_t w = sh_gate_windows(sys.gate);
+    uintptr_t back[3] = {r[1], r[2], r[3] + 8};
+    assert_int_equal(sh_pool_restore(sys.pool, back, 3), 0);
+    assert_int_equal(sh_gate_windows(sys.gate), w + 1);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(state_of(r[i]), SH_RS_RESIDENT);
+        assert_int_equal(bad_words(r[i], CH, 10u + (uint32_t)i), 0);
+    }
+    assert_int_equal(pstats().restores, 3);
+    stop();
+}
+
+static void test_protected(void **state)
+{
+    (void)state;
+    start(&plain);
+    uintptr_t a = alloc(CH), b = alloc(CH), c = alloc(CH);
+    touch(a);
+    touch(b);
+    touch(c);
+    /* a is the oldest, but an interior pointer protects it. */
+    uintptr_t p1[1] = {a + CH - 1};
+    size_t released;
+    assert_int_equal(evict(CH, p1, 1, &released), 0);
+    assert_int_equal(released, CH);
+    assert_int_equal(state_of(a), SH_RS_RESIDENT);
+    assert_int_equal(state_of(b), SH_RS_HOST);
+    /* Everything resident is protected: nothing can go. */
+    uintptr_t p2[2] = {c + 4, a};
+    uint64_t w = sh_gate_windows(sys.gate);
+    assert_int_equal(evict(CH, p2, 2, &released), SH_ENOMEM);
+    assert_int_equal(released, 0);
+    assert_int_equal(state_of(a), SH_RS_RESIDENT);
+    assert_int_equal(state_of(c), SH_RS_RESIDENT);
+    assert_int_equal(sh_gate_windows(sys.gate), w); /* no window for nothing */
+    assert_int_equal(pstats().evictions, 1);
+    stop();
+}
+
+static int copied_from(uintptr_t va, size_t size)
+{
+    int n = 0;
+    for (int i = 0; i < fk.nd2h; i++)
+        n += fk.d2h_src[i] - va < size;
+    return n;
+}
+
+static void test_freed_dropped_first(void **state)
+{
+    (void)state;
+    struct opts o = plain;
+    o.device_cache = 4 * M;
+    start(&o);
+    uintptr_t a = alloc(CH), f1 = alloc(2 * CH), f2 = alloc(2 * CH);
+    fill(a, CH, 5);
+    touch(f1);
+    touch(f2);
+    touch(a);
+    assert_int_equal(sh_pool_free(sys.pool, f1, ANY, 0), 0);
+    assert_int_equal(sh_pool_free(sys.pool, f2, ANY, 0), 0);
+    assert_int_equal(pstats().regions[SH_RS_FREED], 2);
+    assert_int_equal(fk.bytes[SH_LOC_DEVICE], 5 * CH); /* kept for reuse */
+    size_t released;
+    assert_int_equal(evict(4 * CH, NULL, 0, &released), 0);
+    assert_int_equal(released, 4 * CH);
+    assert_int_equal(fk.copies[SH_D2H], 0); /* never copied */
+    assert_int_equal(state_of(f1), -1);
+    assert_int_equal(state_of(f2), -1);
+    assert_int_equal(state_of(a), SH_RS_RESIDENT);
+    assert_int_equal(pstats().regions[SH_RS_FREED], 0);
+    assert_int_equal(pstats().evictions, 0);
+    assert_int_equal(fk.bytes[SH_LOC_DEVICE], CH);
+    /* Freed and live together: the freed one goes uncopied, then a. */
+    uintptr_t f3 = alloc(CH);
+    touch(f3);
+    assert_int_equal(sh_pool_free(sys.pool, f3, ANY, 0), 0);
+    assert_int_equal(evict(2 * CH, NULL, 0, &released), 0);
+    assert_int_equal(released, 2 * CH);
+    assert_int_equal(fk.nd2h, 1);
+    assert_int_equal(copied_from(a, CH), 1);
+    assert_int_equal(copied_from(f3, CH), 0);
+    assert_int_equal(state_of(a), SH_RS_HOST);
+    assert_int_equal(fk.bytes[SH_LOC_DEVICE], 0);
+    assert_int_equal(bad_words(a, CH, 5), 0);
+    stop();
+}
+
+static void test_free_while_evicted(void **state)
+{
+    (void)state;
+    start(&plain);
+    uintptr_t a = alloc(2 * CH), b = alloc(CH);
+    fill(a, 2 * CH, 4);
+    fill(b, CH, 6);
+    touch(a);
+    touch(b);
+    size_t released;
+    assert_int_equal(evict(2 * CH, NULL, 0, &released), 0);
+    assert_int_equal(state_of(a), SH_RS_HOST);
+    assert_int_equal(hstats().class_free[2], 6);
+    size_t device = fk.bytes[SH_LOC_DEVICE];
+    assert_int_equal(sh_pool_free(sys.pool, a, ANY, 0), 0);
+    /* Torn down where it lies: slabs back, nothing copied back, nothing mapped. */
+    assert_int_equal(state_of(a), -1);
+    assert_int_equal(hstats().class_free[2], 8);
+    assert_int_equal(fk.copies[SH_H2D], 0);
+    assert_int_equal(loc_at(a), -1);
+    assert_int_equal(loc_at(a + CH), -1);
+    assert_int_equal(fk.bytes[SH_LOC_DEVICE], device);
+    struct sh_pool_stats st = pstats();
+    assert_int_equal(st.host_bytes, 0);
+    assert_int_equal(st.regions[SH_RS_HOST], 0);
+    assert_int_equal(st.regions[SH_RS_FREED], 0);
+    assert_int_equal(st.frees, 1);
+    assert_int_equal(st.restores, 0);
+    /* The slabs serve the next eviction. */
+    assert_int_equal(evict(CH, NULL, 0, &released), 0);
+    assert_int_equal(state_of(b), SH_RS_HOST);
+    assert_int_equal(bad_words(b, CH, 6), 0);
+    assert_int_equal(hstats().class_total[2], 8);
+    stop();
+}
+
+struct restore_arg {
+    uintptr_t va;
+    int rc;
+};
+
+static void do_restore(void *arg)
+{
+    struct restore_arg *r = arg;
+    r->rc = restore1(r->va);
+}
+
+static void test_checksums(void **state)
+{
+    (void)state;
+    struct opts o = plain;
+    o.checksums = 1;
+    start(&o);
+    uintptr_t a = alloc(2 * CH);
+    fill(a, 2 * CH, 8);
+    size_t released;
+    char buf[4096];
+    /* Untouched while evicted: verified clean, silently. */
+    assert_int_equal(evict(1, NULL, 0, &released), 0);
+    struct restore_arg ra = {a, -1};
+    capture_stderr(do_restore, &ra, buf, sizeof buf);
+    assert_int_equal(ra.rc, 0);
+    assert_string_equal(buf, "");
+    assert_int_equal(pstats().checksum_mismatches, 0);
+    /* A byte changed behind the library's back while evicted. */
+    assert_int_equal(evict(1, NULL, 0, &released), 0);
+    ((unsigned char *)a)[CH + 12345] ^= 0x5a;
+    capture_stderr(do_restore, &ra, buf, sizeof buf);
+    assert_int_equal(ra.rc, 0);
+    assert_int_equal(pstats().checksum_mismatches, 1);
+    char want[64];
+    snprintf(want, sizeof want, "region %llu ", (unsigned long long)id_of(a));
+    assert_non_null(strstr(buf, "stagehand: "));
+    assert_non_null(strstr(buf, "checksum mismatch"));
+    assert_non_null(strstr(buf, want));
+    assert_non_null(strstr(buf, "+262144"));          /* the second chunk */
+    assert_null(strchr(strchr(buf, '\n') + 1, '\n')); /* one line: one chunk changed */
+    /* The write was the program's: it is kept. */
+    assert_int_equal(bad_words(a, 2 * CH, 8), 1);
+    ((unsigned char *)a)[CH + 12345] ^= 0x5a;
+    assert_int_equal(bad_words(a, 2 * CH, 8), 0);
+    stop();
+
+    /* Without checksums the same change goes unremarked. */
+    start(&plain);
+    a = alloc(2 * CH);
+    assert_int_equal(evict(1, NULL, 0, &released), 0);
+    ((unsigned char *)a)[CH + 1] ^= 1;
+    ra.va = a;
+    capture_stderr(do_restore, &ra, buf, sizeof buf);
+    assert_int_equal(ra.rc, 0);
+    assert_string_equal(buf, "");
+    assert_int_equal(pstats().checksum_mismatches, 0);
+    stop();
+}
+
+static void test_host_exhausted(void **state)
+{
+    (void)state;
+    struct opts o = {.slabs = {0, 0, 1}}; /* one 256K slab, and no more ever */
+    start(&o);
+    uintptr_t a = alloc(2 * CH), b = alloc(CH);
+    fill(a, 2 * CH, 21);
+    fill(b, CH, 22);
+    touch(a);
+    touch(b);
+    size_t released;
+    /* a needs two slabs: it stays where it is, whole. */
+    assert_int_equal(evict(2 * CH, (const uintptr_t[]){b}, 1, &released), SH_ENOMEM);
+    assert_int_equal(released, 0);
+    assert_int_equal(state_of(a), SH_RS_RESIDENT);
+    assert_true(all_at(a, 2 * CH, SH_LOC_DEVICE));
+    assert_int_equal(hstats().class_free[2], 1); /* the slab it took came back */
+    assert_int_equal(fk.copies[SH_D2H], 0);
+    assert_int_equal(sh_gate_windows(sys.gate), 0);
+    assert_int_equal(bad_words(a, 2 * CH, 21), 0);
+    /* The least recently used does not fit, the next one does. */
+    assert_int_equal(evict(3 * CH, NULL, 0, &released), 0);
+    assert_int_equal(released, CH);
+    assert_int_equal(state_of(a), SH_RS_RESIDENT);
+    assert_int_equal(state_of(b), SH_RS_HOST);
+    assert_int_equal(hstats().class_free[2], 0);
+    assert_int_equal(bad_words(a, 2 * CH, 21), 0);
+    assert_int_equal(bad_words(b, CH, 22), 0);
+    /* Now the host side is spent. */
+    assert_int_equal(evict(CH, NULL, 0, &released), SH_ENOMEM);
+    assert_int_equal(released, 0);
+    assert_true(hstats().misses >= 2);
+    stop();
+}
+
+static void test_restore_without_device_memory(void **state)
+{
+    (void)state;
+    start(&plain);
+    uintptr_t a = alloc(2 * CH);
+    fill(a, 2 * CH, 31);
+    size_t released;
+    assert_int_equal(evict(1, NULL, 0, &released), 0);
+    fk.device_limit = 1; /* the device is full */
+    assert_int_equal(restore1(a), SH_ENOMEM);
+    assert_int_equal(state_of(a), SH_RS_HOST);
+    assert_true(all_at(a, 2 * CH, SH_LOC_HOST));
+    assert_int_equal(bad_words(a, 2 * CH, 31), 0);
+    assert_int_equal(hstats().class_free[2], 6); /* still holding its slabs */
+    assert_int_equal(pstats().host_bytes, 2 * CH);
+    assert_int_equal(pstats().regions[SH_RS_HOST], 1);
+    assert_int_equal(fk.live[SH_LOC_DEVICE], 0);
+    fk.device_limit = 0;
+    assert_int_equal(restore1(a), 0);
+    assert_int_equal(state_of(a), SH_RS_RESIDENT);
+    assert_int_equal(bad_words(a, 2 * CH, 31), 0);
+    stop();
+}
+
+/* A map that fails halfway through a region's eviction must leave the whole
+ * region on the device: the slabs go back to the pool, so none of them may
+ * stay mapped at the region's address. */
+static void test_evict_remap_failure(void **state)
+{
+    (void)state;
+    start(&plain);
+    uintptr_t a = alloc(2 * CH), b = alloc(2 * CH);
+    fill(a, 2 * CH, 41);
+    fill(b, 2 * CH, 42);
+    touch(a);
+    touch(b);
+    fk.fail_map_at = fk.map_calls + 2; /* the second chunk's */
+    size_t released;
+    assert_int_equal(evict(2 * CH, NULL, 0, &released), SH_ENOMEM);
+    assert_int_equal(released, 0);
+    assert_int_equal(state_of(a), SH_RS_RESIDENT);
+    assert_true(all_at(a, 2 * CH, SH_LOC_DEVICE));
+    assert_int_equal(hstats().class_free[2], 8);
+    assert_int_equal(bad_words(a, 2 * CH, 41), 0);
+    /* The slabs now hold b: a must not see them. */
+    touch(a);
+    assert_int_equal(evict(2 * CH, NULL, 0, &released), 0);
+    assert_int_equal(state_of(b), SH_RS_HOST);
+    memset((void *)b, 0xee, 2 * CH);
+    assert_int_equal(bad_words(a, 2 * CH, 41), 0);
+    /* And a can move later, intact. */
+    assert_int_equal(evict(2 * CH, NULL, 0, &released), 0);
+    assert_int_equal(restore1(a), 0);
+    assert_int_equal(bad_words(a, 2 * CH, 41), 0);
+    assert_int_equal(pstats().evictions, 2);
+    stop();
+}
+
+/* Likewise for restore: a region whose restore failed halfway stays on the
+ * host, whole, and keeps its slabs. */
+static void test_restore_remap_failure(void **state)
+{
+    (void)state;
+    start(&plain);
+    uintptr_t a = alloc(2 * CH), b = alloc(2 * CH);
+    fill(a, 2 * CH, 51);
+    fill(b, 2 * CH, 52);
+    touch(a);
+    touch(b);
+    size_t released;
+    assert_int_equal(evict(2 * CH, NULL, 0, &released), 0);
+    assert_int_equal(state_of(a), SH_RS_HOST);
+    fk.fail_map_at = fk.map_calls + 2;
+    struct restore_arg ra = {a, 0};
+    char buf[1024];
+    capture_stderr(do_restore, &ra, buf, sizeof buf);
+    assert_int_equal(ra.rc, SH_EDRIVER);
+    assert_non_null(strstr(buf, "stagehand: error: restore failed"));
+    assert_int_equal(state_of(a), SH_RS_HOST);
+    assert_true(all_at(a, 2 * CH, SH_LOC_HOST));
+    assert_int_equal(hstats().class_free[2], 6);
+    assert_int_equal(bad_words(a, 2 * CH, 51), 0);
+    assert_int_equal(pstats().host_bytes, 2 * CH);
+    assert_int_equal(pstats().restores, 0);
+    /* Its slabs are not handed to anyone else. */
+    touch(a);
+    assert_int_equal(evict(2 * CH, NULL, 0, &released), 0);
+    assert_int_equal(state_of(b), SH_RS_HOST);
+    memset((void *)b, 0xee, 2 * CH);
+    assert_int_equal(bad_words(a, 2 * CH, 51), 0);
+    assert_int_equal(restore1(a), 0);
+    assert_int_equal(state_of(a), SH_RS_RESIDENT);
+    assert_int_equal(bad_words(a, 2 * CH, 51), 0);
+    stop();
+}
+
+/* A thread that is issuing work (holds the gate's read side) cannot open a
+ * window: nothing moves, nothing is lost, and it does not deadlock. */
+static void test_gate_held_by_caller(void **state)
+{
+    (void)state;
+    start(&plain);
+    uintptr_t a = alloc(2 * CH), b = alloc(CH);
+    fill(a, 2 * CH, 71);
+    fill(b, CH, 72);
+    touch(a);
+    touch(b);
+    size_t released;
+    assert_int_equal(evict(2 * CH, NULL, 0, &released), 0);
+    assert_int_equal(state_of(a), SH_RS_HOST);
+    sh_gate_enter(sys.gate);
+    assert_int_equal(restore1(a), SH_EBUSY);
+    assert_int_equal(state_of(a), SH_RS_HOST);
+    assert_true(all_at(a, 2 * CH, SH_LOC_HOST));
+    assert_int_equal(hstats().class_free[2], 6);
+    assert_int_equal(evict(CH, NULL, 0, &released), SH_ENOMEM);
+    assert_int_equal(released, 0);
+    assert_int_equal(state_of(b), SH_RS_RESIDENT);
+    assert_true(all_at(b, CH, SH_LOC_DEVICE));
+    assert_int_equal(hstats().class_free[2], 6);
+    sh_gate_leave(sys.gate);
+    struct sh_pool_stats st = pstats();
+    assert_int_equal(st.regions[SH_RS_HOST], 1);
+    assert_int_equal(st.regions[SH_RS_RESIDENT], 1);
+    assert_int_equal(st.regions[SH_RS_EVICTING] + st.regions[SH_RS_RESTORING], 0);
+    assert_int_equal(sh_gate_windows(sys.gate), 1);
+    assert_int_equal(bad_words(a, 2 * CH, 71), 0);
+    assert_int_equal(restore1(a), 0);
+    assert_int_equal(bad_words(a, 2 * CH, 71), 0);
+    assert_int_equal(bad_words(b, CH, 72), 0);
+    stop();
+}
+
+/* ---- no remap while a launch is being issued --------------------------------------- */
+
+static atomic_int launcher_stop;
+static atomic_long launches;
+
+static void *launcher_main(void *arg)
+{
+    struct sh_gate *g = arg;
+    while (!atomic_load(&launcher_stop)) {
+        sh_gate_enter(g);
+        atomic_fetch_add(&launching, 1);
+        for (volatile int k = 0; k < 2000; k++)
+            ;
+        atomic_fetch_sub(&launching, 1);
+        sh_gate_leave(g);
+        atomic_fetch_add(&launches, 1);
+    }
+    return NULL;
+}
+
+static void test_no_remap_during_launch(void **state)
+{
+    (void)state;
+    start(&plain);
+    uintptr_t a = alloc(2 * CH), b = alloc(CH);
+    fill(a, 2 * CH, 61);
+    fill(b, CH, 62);
+    atomic_store(&launcher_stop, 0);
+    atomic_store(&launches, 0);
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, launcher_main, sys.gate), 0);
+    while (atomic_load(&launches) < 10)
+        usleep(100);
+    pthread_mutex_lock(&fk.mu);
+    fk.checking = 1;
+    pthread_mutex_unlock(&fk.mu);
+    int failures = 0;
+    for (int i = 0; i < 40; i++) {
+        size_t released;
+        touch(i % 2 ? a : b);
+        failures += evict(CH, NULL, 0, &released) != 0;
+        uintptr_t both[2] = {a, b};
+        failures += sh_pool_restore(sys.pool, both, 2) != 0;
+    }
+    pthread_mutex_lock(&fk.mu);
+    fk.checking = 0;
+    pthread_mutex_unlock(&fk.mu);
+    long before = atomic_load(&launches);
+    usleep(5000);
+    atomic_store(&launcher_stop, 1);
+    for (int i = 0; i < 2; i++)
+        pthread_join(t[i], NULL);
+    assert_int_equal(failures, 0);
+    assert_int_equal(fk.remaps_during_launch, 0);
+    assert_true(atomic_load(&launches) > before); /* the launchers were busy throughout */
+    assert_int_equal(pstats().evictions, 40);
+    assert_int_equal(pstats().restores, 40);
+    assert_int_equal(sh_gate_windows(sys.gate), 80);
+    assert_int_equal(fk.drains, 80);
+    assert_int_equal(bad_words(a, 2 * CH, 61), 0);
+    assert_int_equal(bad_words(b, CH, 62), 0);
+    stop();
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_evict_and_restore, teardown),
+        cmocka_unit_test_teardown(test_mixed_chunks, teardown),
+        cmocka_unit_test_teardown(test_lru_order, teardown),
+        cmocka_unit_test_teardown(test_protected, teardown),
+        cmocka_unit_test_teardown(test_freed_dropped_first, teardown),
+        cmocka_unit_test_teardown(test_free_while_evicted, teardown),
+        cmocka_unit_test_teardown(test_checksums, teardown),
+        cmocka_unit_test_teardown(test_host_exhausted, teardown),
+        cmocka_unit_test_teardown(test_restore_without_device_memory, teardown),
+        cmocka_unit_test_teardown(test_evict_remap_failure, teardown),
+        cmocka_unit_test_teardown(test_restore_remap_failure, teardown),
+        cmocka_unit_test_teardown(test_gate_held_by_caller, teardown),
+        cmocka_unit_test_teardown(test_no_remap_during_launch, teardown),
+    };
+    return cmocka_run_group_tests_name("evict", tests, NULL, NULL);
+}

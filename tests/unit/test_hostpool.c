@@ -1,0 +1,850 @@
+/* test_hostpool.c — the pinned host slab pool over a fake VMM that counts
+ * every call, hands out handles and staging addresses from counters, can be
+ * made slow or made to fail, and checks that its books balance at the end. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "pool/pool.h"
+#include "sh_err.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define K    ((size_t)1 << 10)
+#define M    ((size_t)1 << 20)
+#define G    (64 * K) /* granularity */
+#define MAXH 4096
+#define VA0  ((uintptr_t)1 << 40)
+
+/* ---- fake VMM ---------------------------------------------------------------- */
+
+struct fake {
+    pthread_mutex_t mu;
+    uint64_t next_handle;
+    uintptr_t next_va;
+    size_t hsize[MAXH]; /* by handle; 0: not live */
+    int hmapped[MAXH];  /* mappings of the handle */
+    uintptr_t map_va[MAXH];
+    uint64_t map_h[MAXH];
+    int nmaps;
+    int creates, releases, reserves, unreserves, maps, unmaps, bad;
+    int live_handles, live_reserves, live_maps;
+    size_t host_bytes, host_peak;
+    int fail_create_after; /* creates that succeed before all fail; -1: never */
+    int fail_map;          /* every map fails */
+    unsigned create_us;    /* pinning time */
+};
+
+static struct fake fk;
+
+static int f_create(void *ctx, size_t size, int loc, uint64_t *handle)
+{
+    struct fake *f = ctx;
+    pthread_mutex_lock(&f->mu);
+    unsigned us = f->create_us;
+    pthread_mutex_unlock(&f->mu);
+    if (us)
+        usleep(us);
+    int err = 0;
+    pthread_mutex_lock(&f->mu);
+    f->creates++;
+    if (loc != SH_LOC_HOST || size == 0 || size % G)
+        f->bad++;
+    if (f->fail_create_after == 0 || f->next_handle + 1 >= MAXH) {
+        err = SH_ENOMEM;
+    } else {
+        if (f->fail_create_after > 0)
+            f->fail_create_after--;
+        *handle = ++f->next_handle;
+        f->hsize[*handle] = size;
+        f->live_handles++;
+        f->host_bytes += size;
+        if (f->host_bytes > f->host_peak)
+            f->host_peak = f->host_bytes;
+    }
+    pthread_mutex_unlock(&f->mu);
+    return err;
+}
+
+static int f_release(void *ctx, uint64_t handle)
+{
+    struct fake *f = ctx;
+    pthread_mutex_lock(&f->mu);
+    f->releases++;
+    if (handle == 0 || handle >= MAXH || !f->hsize[handle] || f->hmapped[handle]) {
+        f->bad++;
+    } else {
+        f->host_bytes -= f->hsize[handle];
+        f->hsize[handle] = 0;
+        f->live_handles--;
+    }
+    pthread_mutex_unlock(&f->mu);
+    return 0;
+}
+
+static int f_reserve(void *ctx, size_t size, size_t align, uintptr_t *va)
+{
+    struct fake *f = ctx;
+    pthread_mutex_lock(&f->mu);
+    f->reserves++;
+    if (align != G || size % G)
+        f->bad++;
+    *va = f->next_va;
+    f->next_va += size + G; /* a gap: neighbours never touch */
+    f->live_reserves++;
+    pthread_mutex_unlock(&f->mu);
+    return 0;
+}
+
+static int f_unreserve(void *ctx, uintptr_t va, size_t size)
+{
+    struct fake *f = ctx;
+    (void)size;
+    pthread_mutex_lock(&f->mu);
+    f->unreserves++;
+    if (va < VA0 || va >= f->next_va)
+        f->bad++;
+    f->live_reserves--;
+    pthread_mutex_unlock(&f->mu);
+    return 0;
+}
+
+static int f_map(void *ctx, uintptr_t va, size_t size, uint64_t handle)
+{
+    struct fake *f = ctx;
+    int err = 0;
+    pthread_mutex_lock(&f->mu);
+    f->maps++;
+    if (va < VA0 || handle == 0 || handle >= MAXH || f->hsize[handle] != size)
+        f->bad++;
+    if (f->fail_map) {
+        err = SH_EDRIVER;
+    } else {
+        f->hmapped[handle]++;
+        f->live_maps++;
+        f->map_va[f->nmaps] = va;
+        f->map_h[f->nmaps++] = handle;
+    }
+    pthread_mutex_unlock(&f->mu);
+    return err;
+}
+
+static int f_unmap(void *ctx, uintptr_t va, size_t size)
+{
+    struct fake *f = ctx;
+    pthread_mutex_lock(&f->mu);
+    f->unmaps++;
+    int i = 0;
+    while (i < f->nmaps && f->map_va[i] != va)
+        i++;
+    if (i == f->nmaps || f->hsize[f->map_h[i]] != size) {
+        f->bad++;
+    } else {
+        f->hmapped[f->map_h[i]]--;
+        f->live_maps--;
+        f->nmaps--;
+        f->map_va[i] = f->map_va[f->nmaps];
+        f->map_h[i] = f->map_h[f->nmaps];
+    }
+    pthread_mutex_unlock(&f->mu);
+    return 0;
+}
+
+static struct sh_vmm_ops ops = {&fk, f_reserve, f_unreserve, f_create, f_release, f_map, f_unmap};
+
+static int setup(void **state)
+{
+    (void)state;
+    pthread_mutex_destroy(&fk.mu);
+    memset(&fk, 0, sizeof fk);
+    pthread_mutex_init(&fk.mu, NULL);
+    fk.next_va = VA0;
+    fk.fail_create_after = -1;
+    return 0;
+}
+
+/* Every handle released (after its staging mapping is gone), every
+ * reservation and mapping undone, no call on something unknown. */
+static void books_balance(void)
+{
+    pthread_mutex_lock(&fk.mu);
+    int bad = fk.bad, handles = fk.live_handles, reserves = fk.live_reserves, maps = fk.live_maps;
+    size_t host = fk.host_bytes;
+    int r = fk.reserves, ur = fk.unreserves, m = fk.maps - (fk.fail_map ? fk.maps : 0),
+        um = fk.unmaps;
+    pthread_mutex_unlock(&fk.mu);
+    assert_int_equal(bad, 0);
+    assert_int_equal(handles, 0);
+    assert_int_equal(reserves, 0);
+    assert_int_equal(maps, 0);
+    assert_int_equal(host, 0);
+    assert_int_equal(r, ur);
+    assert_int_equal(um, m);
+}
+
+static int fake_get(const int *field)
+{
+    pthread_mutex_lock(&fk.mu);
+    int v = *field;
+    pthread_mutex_unlock(&fk.mu);
+    return v;
+}
+
+/* ---- helpers ------------------------------------------------------------------- */
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static struct sh_hostpool_stats hstats(struct sh_hostpool *hp)
+{
+    struct sh_hostpool_stats st;
+    sh_hostpool_stats(hp, &st);
+    return st;
+}
+
+/* Three classes, 64K, 256K, 1M, with the given targets. */
+static struct sh_hostpool_params params3(unsigned n0, unsigned n1, unsigned n2, size_t budget,
+                                         size_t prepin, int grow)
+{
+    struct sh_hostpool_params p = {.granularity = G,
+                                   .class_bytes = {G, 4 * G, M},
+                                   .slabs = {n0, n1, n2},
+                                   .nclasses = 3,
+                                   .ram_budget = budget,
+                                   .prepin = prepin,
+                                   .grow_in_background = grow};
+    return p;
+}
+
+/* The pool under test, torn down by teardown() if a test fails midway, so
+ * that its grower does not outlive the test. */
+static struct sh_hostpool *cur;
+
+static struct sh_hostpool *mk(const struct sh_hostpool_params *p)
+{
+    struct sh_hostpool *hp = NULL;
+    assert_int_equal(sh_hostpool_create(p, &ops, &hp), 0);
+    assert_non_null(hp);
+    cur = hp;
+    return hp;
+}
+
+static void destroy(struct sh_hostpool *hp)
+{
+    if (cur == hp)
+        cur = NULL;
+    sh_hostpool_destroy(hp);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    if (cur)
+        sh_hostpool_destroy(cur);
+    cur = NULL;
+    return 0;
+}
+
+static struct sh_slab *get(struct sh_hostpool *hp, size_t bytes, unsigned wait_ms)
+{
+    struct sh_slab *s = NULL;
+    assert_int_equal(sh_hostpool_get(hp, bytes, wait_ms, &s), 0);
+    assert_non_null(s);
+    assert_true(s->size >= bytes);
+    assert_true(s->handle > 0 && s->handle < MAXH);
+    assert_int_equal(fk.hsize[s->handle], s->size);
+    return s;
+}
+
+/* Polls until the grower has added `grown` slabs and then stays put. */
+static struct sh_hostpool_stats settle(struct sh_hostpool *hp, uint64_t grown)
+{
+    double t0 = now_ms();
+    while (hstats(hp).grown < grown && now_ms() - t0 < 5000)
+        usleep(1000);
+    /* Anything more would show up by now. */
+    pthread_mutex_lock(&fk.mu);
+    unsigned quiet = 30000 + 3 * fk.create_us;
+    pthread_mutex_unlock(&fk.mu);
+    usleep(quiet);
+    struct sh_hostpool_stats st = hstats(hp);
+    assert_int_equal(st.grown, grown);
+    return st;
+}
+
+/* ---- tests ------------------------------------------------------------------------ */
+
+static void test_bad_params(void **state)
+{
+    (void)state;
+    struct sh_hostpool *hp = NULL;
+    struct sh_hostpool_params p = params3(1, 1, 1, 8 * M, 8 * M, 0);
+    assert_int_equal(sh_hostpool_create(NULL, &ops, &hp), SH_EINVAL);
+    assert_int_equal(sh_hostpool_create(&p, NULL, &hp), SH_EINVAL);
+    assert_int_equal(sh_hostpool_create(&p, &ops, NULL), SH_EINVAL);
+    p.nclasses = 0;
+    assert_int_equal(sh_hostpool_create(&p, &ops, &hp), SH_EINVAL);
+    p.nclasses = SH_HOSTPOOL_MAX_CLASSES + 1;
+    assert_int_equal(sh_hostpool_create(&p, &ops, &hp), SH_EINVAL);
+    p = params3(1, 1, 1, 8 * M, 8 * M, 0);
+    p.granularity = 0;
+    assert_int_equal(sh_hostpool_create(&p, &ops, &hp), SH_EINVAL);
+    assert_null(hp);
+    assert_int_equal(fk.creates + fk.reserves + fk.maps, 0);
+}
+
+static void test_class_choice(void **state)
+{
+    (void)state;
+    struct sh_hostpool_params p = params3(2, 2, 2, 8 * M, 8 * M, 0);
+    struct sh_hostpool *hp = mk(&p);
+    struct sh_hostpool_stats st = hstats(hp);
+    assert_int_equal(st.nclasses, 3);
+    assert_int_equal(st.class_bytes[0], G);
+    assert_int_equal(st.class_bytes[1], 4 * G);
+    assert_int_equal(st.class_bytes[2], M);
+    assert_int_equal(st.pinned_bytes, 2 * (G + 4 * G + M));
+    assert_int_equal(st.budget_bytes, 8 * M);
+    /* Each request gets the smallest class that fits. */
+    static const struct {
+        size_t bytes;
+        int cls;
+    } cases[] = {{1, 0}, {G, 0}, {G + 1, 1}, {4 * G, 1}, {4 * G + 1, 2}, {M, 2}};
+    struct sh_slab *s[6];
+    for (int i = 0; i < 6; i++) {
+        s[i] = get(hp, cases[i].bytes, 0);
+        assert_int_equal(s[i]->cls, cases[i].cls);
+        assert_int_equal(s[i]->size, st.class_bytes[cases[i].cls]);
+    }
+    assert_true(s[0] != s[1] && s[2] != s[3] && s[4] != s[5]);
+    assert_true(s[0]->staging != s[1]->staging && s[0]->handle != s[1]->handle);
+    st = hstats(hp);
+    assert_int_equal(st.hits, 6);
+    assert_int_equal(st.fallbacks, 0);
+    assert_int_equal(st.misses, 0);
+    assert_int_equal(st.class_free[0] + st.class_free[1] + st.class_free[2], 0);
+    /* Above the largest class: refused, not a miss. */
+    struct sh_slab *none = NULL;
+    assert_int_equal(sh_hostpool_get(hp, M + 1, 0, &none), SH_EINVAL);
+    assert_null(none);
+    assert_int_equal(hstats(hp).misses, 0);
+    /* Put back: each slab returns to its own class and is handed out again. */
+    sh_hostpool_put(hp, s[2]);
+    st = hstats(hp);
+    assert_int_equal(st.class_free[1], 1);
+    assert_ptr_equal(get(hp, 100 * K, 0), s[2]);
+    for (int i = 0; i < 6; i++)
+        sh_hostpool_put(hp, s[i]);
+    st = hstats(hp);
+    for (int c = 0; c < 3; c++)
+        assert_int_equal(st.class_free[c], 2);
+    assert_int_equal(fk.creates, 6);
+    destroy(hp);
+    books_balance();
+}
+
+static void test_fallback(void **state)
+{
+    (void)state;
+    /* Class 0 has no slabs at all; class 1 has one, class 2 one. */
+    struct sh_hostpool_params p = params3(0, 1, 1, 8 * M, 8 * M, 0);
+    struct sh_hostpool *hp = mk(&p);
+    struct sh_slab *a = get(hp, G, 0);
+    assert_int_equal(a->cls, 1);
+    struct sh_slab *b = get(hp, 1, 0);
+    assert_int_equal(b->cls, 2); /* the next larger one that has a slab */
+    struct sh_hostpool_stats st = hstats(hp);
+    assert_int_equal(st.hits, 0);
+    assert_int_equal(st.fallbacks, 2);
+    /* Nothing larger left: a miss. */
+    struct sh_slab *c = NULL;
+    assert_int_equal(sh_hostpool_get(hp, G, 0, &c), SH_ENOMEM);
+    assert_int_equal(hstats(hp).misses, 1);
+    /* A fallback slab goes back to the class it belongs to. */
+    sh_hostpool_put(hp, b);
+    st = hstats(hp);
+    assert_int_equal(st.class_free[0], 0);
+    assert_int_equal(st.class_free[2], 1);
+    /* A request for class 1 now falls back to class 2, not to class 0. */
+    assert_ptr_equal(get(hp, 2 * G, 0), b);
+    assert_int_equal(hstats(hp).fallbacks, 3);
+    sh_hostpool_put(hp, a);
+    sh_hostpool_put(hp, b);
+    destroy(hp);
+    books_balance();
+}
+
+static void test_exhaustion(void **state)
+{
+    (void)state;
+    /* The budget holds exactly what was pre-pinned; the grower can add nothing. */
+    size_t budget = 2 * G + 4 * G;
+    struct sh_hostpool_params p = params3(2, 1, 1, budget, budget, 1);
+    struct sh_hostpool *hp = mk(&p);
+    struct sh_hostpool_stats st = hstats(hp);
+    assert_int_equal(st.pinned_bytes, budget);
+    assert_int_equal(st.class_total[0], 2);
+    assert_int_equal(st.class_total[1], 1);
+    assert_int_equal(st.class_total[2], 0); /* 1M does not fit */
+    struct sh_slab *s[3] = {get(hp, G, 0), get(hp, G, 0), get(hp, G, 0)};
+    assert_int_equal(s[2]->cls, 1);
+    double t0 = now_ms();
+    struct sh_slab *x = NULL;
+    assert_int_equal(sh_hostpool_get(hp, G, 2000, &x), SH_ENOMEM);
+    assert_int_equal(sh_hostpool_get(hp, M, 2000, &x), SH_ENOMEM);
+    assert_true(now_ms() - t0 < 500); /* the budget is spent: no waiting */
+    assert_null(x);
+    st = hstats(hp);
+    assert_int_equal(st.misses, 2);
+    assert_int_equal(st.hits, 2);
+    assert_int_equal(st.fallbacks, 1);
+    assert_int_equal(st.grown, 0);
+    assert_int_equal(st.pinned_bytes, budget);
+    /* A slab put back is found again. */
+    sh_hostpool_put(hp, s[1]);
+    assert_ptr_equal(get(hp, 1, 0), s[1]);
+    for (int i = 0; i < 3; i++)
+        sh_hostpool_put(hp, s[i]);
+    destroy(hp);
+    assert_int_equal(fk.creates, 3);
+    books_balance();
+}
+
+static void test_growth_to_targets(void **state)
+{
+    (void)state;
+    struct sh_hostpool_params p = params3(3, 2, 0, 64 * M, 0, 1);
+    struct sh_hostpool *hp = mk(&p);
+    struct sh_hostpool_stats st = settle(hp, 5);
+    assert_int_equal(st.class_total[0], 3);
+    assert_int_equal(st.class_total[1], 2);
+    assert_int_equal(st.class_total[2], 0);
+    assert_int_equal(st.class_free[0], 3);
+    assert_int_equal(st.class_free[1], 2);
+    assert_int_equal(st.pinned_bytes, 3 * G + 2 * 4 * G);
+    /* Taking from a class brings it back up to its target. */
+    struct sh_slab *a = get(hp, G, 0), *b = get(hp, G, 0);
+    st = settle(hp, 7);
+    assert_int_equal(st.class_total[0], 5);
+    assert_int_equal(st.class_free[0], 3);
+    /* Put back: above the target, nothing is grown or released. */
+    sh_hostpool_put(hp, a);
+    sh_hostpool_put(hp, b);
+    st = settle(hp, 7);
+    assert_int_equal(st.class_free[0], 5);
+    assert_int_equal(fk.creates, 7);
+    destroy(hp);
+    books_balance();
+}
+
+static void test_budget_never_exceeded(void **state)
+{
+    (void)state;
+    /* Targets far beyond a budget that is no multiple of any class. */
+    size_t budget = M + 32 * K;
+    struct sh_hostpool_params p = params3(4, 10, 10, budget, 0, 1);
+    struct sh_hostpool *hp = mk(&p);
+    /* Class 0 to its target (256K), then class 1 while it fits: 3 more. */
+    struct sh_hostpool_stats st = settle(hp, 7);
+    assert_int_equal(st.class_total[0], 4);
+    assert_int_equal(st.class_total[1], 3);
+    assert_int_equal(st.class_total[2], 0);
+    assert_int_equal(st.pinned_bytes, M);
+    assert_int_equal(fk.host_peak, M);
+    /* Emptying class 0 asks for growth that no longer fits. */
+    struct sh_slab *s[4];
+    for (int i = 0; i < 4; i++)
+        s[i] = get(hp, G, 0);
+    struct sh_slab *x = NULL;
+    assert_int_equal(sh_hostpool_get(hp, M, 100, &x), SH_ENOMEM);
+    st = settle(hp, 7);
+    assert_true(fk.host_peak <= budget);
+    assert_int_equal(st.pinned_bytes, M);
+    for (int i = 0; i < 4; i++)
+        sh_hostpool_put(hp, s[i]);
+    destroy(hp);
+    books_balance();
+}
+
+static void test_wait_satisfied_by_growth(void **state)
+{
+    (void)state;
+    fk.create_us = 20000; /* 20 ms a slab */
+    struct sh_hostpool_params p = params3(0, 0, 0, 64 * M, 0, 1);
+    struct sh_hostpool *hp = mk(&p);
+    usleep(30000);
+    assert_int_equal(hstats(hp).grown, 0); /* no targets: nothing grown ahead */
+    double t0 = now_ms();
+    struct sh_slab *s = get(hp, 3 * G, 2000);
+    double waited = now_ms() - t0;
+    assert_int_equal(s->cls, 1);
+    assert_true(waited >= 15 && waited < 1500);
+    struct sh_hostpool_stats st = settle(hp, 1); /* exactly the one asked for */
+    assert_int_equal(st.waits, 1);
+    assert_int_equal(st.misses, 0);
+    assert_int_equal(st.hits, 1);
+    assert_int_equal(st.class_total[1], 1);
+    assert_int_equal(st.class_free[1], 0);
+    assert_int_equal(st.pinned_bytes, 4 * G);
+    sh_hostpool_put(hp, s);
+    destroy(hp);
+    books_balance();
+}
+
+/* A waiter woken by growth in another class neither asks for a second slab
+ * nor counts as a second wait. */
+static void test_wait_ignores_other_growth(void **state)
+{
+    (void)state;
+    fk.create_us = 60000;
+    struct sh_hostpool_params p = params3(1, 0, 0, 64 * M, 0, 1);
+    struct sh_hostpool *hp = mk(&p);
+    usleep(15000); /* the grower is pinning class 0's slab now */
+    struct sh_slab *s = get(hp, M, 3000);
+    assert_int_equal(s->cls, 2);
+    struct sh_hostpool_stats st = settle(hp, 2);
+    assert_int_equal(st.class_total[0], 1);
+    assert_int_equal(st.class_total[2], 1);
+    assert_int_equal(st.waits, 1);
+    assert_int_equal(st.pinned_bytes, G + M);
+    sh_hostpool_put(hp, s);
+    destroy(hp);
+    books_balance();
+}
+
+static void test_wait_times_out(void **state)
+{
+    (void)state;
+    fk.create_us = 300000; /* slower than the caller will wait */
+    struct sh_hostpool_params p = params3(0, 0, 0, 64 * M, 0, 1);
+    struct sh_hostpool *hp = mk(&p);
+    double t0 = now_ms();
+    struct sh_slab *s = NULL;
+    assert_int_equal(sh_hostpool_get(hp, G, 50, &s), SH_ENOMEM);
+    double waited = now_ms() - t0;
+    assert_true(waited >= 45 && waited < 280);
+    struct sh_hostpool_stats st = hstats(hp);
+    assert_int_equal(st.misses, 1);
+    assert_int_equal(st.waits, 1);
+    /* The slab asked for still arrives, and the next caller gets it at once. */
+    st = settle(hp, 1);
+    assert_int_equal(st.class_free[0], 1);
+    t0 = now_ms();
+    s = get(hp, G, 0);
+    assert_true(now_ms() - t0 < 100);
+    sh_hostpool_put(hp, s);
+    destroy(hp);
+    books_balance();
+}
+
+static void test_lift_and_merge(void **state)
+{
+    (void)state;
+    /* 4K and 16K lift to the 64K granularity and merge with 64K; 100K lifts to 128K. */
+    struct sh_hostpool_params p = {.granularity = G,
+                                   .class_bytes = {4 * K, 16 * K, G, 100 * K, 4 * G},
+                                   .slabs = {1, 2, 3, 1, 1},
+                                   .nclasses = 5,
+                                   .ram_budget = 16 * M,
+                                   .prepin = 16 * M};
+    struct sh_hostpool *hp = mk(&p);
+    struct sh_hostpool_stats st = hstats(hp);
+    assert_int_equal(st.nclasses, 3);
+    assert_int_equal(st.class_bytes[0], G);
+    assert_int_equal(st.class_bytes[1], 2 * G);
+    assert_int_equal(st.class_bytes[2], 4 * G);
+    assert_int_equal(st.class_total[0], 6); /* the merged targets */
+    assert_int_equal(st.class_total[1], 1);
+    assert_int_equal(st.class_total[2], 1);
+    struct sh_slab *s = get(hp, 1, 0);
+    assert_int_equal(s->size, G);
+    assert_int_equal(s->cls, 0);
+    s = get(hp, G + 1, 0);
+    assert_int_equal(s->size, 2 * G);
+    destroy(hp); /* slabs still handed out go too */
+    books_balance();
+}
+
+static void test_prepin_amount(void **state)
+{
+    (void)state;
+    /* Smallest classes first, whole slabs only, never beyond prepin. */
+    struct sh_hostpool_params p = params3(4, 2, 1, 64 * M, 200 * K, 0);
+    struct sh_hostpool *hp = mk(&p);
+    struct sh_hostpool_stats st = hstats(hp);
+    assert_int_equal(st.pinned_bytes, 3 * G);
+    assert_int_equal(st.class_total[0], 3);
+    assert_int_equal(st.class_total[1], 0);
+    assert_int_equal(st.class_total[2], 0);
+    assert_int_equal(fk.creates, 3);
+    destroy(hp);
+    books_balance();
+
+    /* Prepin past the budget: the budget wins. */
+    setup(NULL);
+    p = params3(4, 2, 1, 5 * G, 64 * M, 0);
+    hp = mk(&p);
+    st = hstats(hp);
+    assert_int_equal(st.pinned_bytes, 4 * G);
+    assert_int_equal(st.class_total[1], 0);
+    destroy(hp);
+    books_balance();
+
+    /* Prepin 0: nothing at start, and without a grower nothing ever. */
+    setup(NULL);
+    p = params3(4, 2, 1, 64 * M, 0, 0);
+    hp = mk(&p);
+    assert_int_equal(hstats(hp).pinned_bytes, 0);
+    struct sh_slab *s = NULL;
+    assert_int_equal(sh_hostpool_get(hp, G, 100, &s), SH_ENOMEM);
+    assert_int_equal(fk.creates, 0);
+    destroy(hp);
+    books_balance();
+}
+
+static void test_teardown_releases_everything(void **state)
+{
+    (void)state;
+    struct sh_hostpool_params p = params3(3, 3, 2, 64 * M, 64 * M, 1);
+    struct sh_hostpool *hp = mk(&p);
+    struct sh_slab *held[3] = {get(hp, G, 0), get(hp, M, 0), get(hp, M, 0)};
+    settle(hp, 3);                /* refills class 0 once, class 2 twice */
+    sh_hostpool_put(hp, held[0]); /* one back, two still handed out */
+    settle(hp, 3);
+    assert_int_equal(fake_get(&fk.live_handles), 11);
+    assert_int_equal(fake_get(&fk.live_maps), 11);
+    assert_int_equal(fake_get(&fk.live_reserves), 11);
+    destroy(hp);
+    assert_int_equal(fk.releases, 11);
+    assert_int_equal(fk.unmaps, 11);
+    assert_int_equal(fk.unreserves, 11);
+    books_balance();
+}
+
+static void test_create_failure_prepin(void **state)
+{
+    (void)state;
+    /* The host runs out while pre-pinning: create fails, nothing leaks. */
+    fk.fail_create_after = 2;
+    struct sh_hostpool_params p = params3(4, 0, 0, 64 * M, 64 * M, 1);
+    struct sh_hostpool *hp = NULL;
+    assert_int_equal(sh_hostpool_create(&p, &ops, &hp), SH_ENOMEM);
+    assert_int_equal(fk.creates, 3);
+    books_balance();
+
+    /* Staging cannot be mapped: the handle and the reservation go back. */
+    setup(NULL);
+    fk.fail_map = 1;
+    assert_int_equal(sh_hostpool_create(&p, &ops, &hp), SH_EDRIVER);
+    assert_int_equal(fk.creates, 1);
+    assert_int_equal(fk.releases, 1);
+    assert_int_equal(fk.unreserves, 1);
+    assert_int_equal(fk.unmaps, 0);
+    books_balance();
+}
+
+static void test_create_failure_grower(void **state)
+{
+    (void)state;
+    /* The host can pin three slabs; targets ask for far more. */
+    fk.fail_create_after = 3;
+    struct sh_hostpool_params p = params3(10, 0, 0, 64 * M, 0, 1);
+    struct sh_hostpool *hp = mk(&p);
+    struct sh_hostpool_stats st = settle(hp, 3);
+    assert_int_equal(st.pinned_bytes, 3 * G);
+    assert_int_equal(st.budget_bytes, 3 * G); /* what could be pinned is all there is */
+    assert_int_equal(fake_get(&fk.creates), 4);
+    struct sh_slab *s[3] = {get(hp, G, 0), get(hp, G, 0), get(hp, G, 0)};
+    double t0 = now_ms();
+    struct sh_slab *x = NULL;
+    assert_int_equal(sh_hostpool_get(hp, G, 5000, &x), SH_ENOMEM);
+    assert_int_equal(sh_hostpool_get(hp, M, 5000, &x), SH_ENOMEM);
+    assert_true(now_ms() - t0 < 500);
+    /* The grower has stopped: no more attempts. */
+    usleep(30000);
+    assert_int_equal(fake_get(&fk.creates), 4);
+    for (int i = 0; i < 3; i++)
+        sh_hostpool_put(hp, s[i]);
+    destroy(hp);
+    books_balance();
+}
+
+static void test_create_failure_while_waiting(void **state)
+{
+    (void)state;
+    /* A caller waiting on growth that fails is told at once, not at its deadline. */
+    fk.create_us = 30000;
+    fk.fail_create_after = 0;
+    struct sh_hostpool_params p = params3(0, 0, 0, 64 * M, 0, 1);
+    struct sh_hostpool *hp = mk(&p);
+    double t0 = now_ms();
+    struct sh_slab *x = NULL;
+    assert_int_equal(sh_hostpool_get(hp, G, 5000, &x), SH_ENOMEM);
+    double waited = now_ms() - t0;
+    assert_true(waited >= 25 && waited < 1000);
+    struct sh_hostpool_stats st = hstats(hp);
+    assert_int_equal(st.misses, 1);
+    assert_int_equal(st.budget_bytes, 0);
+    assert_int_equal(st.pinned_bytes, 0);
+    destroy(hp);
+    books_balance();
+}
+
+/* The budget is spent on small slabs nobody uses: a caller waiting for a
+ * large one gets it in their place. Slabs handed out are never taken. */
+static void test_idle_slabs_make_room(void **state)
+{
+    (void)state;
+    struct sh_hostpool_params p = params3(8, 0, 0, 8 * G, 8 * G, 1);
+    struct sh_hostpool *hp = mk(&p);
+    struct sh_hostpool_stats st = hstats(hp);
+    assert_int_equal(st.class_total[0], 8);
+    assert_int_equal(st.pinned_bytes, 8 * G);
+    struct sh_slab *held[2] = {get(hp, G, 0), get(hp, G, 0)};
+    struct sh_slab *big = get(hp, 4 * G, 2000);
+    assert_int_equal(big->cls, 1);
+    st = settle(hp, 1);
+    assert_int_equal(st.class_total[0], 4); /* four idle ones gave way */
+    assert_int_equal(st.class_free[0], 2);
+    assert_int_equal(st.class_total[1], 1);
+    assert_int_equal(st.pinned_bytes, 8 * G);
+    assert_int_equal(fk.host_peak, 8 * G);
+    assert_int_equal(fake_get(&fk.releases), 4);
+    /* Two idle small slabs are not room enough for another large one. */
+    struct sh_slab *x = NULL;
+    double t0 = now_ms();
+    assert_int_equal(sh_hostpool_get(hp, 4 * G, 2000, &x), SH_ENOMEM);
+    assert_true(now_ms() - t0 < 500);
+    /* Nor for a 1M one (16 granules), even with everything idle. */
+    sh_hostpool_put(hp, big);
+    assert_int_equal(sh_hostpool_get(hp, M, 2000, &x), SH_ENOMEM);
+    st = settle(hp, 1);
+    assert_int_equal(st.class_total[0], 4);
+    assert_int_equal(st.class_total[1], 1);
+    assert_int_equal(fake_get(&fk.releases), 4);
+    /* The slabs it holds stay valid throughout. */
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(fk.hsize[held[i]->handle], G);
+        sh_hostpool_put(hp, held[i]);
+    }
+    destroy(hp);
+    books_balance();
+}
+
+/* ---- threads: no slab is ever handed out twice ---------------------------------- */
+
+struct worker {
+    struct sh_hostpool *hp;
+    unsigned seed;
+    int got, failed;
+};
+
+static int owner[MAXH];
+static pthread_mutex_t owner_mu = PTHREAD_MUTEX_INITIALIZER;
+static int double_owned;
+
+static void *worker_main(void *arg)
+{
+    struct worker *w = arg;
+    struct sh_slab *mine[8] = {0};
+    for (int op = 0; op < 2000; op++) {
+        w->seed = w->seed * 1103515245u + 12345u;
+        unsigned k = (w->seed >> 8) % 8;
+        if (mine[k]) {
+            pthread_mutex_lock(&owner_mu);
+            owner[mine[k]->handle] = 0;
+            pthread_mutex_unlock(&owner_mu);
+            sh_hostpool_put(w->hp, mine[k]);
+            mine[k] = NULL;
+            continue;
+        }
+        size_t bytes = ((w->seed >> 12) % 3 == 0) ? M : ((w->seed >> 12) % 3 == 1) ? 3 * G : G;
+        if (sh_hostpool_get(w->hp, bytes, 50, &mine[k]) != 0) {
+            w->failed++;
+            mine[k] = NULL;
+            continue;
+        }
+        w->got++;
+        pthread_mutex_lock(&owner_mu);
+        double_owned += owner[mine[k]->handle] != 0;
+        owner[mine[k]->handle] = 1;
+        pthread_mutex_unlock(&owner_mu);
+    }
+    for (int k = 0; k < 8; k++)
+        if (mine[k]) {
+            pthread_mutex_lock(&owner_mu);
+            owner[mine[k]->handle] = 0;
+            pthread_mutex_unlock(&owner_mu);
+            sh_hostpool_put(w->hp, mine[k]);
+        }
+    return NULL;
+}
+
+static void test_threads(void **state)
+{
+    (void)state;
+    memset(owner, 0, sizeof owner);
+    double_owned = 0;
+    size_t budget = 8 * M;
+    struct sh_hostpool_params p = params3(4, 4, 2, budget, M, 1);
+    struct sh_hostpool *hp = mk(&p);
+    pthread_t t[4];
+    struct worker w[4];
+    for (unsigned i = 0; i < 4; i++) {
+        w[i] = (struct worker){.hp = hp, .seed = 7 + i};
+        assert_int_equal(pthread_create(&t[i], NULL, worker_main, &w[i]), 0);
+    }
+    int got = 0;
+    for (int i = 0; i < 4; i++) {
+        pthread_join(t[i], NULL);
+        got += w[i].got;
+    }
+    assert_int_equal(double_owned, 0);
+    assert_true(got > 1000);
+    struct sh_hostpool_stats st = hstats(hp);
+    assert_true(st.pinned_bytes <= budget);
+    assert_true(fk.host_peak <= budget);
+    unsigned total = 0, freec = 0;
+    for (int c = 0; c < 3; c++) {
+        total += st.class_total[c];
+        freec += st.class_free[c];
+    }
+    assert_int_equal(total, freec); /* everything came back */
+    assert_int_equal(st.hits + st.fallbacks, (uint64_t)got);
+    destroy(hp);
+    books_balance();
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_bad_params, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_class_choice, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fallback, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_exhaustion, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_growth_to_targets, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_budget_never_exceeded, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_wait_satisfied_by_growth, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_wait_ignores_other_growth, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_wait_times_out, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_lift_and_merge, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_prepin_amount, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_teardown_releases_everything, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_create_failure_prepin, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_create_failure_grower, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_create_failure_while_waiting, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_idle_slabs_make_room, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
+    };
+    return cmocka_run_group_tests_name("hostpool", tests, NULL, NULL);
+}
