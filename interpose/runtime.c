@@ -204,12 +204,30 @@ int sh_managed(void)
     return 1;
 }
 
+/* Why nothing more could be evicted, for the out-of-memory line. */
+static const char *host_side(char *buf, size_t len)
+{
+    if (!sh_rt.host)
+        return "nothing can be evicted on this device";
+    struct sh_hostpool_stats hs;
+    sh_hostpool_stats(sh_rt.host, &hs);
+    snprintf(buf, len, "host side: %zu MB pinned of a %zu MB budget%s", hs.pinned_bytes >> 20,
+             hs.budget_bytes >> 20,
+             hs.pinned_bytes + (2u << 20) > hs.budget_bytes ? ", exhausted" : "");
+    return buf;
+}
+
 cudaError_t sh_oom(size_t size, const char *what)
 {
     atomic_fetch_add(&sh_rt.oom, 1);
     struct sh_pool_stats st;
     sh_pool_stats(sh_rt.pool, &st);
-    sh_log(SH_LOG_WARN, "%s(%zu bytes): out of memory: %zu MB held of a %llu MB budget", what, size,
-           st.device_bytes >> 20, (unsigned long long)(sh_rt.cfg.budget.vram_budget.bytes >> 20));
+    char host[128];
+    sh_log(SH_LOG_WARN,
+           "%s(%zu bytes): out of memory: %zu MB on the device of a %llu MB budget, "
+           "%zu MB evicted (%s)",
+           what, size, st.device_bytes >> 20,
+           (unsigned long long)(sh_rt.cfg.budget.vram_budget.bytes >> 20), st.host_bytes >> 20,
+           host_side(host, sizeof host));
     return cudaErrorMemoryAllocation;
 }
