@@ -20,10 +20,11 @@
  *   sh_policy_hints(p, &h);
  *   if (device_bytes - evicting_bytes > h.high_watermark)
  *       evict sh_policy_victims(p, device_bytes - evicting_bytes - h.low_watermark, ...);
- *   sh_policy_plan(p, h.high_watermark - device_bytes, protect, np, &plan):
- *       start plan.evict[] (D2H) and plan.fetch[] (H2D), reporting each
- *       through sh_policy_residency();
- *   commit finished copies when sh_policy_commit_due() says so.
+ *   sh_policy_plan(p, device_bytes, protect, np, &plan): start plan.evict[]
+ *       (D2H) and plan.fetch[] (H2D), reporting each through
+ *       sh_policy_residency(); call it again whenever a copy finishes;
+ *   commit finished copies when sh_policy_commit_due() says so (a stalled
+ *   launch leaves the GPU idle: commit finished evictions at once then).
  */
 #ifndef SH_POLICY_H
 #define SH_POLICY_H
@@ -135,23 +136,28 @@ size_t sh_policy_victims(struct sh_policy *p, uint64_t need, const uint64_t *pro
                          uint64_t *out, size_t max);
 /* Up to max host regions to bring back now, soonest needed first, whose
  * sizes fit in `room` bytes (the caller passes what the high watermark
- * allows). Respects the hints. Returns the count. */
+ * allows; what the next launch needs may also use the budget above it).
+ * Respects the hints. Returns the count. sh_policy_plan() without
+ * evictions. */
 size_t sh_policy_prefetch(struct sh_policy *p, uint64_t room, uint64_t *out, size_t max);
 
 /* The moves to start now (the caller's arrays and limits; pass the free
- * copy slots as the limits). fetch[]: what sh_policy_prefetch() returns.
- * evict[]: learned and belady only, regions to evict ahead of need so that
- * what the window needs sooner can come back: only regions needed later
- * than every region they make room for, never protect[] or in flight. */
+ * copy slots as the limits). fetch[]: host regions needed within the window,
+ * soonest first, that fit under the high watermark; a region the very next
+ * launch needs may use the whole budget (it would be restored on demand a
+ * moment later anyway). evict[]: learned and belady only, regions to evict
+ * ahead of need so that what the window needs sooner (restores and the
+ * allocations the recording predicts) can come in: only regions needed
+ * later than everything they make room for, never protect[] or in flight. */
 struct sh_policy_plan {
     uint64_t *fetch;
     size_t fetch_max, nfetch;
     uint64_t *evict;
     size_t evict_max, nevict;
 };
-/* room: high watermark minus device bytes in use now, counting regions
- * whose eviction is still in flight as in use. */
-int sh_policy_plan(struct sh_policy *p, uint64_t room, const uint64_t *protect, size_t np,
+/* device_bytes: device memory in use now, regions whose copies are in
+ * flight either way included. */
+int sh_policy_plan(struct sh_policy *p, uint64_t device_bytes, const uint64_t *protect, size_t np,
                    struct sh_policy_plan *plan);
 /* Whether to open a remap window now: nready copies have finished and wait
  * for their commit; `needed` is nonzero when the launch being issued needs
@@ -168,16 +174,16 @@ struct sh_policy_stats {
     int diverged;    /* the current step departs from every recorded step */
     int marked;      /* steps come from explicit marks */
     uint64_t launches_this_step;
-    uint64_t launches;                /* in all */
-    uint64_t steps_matched;           /* completed steps that followed a recording */
-    uint64_t steps_diverged;          /* completed steps that departed (or had none) */
-    uint64_t recordings;              /* recorded steps kept */
-    uint64_t persistent, transient;   /* live persistent regions; regions freed within their step */
-    uint64_t persistent_bytes;        /* bytes of live persistent regions */
-    uint64_t step_bytes;              /* bytes of live regions allocated this step */
-    uint64_t regions;                 /* regions known (freed ones awaiting forget included) */
-    uint64_t stalls, stall_us;        /* sh_policy_stall() */
-    uint64_t unknown_refs;            /* launch references to unknown ids */
+    uint64_t launches;              /* in all */
+    uint64_t steps_matched;         /* completed steps that followed a recording */
+    uint64_t steps_diverged;        /* completed steps that departed (or had none) */
+    uint64_t recordings;            /* recorded steps kept */
+    uint64_t persistent, transient; /* live persistent regions; regions freed within their step */
+    uint64_t persistent_bytes;      /* bytes of live persistent regions */
+    uint64_t step_bytes;            /* bytes of live regions allocated this step */
+    uint64_t regions;               /* regions known (freed ones awaiting forget included) */
+    uint64_t stalls, stall_us;      /* sh_policy_stall() */
+    uint64_t unknown_refs;          /* launch references to unknown ids */
 };
 void sh_policy_stats(const struct sh_policy *p, struct sh_policy_stats *out);
 /* The class of a region (persistent once it lives across a step boundary,
@@ -202,21 +208,27 @@ struct sh_policy_future {
 int sh_policy_set_future(struct sh_policy *p, const struct sh_policy_future *ev, size_t n);
 
 /* ---- the Conductor rules on their own (policy.c drives them) ----
+ * They restrain guesses: while the policy is confident (it follows a
+ * recording that a whole step has confirmed) none of them tightens anything.
  * Rule 1, backward pressure: in BACKWARD, once device bytes pass
  *   backward_pressure_pct % of the high watermark, both watermarks drop to
  *   that percentage, the window to backward_prefetch_window, and speculative
  *   prefetch stops.
  * Rule 2, optimizer protection: in OPTIMIZER, speculative prefetch stops and
  *   at most optimizer_max_inflight_h2d restores are in flight.
- * Rule 3, contention back-off: a step in which a launch waited while every
- *   H2D slot was busy is contended; after contention_checks contended steps
- *   in a row the window halves from the next step on, and after as many calm
- *   steps it doubles back, up to prefetch_window.
+ * Rule 3, contention back-off: a step in which a launch waited, without
+ *   confidence, while every H2D slot was busy is contended; after
+ *   contention_checks contended steps in a row the window halves from the
+ *   next step on, and after as many calm steps it doubles back, up to
+ *   prefetch_window.
  * Within a step hints only tighten; sh_policy_rules_step() starts the next. */
 struct sh_policy_rules;
 int sh_policy_rules_create(const struct sh_policy_params *params, struct sh_policy_rules **out);
 void sh_policy_rules_destroy(struct sh_policy_rules *r);
-void sh_policy_rules_step(struct sh_policy_rules *r);
+/* A new step; confident: it starts following a confirmed recording. */
+void sh_policy_rules_step(struct sh_policy_rules *r, int confident);
+/* Confidence lost (0) within a step: the rules apply from now on. */
+void sh_policy_rules_confident(struct sh_policy_rules *r, int confident);
 void sh_policy_rules_phase(struct sh_policy_rules *r, int phase);
 void sh_policy_rules_pressure(struct sh_policy_rules *r, uint64_t device_bytes);
 void sh_policy_rules_slots(struct sh_policy_rules *r, int h2d_busy, int d2h_busy);

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# bench-policy.sh — compares the four policies on generated transformer
+# training traces at 1.5x, 2x and 3x oversubscription over 25 GB/s PCIe,
+# with the shipped stagehand.ini, and checks the targets at 2x:
+#   learned within 1.10x of the lower bound, and 1.5x faster than reactive.
+# Usage: tools/stagehand-sim/bench-policy.sh build/stagehand-sim
+# docs/POLICY.md explains the model, the bound and the results.
+set -euo pipefail
+
+sim=${1:?usage: bench-policy.sh path/to/stagehand-sim}
+config=${BENCH_CONFIG:-stagehand.ini}
+common=(--gen --blocks 24 --weight-mb 200 --act-mb 150 --grad-mb 200 --compute-ms 8 --steps 6
+    --pcie-gbps 25 --duplex full --config "$config" --header)
+
+shapes=("full fine-tune|"
+    "full fine-tune, checkpointing|--checkpointing"
+    "LoRA|--lora"
+    "LoRA, checkpointing|--lora --checkpointing")
+
+summary=()
+for shape in "${shapes[@]}"; do
+    name=${shape%%|*}
+    read -r -a extra <<<"${shape#*|}"
+    for oversub in 1.5 2.0 3.0; do
+        echo "## $name, oversubscription ${oversub}x"
+        out=$("$sim" "${common[@]}" "${extra[@]+"${extra[@]}"}" --oversub "$oversub")
+        printf '%s\n' "$out"
+        [ "$oversub" = 2.0 ] || continue
+        learned=$(printf '%s\n' "$out" | sed -n 's/^policy=learned step_s=\([0-9.]*\) .* ratio=\([0-9.]*\) .*/\1 \2/p')
+        reactive=$(printf '%s\n' "$out" | sed -n 's/^policy=reactive step_s=\([0-9.]*\) .*/\1/p')
+        summary+=("$(awk -v n="$name" -v l="$learned" -v r="$reactive" 'BEGIN {
+            split(l, a, " ");
+            speed = r / a[1];
+            bound = "misses"; if (a[2] + 0 <= 1.10) bound = "meets";
+            fast = "misses"; if (speed >= 1.5) fast = "meets";
+            printf "target at 2x, %s: learned/lower_bound=%.3f (%s 1.10) speedup_vs_reactive=%.2f (%s 1.5)\n",
+                n, a[2], bound, speed, fast }')")
+    done
+done
+echo "## targets"
+printf '%s\n' "${summary[@]}"

@@ -1,0 +1,827 @@
+/* replay.c — the model stagehand-sim replays a trace against: one GPU that
+ * runs launches in trace order, VRAM of a given size, and a PCIe link per
+ * direction (or one shared link) that carries copies one at a time at a
+ * given bandwidth, at most max_inflight issued copies per direction.
+ *
+ * The policy decides exactly as inside the library: at each launch (after
+ * making its regions resident) and whenever a copy finishes. A launch whose
+ * region is on the host waits for its restore; one whose region is being
+ * prefetched waits for that copy; one whose region is being evicted keeps
+ * it (the eviction is abandoned: the device copy is still mapped). Memory
+ * under an eviction counts as used until the eviction is committed; copies
+ * are committed in remap windows between launches, which cost time.
+ *
+ * No shared state: everything lives in one struct per run.
+ */
+#include "tools/stagehand-sim/sim.h"
+
+#include "policy/policy.h"
+#include "policy/trace.h"
+#include "sh_err.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum { H2D = 0, D2H = 1 };
+enum { C_QUEUED, C_ISSUED, C_READY, C_DONE };
+
+struct sreg {
+    uint64_t id, bytes;
+    int live;  /* allocated and not freed */
+    int res;   /* enum sh_policy_residency, as the policy was told */
+    int copy;  /* active copy, -1 for none */
+    int known; /* the policy knows it (not yet forgotten) */
+};
+
+struct copy {
+    size_t reg;
+    int dir, state, cancelled, demand;
+    uint64_t bytes, done_ns;
+};
+
+/* A FIFO of copy indices. */
+struct fifo {
+    int *v;
+    size_t head, n, cap;
+};
+
+struct run {
+    const struct sh_trace *t;
+    const struct sim_params *sp;
+    struct sh_policy *pol;
+    int kind;
+    struct idmap ids;
+    struct sreg *reg;
+    size_t nreg;
+    struct copy *cp;
+    size_t ncp, capcp;
+    struct fifo queued[2], issued[2];
+    int *ready; /* copies finished, waiting for a remap window */
+    size_t nready, capready, nready_dir[2];
+    uint64_t link_free[2];
+    uint64_t now;
+    uint64_t used, peak;
+    uint64_t evicting; /* bytes under an eviction not yet committed */
+    /* the launch being issued or running */
+    const uint64_t *prot;
+    size_t nprot;
+    /* per-step tallies, indexed by step */
+    struct tally {
+        uint64_t start_ns, h2d, d2h, stalls, stall_ns, alloc_waits, windows, compute_ns;
+    } * steps;
+    size_t nsteps, cur_step;
+    uint64_t policy_ns, launch_ns, launches;
+    uint64_t *buf; /* scratch for victim and plan lists */
+    size_t capbuf;
+    char *err;
+    size_t errlen;
+    int failed;
+};
+
+__attribute__((format(printf, 2, 3))) static int fail(struct run *r, const char *fmt, ...)
+{
+    if (!r->failed && r->err && r->errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(r->err, r->errlen, fmt, ap);
+        va_end(ap);
+    }
+    r->failed = 1;
+    return SH_EINVAL;
+}
+
+static uint64_t clock_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static struct tally *tally(struct run *r)
+{
+    return &r->steps[r->cur_step];
+}
+
+/* ---- FIFOs ---- */
+
+static int fifo_push(struct fifo *f, int c, int front)
+{
+    if (f->head + f->n == f->cap) {
+        if (f->head) {
+            memmove(f->v, f->v + f->head, f->n * sizeof *f->v);
+            f->head = 0;
+        } else {
+            size_t cap = f->cap ? f->cap * 2 : 64;
+            int *v = realloc(f->v, cap * sizeof *v);
+            if (!v)
+                return SH_ENOMEM;
+            f->v = v;
+            f->cap = cap;
+        }
+    }
+    if (front) {
+        memmove(f->v + f->head + 1, f->v + f->head, f->n * sizeof *f->v);
+        f->v[f->head] = c;
+    } else {
+        f->v[f->head + f->n] = c;
+    }
+    f->n++;
+    return 0;
+}
+
+static int fifo_pop(struct fifo *f)
+{
+    int c = f->v[f->head++];
+    if (--f->n == 0)
+        f->head = 0;
+    return c;
+}
+
+static void fifo_remove(struct fifo *f, int c)
+{
+    for (size_t i = 0; i < f->n; i++) {
+        if (f->v[f->head + i] == c) {
+            memmove(f->v + f->head + i, f->v + f->head + i + 1, (f->n - i - 1) * sizeof *f->v);
+            f->n--;
+            return;
+        }
+    }
+}
+
+/* ---- copies ---- */
+
+static int link_of(const struct run *r, int dir)
+{
+    return r->sp->shared_link ? 0 : dir;
+}
+
+static uint64_t copy_ns(const struct run *r, uint64_t bytes)
+{
+    return (uint64_t)((double)bytes / r->sp->pcie_bytes_per_s * 1e9 + 0.5);
+}
+
+static int cap_of(struct run *r, int dir)
+{
+    struct sh_policy_hints h;
+    sh_policy_hints(r->pol, &h);
+    return dir == H2D ? h.max_inflight_h2d : h.max_inflight_d2h;
+}
+
+static void issue(struct run *r, int c)
+{
+    struct copy *cp = &r->cp[c];
+    int l = link_of(r, cp->dir);
+    uint64_t start = r->link_free[l] > r->now ? r->link_free[l] : r->now;
+    cp->done_ns = start + copy_ns(r, cp->bytes);
+    r->link_free[l] = cp->done_ns;
+    cp->state = C_ISSUED;
+    if (r->sp->verbose > 3)
+        fprintf(stderr, "      %s region %llu %s %.3f..%.3f ms %llu\n",
+                cp->dir == H2D ? "h2d" : "d2h", (unsigned long long)r->reg[cp->reg].id,
+                cp->demand ? "demand" : "ahead",
+                (double)(cp->done_ns - copy_ns(r, cp->bytes)) / 1e6, (double)cp->done_ns / 1e6,
+                (unsigned long long)cp->bytes);
+    fifo_push(&r->issued[cp->dir], c, 0);
+    if (cp->dir == H2D)
+        tally(r)->h2d += cp->bytes;
+    else
+        tally(r)->d2h += cp->bytes;
+}
+
+/* Issues queued copies while slots are free; a demand copy always gets one. */
+static void refill(struct run *r, int dir)
+{
+    while (r->queued[dir].n) {
+        int c = r->queued[dir].v[r->queued[dir].head];
+        int cap = cap_of(r, dir);
+        if (r->cp[c].demand && cap < 1)
+            cap = 1;
+        if ((int)r->issued[dir].n >= cap)
+            return;
+        fifo_pop(&r->queued[dir]);
+        issue(r, c);
+    }
+}
+
+static int start_copy(struct run *r, size_t g, int dir, int demand)
+{
+    if (r->ncp == r->capcp) {
+        size_t cap = r->capcp ? r->capcp * 2 : 1024;
+        struct copy *n = realloc(r->cp, cap * sizeof *n);
+        if (!n)
+            return fail(r, "out of memory");
+        r->cp = n;
+        r->capcp = cap;
+    }
+    int c = (int)r->ncp++;
+    struct sreg *s = &r->reg[g];
+    r->cp[c] = (struct copy){.reg = g, .dir = dir, .demand = demand, .bytes = s->bytes};
+    s->copy = c;
+    s->res = dir == H2D ? SH_RES_TO_DEVICE : SH_RES_TO_HOST;
+    if (dir == H2D)
+        r->used += s->bytes; /* the device chunks are taken now */
+    else
+        r->evicting += s->bytes;
+    if (r->used > r->peak)
+        r->peak = r->used;
+    sh_policy_residency(r->pol, s->id, s->res);
+    if (fifo_push(&r->queued[dir], c, demand))
+        return fail(r, "out of memory");
+    refill(r, dir);
+    return 0;
+}
+
+static size_t reg_of(const struct run *r, uint64_t id)
+{
+    return idmap_get(&r->ids, id);
+}
+
+/* The earliest issued copy to finish, or -1. */
+static int next_done(const struct run *r)
+{
+    int best = -1;
+    for (int d = 0; d < 2; d++) {
+        if (!r->issued[d].n)
+            continue;
+        int c = r->issued[d].v[r->issued[d].head];
+        if (best < 0 || r->cp[c].done_ns < r->cp[best].done_ns)
+            best = c;
+    }
+    return best;
+}
+
+static void drop_region(struct run *r, struct sreg *s)
+{
+    if (s->known) {
+        sh_policy_forget(r->pol, s->id);
+        s->known = 0;
+    }
+}
+
+static int finish(struct run *r, int c)
+{
+    struct copy *cp = &r->cp[c];
+    fifo_pop(&r->issued[cp->dir]);
+    if (cp->cancelled) {
+        cp->state = C_DONE;
+    } else {
+        if (r->nready == r->capready) {
+            size_t cap = r->capready ? r->capready * 2 : 64;
+            int *v = realloc(r->ready, cap * sizeof *v);
+            if (!v)
+                return fail(r, "out of memory");
+            r->ready = v;
+            r->capready = cap;
+        }
+        cp->state = C_READY;
+        r->ready[r->nready++] = c;
+        r->nready_dir[cp->dir]++;
+    }
+    refill(r, cp->dir);
+    return 0;
+}
+
+/* ---- decisions ---- */
+
+static int decide(struct run *r);
+
+/* Processes copy completions up to time t (each one a decision point). */
+static int advance(struct run *r, uint64_t t)
+{
+    for (;;) {
+        int c = next_done(r);
+        if (c < 0 || r->cp[c].done_ns > t)
+            break;
+        if (r->cp[c].done_ns > r->now)
+            r->now = r->cp[c].done_ns;
+        if (finish(r, c) || decide(r))
+            return SH_EINVAL;
+    }
+    if (t > r->now)
+        r->now = t;
+    return 0;
+}
+
+static int commit_all(struct run *r);
+static int any_ready(const struct run *r, int dir);
+
+/* Waits for the next copy to finish; fails when none is in flight. The GPU
+ * is idle meanwhile, so a finished eviction is committed at once (a remap
+ * window has nothing to drain) and its memory goes to the next restore. */
+static int wait_one(struct run *r)
+{
+    int c = next_done(r);
+    if (c < 0)
+        return fail(r, "deadlock: waiting with no copy in flight");
+    if (advance(r, r->cp[c].done_ns))
+        return SH_EINVAL;
+    if (!any_ready(r, D2H))
+        return 0;
+    return commit_all(r) || decide(r) ? SH_EINVAL : 0;
+}
+
+static uint64_t chunks(const struct run *r, uint64_t bytes)
+{
+    return (bytes + r->sp->chunk_bytes - 1) / r->sp->chunk_bytes;
+}
+
+/* One remap window: every finished copy takes effect. */
+static int commit_all(struct run *r)
+{
+    uint64_t cost = r->sp->remap_base_ns;
+    for (size_t i = 0; i < r->nready; i++) {
+        struct copy *cp = &r->cp[r->ready[i]];
+        if (cp->state != C_READY)
+            continue; /* abandoned after it finished */
+        cp->state = C_DONE;
+        struct sreg *s = &r->reg[cp->reg];
+        s->copy = -1;
+        cost += r->sp->map_ns * chunks(r, cp->bytes);
+        if (cp->dir == H2D) {
+            s->res = SH_RES_DEVICE;
+        } else {
+            s->res = SH_RES_HOST;
+            r->used -= s->bytes;
+            r->evicting -= s->bytes;
+        }
+        if (s->live) {
+            sh_policy_residency(r->pol, s->id, s->res);
+        } else {
+            if (cp->dir == H2D)
+                r->used -= s->bytes; /* freed while coming back */
+            drop_region(r, s);
+        }
+    }
+    r->nready = r->nready_dir[H2D] = r->nready_dir[D2H] = 0;
+    tally(r)->windows++;
+    return advance(r, r->now + cost);
+}
+
+static int commit_if_due(struct run *r, int needed)
+{
+    if (!sh_policy_commit_due(r->pol, r->nready_dir[H2D] + r->nready_dir[D2H], needed))
+        return 0;
+    return commit_all(r);
+}
+
+static int any_ready(const struct run *r, int dir)
+{
+    return r->nready_dir[dir] > 0;
+}
+
+static int reserve_buf(struct run *r, size_t n)
+{
+    if (n <= r->capbuf)
+        return 0;
+    uint64_t *b = realloc(r->buf, n * sizeof *b);
+    if (!b)
+        return fail(r, "out of memory");
+    r->buf = b;
+    r->capbuf = n;
+    return 0;
+}
+
+static int evict_list(struct run *r, const uint64_t *ids, size_t n, int demand)
+{
+    for (size_t i = 0; i < n && !r->failed; i++) {
+        size_t g = reg_of(r, ids[i]);
+        if (g == SIZE_MAX || r->reg[g].res != SH_RES_DEVICE)
+            return fail(r, "policy chose region %llu, which is not resident",
+                        (unsigned long long)ids[i]);
+        if (!r->reg[g].live) {
+            /* a freed region: its memory goes back without a copy */
+            r->used -= r->reg[g].bytes;
+            drop_region(r, &r->reg[g]);
+            continue;
+        }
+        start_copy(r, g, D2H, demand);
+    }
+    return r->failed ? SH_EINVAL : 0;
+}
+
+static int busy(const struct run *r, int dir)
+{
+    return (int)(r->queued[dir].n + r->issued[dir].n);
+}
+
+/* A decision point: watermark eviction, then the policy's plan. */
+static int decide(struct run *r)
+{
+    uint64_t t0 = clock_ns();
+    struct sh_policy_hints h;
+    sh_policy_pressure(r->pol, r->used);
+    sh_policy_slots(r->pol, (int)r->issued[H2D].n, (int)r->issued[D2H].n);
+    sh_policy_hints(r->pol, &h);
+    if (reserve_buf(r, r->nreg + 16))
+        return SH_EINVAL;
+    uint64_t staying = r->used - r->evicting;
+    if (staying > h.high_watermark) {
+        size_t n = sh_policy_victims(r->pol, staying - h.low_watermark, r->prot, r->nprot, r->buf,
+                                     r->capbuf);
+        if (evict_list(r, r->buf, n, 0))
+            return SH_EINVAL;
+    }
+    int fmax = h.max_inflight_h2d - busy(r, H2D), emax = h.max_inflight_d2h - busy(r, D2H);
+    if (fmax < 0)
+        fmax = 0;
+    if (emax < 0)
+        emax = 0;
+    size_t half = r->capbuf / 2;
+    struct sh_policy_plan plan = {.fetch = r->buf,
+                                  .fetch_max = (size_t)fmax < half ? (size_t)fmax : half,
+                                  .evict = r->buf + half,
+                                  .evict_max = (size_t)emax < half ? (size_t)emax : half};
+    if (sh_policy_plan(r->pol, r->used, r->prot, r->nprot, &plan))
+        return fail(r, "policy plan failed");
+    r->policy_ns += clock_ns() - t0;
+    if (evict_list(r, plan.evict, plan.nevict, 0))
+        return SH_EINVAL;
+    for (size_t i = 0; i < plan.nfetch; i++) {
+        size_t g = reg_of(r, plan.fetch[i]);
+        if (g == SIZE_MAX || r->reg[g].res != SH_RES_HOST)
+            return fail(r, "policy fetched region %llu, which is not on the host",
+                        (unsigned long long)plan.fetch[i]);
+        if (r->used + r->reg[g].bytes > r->sp->vram_bytes)
+            return fail(r, "policy fetch of region %llu would pass the VRAM size",
+                        (unsigned long long)plan.fetch[i]);
+        if (start_copy(r, g, H2D, 0))
+            return SH_EINVAL;
+    }
+    return 0;
+}
+
+/* Makes room for `bytes` more device bytes, waiting if it must. */
+static int make_room(struct run *r, uint64_t bytes)
+{
+    while (!r->failed && r->used + bytes > r->sp->vram_bytes) {
+        if (any_ready(r, D2H)) {
+            if (commit_all(r))
+                return SH_EINVAL;
+            continue;
+        }
+        if (r->evicting) {
+            if (wait_one(r))
+                return SH_EINVAL;
+            continue;
+        }
+        if (reserve_buf(r, r->nreg + 16))
+            return SH_EINVAL;
+        uint64_t need = r->used + bytes - r->sp->vram_bytes;
+        uint64_t t0 = clock_ns();
+        size_t n = sh_policy_victims(r->pol, need, r->prot, r->nprot, r->buf, r->capbuf);
+        r->policy_ns += clock_ns() - t0;
+        if (n == 0 && any_ready(r, H2D)) {
+            /* restores that landed become evictable once committed */
+            if (commit_all(r))
+                return SH_EINVAL;
+            continue;
+        }
+        if (n == 0 && r->issued[H2D].n + r->queued[H2D].n) {
+            if (wait_one(r))
+                return SH_EINVAL;
+            continue;
+        }
+        if (n == 0 && r->sp->verbose) {
+            for (size_t g = 0; g < r->nreg; g++)
+                if (r->reg[g].live && r->reg[g].res != SH_RES_HOST)
+                    fprintf(stderr, "    region %llu res %d bytes %llu copy %d\n",
+                            (unsigned long long)r->reg[g].id, r->reg[g].res,
+                            (unsigned long long)r->reg[g].bytes, r->reg[g].copy);
+            for (size_t i = 0; i < r->nprot; i++)
+                fprintf(stderr, "    protected %llu\n", (unsigned long long)r->prot[i]);
+        }
+        if (n == 0)
+            return fail(r,
+                        "out of memory: %llu bytes more do not fit in %llu bytes of VRAM "
+                        "(%llu in use, nothing evictable)",
+                        (unsigned long long)bytes, (unsigned long long)r->sp->vram_bytes,
+                        (unsigned long long)r->used);
+        if (evict_list(r, r->buf, n, 1))
+            return SH_EINVAL;
+    }
+    return r->failed ? SH_EINVAL : 0;
+}
+
+/* ---- trace events ---- */
+
+static int on_alloc(struct run *r, const struct sh_trace_event *e)
+{
+    uint64_t t0 = r->now;
+    if (make_room(r, e->bytes))
+        return SH_EINVAL;
+    if (r->now > t0)
+        tally(r)->alloc_waits++;
+    size_t g = r->nreg++;
+    r->reg[g] = (struct sreg){.id = e->id, .bytes = e->bytes, .live = 1, .copy = -1, .known = 1};
+    if (idmap_put(&r->ids, e->id, g))
+        return fail(r, "out of memory");
+    r->used += e->bytes;
+    if (r->used > r->peak)
+        r->peak = r->used;
+    if (sh_policy_alloc(r->pol, r->now / 1000, e->id, e->bytes, e->stream))
+        return fail(r, "trace line %u: policy refused allocation %llu", e->line,
+                    (unsigned long long)e->id);
+    return 0;
+}
+
+static int on_free(struct run *r, const struct sh_trace_event *e)
+{
+    size_t g = reg_of(r, e->id);
+    if (g == SIZE_MAX)
+        return fail(r, "trace line %u: free of unknown region", e->line);
+    struct sreg *s = &r->reg[g];
+    s->live = 0;
+    sh_policy_free(r->pol, r->now / 1000, e->id);
+    if (s->copy >= 0) {
+        struct copy *cp = &r->cp[s->copy];
+        if (cp->state != C_QUEUED)
+            return 0; /* released when the copy is committed */
+        /* nothing copied yet: release at once */
+        fifo_remove(&r->queued[cp->dir], s->copy);
+        cp->state = C_DONE;
+        s->copy = -1;
+        if (cp->dir == D2H)
+            r->evicting -= s->bytes;
+        r->used -= s->bytes;
+        drop_region(r, s);
+        return 0;
+    }
+    if (s->res == SH_RES_DEVICE)
+        r->used -= s->bytes;
+    drop_region(r, s);
+    return 0;
+}
+
+/* A region under eviction is needed: keep the device copy. */
+static void abandon_eviction(struct run *r, struct sreg *s)
+{
+    struct copy *cp = &r->cp[s->copy];
+    if (cp->state == C_QUEUED) {
+        fifo_remove(&r->queued[D2H], s->copy);
+        cp->state = C_DONE;
+    } else if (cp->state == C_READY) {
+        cp->state = C_DONE; /* stays in the ready list, skipped at commit */
+        r->nready_dir[D2H]--;
+    } else {
+        cp->cancelled = 1;
+    }
+    s->copy = -1;
+    r->evicting -= s->bytes;
+    s->res = SH_RES_DEVICE;
+    sh_policy_residency(r->pol, s->id, SH_RES_DEVICE);
+}
+
+static int needs_wait(const struct run *r, const struct sreg *s)
+{
+    return s->copy >= 0 && r->cp[s->copy].dir == H2D && r->cp[s->copy].state != C_READY;
+}
+
+/* Brings every region of the launch to the device; counts the stall. */
+static int make_resident(struct run *r, const uint64_t *ids, size_t n)
+{
+    uint64_t t0 = r->now;
+    for (size_t i = 0; i < n && !r->failed; i++) {
+        size_t g = reg_of(r, ids[i]);
+        struct sreg *s = &r->reg[g];
+        if (s->res == SH_RES_TO_HOST) {
+            abandon_eviction(r, s);
+        } else if (s->res == SH_RES_HOST) {
+            if (make_room(r, s->bytes))
+                return SH_EINVAL;
+            /* while it waited for room, a decision may have fetched it */
+            if (s->res == SH_RES_HOST && start_copy(r, g, H2D, 1))
+                return SH_EINVAL;
+        }
+    }
+    uint64_t waited_for = 0;
+    for (size_t i = 0; i < n && !r->failed; i++) {
+        struct sreg *s = &r->reg[reg_of(r, ids[i])];
+        while (!r->failed && needs_wait(r, s)) {
+            waited_for = s->id;
+            if (wait_one(r))
+                return SH_EINVAL;
+        }
+    }
+    if (r->now > t0 && r->sp->verbose > 2) {
+        fprintf(stderr, "    stall %.3f ms at %.4f s: region %llu\n", (double)(r->now - t0) / 1e6,
+                (double)t0 / 1e9, (unsigned long long)waited_for);
+    }
+    if (r->now > t0) {
+        tally(r)->stalls++;
+        tally(r)->stall_ns += r->now - t0;
+        sh_policy_stall(r->pol, r->now / 1000, waited_for, (r->now - t0) / 1000);
+    }
+    int needed = 0;
+    for (size_t i = 0; i < n; i++) {
+        const struct sreg *s = &r->reg[reg_of(r, ids[i])];
+        needed |= s->copy >= 0 && r->cp[s->copy].state == C_READY;
+    }
+    /* finished evictions free memory the plan is waiting for */
+    needed |= any_ready(r, D2H);
+    return commit_if_due(r, needed);
+}
+
+static int on_launch(struct run *r, const struct sh_trace_event *e)
+{
+    r->prot = e->ids;
+    r->nprot = e->n;
+    for (size_t i = 0; i < e->n; i++)
+        if (reg_of(r, e->ids[i]) == SIZE_MAX)
+            return fail(r, "trace line %u: launch of an unknown region", e->line);
+    if (make_resident(r, e->ids, e->n))
+        return SH_EINVAL;
+    uint64_t t0 = clock_ns();
+    if (sh_policy_launch(r->pol, r->now / 1000, e->kernel, e->stream, e->ids, e->n))
+        return fail(r, "trace line %u: policy refused the launch", e->line);
+    r->launch_ns += clock_ns() - t0;
+    r->launches++;
+    if (decide(r))
+        return SH_EINVAL;
+    uint64_t dur = e->dur_us == SH_TRACE_NO_DUR ? r->sp->default_ns : e->dur_us * 1000;
+    tally(r)->compute_ns += dur;
+    return advance(r, r->now + dur);
+}
+
+static int on_mark(struct run *r, const struct sh_trace_event *e)
+{
+    if (!e->marked)
+        return 0; /* detected marks are the policy's own business */
+    if (e->type == SH_TRACE_STEP)
+        return sh_policy_step(r->pol, r->now / 1000);
+    return sh_policy_phase(r->pol, r->now / 1000, e->phase);
+}
+
+/* ---- the run ---- */
+
+static int set_future(struct run *r)
+{
+    size_t n = sh_trace_count(r->t);
+    struct sh_policy_future *f = calloc(n ? n : 1, sizeof *f);
+    if (!f)
+        return fail(r, "out of memory");
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        const struct sh_trace_event *e = sh_trace_at(r->t, i);
+        if (e->type == SH_TRACE_ALLOC)
+            f[k++] =
+                (struct sh_policy_future){.kind = SH_FUTURE_ALLOC, .id = e->id, .bytes = e->bytes};
+        else if (e->type == SH_TRACE_FREE)
+            f[k++] = (struct sh_policy_future){.kind = SH_FUTURE_FREE, .id = e->id};
+        else if (e->type == SH_TRACE_LAUNCH)
+            f[k++] = (struct sh_policy_future){.kind = SH_FUTURE_LAUNCH, .ids = e->ids, .n = e->n};
+    }
+    int rc = sh_policy_set_future(r->pol, f, k);
+    free(f);
+    return rc ? fail(r, "out of memory") : 0;
+}
+
+/* Device bytes recounted from the regions: must equal r->used. */
+static uint64_t recount(const struct run *r)
+{
+    uint64_t u = 0;
+    for (size_t g = 0; g < r->nreg; g++) {
+        const struct sreg *s = &r->reg[g];
+        if ((s->live && s->res != SH_RES_HOST) || (!s->live && s->copy >= 0))
+            u += s->bytes;
+    }
+    return u;
+}
+
+static int replay(struct run *r, const size_t *starts, size_t nst)
+{
+    size_t next = 1;
+    r->steps[0].start_ns = 0;
+    for (size_t i = 0; i < sh_trace_count(r->t) && !r->failed; i++) {
+        if (next < nst && starts[next] == i) {
+            r->cur_step = next++;
+            tally(r)->start_ns = r->now;
+            if (r->sp->verbose > 1) {
+                struct sh_policy_stats st;
+                sh_policy_stats(r->pol, &st);
+                fprintf(stderr,
+                        "  policy: step %lld following %d diverged %d matched %llu departed %llu "
+                        "recordings %llu\n",
+                        (long long)st.step, st.following, st.diverged,
+                        (unsigned long long)st.steps_matched, (unsigned long long)st.steps_diverged,
+                        (unsigned long long)st.recordings);
+            }
+        }
+        const struct sh_trace_event *e = sh_trace_at(r->t, i);
+        r->prot = NULL;
+        r->nprot = 0;
+        int rc = 0;
+        switch (e->type) {
+        case SH_TRACE_ALLOC:
+            rc = on_alloc(r, e);
+            break;
+        case SH_TRACE_FREE:
+            rc = on_free(r, e);
+            break;
+        case SH_TRACE_LAUNCH:
+            rc = on_launch(r, e);
+            break;
+        default:
+            rc = on_mark(r, e);
+            break;
+        }
+        if (rc)
+            return fail(r, "trace line %u: replay failed", e->line);
+        if (r->sp->verbose > 4 && recount(r) != r->used)
+            return fail(r, "event %zu (type %d): used %llu, regions hold %llu", i, e->type,
+                        (unsigned long long)r->used, (unsigned long long)recount(r));
+    }
+    return r->failed ? SH_EINVAL : 0;
+}
+
+static void summarise(struct run *r, size_t nst, struct sim_result *res)
+{
+    /* step 0 records, step 1 confirms the recording: both are warm-up */
+    size_t first = nst > 2 ? 2 : nst - 1, k = nst - first;
+    struct tally sum = {0};
+    for (size_t s = first; s < nst; s++) {
+        uint64_t end = s + 1 < nst ? r->steps[s + 1].start_ns : r->now;
+        sum.start_ns += end - r->steps[s].start_ns; /* the step's length */
+        sum.h2d += r->steps[s].h2d;
+        sum.d2h += r->steps[s].d2h;
+        sum.stalls += r->steps[s].stalls;
+        sum.stall_ns += r->steps[s].stall_ns;
+        sum.alloc_waits += r->steps[s].alloc_waits;
+        sum.windows += r->steps[s].windows;
+        sum.compute_ns += r->steps[s].compute_ns;
+    }
+    res->steps = (int)nst;
+    res->step_s = (double)sum.start_ns / 1e9 / (double)k;
+    res->compute_s = (double)sum.compute_ns / 1e9 / (double)k;
+    res->h2d_bytes = sum.h2d / k;
+    res->d2h_bytes = sum.d2h / k;
+    res->stalls = (sum.stalls + k / 2) / k;
+    res->stall_s = (double)sum.stall_ns / 1e9 / (double)k;
+    res->alloc_waits = (sum.alloc_waits + k / 2) / k;
+    res->windows = (sum.windows + k / 2) / k;
+    res->peak_bytes = r->peak;
+    res->policy_ns_per_launch = r->launches ? (double)r->policy_ns / (double)r->launches : 0;
+    res->launch_ns_per_launch = r->launches ? (double)r->launch_ns / (double)r->launches : 0;
+    if (r->sp->verbose) {
+        for (size_t s = 0; s < nst; s++) {
+            uint64_t end = s + 1 < nst ? r->steps[s + 1].start_ns : r->now;
+            fprintf(stderr,
+                    "  step %zu: %.4f s, compute %.4f s, h2d %llu, d2h %llu, stalls %llu "
+                    "(%.4f s), alloc waits %llu, windows %llu\n",
+                    s, (double)(end - r->steps[s].start_ns) / 1e9,
+                    (double)r->steps[s].compute_ns / 1e9, (unsigned long long)r->steps[s].h2d,
+                    (unsigned long long)r->steps[s].d2h, (unsigned long long)r->steps[s].stalls,
+                    (double)r->steps[s].stall_ns / 1e9, (unsigned long long)r->steps[s].alloc_waits,
+                    (unsigned long long)r->steps[s].windows);
+        }
+    }
+}
+
+static void cleanup(struct run *r)
+{
+    sh_policy_destroy(r->pol);
+    idmap_free(&r->ids);
+    free(r->reg);
+    free(r->cp);
+    for (int d = 0; d < 2; d++) {
+        free(r->queued[d].v);
+        free(r->issued[d].v);
+    }
+    free(r->steps);
+    free(r->buf);
+    free(r->ready);
+}
+
+int sim_run(const struct sh_trace *t, const struct sim_params *sp,
+            const struct sh_policy_params *pp, struct sim_result *res)
+{
+    memset(res, 0, sizeof *res);
+    struct run r = {
+        .t = t, .sp = sp, .kind = pp->kind, .err = res->error, .errlen = sizeof res->error};
+    size_t *starts = NULL, nst = 0;
+    size_t nalloc = 0;
+    for (size_t i = 0; i < sh_trace_count(t); i++)
+        nalloc += sh_trace_at(t, i)->type == SH_TRACE_ALLOC;
+    int rc = sim_step_starts(t, &starts, &nst);
+    if (!rc)
+        rc = sh_policy_create(pp, &r.pol);
+    if (!rc) {
+        r.reg = calloc(nalloc ? nalloc : 1, sizeof *r.reg);
+        r.steps = calloc(nst, sizeof *r.steps);
+        rc = r.reg && r.steps ? 0 : SH_ENOMEM;
+    }
+    if (rc) {
+        snprintf(res->error, sizeof res->error, "cannot start: %d", rc);
+    } else if (pp->kind == SH_POLICY_BELADY && set_future(&r)) {
+        rc = SH_ENOMEM;
+    } else if (replay(&r, starts, nst) == 0) {
+        summarise(&r, nst, res);
+    } else {
+        rc = SH_EINVAL;
+    }
+    free(starts);
+    cleanup(&r);
+    return rc;
+}
