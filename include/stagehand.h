@@ -82,6 +82,11 @@ typedef struct stagehand_stats {
 /* Fills *out (at most size bytes of it); 0, or -1 if out is NULL. */
 int stagehand_get_stats(stagehand_stats_t *out, size_t size);
 
+/* Where the memory at ptr lives now: 1 on the device, 0 in host memory
+ * (evicted, or moving), -1 when it is not in a region the library manages
+ * (small allocations, the library inactive, or not device memory at all). */
+int stagehand_residency(const void *ptr);
+
 /* PyTorch CUDAPluggableAllocator entry points. */
 void *stagehand_malloc(ssize_t size, int device, void *stream);
 void stagehand_free(void *ptr, ssize_t size, int device, void *stream);

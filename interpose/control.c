@@ -27,7 +27,10 @@ EXPORT int stagehand_active(void)
 EXPORT int64_t stagehand_step(void)
 {
     atomic_store(&sh_rt.phase, STAGEHAND_PHASE_STEP_BEGIN);
-    return atomic_fetch_add(&sh_rt.step, 1) + 1;
+    int64_t step = atomic_fetch_add(&sh_rt.step, 1) + 1;
+    if (sh_managed())
+        sh_sched_mark(1, 0);
+    return step;
 }
 
 EXPORT int stagehand_phase(int phase)
@@ -35,6 +38,8 @@ EXPORT int stagehand_phase(int phase)
     if (phase < STAGEHAND_PHASE_STEP_BEGIN || phase > STAGEHAND_PHASE_STEP_END)
         return -1;
     atomic_store(&sh_rt.phase, phase);
+    if (sh_managed())
+        sh_sched_mark(0, phase);
     return 0;
 }
 
@@ -84,4 +89,13 @@ EXPORT int stagehand_get_stats(stagehand_stats_t *out, size_t size)
     }
     memcpy(out, &s, size < sizeof s ? size : sizeof s);
     return 0;
+}
+
+EXPORT int stagehand_residency(const void *ptr)
+{
+    struct sh_region_info info;
+    if (!ptr || !sh_managed() || sh_pool_lookup(sh_rt.pool, (uintptr_t)ptr, &info) != 0 ||
+        info.state == SH_RS_FREED)
+        return -1;
+    return info.state == SH_RS_RESIDENT;
 }

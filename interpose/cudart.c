@@ -29,6 +29,19 @@ static size_t device_bytes(void)
     return st.device_bytes;
 }
 
+#define MAX_VICTIMS 256
+
+/* Evicts the policy's choice of victims; returns the bytes released. */
+static size_t evict_by_policy(size_t need, const uintptr_t *protect, size_t np)
+{
+    uintptr_t bases[MAX_VICTIMS], victims[MAX_VICTIMS], evicted[MAX_VICTIMS];
+    size_t nb = sh_pool_bases(sh_rt.pool, protect, np < MAX_VICTIMS ? np : MAX_VICTIMS, bases);
+    size_t n = sh_sched_victims(need, bases, nb, victims, MAX_VICTIMS), released = 0, ne = 0;
+    if (n && sh_pool_evict_these(sh_rt.pool, victims, n, &released, evicted, &ne) == SH_OK)
+        sh_sched_residency(evicted, ne, 0);
+    return released;
+}
+
 int sh_make_room(size_t need, const uintptr_t *protect, size_t np)
 {
     const struct sh_config *c = &sh_rt.cfg;
@@ -39,8 +52,14 @@ int sh_make_room(size_t need, const uintptr_t *protect, size_t np)
         atomic_fetch_add(&sh_rt.deferred, 1);
         return dev + need <= c->budget.vram_budget.bytes ? SH_OK : SH_ENOMEM;
     }
-    size_t target = dev + need - c->budget.vram_low_watermark.bytes, released = 0;
-    sh_pool_evict(sh_rt.pool, target, protect, np, &released);
+    size_t target = dev + need - c->budget.vram_low_watermark.bytes;
+    size_t released = sh_pool_trim(sh_rt.pool, target); /* freed regions first, uncopied */
+    if (released < target)
+        released += evict_by_policy(target - released, protect, np);
+    if (released < target) { /* what the policy would not choose, least recently used */
+        size_t more = 0;
+        sh_pool_evict(sh_rt.pool, target - released, protect, np, &more);
+    }
     return device_bytes() + need <= c->budget.vram_budget.bytes ? SH_OK : SH_ENOMEM;
 }
 
@@ -58,6 +77,10 @@ static cudaError_t managed_alloc(void **ptr, size_t size, int path, cudaStream_t
     }
     if (rc != SH_OK)
         return cudaErrorUnknown; /* the caller falls back to the real call */
+    struct sh_region_info info;
+    if (sh_pool_lookup(sh_rt.pool, va, &info) == SH_OK && info.va == va &&
+        info.path != SH_PATH_SLAB)
+        sh_sched_alloc(va, size, stream_id(stream)); /* a region, not a small block */
     *ptr = (void *)va;
     return cudaSuccess;
 }
@@ -84,6 +107,7 @@ EXPORT cudaError_t cudaFree(void *ptr)
     CUresult r = sh_rt.drv.cuCtxSynchronize();
     if (r != CUDA_SUCCESS)
         return (cudaError_t)r;
+    sh_sched_free((uintptr_t)ptr);
     return sh_pool_free(sh_rt.pool, (uintptr_t)ptr, UINT64_MAX, 0) == SH_OK ? cudaSuccess
                                                                             : cudaErrorInvalidValue;
 }
@@ -106,6 +130,8 @@ static int managed_free_async(void *ptr, cudaStream_t stream)
     struct sh_region_info info;
     if (sh_pool_lookup(sh_rt.pool, (uintptr_t)ptr, &info) != SH_OK)
         return SH_ENOTFOUND;
+    if (info.va == (uintptr_t)ptr && info.path != SH_PATH_SLAB)
+        sh_sched_free((uintptr_t)ptr);
     uint64_t fence = sh_driver_fence_record(&sh_rt.drv, (CUstream)stream);
     if (!fence)
         sh_rt.drv.cuCtxSynchronize(); /* no event: fall back to a full wait */

@@ -238,7 +238,7 @@ void sh_graph_launch_begin(CUgraphExec exec)
             break;
         }
     pthread_mutex_unlock(&graphs_mu);
-    sh_launch_begin_addrs(addrs, n);
+    sh_launch_begin_addrs((uint64_t)(uintptr_t)exec, addrs, n);
     free(addrs);
 }
 

@@ -71,11 +71,11 @@ int sh_launch_mode(void);
 void sh_launch_begin(const void *key, int kind, void **args);
 void sh_launch_end(void);
 /* For launches whose regions are known already (graphs). */
-void sh_launch_begin_addrs(const uintptr_t *addrs, size_t n);
+void sh_launch_begin_addrs(uint64_t key, const uintptr_t *addrs, size_t n);
 /* The region addresses a launch's parameters point into (at most max). */
 size_t sh_launch_scan(const void *key, int kind, void **args, uintptr_t *addrs, size_t max);
 /* Touches addrs and restores the evicted regions among them. */
-void sh_launch_prepare(const uintptr_t *addrs, size_t n);
+void sh_launch_prepare(uint64_t kernel, const uintptr_t *addrs, size_t n);
 
 /* Module images (modules.c), for drivers that cannot report parameter
  * layouts: the kernel name of a runtime launch stub, and a kernel's
@@ -85,6 +85,26 @@ const char *sh_modules_stub_name(const void *stub);
 int sh_modules_layout(const char *name, struct sh_cubin_param *params, size_t cap, size_t *count);
 /* 1 when the driver cannot report layouts, so loaded images must be kept. */
 int sh_launch_needs_images(void);
+
+/* The scheduler (sched.c): the policy's events and decisions, and the
+ * trace. Region ids are region base addresses. */
+struct sh_sched_stats {
+    int64_t step;
+    int phase, trace_ready;
+    uint64_t persistent, transient;
+};
+int sh_sched_init(void);
+void sh_sched_alloc(uintptr_t va, size_t size, uint64_t stream);
+void sh_sched_free(uintptr_t va);
+void sh_sched_launch(uint64_t kernel, uint64_t stream, const uintptr_t *bases, size_t n);
+/* A step mark (step != 0) or a phase mark. */
+void sh_sched_mark(int step, int phase);
+void sh_sched_residency(const uintptr_t *bases, size_t n, int on_device);
+/* Regions to evict to release need bytes, best first; 0 when the policy
+ * has no opinion (the pool's LRU choice applies). */
+size_t sh_sched_victims(size_t need, const uintptr_t *protect, size_t np, uintptr_t *out,
+                        size_t max);
+int sh_sched_stats(struct sh_sched_stats *out);
 
 /* Stream capture and graphs (graph.c). While any stream captures, nothing
  * is remapped or drained: it would break the capture. */

@@ -166,10 +166,13 @@ size_t sh_launch_scan(const void *key, int kind, void **args, uintptr_t *addrs, 
     return n;
 }
 
-void sh_launch_prepare(const uintptr_t *addrs, size_t n)
+void sh_launch_prepare(uint64_t kernel, const uintptr_t *addrs, size_t n)
 {
     size_t host = 0;
     atomic_fetch_add(&sh_rt.launches, 1);
+    uintptr_t bases[MAX_ADDRS];
+    size_t nb = sh_pool_bases(sh_rt.pool, addrs, n < MAX_ADDRS ? n : MAX_ADDRS, bases);
+    sh_sched_launch(kernel, 0, bases, nb);
     if (n == 0)
         return;
     sh_pool_touch(sh_rt.pool, addrs, n, &host);
@@ -183,13 +186,15 @@ void sh_launch_prepare(const uintptr_t *addrs, size_t n)
     }
     if (sh_make_room(host, addrs, n) != 0 || sh_pool_restore(sh_rt.pool, addrs, n) != 0)
         sh_log(SH_LOG_DEBUG, "a launch runs on host-mapped memory: no room to restore");
+    sh_sched_residency(bases, nb, 1); /* what stayed on the host is found again next time */
 }
 
 /* Makes the regions a launch points into resident. */
 static void prepare(const void *key, int kind, void **args)
 {
     uintptr_t addrs[MAX_ADDRS];
-    sh_launch_prepare(addrs, sh_launch_scan(key, kind, args, addrs, MAX_ADDRS));
+    sh_launch_prepare((uint64_t)(uintptr_t)key, addrs,
+                      sh_launch_scan(key, kind, args, addrs, MAX_ADDRS));
 }
 
 void sh_launch_begin(const void *key, int kind, void **args)
@@ -200,10 +205,10 @@ void sh_launch_begin(const void *key, int kind, void **args)
     }
 }
 
-void sh_launch_begin_addrs(const uintptr_t *addrs, size_t n)
+void sh_launch_begin_addrs(uint64_t key, const uintptr_t *addrs, size_t n)
 {
     if (depth++ == 0) {
-        sh_launch_prepare(addrs, n);
+        sh_launch_prepare(key, addrs, n);
         sh_gate_enter(sh_rt.gate);
     }
 }

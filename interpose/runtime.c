@@ -180,6 +180,7 @@ static void init(void)
         return;
     }
     open_mover();
+    sh_sched_init();
     sh_launch_init();
     char summary[512];
     sh_config_summary(&sh_rt.cfg, summary, sizeof summary);

@@ -290,6 +290,10 @@ struct sh_policy {
     uint64_t *anchor_ids, *anchor_bytes;
     uint64_t anchor_allocs; /* allocations made before the first launch */
     size_t anchor_n;
+    uint64_t *seen; /* signatures of step 0's launches, until its end is found */
+    int step_mixed; /* this step ran another kernel than the anchor's, or used a
+                       region older than the anchor: more than an init loop */
+    int found_loop; /* a boundary has been detected */
 
     /* recording and matching */
     struct rec rec;
@@ -662,6 +666,7 @@ void sh_policy_destroy(struct sh_policy *p)
     free(p->spare);
     free(p->anchor_ids);
     free(p->anchor_bytes);
+    free(p->seen);
     free(p->rec.kernel);
     free(p->rec.loff);
     free(p->rec.lref);
@@ -1022,6 +1027,7 @@ static int begin_step(struct sh_policy *p)
     p->prev_start = p->step_start;
     p->step_start = p->glaunches;
     p->pos = 0;
+    p->step_mixed = 0;
     p->st.step_bytes = 0;
     rec_reset(&p->rec);
     p->phase = SH_PHASE_STEP_BEGIN;
@@ -1128,11 +1134,30 @@ static int is_anchor(const struct sh_policy *p, uint64_t kernel, const uint64_t 
     for (size_t i = 0; i < n; i++) {
         if (ids[i] == p->anchor_ids[i])
             continue;
+        /* A new region of the same size is the next batch only if a whole
+         * step ran in between: a loop that allocates and initialises
+         * weights one by one repeats one kernel on fresh regions too. */
         const struct region *r = find(p, ids[i]);
-        if (!r || r->bytes != p->anchor_bytes[i] || r->aseq < p->anchor_allocs)
+        if (!p->step_mixed || !r || r->bytes != p->anchor_bytes[i] || r->aseq < p->anchor_allocs)
             return 0;
     }
     return 1;
+}
+
+/* A launch after the anchor that an init loop would not make: another
+ * kernel, or one reading a region older than the anchor (not its own). */
+static int more_than_init(const struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n)
+{
+    if (kernel != p->anchor_kernel)
+        return 1;
+    for (size_t i = 0; i < n; i++) {
+        int own = 0;
+        for (size_t k = 0; k < p->anchor_n && !own; k++)
+            own = ids[i] == p->anchor_ids[k];
+        if (!own && find(p, ids[i])->aseq < p->anchor_allocs)
+            return 1;
+    }
+    return 0;
 }
 
 static int set_anchor(struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n)
@@ -1153,6 +1178,38 @@ static int set_anchor(struct sh_policy *p, uint64_t kernel, const uint64_t *ids,
     p->anchor_n = n;
     p->have_anchor = 1;
     return 0;
+}
+
+#define SEEN_SLOTS (1u << 16)
+
+static uint64_t signature(uint64_t kernel, const uint64_t *ids, size_t n)
+{
+    uint64_t h = kernel * 0x9e3779b97f4a7c15ull + n;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ ids[i]) * 0xff51afd7ed558ccdull;
+    return h | 1; /* 0 marks an empty slot */
+}
+
+/* Warm-up work before a loop (initialising weights, say) never recurs, so
+ * the seed's rule would never end step 0. Until a boundary is found, a
+ * launch that exactly repeats an earlier one (same kernel, same regions)
+ * marks the loop: step 0 ends there and that launch becomes the anchor.
+ * Returns 1 when it moved the anchor. */
+static int repeat_found(struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n)
+{
+    if (p->found_loop || n == 0 || p->pos >= SEEN_SLOTS / 2)
+        return 0; /* a launch touching no region says nothing about the loop */
+    if (!p->seen && !(p->seen = calloc(SEEN_SLOTS, sizeof *p->seen)))
+        return 0;
+    uint64_t sig = signature(kernel, ids, n);
+    for (uint32_t i = (uint32_t)sig & (SEEN_SLOTS - 1);; i = (i + 1) & (SEEN_SLOTS - 1)) {
+        if (p->seen[i] == sig)
+            return set_anchor(p, kernel, ids, n) == 0;
+        if (!p->seen[i]) {
+            p->seen[i] = sig;
+            return 0;
+        }
+    }
 }
 
 /* Known ids of one launch, each once, in order (into p->dedup). */
@@ -1251,8 +1308,16 @@ int sh_policy_launch(struct sh_policy *p, uint64_t t_us, uint64_t kernel, uint64
     if (!p->marked_steps) {
         if (!p->have_anchor && (err = set_anchor(p, kernel, ids, n)))
             return err;
-        if (p->pos > 0 && is_anchor(p, kernel, ids, n) && (err = boundary(p)))
-            return err;
+        if (p->have_anchor && p->pos > 0 && !p->step_mixed)
+            p->step_mixed = more_than_init(p, kernel, ids, n);
+        int moved = repeat_found(p, kernel, ids, n);
+        if (p->pos > 0 && (moved || is_anchor(p, kernel, ids, n))) {
+            if ((err = boundary(p)))
+                return err;
+            p->found_loop = 1;
+            free(p->seen);
+            p->seen = NULL;
+        }
     }
     if (p->ncand)
         match_launch(p, kernel, ids, n);

@@ -184,7 +184,7 @@ static size_t evict_window(struct sh_pool *pool, struct region **v, size_t n)
     return n;
 }
 
-static void evicted(struct sh_pool *pool, struct region *r, size_t *released)
+static void evicted_one(struct sh_pool *pool, struct region *r, size_t *released)
 {
     for (unsigned i = 0; i < r->nchunks; i++) {
         sh_chunkcache_put(pool->cc, r->chunks[i].handle, r->chunks[i].size);
@@ -199,45 +199,111 @@ static void evicted(struct sh_pool *pool, struct region *r, size_t *released)
     finish_state(pool, r, SH_RS_HOST);
 }
 
-int sh_pool_evict(struct sh_pool *pool, size_t need, const uintptr_t *protect, size_t np,
-                  size_t *released)
+/* Copies and remaps a batch of EVICTING regions; move_mu held. Regions
+ * that could not go return to RESIDENT. Adds the bytes released. */
+static void evict_batch(struct sh_pool *pool, struct candidates *c, size_t n, size_t *released,
+                        uintptr_t *evicted, size_t *nevicted)
 {
-    *released = sh_pool_trim(pool, need); /* freed regions go first, uncopied */
-    /* A caller issuing work (holding the gate) cannot open a window; it must
-     * not wait for move_mu either: its holder may be waiting for the gate. */
-    if (*released >= need || !pool->mover.xfer || sh_gate_held(pool->mover.gate))
-        return *released ? 0 : SH_ENOMEM;
-    pthread_mutex_lock(&pool->move_mu);
-    struct candidates c = {.protect = protect, .np = np};
-    size_t n = pick_victims(pool, need - *released, &c), ready = 0;
+    size_t ready = 0;
     unsigned wait_ms = pool->mover.slab_wait_ms;
     for (size_t k = 0; k < n; k++) {
-        if (get_slabs(pool, c.r[k], wait_ms) == 0) {
-            c.r[ready++] = c.r[k];
+        if (get_slabs(pool, c->r[k], wait_ms) == 0) {
+            c->r[ready++] = c->r[k];
         } else {
             /* No slabs for its chunk sizes: it stays, the others may still go,
              * with what the host pool has now. */
-            finish_state(pool, c.r[k], SH_RS_RESIDENT);
+            finish_state(pool, c->r[k], SH_RS_RESIDENT);
             wait_ms = 0;
         }
     }
     size_t done = 0;
     if (ready && sh_gate_lock(pool->mover.gate) == 0) {
-        done = evict_window(pool, c.r, ready);
+        done = evict_window(pool, c->r, ready);
         sh_gate_unlock(pool->mover.gate);
     }
     for (size_t k = 0; k < ready; k++) {
         if (k < done) {
-            evicted(pool, c.r[k], released);
+            if (evicted)
+                evicted[(*nevicted)++] = c->r[k]->va;
+            evicted_one(pool, c->r[k], released);
         } else {
-            give_back_slabs(pool, c.r[k]);
-            finish_state(pool, c.r[k], SH_RS_RESIDENT);
+            give_back_slabs(pool, c->r[k]);
+            finish_state(pool, c->r[k], SH_RS_RESIDENT);
         }
     }
+}
+
+/* 1 when this caller may open a remap window now. A caller issuing work
+ * (holding the gate) cannot; it must not wait for move_mu either: its
+ * holder may be waiting for the gate. */
+static int can_move(struct sh_pool *pool)
+{
+    return pool->mover.xfer && !sh_gate_held(pool->mover.gate);
+}
+
+int sh_pool_evict(struct sh_pool *pool, size_t need, const uintptr_t *protect, size_t np,
+                  size_t *released)
+{
+    *released = sh_pool_trim(pool, need); /* freed regions go first, uncopied */
+    if (*released >= need || !can_move(pool))
+        return *released ? 0 : SH_ENOMEM;
+    pthread_mutex_lock(&pool->move_mu);
+    struct candidates c = {.protect = protect, .np = np};
+    size_t n = pick_victims(pool, need - *released, &c);
+    evict_batch(pool, &c, n, released, NULL, NULL);
     pthread_mutex_unlock(&pool->move_mu);
     free(c.r);
     sh_chunkcache_trim(pool->cc, *released); /* give the memory back to the device */
     return *released ? 0 : SH_ENOMEM;
+}
+
+int sh_pool_evict_these(struct sh_pool *pool, const uintptr_t *vas, size_t n, size_t *released,
+                        uintptr_t *evicted, size_t *nevicted)
+{
+    *released = 0;
+    *nevicted = 0;
+    if (n == 0 || !can_move(pool))
+        return SH_ENOMEM;
+    struct candidates c = {.r = malloc(n * sizeof *c.r)};
+    if (!c.r)
+        return SH_ENOMEM;
+    pthread_mutex_lock(&pool->move_mu);
+    pthread_mutex_lock(&pool->mu);
+    pthread_rwlock_rdlock(&pool->index_lock);
+    for (size_t i = 0; i < n; i++) {
+        struct region *r = sh_rindex_lookup(pool->index, vas[i]);
+        if (r && r->va == vas[i] && r->path != SH_PATH_SLAB &&
+            sh_state_move_from(&r->state, SH_RS_RESIDENT, SH_RS_EVICTING, r->id) == 0) {
+            pool->st.regions[SH_RS_RESIDENT]--;
+            pool->st.regions[SH_RS_EVICTING]++;
+            c.r[c.n++] = r;
+        }
+    }
+    pthread_rwlock_unlock(&pool->index_lock);
+    pthread_mutex_unlock(&pool->mu);
+    evict_batch(pool, &c, c.n, released, evicted, nevicted);
+    pthread_mutex_unlock(&pool->move_mu);
+    free(c.r);
+    sh_chunkcache_trim(pool->cc, *released);
+    return *released ? 0 : SH_ENOMEM;
+}
+
+size_t sh_pool_bases(struct sh_pool *pool, const uintptr_t *addrs, size_t n, uintptr_t *bases)
+{
+    size_t m = 0;
+    pthread_rwlock_rdlock(&pool->index_lock);
+    for (size_t i = 0; i < n; i++) {
+        struct region *r = sh_rindex_lookup(pool->index, addrs[i]);
+        if (!r || r->path == SH_PATH_SLAB)
+            continue;
+        size_t k = 0;
+        while (k < m && bases[k] != r->va)
+            k++;
+        if (k == m)
+            bases[m++] = r->va;
+    }
+    pthread_rwlock_unlock(&pool->index_lock);
+    return m;
 }
 
 /* ---- use and restore ---- */

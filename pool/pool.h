@@ -144,6 +144,14 @@ void sh_pool_set_mover(struct sh_pool *pool, const struct sh_pool_mover *m);
  * nothing could be released (host side exhausted, or nothing evictable). */
 int sh_pool_evict(struct sh_pool *pool, size_t need, const uintptr_t *protect, size_t np,
                   size_t *released);
+/* Evicts exactly the resident regions starting at vas[0..n) (the
+ * scheduler's choice), in one remap window. The bases of those evicted go
+ * to evicted[0..*nevicted) (room for n). */
+int sh_pool_evict_these(struct sh_pool *pool, const uintptr_t *vas, size_t n, size_t *released,
+                        uintptr_t *evicted, size_t *nevicted);
+/* The distinct bases of the regions containing addrs[0..n), sub-allocator
+ * slabs left out; returns the count (at most n). */
+size_t sh_pool_bases(struct sh_pool *pool, const uintptr_t *addrs, size_t n, uintptr_t *bases);
 /* Records a use of the regions containing addrs[0..n) (a launch) and
  * returns, through *host_bytes, the device memory it takes to bring back
  * those of them that are evicted. */

@@ -27,7 +27,6 @@
 #define LAYERS 48
 #define WIDTH  1024
 #define BATCH  8
-#define STEPS  3
 #define LR     0.05f
 
 static float lcg(uint32_t *s)
@@ -168,6 +167,8 @@ static double now(void)
 
 int main(void)
 {
+    const char *steps_env = getenv("TRAIN_STEPS");
+    const int STEPS = steps_env && atoi(steps_env) > 0 ? atoi(steps_env) : 3;
     register_kernels();
     const size_t wn = (size_t)WIDTH * WIDTH, an = (size_t)BATCH * WIDTH;
     float *w[LAYERS], *dw[LAYERS];

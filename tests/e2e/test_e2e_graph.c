@@ -92,15 +92,18 @@ static void scenario(void)
     assert_int_equal(cudaGraphInstantiate(&e, g, 0), cudaSuccess);
 
     stagehand_stats_t before, after;
-    uint64_t graph_restores = 0;
+    int (*residency)(const void *) =
+        (int (*)(const void *))dlsym(RTLD_DEFAULT, "stagehand_residency");
+    int were_out = 0;
     stats(&before);
     for (int k = 0; k < 3; k++) {
-        stagehand_stats_t a, b;
-        stats(&a);
+        for (int i = 0; preloaded && i < NGRAPH; i++)
+            were_out += residency(r[i]) == 0;
         assert_int_equal(cudaGraphLaunch(e, s), cudaSuccess);
+        /* Every region the graph's kernels point into is on the device now. */
+        for (int i = 0; preloaded && i < NGRAPH; i++)
+            assert_int_equal(residency(r[i]), 1);
         assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
-        stats(&b);
-        graph_restores += b.restores - a.restores;
         for (int i = NGRAPH; i < NREG; i++) /* push the graph's regions out again */
             bump(r[i], NULL);
         assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
@@ -115,8 +118,8 @@ static void scenario(void)
     assert_int_equal(sim.faults, 0);
     if (preloaded) {
         assert_true(before.evictions > 0);
-        /* Each launch brought the graph's evicted regions back before running. */
-        assert_true(graph_restores >= 3 * NGRAPH / 2);
+        /* Some were evicted before a launch, so the launches brought them back. */
+        assert_true(were_out > 0);
         assert_true(after.evictions > before.evictions);
     }
     cudaGraphExecDestroy(e);

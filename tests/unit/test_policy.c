@@ -201,6 +201,33 @@ static void test_step_next_batch(void **state)
     sh_policy_destroy(p);
 }
 
+/* Warm-up launches that never recur (weight initialisation) must not hide
+ * the loop: the first exact repeat ends step 0 and anchors the next ones. */
+static void test_step_after_warmup(void **state)
+{
+    (void)state;
+    struct sh_policy *p = mk(SH_POLICY_LEARNED);
+    for (uint64_t id = 1; id <= 3; id++)
+        assert_int_equal(sh_policy_alloc(p, 0, id, 100, 7), 0);
+    for (uint64_t id = 1; id <= 3; id++)
+        launch1(p, KX, id); /* init, once each */
+    for (int step = 0; step < 3; step++) {
+        assert_int_equal(stats(p).step, step == 0 ? 0 : step - 1);
+        for (uint64_t id = 1; id <= 3; id++)
+            launch1(p, KF, id);
+        for (uint64_t id = 3; id >= 1; id--)
+            launch1(p, KB, id);
+    }
+    /* Step 0 ran from the init to the first repeat of KF(1); two more since. */
+    assert_int_equal(stats(p).step, 2);
+    assert_true(stats(p).trace_ready);
+    launch1(p, KF, 1);
+    assert_int_equal(stats(p).step, 3);
+    assert_int_equal(next_use(p, 2), 0); /* learned: W2 is needed by the very next launch */
+    assert_int_equal(next_use(p, 1), 4); /* W1: after KF3, KB3, KB2 and KB1 reads it */
+    sh_policy_destroy(p);
+}
+
 static void test_marked_steps_win(void **state)
 {
     (void)state;
@@ -825,6 +852,7 @@ int main(void)
         cmocka_unit_test(test_event_errors),
         cmocka_unit_test(test_auto_steps),
         cmocka_unit_test(test_step_next_batch),
+        cmocka_unit_test(test_step_after_warmup),
         cmocka_unit_test(test_marked_steps_win),
         cmocka_unit_test(test_classes),
         cmocka_unit_test(test_next_use),
