@@ -26,8 +26,10 @@ LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o)
 LIB_LIBS := -ldl -linih -lm -lz -lelf
 
 SIM_DRV_SRCS := $(wildcard tests/sim/drv_*.c)
-SIM_DRV_OBJS := $(SIM_DRV_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/sim/stubs_cuda.o
-SIM_RT_OBJS  := $(BUILD)/obj/tests/sim/cudart.o $(BUILD)/obj/sim/stubs_cudart.o
+SIM_DRV_OBJS := $(SIM_DRV_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/sim/stubs_cuda.o \
+                $(BUILD)/obj/sim/errors_cuda.o
+SIM_RT_OBJS  := $(BUILD)/obj/tests/sim/cudart.o $(BUILD)/obj/sim/stubs_cudart.o \
+                $(BUILD)/obj/sim/errors_cudart.o
 SIM_CUPTI_OBJS := $(BUILD)/obj/tests/sim/cupti.o $(BUILD)/obj/sim/stubs_cupti.o
 SIM_LIBS := $(BUILD)/sim/libcuda.so.1 $(BUILD)/sim/libcudart.so.13 $(BUILD)/sim/libcupti.so.13
 
@@ -78,6 +80,15 @@ $(BUILD)/obj/sim/stubs_cupti.c: tests/sim/gen_stubs.sh $(PREREQ)
 	tests/sim/gen_stubs.sh $(CC) $(CUDA_INC) cupti.h cupti CUptiResult sim_refuse_cupti 27 > $@
 $(BUILD)/obj/sim/stubs_%.o: $(BUILD)/obj/sim/stubs_%.c
 	$(CC) $(CFLAGS_ALL) -Wno-strict-prototypes -Wno-missing-prototypes -c $< -o $@
+# The error enums' name/value tables (cuGetErrorName, cudaGetErrorName, SIMCUDA_FAIL).
+$(BUILD)/obj/sim/errors_cuda.c: tests/sim/gen_errors.sh $(PREREQ)
+	@mkdir -p $(@D)
+	tests/sim/gen_errors.sh $(CC) $(CUDA_INC) cuda.h cudaError_enum sim_cu_errors > $@.$$$$.tmp && mv $@.$$$$.tmp $@
+$(BUILD)/obj/sim/errors_cudart.c: tests/sim/gen_errors.sh $(PREREQ)
+	@mkdir -p $(@D)
+	tests/sim/gen_errors.sh $(CC) $(CUDA_INC) cuda_runtime_api.h cudaError sim_rt_errors > $@.$$$$.tmp && mv $@.$$$$.tmp $@
+$(BUILD)/obj/sim/errors_%.o: $(BUILD)/obj/sim/errors_%.c tests/sim/sim.h tests/sim/simcuda.h
+	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
 SIM_LDFLAGS := -shared $(LDFLAGS_ALL) -Wl,--no-undefined -Wl,--version-script=tests/sim/exports.map
 

@@ -14,10 +14,12 @@
 #include <cupti.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <string.h>
 
 SIM_EXPORT void simcuda__api_enter(struct sim_api_call *call, int domain, int cbid,
                                    const char *fname, const char *symbol, const void *params);
 SIM_EXPORT void simcuda__api_exit(struct sim_api_call *call, void *ret);
+SIM_EXPORT const char *simcuda__function_name(CUfunction f);
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static CUresult init_result;
@@ -125,36 +127,76 @@ SIM_EXPORT cudaError_t cudaPeekAtLastError(void)
     return last_error;
 }
 
+/* The real runtime's text where the simulator knows it; every other code of
+ * the cudaError enum gets a description derived from its name. */
+#define SIM_RT_ERROR_TEXTS(X)                                                                      \
+    X(cudaSuccess, "no error")                                                                     \
+    X(cudaErrorInvalidValue, "invalid argument")                                                   \
+    X(cudaErrorMemoryAllocation, "out of memory")                                                  \
+    X(cudaErrorInitializationError, "initialization error")                                        \
+    X(cudaErrorCudartUnloading, "driver shutting down")                                            \
+    X(cudaErrorInvalidConfiguration, "invalid configuration argument")                             \
+    X(cudaErrorInvalidPitchValue, "invalid pitch argument")                                        \
+    X(cudaErrorInvalidSymbol, "invalid device symbol")                                             \
+    X(cudaErrorInvalidHostPointer, "invalid host pointer")                                         \
+    X(cudaErrorInvalidDevicePointer, "invalid device pointer")                                     \
+    X(cudaErrorInvalidMemcpyDirection, "invalid copy direction for memcpy")                        \
+    X(cudaErrorMissingConfiguration, "__global__ function call is not configured")                 \
+    X(cudaErrorInsufficientDriver, "CUDA driver version is insufficient for CUDA runtime version") \
+    X(cudaErrorNoDevice, "no CUDA-capable device is detected")                                     \
+    X(cudaErrorInvalidDevice, "invalid device ordinal")                                            \
+    X(cudaErrorDeviceUninitialized, "invalid device context")                                      \
+    X(cudaErrorInvalidKernelImage, "device kernel image is invalid")                               \
+    X(cudaErrorInvalidResourceHandle, "invalid resource handle")                                   \
+    X(cudaErrorIllegalState, "the operation cannot be performed in the present state")             \
+    X(cudaErrorSymbolNotFound, "named symbol not found")                                           \
+    X(cudaErrorNotReady, "device not ready")                                                       \
+    X(cudaErrorIllegalAddress, "an illegal memory access was encountered")                         \
+    X(cudaErrorLaunchOutOfResources, "too many resources requested for launch")                    \
+    X(cudaErrorLaunchTimeout, "the launch timed out and was terminated")                           \
+    X(cudaErrorHostMemoryAlreadyRegistered,                                                        \
+      "part or all of the requested memory range is already mapped")                               \
+    X(cudaErrorHostMemoryNotRegistered,                                                            \
+      "pointer does not correspond to a registered memory region")                                 \
+    X(cudaErrorLaunchFailure, "unspecified launch failure")                                        \
+    X(cudaErrorNotPermitted, "operation not permitted")                                            \
+    X(cudaErrorNotSupported, "operation not supported")                                            \
+    X(cudaErrorStreamCaptureUnsupported, "operation not permitted when stream is capturing")       \
+    X(cudaErrorStreamCaptureInvalidated,                                                           \
+      "operation failed due to a previous error during capture")                                   \
+    X(cudaErrorStreamCaptureImplicit,                                                              \
+      "operation would make the legacy stream depend on a capturing blocking stream")              \
+    X(cudaErrorInvalidDeviceFunction, "invalid device function")                                   \
+    X(cudaErrorTimeout, "wait operation timed out")                                                \
+    X(cudaErrorUnknown, "unknown error")
+
+static const struct sim_error_name *rt_error(cudaError_t e)
+{
+    for (size_t i = 0; i < sim_rt_errors_count; i++)
+        if (sim_rt_errors[i].code == (int)e)
+            return &sim_rt_errors[i];
+    return NULL;
+}
+
 SIM_EXPORT const char *cudaGetErrorName(cudaError_t error)
 {
-    const char *s = NULL;
-    if (error == cudaErrorInvalidDeviceFunction)
-        return "cudaErrorInvalidDeviceFunction";
-    if (error == cudaErrorInvalidMemcpyDirection)
-        return "cudaErrorInvalidMemcpyDirection";
-    if (error == cudaErrorMemoryAllocation)
-        return "cudaErrorMemoryAllocation";
-    if (error == cudaErrorIllegalAddress)
-        return "cudaErrorIllegalAddress";
-    if (error == cudaErrorInvalidValue)
-        return "cudaErrorInvalidValue";
-    if (error == cudaSuccess)
-        return "cudaSuccess";
-    cuGetErrorName((CUresult)error, &s);
-    return s ? s : "unrecognized error code";
+    const struct sim_error_name *n = rt_error(error);
+    return n ? n->name : "unrecognized error code";
 }
 
 SIM_EXPORT const char *cudaGetErrorString(cudaError_t error)
 {
-    const char *s = NULL;
-    if (error == cudaErrorInvalidDeviceFunction)
-        return "invalid device function";
-    if (error == cudaErrorInvalidMemcpyDirection)
-        return "invalid copy direction for memcpy";
-    if (error == cudaErrorMemoryAllocation)
-        return "out of memory";
-    cuGetErrorString((CUresult)error, &s);
-    return s ? s : "unrecognized error code";
+    switch (error) {
+#define X(code, text)                                                                              \
+    case code:                                                                                     \
+        return text;
+        SIM_RT_ERROR_TEXTS(X)
+#undef X
+    default:
+        break;
+    }
+    const struct sim_error_name *n = rt_error(error);
+    return n ? n->text : "unrecognized error code";
 }
 
 SIM_EXPORT cudaError_t cudaDriverGetVersion(int *v)
@@ -211,6 +253,96 @@ SIM_EXPORT cudaError_t cudaDeviceGetStreamPriorityRange(int *least, int *greates
 {
     ENTER();
     return ret_cu(cuCtxGetStreamPriorityRange(least, greatest));
+}
+
+/* The simulated device as cudaDeviceProp: what the driver models comes from
+ * its attributes (so the two agree); the rest are the figures of the GPU it
+ * poses as (compute capability 9.0). */
+SIM_EXPORT cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
+{
+    ENTER();
+    if (!prop)
+        return ret(cudaErrorInvalidValue);
+    if (device != 0)
+        return ret(cudaErrorInvalidDevice);
+    struct cudaDeviceProp p;
+    memset(&p, 0, sizeof p);
+    CUresult r = cuDeviceGetName(p.name, sizeof p.name, device);
+    if (r == CUDA_SUCCESS)
+        r = cuDeviceTotalMem(&p.totalGlobalMem, device);
+    static const struct {
+        CUdevice_attribute attr;
+        size_t offset;
+    } attrs[] = {
+#define A(attr, field) {CU_DEVICE_ATTRIBUTE_##attr, offsetof(struct cudaDeviceProp, field)}
+        A(COMPUTE_CAPABILITY_MAJOR, major),
+        A(COMPUTE_CAPABILITY_MINOR, minor),
+        A(MULTIPROCESSOR_COUNT, multiProcessorCount),
+        A(MAX_THREADS_PER_BLOCK, maxThreadsPerBlock),
+        A(WARP_SIZE, warpSize),
+        A(UNIFIED_ADDRESSING, unifiedAddressing),
+        A(CAN_MAP_HOST_MEMORY, canMapHostMemory),
+        A(CONCURRENT_KERNELS, concurrentKernels),
+        A(ASYNC_ENGINE_COUNT, asyncEngineCount),
+        A(PCI_BUS_ID, pciBusID),
+        A(PCI_DEVICE_ID, pciDeviceID),
+        A(PCI_DOMAIN_ID, pciDomainID),
+        A(INTEGRATED, integrated),
+        A(MANAGED_MEMORY, managedMemory),
+        A(CONCURRENT_MANAGED_ACCESS, concurrentManagedAccess),
+        A(PAGEABLE_MEMORY_ACCESS, pageableMemoryAccess),
+        A(COOPERATIVE_LAUNCH, cooperativeLaunch),
+        A(MEMORY_POOLS_SUPPORTED, memoryPoolsSupported),
+        A(STREAM_PRIORITIES_SUPPORTED, streamPrioritiesSupported),
+        A(GPU_DIRECT_RDMA_SUPPORTED, gpuDirectRDMASupported),
+        A(NUMA_CONFIG, deviceNumaConfig),
+        A(NUMA_ID, deviceNumaId),
+        A(HOST_NUMA_ID, hostNumaId),
+#undef A
+    };
+    for (size_t i = 0; r == CUDA_SUCCESS && i < sizeof attrs / sizeof *attrs; i++)
+        r = cuDeviceGetAttribute((int *)((char *)&p + attrs[i].offset), attrs[i].attr, device);
+    if (r != CUDA_SUCCESS)
+        return ret_cu(r);
+    p.sharedMemPerBlock = 48 << 10;
+    p.sharedMemPerBlockOptin = 227 << 10;
+    p.sharedMemPerMultiprocessor = 228 << 10;
+    p.reservedSharedMemPerBlock = 1 << 10;
+    p.regsPerBlock = p.regsPerMultiprocessor = 65536;
+    p.memPitch = 2147483647;
+    p.maxThreadsDim[0] = p.maxThreadsDim[1] = 1024;
+    p.maxThreadsDim[2] = 64;
+    p.maxGridSize[0] = 2147483647;
+    p.maxGridSize[1] = p.maxGridSize[2] = 65535;
+    p.totalConstMem = 64 << 10;
+    p.textureAlignment = 512;
+    p.texturePitchAlignment = 32;
+    p.surfaceAlignment = 512;
+    p.memoryBusWidth = 5120;
+    p.l2CacheSize = 50 << 20;
+    p.persistingL2CacheMaxSize = 30 << 20;
+    p.maxThreadsPerMultiProcessor = 2048;
+    p.maxBlocksPerMultiProcessor = 32;
+    p.globalL1CacheSupported = p.localL1CacheSupported = 1;
+    p.computePreemptionSupported = 1;
+    p.hostRegisterSupported = 1;
+    p.canUseHostPointerForRegisteredMem = 1;
+    p.unifiedFunctionPointers = 1;
+    p.clusterLaunch = 1;
+    *prop = p;
+    return cudaSuccess;
+}
+
+/* Waits for the device and clears this thread's last error. It frees
+ * nothing: the runtime owns no memory of its own (every allocation belongs to
+ * whoever made it, an interposer's pool among them), and the simulated
+ * context, sticky error included, cannot be recreated. */
+SIM_EXPORT cudaError_t cudaDeviceReset(void)
+{
+    ENTER();
+    CUresult r = cuCtxSynchronize();
+    last_error = cudaSuccess;
+    return ret_cu(r);
 }
 
 /* ---- memory ---- */
@@ -292,6 +424,18 @@ SIM_EXPORT cudaError_t cudaHostUnregister(void *p)
 {
     ENTER();
     return ret_cu(cuMemHostUnregister(p));
+}
+
+SIM_EXPORT cudaError_t cudaHostGetDevicePointer(void **dev, void *host, unsigned int flags)
+{
+    ENTER();
+    if (!dev)
+        return ret(cudaErrorInvalidValue);
+    CUdeviceptr d = 0;
+    CUresult r = cuMemHostGetDevicePointer(&d, host, flags);
+    if (r == CUDA_SUCCESS)
+        *dev = (void *)(uintptr_t)d;
+    return ret_cu(r);
 }
 
 static bool valid_kind(enum cudaMemcpyKind kind)
@@ -492,12 +636,36 @@ SIM_EXPORT cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec)
 
 /* ---- launches ---- */
 
-static cudaError_t launch(CUfunction f, dim3 g, dim3 b, void **args, size_t shmem, cudaStream_t s)
+/* The limits cudaGetDeviceProperties reports; beyond them a launch is
+ * cudaErrorInvalidConfiguration ("requesting too many threads or blocks"),
+ * as is an empty grid or block. */
+static bool valid_config(dim3 g, dim3 b)
+{
+    if (!g.x || !g.y || !g.z || !b.x || !b.y || !b.z)
+        return false;
+    if (g.y > 65535 || g.z > 65535 || g.x > 2147483647u)
+        return false;
+    return b.x <= 1024 && b.y <= 1024 && b.z <= 64 && (unsigned long long)b.x * b.y * b.z <= 1024;
+}
+
+static cudaError_t launch(CUfunction f, dim3 g, dim3 b, void **args, size_t shmem, cudaStream_t s,
+                          bool cooperative)
 {
     if (!f)
         return ret(cudaErrorInvalidDeviceFunction);
+    if (!valid_config(g, b))
+        return ret(cudaErrorInvalidConfiguration);
+    if (cooperative)
+        return ret_cu(cuLaunchCooperativeKernel(f, g.x, g.y, g.z, b.x, b.y, b.z, (unsigned)shmem,
+                                                (CUstream)s, args));
     return ret_cu(
         cuLaunchKernel(f, g.x, g.y, g.z, b.x, b.y, b.z, (unsigned)shmem, (CUstream)s, args, NULL));
+}
+
+/* Runtime launch callbacks name the kernel, as CUPTI's symbolName does. */
+static const char *kernel_name(CUfunction f)
+{
+    return f ? simcuda__function_name(f) : NULL;
 }
 
 SIM_EXPORT cudaError_t cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockDim, void **args,
@@ -505,12 +673,12 @@ SIM_EXPORT cudaError_t cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blo
 {
     ENTER();
     cudaLaunchKernel_v7000_params p = {func, gridDim, blockDim, args, sharedMem, stream};
+    CUfunction f = simcuda_function((simcuda_kernel_fn)func);
     struct sim_api_call call;
     simcuda__api_enter(&call, CUPTI_CB_DOMAIN_RUNTIME_API,
-                       CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000, "cudaLaunchKernel", NULL,
-                       &p);
-    cudaError_t r = launch(simcuda_function((simcuda_kernel_fn)func), gridDim, blockDim, args,
-                           sharedMem, stream);
+                       CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000, "cudaLaunchKernel",
+                       kernel_name(f), &p);
+    cudaError_t r = launch(f, gridDim, blockDim, args, sharedMem, stream, false);
     simcuda__api_exit(&call, &r);
     return r;
 }
@@ -521,21 +689,19 @@ SIM_EXPORT cudaError_t cudaLaunchCooperativeKernel(const void *func, dim3 gridDi
 {
     ENTER();
     cudaLaunchCooperativeKernel_v9000_params p = {func, gridDim, blockDim, args, sharedMem, stream};
+    CUfunction f = simcuda_function((simcuda_kernel_fn)func);
     struct sim_api_call call;
     simcuda__api_enter(&call, CUPTI_CB_DOMAIN_RUNTIME_API,
                        CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_v9000,
-                       "cudaLaunchCooperativeKernel", NULL, &p);
-    CUfunction f = simcuda_function((simcuda_kernel_fn)func);
-    cudaError_t r = f ? ret_cu(cuLaunchCooperativeKernel(
-                            f, gridDim.x, gridDim.y, gridDim.z, blockDim.x, blockDim.y, blockDim.z,
-                            (unsigned)sharedMem, (CUstream)stream, args))
-                      : ret(cudaErrorInvalidDeviceFunction);
+                       "cudaLaunchCooperativeKernel", kernel_name(f), &p);
+    cudaError_t r = launch(f, gridDim, blockDim, args, sharedMem, stream, true);
     simcuda__api_exit(&call, &r);
     return r;
 }
 
 /* What nvcc-generated launch stubs call in CUDA 13: a kernel handle from
- * __cudaGetKernel, then __cudaLaunchKernel. */
+ * __cudaGetKernel, then __cudaLaunchKernel (__cudaLaunchKernel_ptsz when
+ * compiled with --default-stream per-thread). */
 SIM_EXPORT cudaError_t __cudaGetKernel(cudaKernel_t *kernel, const void *func);
 cudaError_t __cudaGetKernel(cudaKernel_t *kernel, const void *func)
 {
@@ -554,20 +720,38 @@ typedef struct {
     cudaStream_t stream;
 } sim_cudaLaunchKernel_v13000_params;
 
+static cudaError_t stub_launch(int cbid, const char *fname, cudaKernel_t kernel, dim3 gridDim,
+                               dim3 blockDim, void **args, size_t sharedMem, cudaStream_t stream,
+                               cudaStream_t dflt)
+{
+    ENTER();
+    sim_cudaLaunchKernel_v13000_params p = {kernel, gridDim, blockDim, args, sharedMem, stream};
+    struct sim_api_call call;
+    simcuda__api_enter(&call, CUPTI_CB_DOMAIN_RUNTIME_API, cbid, fname,
+                       kernel_name((CUfunction)kernel), &p);
+    cudaError_t r = launch((CUfunction)kernel, gridDim, blockDim, args, sharedMem,
+                           stream ? stream : dflt, false);
+    simcuda__api_exit(&call, &r);
+    return r;
+}
+
 SIM_EXPORT cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim,
                                           void **args, size_t sharedMem, cudaStream_t stream);
 cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim, void **args,
                                size_t sharedMem, cudaStream_t stream)
 {
-    ENTER();
-    sim_cudaLaunchKernel_v13000_params p = {kernel, gridDim, blockDim, args, sharedMem, stream};
-    struct sim_api_call call;
-    simcuda__api_enter(&call, CUPTI_CB_DOMAIN_RUNTIME_API,
-                       CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_v13000, "__cudaLaunchKernel",
-                       NULL, &p);
-    cudaError_t r = launch((CUfunction)kernel, gridDim, blockDim, args, sharedMem, stream);
-    simcuda__api_exit(&call, &r);
-    return r;
+    return stub_launch(CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_v13000, "__cudaLaunchKernel",
+                       kernel, gridDim, blockDim, args, sharedMem, stream, NULL);
+}
+
+SIM_EXPORT cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim,
+                                               void **args, size_t sharedMem, cudaStream_t stream);
+cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim, void **args,
+                                    size_t sharedMem, cudaStream_t stream)
+{
+    return stub_launch(CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_ptsz_v13000,
+                       "__cudaLaunchKernel_ptsz", kernel, gridDim, blockDim, args, sharedMem,
+                       stream, (cudaStream_t)CU_STREAM_PER_THREAD);
 }
 
 SIM_EXPORT cudaError_t cudaGetFuncBySymbol(cudaFunction_t *functionPtr, const void *symbolPtr)

@@ -24,6 +24,7 @@ struct subscriber {
     CUpti_CallbackFunc fn;
     void *user;
     bool used;
+    char name[64]; /* "CUPTI for <subscriberName>", as CUPTI names it */
     unsigned char enabled[CUPTI_CB_DOMAIN_SIZE][MAX_CBID];
 };
 
@@ -55,15 +56,29 @@ static void hook(void *user, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
         fn(u, domain, cbid, data);
 }
 
-SIM_EXPORT CUptiResult cuptiSubscribe(CUpti_SubscriberHandle *subscriber,
-                                      CUpti_CallbackFunc callback, void *userdata)
+/* Whether the caller's params (structSize bytes of them) reach field. */
+#define HAS_FIELD(params, field)                                                                   \
+    ((params)->structSize >= CUPTI_CALLBACK_STRUCT_SIZE(CUpti_SubscriberParams, field))
+
+static CUptiResult subscribe(CUpti_SubscriberHandle *subscriber, CUpti_CallbackFunc callback,
+                             void *userdata, CUpti_SubscriberParams *params)
 {
     if (!subscriber)
         return CUPTI_ERROR_INVALID_PARAMETER;
+    /* cupti_callbacks.h: CUPTI_ERROR_INVALID_PARAMETER "if pParams.structSize
+     * is not filled with the size of the structure". */
+    if (params && !HAS_FIELD(params, structSize))
+        return CUPTI_ERROR_INVALID_PARAMETER;
     if (simcuda__inject("cuptiSubscribe") != 0) /* SIMCUDA_FAIL=cuptiSubscribe:1 */
         return CUPTI_ERROR_NOT_INITIALIZED;
+    const char *name = params && HAS_FIELD(params, subscriberName) ? params->subscriberName : NULL;
     pthread_mutex_lock(&mu);
     if (sub.used) {
+        /* "the name of the incompatible tool or the existing CUPTI subscriber
+         * will be written to" oldSubscriberName. */
+        if (params && HAS_FIELD(params, oldSubscriberSize) && params->oldSubscriberName &&
+            params->oldSubscriberSize > 0)
+            snprintf(params->oldSubscriberName, params->oldSubscriberSize, "%s", sub.name);
         pthread_mutex_unlock(&mu);
         return CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED;
     }
@@ -71,18 +86,25 @@ SIM_EXPORT CUptiResult cuptiSubscribe(CUpti_SubscriberHandle *subscriber,
     sub.fn = callback;
     sub.user = userdata;
     sub.used = true;
+    snprintf(sub.name, sizeof sub.name, "CUPTI for %.*s", CUPTI_SUBSCRIBER_NAME_MAX_LEN,
+             name ? name : "an unnamed subscriber");
     pthread_mutex_unlock(&mu);
     *subscriber = (CUpti_SubscriberHandle)&sub;
     simcuda__set_api_hook(hook, NULL);
     return CUPTI_SUCCESS;
 }
 
+SIM_EXPORT CUptiResult cuptiSubscribe(CUpti_SubscriberHandle *subscriber,
+                                      CUpti_CallbackFunc callback, void *userdata)
+{
+    return subscribe(subscriber, callback, userdata, NULL);
+}
+
 SIM_EXPORT CUptiResult cuptiSubscribe_v2(CUpti_SubscriberHandle *subscriber,
                                          CUpti_CallbackFunc callback, void *userdata,
                                          CUpti_SubscriberParams *params)
 {
-    (void)params;
-    return cuptiSubscribe(subscriber, callback, userdata);
+    return subscribe(subscriber, callback, userdata, params);
 }
 
 static bool valid(CUpti_SubscriberHandle s)

@@ -18,6 +18,8 @@
 struct sim_cfg sim_cfg;
 struct sim_stats sim_stats;
 
+#define SIM_DRIVER_VERSION 13000
+
 static atomic_int initialised;
 static atomic_int sticky = CUDA_SUCCESS;
 static atomic_uint corr_ids;
@@ -78,9 +80,9 @@ static void read_config(void)
 
 SIM_EXPORT CUresult cuInit(unsigned int flags)
 {
+    CUresult inj = sim_inject(__func__);
     if (flags != 0)
         return CUDA_ERROR_INVALID_VALUE;
-    CUresult inj = sim_inject(__func__);
     if (inj != CUDA_SUCCESS)
         return inj;
     int expected = 0;
@@ -103,7 +105,7 @@ CUresult sim_check(void)
 
 CUresult sim_check_ctx(void)
 {
-    CUresult r = sim_enter(__func__, false);
+    CUresult r = sim_check();
     if (r == CUDA_SUCCESS && current == NULL)
         return CUDA_ERROR_INVALID_CONTEXT;
     return r;
@@ -126,6 +128,7 @@ static int nrules;
 static pthread_once_t rules_once = PTHREAD_ONCE_INIT;
 
 static CUresult error_by_name(const char *name, bool *ok);
+static const char *error_name(CUresult e);
 
 /* cuMemAlloc_v2 and cuMemcpyAsync_ptsz count as cuMemAlloc and cuMemcpyAsync. */
 static size_t base_len(const char *fn)
@@ -176,24 +179,39 @@ static void read_rules(void)
     }
 }
 
-CUresult sim_inject(const char *fn)
+/* Counts a call of fn against every rule that names it; returns the rule
+ * that fails this call (and its count through *nth), or NULL. */
+static struct fail_rule *count_call(const char *fn, unsigned long *nth)
 {
     pthread_once(&rules_once, read_rules);
     size_t n = base_len(fn);
+    struct fail_rule *fired = NULL;
     for (int i = 0; i < nrules; i++) {
         struct fail_rule *r = &rules[i];
         if (strlen(r->call) != n || strncmp(r->call, fn, n) != 0)
             continue;
         unsigned long k = atomic_fetch_add(&r->seen, 1) + 1;
-        if (k == r->nth || (r->onwards && k > r->nth)) {
-            const char *name = NULL;
-            cuGetErrorName(r->err, &name);
-            fprintf(stderr, "simcuda: injected failure of %s (call %lu): %s\n", r->call, k,
-                    name ? name : "?");
-            return r->err;
+        if (!fired && (k == r->nth || (r->onwards && k > r->nth))) {
+            fired = r;
+            *nth = k;
         }
     }
-    return CUDA_SUCCESS;
+    return fired;
+}
+
+static CUresult injected(const struct fail_rule *r, unsigned long nth)
+{
+    const char *name = error_name(r->err);
+    fprintf(stderr, "simcuda: injected failure of %s (call %lu): %s\n", r->call, nth,
+            name ? name : "?");
+    return r->err;
+}
+
+CUresult sim_inject(const char *fn)
+{
+    unsigned long nth = 0;
+    struct fail_rule *r = count_call(fn, &nth);
+    return r ? injected(r, nth) : CUDA_SUCCESS;
 }
 
 /* For the simulated CUPTI, whose calls are injectable too. */
@@ -205,17 +223,23 @@ int simcuda__inject(const char *fn)
 
 CUresult sim_enter(const char *fn, bool needs_ctx)
 {
+    unsigned long nth = 0;
+    struct fail_rule *fail = count_call(fn, &nth);
     CUresult r = needs_ctx ? sim_check_ctx() : sim_check();
-    return r != CUDA_SUCCESS ? r : sim_inject(fn);
+    if (r != CUDA_SUCCESS)
+        return r;
+    return fail ? injected(fail, nth) : CUDA_SUCCESS;
 }
 
 void sim_fault(uintptr_t addr, const char *what)
 {
-    int ok = CUDA_SUCCESS;
-    atomic_compare_exchange_strong(&sticky, &ok, CUDA_ERROR_ILLEGAL_ADDRESS);
-    atomic_fetch_add(&sim_stats.faults, 1);
+    /* Named and counted before the error turns sticky: whoever sees the
+     * sticky error sees the fault recorded too. */
     fprintf(stderr, "simcuda: illegal address 0x%llx in %s; the context is now unusable\n",
             (unsigned long long)addr, what);
+    atomic_fetch_add(&sim_stats.faults, 1);
+    int ok = CUDA_SUCCESS;
+    atomic_compare_exchange_strong(&sticky, &ok, CUDA_ERROR_ILLEGAL_ADDRESS);
 }
 
 bool sim_faulted(void)
@@ -243,9 +267,12 @@ void sim_sleep_us(double us)
 
 SIM_EXPORT CUresult cuDriverGetVersion(int *v)
 {
+    CUresult r = sim_inject(__func__);
+    if (r)
+        return r;
     if (!v)
         return CUDA_ERROR_INVALID_VALUE;
-    *v = 13000;
+    *v = SIM_DRIVER_VERSION;
     return CUDA_SUCCESS;
 }
 
@@ -429,15 +456,20 @@ static bool valid_ctx(CUcontext c)
     return c == (CUcontext)&primary;
 }
 
-SIM_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
+static CUresult set_current(const char *api, CUcontext ctx)
 {
-    CUresult r = sim_enter(__func__, false);
+    CUresult r = sim_enter(api, false);
     if (r)
         return r;
     if (ctx && !valid_ctx(ctx))
         return CUDA_ERROR_INVALID_CONTEXT;
     current = ctx;
     return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+    return set_current(__func__, ctx);
 }
 
 SIM_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
@@ -453,7 +485,7 @@ SIM_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
 
 SIM_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 {
-    return cuCtxSetCurrent(ctx); /* one context: the stack has depth one */
+    return set_current(__func__, ctx); /* one context: the stack has depth one */
 }
 
 SIM_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
@@ -500,36 +532,64 @@ SIM_EXPORT CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest)
 
 /* ---- error strings ---- */
 
-#define SIM_ERRORS(X)                                                                              \
+/* The real driver's text where the simulator knows it; every other code of
+ * the CUresult enum gets a description derived from its name. */
+#define SIM_ERROR_TEXTS(X)                                                                         \
     X(CUDA_SUCCESS, "no error")                                                                    \
     X(CUDA_ERROR_INVALID_VALUE, "invalid argument")                                                \
     X(CUDA_ERROR_OUT_OF_MEMORY, "out of memory")                                                   \
     X(CUDA_ERROR_NOT_INITIALIZED, "initialization error")                                          \
     X(CUDA_ERROR_DEINITIALIZED, "driver shutting down")                                            \
+    X(CUDA_ERROR_NO_DEVICE, "no CUDA-capable device is detected")                                  \
     X(CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal")                                         \
+    X(CUDA_ERROR_INVALID_IMAGE, "device kernel image is invalid")                                  \
     X(CUDA_ERROR_INVALID_CONTEXT, "invalid device context")                                        \
+    X(CUDA_ERROR_INVALID_PTX, "a PTX JIT compilation failed")                                      \
+    X(CUDA_ERROR_FILE_NOT_FOUND, "file not found")                                                 \
     X(CUDA_ERROR_INVALID_HANDLE, "invalid resource handle")                                        \
+    X(CUDA_ERROR_ILLEGAL_STATE, "the operation cannot be performed in the present state")          \
     X(CUDA_ERROR_NOT_FOUND, "named symbol not found")                                              \
     X(CUDA_ERROR_NOT_READY, "device not ready")                                                    \
     X(CUDA_ERROR_ILLEGAL_ADDRESS, "an illegal memory access was encountered")                      \
-    X(CUDA_ERROR_LAUNCH_FAILED, "unspecified launch failure")                                      \
-    X(CUDA_ERROR_NOT_PERMITTED, "operation not permitted")                                         \
-    X(CUDA_ERROR_NOT_SUPPORTED, "operation not supported")                                         \
+    X(CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "too many resources requested for launch")               \
+    X(CUDA_ERROR_LAUNCH_TIMEOUT, "the launch timed out and was terminated")                        \
     X(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED,                                                   \
       "part or all of the requested memory range is already mapped")                               \
     X(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED,                                                       \
       "pointer does not correspond to a registered memory region")                                 \
+    X(CUDA_ERROR_MISALIGNED_ADDRESS, "misaligned address")                                         \
+    X(CUDA_ERROR_LAUNCH_FAILED, "unspecified launch failure")                                      \
+    X(CUDA_ERROR_NOT_PERMITTED, "operation not permitted")                                         \
+    X(CUDA_ERROR_NOT_SUPPORTED, "operation not supported")                                         \
     X(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "operation not permitted when stream is capturing")   \
+    X(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,                                                       \
+      "operation failed due to a previous error during capture")                                   \
+    X(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,                                                          \
+      "operation would make the legacy stream depend on a capturing blocking stream")              \
+    X(CUDA_ERROR_TIMEOUT, "wait operation timed out")                                              \
     X(CUDA_ERROR_UNKNOWN, "unknown error")
 
+static const struct sim_error_name *error_entry(CUresult e)
+{
+    for (size_t i = 0; i < sim_cu_errors_count; i++)
+        if (sim_cu_errors[i].code == (int)e)
+            return &sim_cu_errors[i];
+    return NULL;
+}
+
+static const char *error_name(CUresult e)
+{
+    const struct sim_error_name *n = error_entry(e);
+    return n ? n->name : NULL;
+}
+
+/* Any CUresult name, or a positive number. */
 static CUresult error_by_name(const char *name, bool *ok)
 {
     *ok = true;
-#define X(code, text)                                                                              \
-    if (strcmp(name, #code) == 0)                                                                  \
-        return code;
-    SIM_ERRORS(X)
-#undef X
+    for (size_t i = 0; i < sim_cu_errors_count; i++)
+        if (strcmp(name, sim_cu_errors[i].name) == 0)
+            return (CUresult)sim_cu_errors[i].code;
     char *end;
     long v = strtol(name, &end, 10);
     if (*end || v <= 0) {
@@ -541,32 +601,35 @@ static CUresult error_by_name(const char *name, bool *ok)
 
 SIM_EXPORT CUresult cuGetErrorString(CUresult error, const char **str)
 {
+    CUresult r = sim_inject(__func__);
+    if (r)
+        return r;
     if (!str)
         return CUDA_ERROR_INVALID_VALUE;
+    switch (error) {
 #define X(code, text)                                                                              \
-    if (error == code) {                                                                           \
+    case code:                                                                                     \
         *str = text;                                                                               \
-        return CUDA_SUCCESS;                                                                       \
-    }
-    SIM_ERRORS(X)
+        return CUDA_SUCCESS;
+        SIM_ERROR_TEXTS(X)
 #undef X
-    *str = NULL;
-    return CUDA_ERROR_INVALID_VALUE;
+    default:
+        break;
+    }
+    const struct sim_error_name *n = error_entry(error);
+    *str = n ? n->text : NULL;
+    return n ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 SIM_EXPORT CUresult cuGetErrorName(CUresult error, const char **str)
 {
+    CUresult r = sim_inject(__func__);
+    if (r)
+        return r;
     if (!str)
         return CUDA_ERROR_INVALID_VALUE;
-#define X(code, text)                                                                              \
-    if (error == code) {                                                                           \
-        *str = #code;                                                                              \
-        return CUDA_SUCCESS;                                                                       \
-    }
-    SIM_ERRORS(X)
-#undef X
-    *str = NULL;
-    return CUDA_ERROR_INVALID_VALUE;
+    *str = error_name(error);
+    return *str ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 /* ---- cuGetProcAddress: returns the driver's own definitions, as the real
@@ -583,13 +646,21 @@ static void *self_handle(void)
     return self;
 }
 
+/* As cuda.h documents it: a cudaVersion newer than the driver is
+ * CUDA_ERROR_INVALID_VALUE; a symbol the driver does not have is
+ * CUDA_SUCCESS with *pfn NULL and CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND. */
 SIM_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
                                         cuuint64_t flags, CUdriverProcAddressQueryResult *status)
 {
     (void)flags;
+    CUresult r = sim_inject(__func__);
+    if (r)
+        return r;
     if (!symbol || !pfn)
         return CUDA_ERROR_INVALID_VALUE;
     *pfn = NULL;
+    if (cudaVersion > SIM_DRIVER_VERSION)
+        return CUDA_ERROR_INVALID_VALUE;
     void *self = self_handle(), *stub = NULL;
     char name[256], stub_name[300];
     static const char *const suffixes[] = {"_v4", "_v3", "_v2", ""};
@@ -616,9 +687,8 @@ SIM_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda
         return CUDA_SUCCESS;
     }
     if (status)
-        *status = cudaVersion > 13000 ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
-                                      : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-    return CUDA_ERROR_NOT_FOUND;
+        *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return CUDA_SUCCESS;
 }
 
 /* ---- the API-callback hub ---- */

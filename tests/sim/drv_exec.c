@@ -3,10 +3,16 @@
  * Work runs on stream workers inside a guard: a SIGSEGV/SIGBUS raised there
  * (an address with no mapping or no access) becomes the context's sticky
  * CUDA_ERROR_ILLEGAL_ADDRESS, as a GPU fault would; a fault anywhere else is
- * passed on to whatever handler was there before.
+ * passed on to whatever handler was there before. A handler the application
+ * installs later (a test framework, a crash reporter) would take device
+ * faults away from the guard, so before each piece of guarded work the guard
+ * checks that its own handler is still installed, and if not reinstalls it,
+ * chaining to the application's: a device fault never reaches a host handler.
  *
  * Locking: kern_mu guards the kernel table; kernel entries are never freed,
- * so a CUfunction stays valid for the life of the process.
+ * so a CUfunction stays valid for the life of the process. guard_mu
+ * serialises reinstalling the handler; the handlers chained to are kept in
+ * records that are never freed, published through an atomic pointer.
  */
 #include "sim.h"
 
@@ -18,8 +24,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_KERNELS 4096
-#define MAX_PARAMS  64
+#define MAX_KERNELS         4096
+#define MAX_PARAMS          64
+#define SIM_MAX_PARAM_ALIGN 16
 
 struct sim_kernel {
     simcuda_kernel_fn fn;
@@ -35,9 +42,23 @@ static int nkernels;
 
 /* ---- the fault guard ---- */
 
+/* A handler to chain to for faults outside guarded work. */
+struct chained {
+    struct sigaction sa;
+    struct chained *prev; /* every record ever made, so none is lost */
+};
+
 static _Thread_local sigjmp_buf *guard_jmp;
 static _Thread_local uintptr_t guard_addr;
-static struct sigaction old_segv, old_bus;
+/* The frame of on_fault while it runs a chained handler (0 when none): a
+ * fault that comes back to on_fault from deeper down is a chained handler
+ * calling us in turn, a loop that only the default action can end. (A
+ * chained handler that jumps out leaves it set; a later host fault on that
+ * thread from deeper down is then taken for a loop too.) */
+static _Thread_local uintptr_t forwarding_frame;
+static pthread_mutex_t guard_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct chained *records; /* guard_mu */
+static struct chained *_Atomic chain_segv, *_Atomic chain_bus;
 
 static void on_fault(int sig, siginfo_t *info, void *uc)
 {
@@ -45,29 +66,65 @@ static void on_fault(int sig, siginfo_t *info, void *uc)
         guard_addr = (uintptr_t)info->si_addr;
         siglongjmp(*guard_jmp, 1);
     }
-    struct sigaction *old = sig == SIGSEGV ? &old_segv : &old_bus;
-    if (old->sa_flags & SA_SIGINFO && old->sa_sigaction) {
+    uintptr_t frame = (uintptr_t)__builtin_frame_address(0);
+    struct chained *c = atomic_load(sig == SIGSEGV ? &chain_segv : &chain_bus);
+    bool loop = forwarding_frame && frame < forwarding_frame;
+    const struct sigaction *old = c && !loop ? &c->sa : NULL;
+    uintptr_t saved = forwarding_frame;
+    if (old && (old->sa_flags & SA_SIGINFO) && old->sa_sigaction && old->sa_sigaction != on_fault) {
+        forwarding_frame = frame;
         old->sa_sigaction(sig, info, uc);
-    } else if (old->sa_handler != SIG_IGN && old->sa_handler != SIG_DFL) {
+        forwarding_frame = saved;
+    } else if (old && !(old->sa_flags & SA_SIGINFO) && old->sa_handler != SIG_IGN &&
+               old->sa_handler != SIG_DFL) {
+        forwarding_frame = frame;
         old->sa_handler(sig);
+        forwarding_frame = saved;
     } else {
         signal(sig, SIG_DFL); /* returning re-executes the access and dies */
     }
 }
 
+static bool ours(const struct sigaction *sa)
+{
+    return (sa->sa_flags & SA_SIGINFO) && sa->sa_sigaction == on_fault;
+}
+
+/* Installs on_fault for sig unless it is there already, chaining to what
+ * is. */
+static void guard_install(int sig)
+{
+    struct sigaction cur;
+    if (sigaction(sig, NULL, &cur) != 0 || ours(&cur))
+        return;
+    pthread_mutex_lock(&guard_mu);
+    struct chained *c = NULL;
+    if (sigaction(sig, NULL, &cur) == 0 && !ours(&cur) && (c = calloc(1, sizeof *c))) {
+        c->sa = cur;
+        c->prev = records;
+        records = c;
+        atomic_store(sig == SIGSEGV ? &chain_segv : &chain_bus, c);
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = on_fault;
+        sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+        sigemptyset(&sa.sa_mask);
+        sigaction(sig, &sa, NULL);
+    }
+    pthread_mutex_unlock(&guard_mu);
+}
+
 void sim_exec_init(void)
 {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_sigaction = on_fault;
-    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGSEGV, &sa, &old_segv);
-    sigaction(SIGBUS, &sa, &old_bus);
+    guard_install(SIGSEGV);
+    guard_install(SIGBUS);
 }
 
 bool sim_guarded(void (*fn)(void *), void *arg, const char *what)
 {
+    forwarding_frame = 0;
+    guard_install(SIGSEGV);
+    guard_install(SIGBUS);
     sigjmp_buf jb;
     if (sigsetjmp(jb, 1)) {
         guard_jmp = NULL;
@@ -263,19 +320,26 @@ SIM_EXPORT CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int v, size_t n, 
 
 /* ---- kernels ---- */
 
-SIM_EXPORT int simcuda_register_kernel(simcuda_kernel_fn fn, const char *name, int nparams,
-                                       const size_t *param_sizes, unsigned duration_us)
+/* The alignment simcuda.h promises when the caller gives none. */
+static size_t default_align(size_t sz)
+{
+    return sz >= 8 ? 8 : sz >= 4 ? 4 : sz >= 2 ? 2 : 1;
+}
+
+SIM_EXPORT int simcuda_register_kernel_aligned(simcuda_kernel_fn fn, const char *name, int nparams,
+                                               const size_t *param_sizes,
+                                               const size_t *param_aligns, unsigned duration_us)
 {
     if (!fn || nparams < 0 || nparams > MAX_PARAMS || (nparams > 0 && !param_sizes))
         return -1;
     struct sim_kernel k = {.fn = fn, .nparams = nparams, .duration_us = duration_us};
     snprintf(k.name, sizeof k.name, "%s", name ? name : "kernel");
     for (int i = 0; i < nparams; i++) {
-        size_t sz = param_sizes[i], align = sz >= 8 ? 8 : sz >= 4 ? 4 : sz >= 2 ? 2 : 1;
-        if (sz == 0)
+        size_t sz = param_sizes[i];
+        size_t align = param_aligns && param_aligns[i] ? param_aligns[i] : default_align(sz);
+        if (sz == 0 || (align & (align - 1)) || align > SIM_MAX_PARAM_ALIGN)
             return -1;
-        k.offsets[i] =
-            (k.total + align - 1) & ~(align - 1); /* natural alignment, as nvcc lays out */
+        k.offsets[i] = (k.total + align - 1) & ~(align - 1); /* as nvcc lays out */
         k.sizes[i] = sz;
         k.total = k.offsets[i] + sz;
     }
@@ -290,6 +354,12 @@ SIM_EXPORT int simcuda_register_kernel(simcuda_kernel_fn fn, const char *name, i
         kernels[slot] = k;
     pthread_mutex_unlock(&kern_mu);
     return slot < 0 ? -1 : 0;
+}
+
+SIM_EXPORT int simcuda_register_kernel(simcuda_kernel_fn fn, const char *name, int nparams,
+                                       const size_t *param_sizes, unsigned duration_us)
+{
+    return simcuda_register_kernel_aligned(fn, name, nparams, param_sizes, NULL, duration_us);
 }
 
 SIM_EXPORT CUfunction simcuda_function(simcuda_kernel_fn fn)
@@ -315,10 +385,19 @@ static struct sim_kernel *kernel_get(const void *f)
     return live ? (struct sim_kernel *)k : NULL;
 }
 
-SIM_EXPORT CUresult cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t *paramOffset,
-                                       size_t *paramSize)
+/* The registered name of a kernel handle, or NULL: for the runtime's launch
+ * callbacks. Internal ABI, not for tests. */
+SIM_EXPORT const char *simcuda__function_name(CUfunction f);
+const char *simcuda__function_name(CUfunction f)
 {
-    CUresult r = sim_enter(__func__, false);
+    struct sim_kernel *k = kernel_get(f);
+    return k ? k->name : NULL;
+}
+
+static CUresult param_info(const char *api, CUfunction func, size_t paramIndex, size_t *paramOffset,
+                           size_t *paramSize)
+{
+    CUresult r = sim_enter(api, false);
     if (r)
         return r;
     struct sim_kernel *k = kernel_get(func);
@@ -332,10 +411,16 @@ SIM_EXPORT CUresult cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_
     return CUDA_SUCCESS;
 }
 
+SIM_EXPORT CUresult cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t *paramOffset,
+                                       size_t *paramSize)
+{
+    return param_info(__func__, func, paramIndex, paramOffset, paramSize);
+}
+
 SIM_EXPORT CUresult cuKernelGetParamInfo(CUkernel kernel, size_t paramIndex, size_t *paramOffset,
                                          size_t *paramSize)
 {
-    return cuFuncGetParamInfo((CUfunction)kernel, paramIndex, paramOffset, paramSize);
+    return param_info(__func__, (CUfunction)kernel, paramIndex, paramOffset, paramSize);
 }
 
 SIM_EXPORT CUresult cuFuncGetName(const char **name, CUfunction func)
@@ -357,7 +442,8 @@ struct launch_op {
     struct sim_kernel *k;
     double us;
     void *args[MAX_PARAMS];
-    unsigned char buf[]; /* the parameter values, copied at launch as a GPU does */
+    /* the parameter values, copied at launch as a GPU does */
+    _Alignas(SIM_MAX_PARAM_ALIGN) unsigned char buf[];
 };
 
 static void launch_run(struct sim_op *op)

@@ -6,8 +6,10 @@
  * launched many times. Kernel nodes keep their parameter values as
  * captured, as on a GPU.
  *
- * Locking: graph_mu guards node arrays while they grow; handles are checked
- * by magic number, and graphs are freed only by their destroy calls.
+ * Locking: graph_mu guards node arrays while they grow and the list of
+ * graphs handed out; a handle is valid while it is on that list (checked by
+ * address, never by reading a graph that may have been freed), and graphs
+ * are freed only by their destroy calls.
  */
 #include "sim.h"
 
@@ -23,9 +25,37 @@ struct sim_graph {
     unsigned magic;
     struct sim_op **nodes;
     size_t n, cap;
+    struct sim_graph *next; /* on the handed-out list */
 };
 
 static pthread_mutex_t graph_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct sim_graph *handed_out; /* graphs and executable graphs; graph_mu */
+
+/* Makes g a valid handle. */
+static void hand_out(struct sim_graph *g)
+{
+    pthread_mutex_lock(&graph_mu);
+    g->next = handed_out;
+    handed_out = g;
+    pthread_mutex_unlock(&graph_mu);
+}
+
+/* The handed-out graph h with this magic, or NULL; unlinked from the list
+ * too when take is set. graph_mu held. */
+static struct sim_graph *lookup(const void *h, unsigned magic, bool take)
+{
+    for (struct sim_graph **pp = &handed_out; *pp; pp = &(*pp)->next) {
+        struct sim_graph *g = *pp;
+        if ((const void *)g != h)
+            continue;
+        if (g->magic != magic)
+            return NULL;
+        if (take)
+            *pp = g->next;
+        return g;
+    }
+    return NULL;
+}
 
 struct sim_graph *sim_graph_new(void)
 {
@@ -79,8 +109,10 @@ static void free_nodes(struct sim_op **nodes, size_t n)
 
 static struct sim_graph *graph_get(CUgraph h, unsigned magic)
 {
-    struct sim_graph *g = (struct sim_graph *)h;
-    return g && g->magic == magic ? g : NULL;
+    pthread_mutex_lock(&graph_mu);
+    struct sim_graph *g = lookup(h, magic, false);
+    pthread_mutex_unlock(&graph_mu);
+    return g;
 }
 
 /* A copy of g's nodes, with the given magic: an executable graph. */
@@ -142,6 +174,7 @@ SIM_EXPORT CUresult cuStreamEndCapture(CUstream h, CUgraph *graph)
         *graph = NULL;
         return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     }
+    hand_out(g);
     *graph = (CUgraph)g;
     return CUDA_SUCCESS;
 }
@@ -209,6 +242,7 @@ SIM_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph h,
     struct sim_graph *e = copy_graph(g, EXEC_MAGIC);
     if (!e)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    hand_out(e);
     *exec = (CUgraphExec)e;
     return CUDA_SUCCESS;
 }
@@ -251,7 +285,9 @@ static CUresult destroy(void *h, unsigned magic)
     CUresult r = sim_enter(magic == GRAPH_MAGIC ? "cuGraphDestroy" : "cuGraphExecDestroy", false);
     if (r)
         return r;
-    struct sim_graph *g = graph_get((CUgraph)h, magic);
+    pthread_mutex_lock(&graph_mu);
+    struct sim_graph *g = lookup(h, magic, true);
+    pthread_mutex_unlock(&graph_mu);
     if (!g)
         return CUDA_ERROR_INVALID_VALUE;
     g->magic = 0;

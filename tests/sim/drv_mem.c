@@ -21,7 +21,8 @@
 struct sim_handle {
     int fd;
     size_t size;
-    int loc; /* CU_MEM_LOCATION_TYPE_* */
+    int loc;      /* CU_MEM_LOCATION_TYPE_DEVICE or _HOST: what it is charged to */
+    int loc_type; /* the CU_MEM_LOCATION_TYPE_* it was created with */
     int nmaps;
     bool released;
 };
@@ -35,7 +36,11 @@ struct map_entry {
     uintptr_t va;
     size_t size;
     unsigned long long handle;
-    unsigned long long access; /* CUmemAccess_flags for the device */
+    /* CUmemAccess_flags per location: the device, and the host (HOST and
+     * HOST_NUMA alike). The pages get the union of the two, since kernels
+     * run on the CPU here. */
+    unsigned long long dev_access, host_access;
+    bool vmm; /* mapped by cuMemMap (not a cuMemAlloc allocation) */
 };
 struct resv_entry {
     uintptr_t va;
@@ -233,7 +238,7 @@ static CUresult handle_create(size_t size, int loc, unsigned long long *out)
     }
     if (id >= nhandles)
         nhandles = id + 1;
-    *sh = (struct sim_handle){.fd = fd, .size = size, .loc = loc};
+    *sh = (struct sim_handle){.fd = fd, .size = size, .loc = loc, .loc_type = loc};
     handles[id] = sh;
     *out = id;
     return CUDA_SUCCESS;
@@ -262,6 +267,12 @@ SIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t siz
     if (!handle || !prop || flags != 0 || size == 0 || !aligned(size) ||
         prop->type != CU_MEM_ALLOCATION_TYPE_PINNED)
         return CUDA_ERROR_INVALID_VALUE;
+    /* cuda.h: HOST_NUMA_CURRENT "will result in CUDA_ERROR_INVALID_VALUE";
+     * HOST allocations "are not IPC capable and requestedHandleTypes must be
+     * 0, any other value will result in CUDA_ERROR_INVALID_VALUE". */
+    if (prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT ||
+        (prop->location.type == CU_MEM_LOCATION_TYPE_HOST && prop->requestedHandleTypes != 0))
+        return CUDA_ERROR_INVALID_VALUE;
     if ((r = check_location(&prop->location)))
         return r;
     int loc = prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? CU_MEM_LOCATION_TYPE_DEVICE
@@ -269,6 +280,8 @@ SIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t siz
     pthread_mutex_lock(&mem_mu);
     unsigned long long h = 0;
     r = handle_create(size, loc, &h);
+    if (r == CUDA_SUCCESS)
+        handles[h]->loc_type = prop->location.type;
     pthread_mutex_unlock(&mem_mu);
     if (r == CUDA_SUCCESS)
         *handle = h;
@@ -351,7 +364,9 @@ SIM_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t al
     CUresult r = sim_enter(__func__, false);
     if (r)
         return r;
-    if (!ptr || size == 0 || !aligned(size) || flags != 0 || !aligned(addr) ||
+    /* cuda.h: size and address "must be a multiple of the host page size". */
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    if (!ptr || size == 0 || size % page || flags != 0 || addr % page ||
         (alignment & (alignment - 1)))
         return CUDA_ERROR_INVALID_VALUE;
     size_t align = alignment > sim_cfg.gran ? alignment : sim_cfg.gran;
@@ -411,7 +426,8 @@ SIM_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                MAP_FAILED) {
         r = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
-        struct map_entry m = {ptr, size, handle, CU_MEM_ACCESS_FLAGS_PROT_NONE};
+        /* A new mapping starts with no access for anyone. */
+        struct map_entry m = {.va = ptr, .size = size, .handle = handle, .vmm = true};
         if (insert(&maps, &m) != 0) {
             map_none((void *)ptr, size, true);
             r = CUDA_ERROR_OUT_OF_MEMORY;
@@ -452,6 +468,15 @@ static bool ends_at(size_t i, uintptr_t end)
     return m->va + m->size == end;
 }
 
+/* Every mapping in [first, first+count) was made by cuMemMap; mem_mu held. */
+static bool all_vmm(size_t first, size_t count)
+{
+    for (size_t k = 0; k < count; k++)
+        if (!((struct map_entry *)at(&maps, first + k))->vmm)
+            return false;
+    return true;
+}
+
 SIM_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
     CUresult r = sim_enter(__func__, false);
@@ -462,8 +487,9 @@ SIM_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
     pthread_mutex_lock(&mem_mu);
     size_t first, count;
     struct map_entry *m0 = find(&maps, ptr);
+    /* Only what cuMemMap mapped: cuMemAlloc memory goes back with cuMemFree. */
     if (!m0 || m0->va != ptr || !covers(ptr, size, &first, &count) ||
-        !ends_at(first + count - 1, ptr + size)) {
+        !ends_at(first + count - 1, ptr + size) || !all_vmm(first, count)) {
         r = CUDA_ERROR_INVALID_VALUE;
     } else {
         /* No wait for in-flight work: a kernel still using the range faults. */
@@ -492,6 +518,15 @@ static int prot_of(unsigned long long flags)
     }
 }
 
+static bool host_location(CUmemLocationType t)
+{
+    return t == CU_MEM_LOCATION_TYPE_HOST || t == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
+           t == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
+}
+
+/* Sets the access of each location named in desc and leaves the others as
+ * they were. HOST_NUMA access is refused on memory created elsewhere, as
+ * cuda.h says; the pages get the union of the device's and the host's. */
 SIM_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
                                    size_t count)
 {
@@ -500,28 +535,48 @@ SIM_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcce
         return r;
     if (!desc || count == 0 || size == 0 || !aligned(size) || !aligned(ptr))
         return CUDA_ERROR_INVALID_VALUE;
-    unsigned long long flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    unsigned long long dev = 0, host = 0;
+    bool set_dev = false, set_host = false, host_numa = false;
     for (size_t i = 0; i < count; i++) {
         if (desc[i].flags > CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
             return CUDA_ERROR_INVALID_VALUE;
         if (desc[i].location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
             if (desc[i].location.id != 0)
                 return CUDA_ERROR_INVALID_DEVICE;
-            flags = desc[i].flags;
-        } else if (desc[i].location.type != CU_MEM_LOCATION_TYPE_HOST_NUMA &&
-                   desc[i].location.type != CU_MEM_LOCATION_TYPE_HOST) {
+            dev = desc[i].flags;
+            set_dev = true;
+        } else if (desc[i].location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
+                   desc[i].location.type == CU_MEM_LOCATION_TYPE_HOST) {
+            host = desc[i].flags;
+            set_host = true;
+            host_numa |= desc[i].location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA;
+        } else {
             return CUDA_ERROR_INVALID_VALUE;
         }
     }
     pthread_mutex_lock(&mem_mu);
-    size_t first, n;
-    if (!covers(ptr, size, &first, &n)) {
-        r = CUDA_ERROR_INVALID_VALUE;
-    } else if (mprotect((void *)ptr, size, prot_of(flags)) != 0) {
+    size_t first = 0, n = 0;
+    if (!covers(ptr, size, &first, &n) || !all_vmm(first, n)) {
         r = CUDA_ERROR_INVALID_VALUE;
     } else {
-        for (size_t k = 0; k < n; k++)
-            ((struct map_entry *)at(&maps, first + k))->access = flags;
+        for (size_t k = 0; k < n && host_numa; k++) {
+            struct map_entry *m = (struct map_entry *)at(&maps, first + k);
+            if (handles[m->handle]->loc_type != CU_MEM_LOCATION_TYPE_HOST_NUMA)
+                r = CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    for (size_t k = 0; r == CUDA_SUCCESS && k < n; k++) {
+        struct map_entry *m = (struct map_entry *)at(&maps, first + k);
+        unsigned long long d = set_dev ? dev : m->dev_access;
+        unsigned long long h = set_host ? host : m->host_access;
+        uintptr_t lo = m->va > ptr ? m->va : ptr;
+        uintptr_t hi = m->va + m->size < ptr + size ? m->va + m->size : ptr + size;
+        if (mprotect((void *)lo, hi - lo, prot_of(d) | prot_of(h)) != 0) {
+            r = CUDA_ERROR_INVALID_VALUE;
+        } else {
+            m->dev_access = d;
+            m->host_access = h;
+        }
     }
     pthread_mutex_unlock(&mem_mu);
     return r;
@@ -537,12 +592,14 @@ SIM_EXPORT CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocatio
         return CUDA_ERROR_INVALID_VALUE;
     if (location->type == CU_MEM_LOCATION_TYPE_DEVICE && location->id != 0)
         return CUDA_ERROR_INVALID_DEVICE;
+    if (location->type != CU_MEM_LOCATION_TYPE_DEVICE && !host_location(location->type))
+        return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&mem_mu);
     struct map_entry *m = find(&maps, ptr);
     if (!m)
         r = CUDA_ERROR_INVALID_VALUE;
     else
-        *flags = m->access;
+        *flags = location->type == CU_MEM_LOCATION_TYPE_DEVICE ? m->dev_access : m->host_access;
     pthread_mutex_unlock(&mem_mu);
     return r;
 }
@@ -566,7 +623,10 @@ static CUresult alloc_device(uintptr_t *out, size_t size)
     CUresult r = handle_create(mapped, CU_MEM_LOCATION_TYPE_DEVICE, &h);
     if (r == CUDA_SUCCESS) {
         struct alloc_entry a = {va, size, mapped, h};
-        struct map_entry m = {va, mapped, h, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+        struct map_entry m = {.va = va,
+                              .size = mapped,
+                              .handle = h,
+                              .dev_access = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
         if (mmap((void *)va, mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, handles[h]->fd,
                  0) == MAP_FAILED ||
             insert(&allocs, &a) != 0 || insert(&maps, &m) != 0) {
@@ -642,7 +702,13 @@ SIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream
         return r;
     if (!sim_stream_get(stream))
         return CUDA_ERROR_INVALID_HANDLE;
-    return cuMemAlloc_v2(dptr, bytesize);
+    if (!dptr || bytesize == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    uintptr_t va = 0;
+    r = alloc_device(&va, bytesize);
+    if (r == CUDA_SUCCESS)
+        *dptr = va;
+    return r;
 }
 
 struct free_op {
@@ -704,9 +770,9 @@ SIM_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
 
 /* ---- pinned host memory ---- */
 
-SIM_EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags)
+static CUresult host_alloc(const char *api, void **pp, size_t bytesize, unsigned int flags)
 {
-    CUresult r = sim_enter(__func__, true);
+    CUresult r = sim_enter(api, true);
     if (r)
         return r;
     if (!pp || bytesize == 0 || (flags & ~0xfu))
@@ -731,9 +797,14 @@ SIM_EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flag
     return r;
 }
 
+SIM_EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags)
+{
+    return host_alloc(__func__, pp, bytesize, flags);
+}
+
 SIM_EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
 {
-    return cuMemHostAlloc(pp, bytesize, 0);
+    return host_alloc(__func__, pp, bytesize, 0);
 }
 
 SIM_EXPORT CUresult cuMemFreeHost(void *p)

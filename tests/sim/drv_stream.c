@@ -6,10 +6,19 @@
  * stream waits for all blocking streams and they wait for it, as on a GPU.
  *
  * Locking: submit_mu serialises submissions (tickets and the legacy barriers
- * are taken together) and guards the stream and event lists; each stream's
- * mu guards its queue and counters; each event's mu guards its record. Stream
- * and event structs are never returned to malloc: destroyed ones are marked
- * dead and reused, so a stale handle is detected, never dereferenced freed.
+ * are taken together) and guards the stream and event lists and each
+ * stream's state (magic); each stream's mu guards its queue and counters;
+ * each event's mu guards its record. Stream and event structs are never
+ * returned to malloc: destroyed ones are marked dead and reused, so a stale
+ * handle is detected, never dereferenced freed.
+ *
+ * A stream's life: live (STREAM_MAGIC) until cuStreamDestroy, which returns
+ * at once; dying (STREAM_DYING) while its detached worker finishes the queued
+ * work; free (0) once the worker has let go of the struct, when
+ * create_stream may claim it (STREAM_CLAIMED) and bring it back to life.
+ * A claimed struct's fields are rewritten under submit_mu, before it is live
+ * again. Tickets are never reset, so a wait on a dead stream's ticket stays
+ * true after reuse.
  */
 #include "sim.h"
 
@@ -19,8 +28,10 @@
 #include <string.h>
 #include <time.h>
 
-#define STREAM_MAGIC 0x5354524du
-#define EVENT_MAGIC  0x45564e54u
+#define STREAM_MAGIC   0x5354524du
+#define STREAM_DYING   0x44594e47u
+#define STREAM_CLAIMED 0x434c4d44u
+#define EVENT_MAGIC    0x45564e54u
 
 struct sim_stream {
     unsigned magic;
@@ -81,8 +92,14 @@ static void *worker(void *arg)
             pthread_cond_wait(&s->cv, &s->mu);
         struct sim_op *op = s->head;
         pthread_mutex_unlock(&s->mu);
-        if (!op)
+        if (!op) {
+            /* Stopped and drained: the last touch of s, which may then be
+             * reused (the thread is detached). */
+            pthread_mutex_lock(&submit_mu);
+            s->magic = 0;
+            pthread_mutex_unlock(&submit_mu);
             return NULL;
+        }
         for (int i = 0; i < op->nwaits; i++)
             sim_stream_wait_ticket(op->waits[i].stream, op->waits[i].ticket);
         if (!sim_faulted() && op->run) /* a faulted context runs nothing more */
@@ -129,14 +146,24 @@ static void legacy_init(void)
     }
 }
 
-/* Stops s after its queued work and joins its worker. */
-static void stream_stop(struct sim_stream *s)
+/* Retires a live stream without waiting: its worker finishes the queued
+ * work, then frees the struct for reuse. False if s was not live. */
+static bool stream_retire(struct sim_stream *s)
 {
+    pthread_mutex_lock(&submit_mu);
+    bool live = s->magic == STREAM_MAGIC;
+    if (live) {
+        s->magic = STREAM_DYING;
+        pthread_detach(s->thread);
+    }
+    pthread_mutex_unlock(&submit_mu);
+    if (!live)
+        return false;
     pthread_mutex_lock(&s->mu);
     s->stop = true;
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
-    pthread_join(s->thread, NULL);
+    return true;
 }
 
 static pthread_key_t per_thread_key;
@@ -144,9 +171,7 @@ static pthread_once_t per_thread_once = PTHREAD_ONCE_INIT;
 
 static void per_thread_exit(void *arg)
 {
-    struct sim_stream *s = arg;
-    stream_stop(s);
-    s->magic = 0;
+    stream_retire(arg);
 }
 
 static void per_thread_key_init(void)
@@ -185,6 +210,14 @@ struct sim_stream *sim_stream_get(CUstream h)
     return found;
 }
 
+static uint64_t submitted(struct sim_stream *s)
+{
+    pthread_mutex_lock(&s->mu);
+    uint64_t t = s->submitted;
+    pthread_mutex_unlock(&s->mu);
+    return t;
+}
+
 CUresult sim_op_add_wait(struct sim_op *op, struct sim_stream *s, uint64_t ticket)
 {
     if (ticket == 0)
@@ -197,13 +230,21 @@ CUresult sim_op_add_wait(struct sim_op *op, struct sim_stream *s, uint64_t ticke
     return CUDA_SUCCESS;
 }
 
-/* The implicit legacy-stream ordering; submit_mu held. */
+/* Live or destroyed with work still queued: the stream's flags are stable
+ * and its work still counts. submit_mu held. */
+static bool in_use(const struct sim_stream *t)
+{
+    return t->magic == STREAM_MAGIC || t->magic == STREAM_DYING;
+}
+
+/* The implicit legacy-stream ordering (with the work a destroyed blocking
+ * stream still has queued too); submit_mu held. */
 static CUresult add_barriers(struct sim_stream *s, struct sim_op *op)
 {
     if (s->legacy) {
         for (struct sim_stream *t = all_streams; t; t = t->next_all)
-            if (t != s && t->magic == STREAM_MAGIC && !(t->flags & CU_STREAM_NON_BLOCKING))
-                if (sim_op_add_wait(op, t, t->submitted))
+            if (t != s && in_use(t) && !(t->flags & CU_STREAM_NON_BLOCKING))
+                if (sim_op_add_wait(op, t, submitted(t)))
                     return CUDA_ERROR_OUT_OF_MEMORY;
         return CUDA_SUCCESS;
     }
@@ -295,14 +336,6 @@ bool sim_stream_done(struct sim_stream *s, uint64_t ticket)
     return done;
 }
 
-static uint64_t submitted(struct sim_stream *s)
-{
-    pthread_mutex_lock(&s->mu);
-    uint64_t t = s->submitted;
-    pthread_mutex_unlock(&s->mu);
-    return t;
-}
-
 CUresult sim_ctx_synchronize(void)
 {
     pthread_once(&legacy_once, legacy_init);
@@ -314,7 +347,8 @@ CUresult sim_ctx_synchronize(void)
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     }
     pthread_mutex_unlock(&submit_mu);
-    /* Streams are only ever prepended, so walking from a snapshot is safe. */
+    /* Streams are only ever prepended, so walking from a snapshot is safe;
+     * destroyed streams are on the list too, with whatever they still run. */
     for (struct sim_stream *s = list; s; s = s->next_all)
         sim_stream_wait_ticket(s, submitted(s));
     return sim_check();
@@ -379,9 +413,9 @@ CUstreamCaptureStatus sim_capture_status(struct sim_stream *s)
 
 /* ---- the stream API ---- */
 
-static CUresult create_stream(CUstream *ph, unsigned flags, int priority)
+static CUresult create_stream(const char *api, CUstream *ph, unsigned flags, int priority)
 {
-    CUresult r = sim_enter(__func__, true);
+    CUresult r = sim_enter(api, true);
     if (r)
         return r;
     if (!ph || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING))
@@ -393,19 +427,26 @@ static CUresult create_stream(CUstream *ph, unsigned flags, int priority)
     pthread_mutex_lock(&submit_mu);
     for (struct sim_stream *t = all_streams; t && !s; t = t->next_all)
         if (t->magic == 0 && t != &legacy_stream)
-            s = t; /* reuse a destroyed stream's struct */
-    if (s)
-        s->magic = STREAM_MAGIC; /* claim it under the lock */
-    pthread_mutex_unlock(&submit_mu);
+            s = t; /* a destroyed stream whose worker is gone */
     if (s) {
+        s->magic = STREAM_CLAIMED; /* ours, but not live until its worker runs */
         s->legacy = false;
         s->flags = flags;
         s->priority = priority;
+        s->capture = NULL;
+        s->capture_invalid = false;
+    }
+    pthread_mutex_unlock(&submit_mu);
+    if (s) {
+        pthread_mutex_lock(&s->mu);
         s->stop = false;
-        if (pthread_create(&s->thread, NULL, worker, s) != 0) {
-            s->magic = 0;
+        pthread_mutex_unlock(&s->mu);
+        bool started = pthread_create(&s->thread, NULL, worker, s) == 0;
+        pthread_mutex_lock(&submit_mu);
+        s->magic = started ? STREAM_MAGIC : 0;
+        pthread_mutex_unlock(&submit_mu);
+        if (!started)
             return CUDA_ERROR_OUT_OF_MEMORY;
-        }
     } else {
         s = calloc(1, sizeof *s);
         if (!s || stream_start(s, false, flags, priority) != 0) {
@@ -419,12 +460,12 @@ static CUresult create_stream(CUstream *ph, unsigned flags, int priority)
 
 SIM_EXPORT CUresult cuStreamCreate(CUstream *ph, unsigned int flags)
 {
-    return create_stream(ph, flags, 0);
+    return create_stream(__func__, ph, flags, 0);
 }
 
 SIM_EXPORT CUresult cuStreamCreateWithPriority(CUstream *ph, unsigned int flags, int priority)
 {
-    return create_stream(ph, flags, priority);
+    return create_stream(__func__, ph, flags, priority);
 }
 
 static bool user_stream(CUstream h, struct sim_stream **out)
@@ -444,12 +485,9 @@ SIM_EXPORT CUresult cuStreamDestroy_v2(CUstream h)
     struct sim_stream *s;
     if (!user_stream(h, &s))
         return CUDA_ERROR_INVALID_HANDLE;
-    /* Queued work still completes, as the documentation promises. */
-    stream_stop(s);
-    pthread_mutex_lock(&submit_mu);
-    s->magic = 0;
-    pthread_mutex_unlock(&submit_mu);
-    return CUDA_SUCCESS;
+    /* cuda.h: with work still queued the call "will return immediately";
+     * the work still completes, and the stream is freed after it. */
+    return stream_retire(s) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
 SIM_EXPORT CUresult cuStreamSynchronize(CUstream h)
@@ -631,11 +669,13 @@ static void record_run(struct sim_op *op)
     pthread_mutex_unlock(&e->mu);
 }
 
-SIM_EXPORT CUresult cuEventRecord(CUevent h, CUstream hs)
+static CUresult event_record(const char *api, CUevent h, CUstream hs, unsigned flags)
 {
-    CUresult r = sim_enter(__func__, true);
+    CUresult r = sim_enter(api, true);
     if (r)
         return r;
+    if (flags & ~(unsigned)CU_EVENT_RECORD_EXTERNAL)
+        return CUDA_ERROR_INVALID_VALUE;
     struct sim_event *e = event_get(h);
     struct sim_stream *s = sim_stream_get(hs);
     if (!e || !s)
@@ -664,11 +704,14 @@ SIM_EXPORT CUresult cuEventRecord(CUevent h, CUstream hs)
     return r;
 }
 
+SIM_EXPORT CUresult cuEventRecord(CUevent h, CUstream hs)
+{
+    return event_record(__func__, h, hs, 0);
+}
+
 SIM_EXPORT CUresult cuEventRecordWithFlags(CUevent h, CUstream hs, unsigned int flags)
 {
-    if (flags & ~(unsigned)CU_EVENT_RECORD_EXTERNAL)
-        return CUDA_ERROR_INVALID_VALUE;
-    return cuEventRecord(h, hs);
+    return event_record(__func__, h, hs, flags);
 }
 
 /* Where the event stands: its stream and ticket (stream NULL if never recorded). */

@@ -3,6 +3,8 @@
 # the simulated GPU does not implement is refused loudly instead of failing to
 # link or load. Real definitions elsewhere in the library override the stubs;
 # simcuda_stub_NAME stays the stub, so cuGetProcAddress can tell the two apart.
+# Attributes (__CUDA_DEPRECATED and the like) are stripped first, so deprecated
+# functions get their stub too.
 # Usage: gen_stubs.sh CC CUDA_INCLUDE HEADER NAME_PREFIX RETURN_TYPE REFUSE_FN CODE
 set -euo pipefail
 cc=$1 inc=$2 header=$3 prefix=$4 rtype=$5 refuse=$6 code=$7
@@ -11,6 +13,7 @@ echo "/* Generated from $header by gen_stubs.sh; do not edit. */"
 echo "int $refuse(const char *name, int code);"
 printf '#include <%s>\n' "$header" | "$cc" -E -P -I"$inc" -x c - |
     tr '\n' ' ' | tr ';' '\n' |
+    sed -E 's/__attribute__[[:space:]]*\(\(([^()]|\(([^()]|\([^()]*\))*\))*\)\)/ /g' |
     grep -oE "^[[:space:]]*(extern[[:space:]]+)?$rtype[[:space:]]+$prefix[A-Za-z0-9_]*[[:space:]]*\(" |
     grep -oE "$prefix[A-Za-z0-9_]*" | sort -u |
     while read -r name; do

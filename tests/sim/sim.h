@@ -34,11 +34,13 @@ extern struct sim_cfg sim_cfg;
 CUresult sim_check(void);
 /* As sim_check, and also CUDA_ERROR_INVALID_CONTEXT with no current context. */
 CUresult sim_check_ctx(void);
-/* The prologue of an entry point: sim_check (or sim_check_ctx when
- * needs_ctx), then fault injection: SIMCUDA_FAIL=<call>:<nth>[+][:<error>]
- * [,...] fails the nth call of <call> (and every later one with '+') with
- * <error> (a CUresult name or number; default CUDA_ERROR_UNKNOWN). Calls
- * are counted whatever their outcome; _v2/_ptsz suffixes are ignored. */
+/* The prologue of an entry point, called once per call with the entry
+ * point's API name: sim_check (or sim_check_ctx when needs_ctx), and fault
+ * injection: SIMCUDA_FAIL=<call>:<nth>[+][:<error>][,...] fails the nth call
+ * of <call> (and every later one with '+') with <error> (any CUresult name,
+ * or a number; default CUDA_ERROR_UNKNOWN). Calls are counted whatever their
+ * outcome; _v2/_ptsz suffixes are ignored. A call refused by the prologue
+ * itself returns that error, counted but not injected. */
 CUresult sim_enter(const char *fn, bool needs_ctx);
 /* The injection alone, for entry points with their own prologue. */
 CUresult sim_inject(const char *fn);
@@ -47,6 +49,16 @@ void sim_fault(uintptr_t addr, const char *what);
 bool sim_faulted(void);
 int sim_refuse_driver(const char *name, int code);
 void sim_sleep_us(double us);
+
+/* Name/value tables of the error enums, generated from the headers by
+ * gen_errors.sh: sim_cu_errors (CUresult, in libcuda) and sim_rt_errors
+ * (cudaError_t, in libcudart). `text` is derived from the name. */
+struct sim_error_name {
+    int code;
+    const char *name, *text;
+};
+extern const struct sim_error_name sim_cu_errors[], sim_rt_errors[];
+extern const size_t sim_cu_errors_count, sim_rt_errors_count;
 
 struct sim_stats {
     atomic_ullong copies_h2d, copies_d2h, bytes_h2d, bytes_d2h, launches, faults;
@@ -92,10 +104,10 @@ struct sim_op {
     sim_op_fn fini; /* on the worker, after run; frees the op */
     int nwaits;
     struct sim_wait *waits;
-    size_t size;         /* bytes of the whole op, so a graph can copy it */
-    int capture;         /* enum sim_capture */
-    int node_type;       /* CUgraphNodeType when captured */
-    sim_op_fn relocate;  /* fixes inner pointers after a copy (may be NULL) */
+    size_t size;        /* bytes of the whole op, so a graph can copy it */
+    int capture;        /* enum sim_capture */
+    int node_type;      /* CUgraphNodeType when captured */
+    sim_op_fn relocate; /* fixes inner pointers after a copy (may be NULL) */
 };
 
 /* Resolves a CUstream handle (NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD

@@ -23,9 +23,23 @@ extern "C" {
 typedef void (*simcuda_kernel_fn)(void **args);
 
 /* 0, or -1 if the table is full, a parameter size is 0, or fn is NULL.
- * duration_us 0 means SIMCUDA_KERNEL_US. Registering fn again replaces it. */
+ * duration_us 0 means SIMCUDA_KERNEL_US. Registering fn again replaces it.
+ *
+ * The parameters are laid out as nvcc lays them out: each at the next
+ * multiple of its alignment (cuFuncGetParamInfo reports the offsets). nvcc
+ * aligns a parameter by its type's alignment, which only the caller knows;
+ * simcuda_register_kernel assumes it from the size: 1 for 1 byte, 2 for 2-3,
+ * 4 for 4-7 and 8 for 8 or more (right for scalars, pointers and most
+ * structs, wrong for e.g. float3 (align 4) or float4 (align 16)). */
 int simcuda_register_kernel(simcuda_kernel_fn fn, const char *name, int nparams,
                             const size_t *param_sizes, unsigned duration_us);
+
+/* The same with each parameter's alignment given (_Alignof of its type): a
+ * power of two up to 16, or 0 for the rule above; param_aligns may be NULL.
+ * -1 also for an alignment that is not a power of two or is above 16. */
+int simcuda_register_kernel_aligned(simcuda_kernel_fn fn, const char *name, int nparams,
+                                    const size_t *param_sizes, const size_t *param_aligns,
+                                    unsigned duration_us);
 
 /* The CUfunction for a registered kernel, or NULL. */
 CUfunction simcuda_function(simcuda_kernel_fn fn);
