@@ -197,6 +197,7 @@ clean:
 
 # The real-GPU suite (make gpu-test) lives in its own file.
 include mk/gpu.mk
+include mk/fuzz.mk
 
 # Objects are kept, so a second make does nothing.
 .SECONDARY:
