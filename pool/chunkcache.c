@@ -64,12 +64,26 @@ static int do_create(struct sh_chunkcache *cc, size_t size, uint64_t *handle)
     return cc->ops.create(cc->ops.ctx, size, SH_LOC_DEVICE, handle);
 }
 
-static void do_release(struct sh_chunkcache *cc, uint64_t handle, size_t size)
+static int push(struct sh_chunkcache *cc, int b, uint64_t handle);
+
+/* Releases a handle already taken off the books. If the driver refuses,
+ * the handle goes back into the cache, still counted, to be released by a
+ * later trim: memory the device still holds is never forgotten. */
+static int do_release(struct sh_chunkcache *cc, uint64_t handle, int b)
 {
     __atomic_fetch_add(&cc->releases, 1, __ATOMIC_RELAXED);
     int err = cc->ops.release(cc->ops.ctx, handle);
-    if (err)
-        sh_log(SH_LOG_WARN, "chunkcache: release of a %zu-byte chunk failed (%d)", size, err);
+    if (!err)
+        return 0;
+    size_t size = (size_t)1 << b;
+    sh_log(SH_LOG_WARN, "chunkcache: release of a %zu-byte chunk failed (%d); kept for later",
+           size, err);
+    pthread_mutex_lock(&cc->mu);
+    cc->device_bytes += size;
+    if (push(cc, b, handle) != 0)
+        sh_log(SH_LOG_ERROR, "chunkcache: lost track of a %zu-byte chunk", size);
+    pthread_mutex_unlock(&cc->mu);
+    return err;
 }
 
 static uint64_t pop(struct sh_chunkcache *cc, int b)
@@ -139,7 +153,7 @@ int sh_chunkcache_put(struct sh_chunkcache *cc, uint64_t handle, size_t chunk_si
         cc->device_bytes -= chunk_size;
     pthread_mutex_unlock(&cc->mu);
     if (!keep)
-        do_release(cc, handle, chunk_size);
+        do_release(cc, handle, b);
     return 0;
 }
 
@@ -173,8 +187,11 @@ size_t sh_chunkcache_trim(struct sh_chunkcache *cc, size_t bytes)
         }
         pthread_mutex_unlock(&cc->mu);
         for (int i = 0; i < n; i++)
-            do_release(cc, h[i], (size_t)1 << b[i]);
+            if (do_release(cc, h[i], b[i]) != 0)
+                got -= (size_t)1 << b[i];
         freed += got;
+        if (got == 0 && n > 0)
+            break; /* the driver refuses: try again later */
         if (n < BATCH && freed < bytes)
             break; /* nothing left */
     }

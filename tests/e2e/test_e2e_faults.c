@@ -1,0 +1,211 @@
+/* test_e2e_faults.c — the fault-injection matrix.
+ *
+ * An eviction- and restore-heavy workload runs in a child process once for
+ * every (driver call, nth call) pair, with SIMCUDA_FAIL making that call
+ * fail. Each outcome must be one of two: the library recovers and every
+ * byte is right, or the program gets a CUDA error (as it would without us)
+ * and every byte of every region it still holds is right. On top of that:
+ * no device memory unaccounted for at the end (a leak), and no hang.
+ *
+ * FAULT_MATRIX=full widens the nth values; the summary line reads
+ * "N injected, N recovered-or-propagated, N lost, N leaked, N hung".
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "simcuda.h"
+#include "stagehand.h"
+
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define REGION (8u << 20)
+#define WORDS  (REGION / 4)
+#define NREG   20 /* 160 MB against a 96 MB budget */
+
+enum { OK_RECOVERED = 0, OK_PROPAGATED = 3, LOST = 4, LEAKED = 5, SETUP = 6 };
+
+static char **saved_argv;
+static int preloaded;
+static const dim3 one = {1, 1, 1};
+
+static void k_bump(void **a) /* (uint32_t *p, uint32_t by) */
+{
+    uint32_t *p = *(uint32_t **)a[0];
+    uint32_t by = *(uint32_t *)a[1];
+    for (size_t i = 0; i < WORDS; i++)
+        p[i] += by + (uint32_t)i;
+}
+
+/* ---- the workload (child) ---- */
+
+static int workload(void)
+{
+    size_t sizes[] = {sizeof(void *), sizeof(uint32_t)};
+    simcuda_register_kernel(k_bump, "bump", 2, sizes, 0);
+    void *r[NREG] = {0};
+    uint32_t sum[NREG] = {0}, times[NREG] = {0};
+    int errors = 0;
+    for (int i = 0; i < NREG; i++)
+        if (cudaMalloc(&r[i], REGION) != cudaSuccess ||
+            cudaMemset(r[i], 0, REGION) != cudaSuccess) {
+            errors++;
+            if (r[i])
+                cudaFree(r[i]);
+            r[i] = NULL;
+        }
+    for (int pass = 0; pass < 3; pass++)
+        for (int i = 0; i < NREG; i++) {
+            if (!r[i])
+                continue;
+            uint32_t by = (uint32_t)(i + pass);
+            void *args[] = {&r[i], &by};
+            if (cudaLaunchKernel((const void *)k_bump, one, one, args, 0, NULL) == cudaSuccess) {
+                sum[i] += by;
+                times[i]++;
+            } else {
+                errors++;
+            }
+        }
+    if (cudaDeviceSynchronize() != cudaSuccess)
+        return LOST; /* a fault: the context is gone, and so are the bytes */
+    uint32_t *h = malloc(REGION);
+    for (int i = 0; h && i < NREG; i++) {
+        if (!r[i])
+            continue;
+        if (cudaMemcpy(h, r[i], REGION, cudaMemcpyDeviceToHost) != cudaSuccess)
+            return LOST;
+        for (size_t k = 0; k < WORDS; k++)
+            if (h[k] != sum[i] + times[i] * (uint32_t)k) {
+                fprintf(stderr, "faults: region %d word %zu wrong\n", i, k);
+                return LOST;
+            }
+    }
+    free(h);
+    for (int i = 0; i < NREG; i++)
+        if (r[i] && cudaFree(r[i]) != cudaSuccess)
+            errors++;
+    /* Leak check: what the device holds is what the library says it keeps. */
+    simcuda_stats_t sim;
+    simcuda_get_stats(&sim);
+    stagehand_stats_t st = {0};
+    int (*get)(stagehand_stats_t *, size_t) =
+        (int (*)(stagehand_stats_t *, size_t))dlsym(RTLD_DEFAULT, "stagehand_get_stats");
+    if (get)
+        get(&st, sizeof st);
+    if (sim.device_bytes_in_use > st.device_bytes) {
+        fprintf(stderr, "faults: %zu device bytes unaccounted for\n",
+                sim.device_bytes_in_use - (size_t)st.device_bytes);
+        return LEAKED;
+    }
+    return errors ? OK_PROPAGATED : OK_RECOVERED;
+}
+
+/* ---- the matrix (parent) ---- */
+
+static const char *const calls[] = {
+    "cuMemCreate",      "cuMemMap",
+    "cuMemSetAccess",   "cuMemUnmap",
+    "cuMemRelease",     "cuMemAddressReserve",
+    "cuMemAddressFree", "cuMemcpyAsync",
+    "cuEventCreate",    "cuEventRecord",
+    "cuEventQuery",     "cuEventSynchronize",
+    "cuCtxSynchronize", "cuStreamCreateWithPriority",
+    "cuptiSubscribe",
+};
+
+static int run_one(const char *spec)
+{
+    pid_t pid = fork();
+    if (pid < 0)
+        return SETUP;
+    if (pid == 0) {
+        int null = open("/dev/null", 1);
+        if (null >= 0)
+            dup2(null, 2);
+        setenv("SIMCUDA_FAIL", spec, 1);
+        setenv("E2E_FAULTS_CHILD", "1", 1);
+        execv("/proc/self/exe", saved_argv);
+        _exit(SETUP);
+    }
+    for (int waited = 0; waited < 400; waited++) { /* 20 s */
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid)
+            return WIFEXITED(status) ? WEXITSTATUS(status) : LOST;
+        struct timespec ts = {0, 50000000};
+        nanosleep(&ts, NULL);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return -1; /* hung */
+}
+
+static void test_matrix(void **state)
+{
+    (void)state;
+    if (!preloaded) /* the matrix is about the library */
+        skip();
+    static const int quick[] = {1, 3, 10, 40};
+    static const int full[] = {1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144};
+    int wide = getenv("FAULT_MATRIX") && strcmp(getenv("FAULT_MATRIX"), "full") == 0;
+    const int *nth = wide ? full : quick;
+    size_t nn = wide ? sizeof full / sizeof *full : sizeof quick / sizeof *quick;
+    int injected = 0, fine = 0, lost = 0, leaked = 0, hung = 0;
+    for (size_t c = 0; c < sizeof calls / sizeof *calls; c++)
+        for (size_t k = 0; k < nn; k++) {
+            char spec[128];
+            snprintf(spec, sizeof spec, "%s:%d", calls[c], nth[k]);
+            int rc = run_one(spec);
+            injected++;
+            if (rc == OK_RECOVERED || rc == OK_PROPAGATED)
+                fine++;
+            else if (rc == LEAKED)
+                leaked++;
+            else if (rc == -1)
+                hung++;
+            else
+                lost++;
+            if (rc != OK_RECOVERED && rc != OK_PROPAGATED)
+                fprintf(stderr, "faults: %s -> %s\n", spec,
+                        rc == LEAKED ? "leaked"
+                        : rc == -1   ? "hung"
+                                     : "lost");
+        }
+    printf("fault matrix: %d injected, %d recovered-or-propagated, %d lost, %d leaked, %d hung\n",
+           injected, fine, lost, leaked, hung);
+    assert_int_equal(lost, 0);
+    assert_int_equal(leaked, 0);
+    assert_int_equal(hung, 0);
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    saved_argv = argv;
+    if (getenv("E2E_FAULTS_CHILD"))
+        return workload();
+    if (!getenv("E2E_FAULTS_CONFIGURED")) {
+        setenv("E2E_FAULTS_CONFIGURED", "1", 1);
+        setenv("SIMCUDA_VRAM_MB", "256", 1);
+        setenv("STAGEHAND_BUDGET_VRAM_BUDGET_MB", "96", 1);
+        setenv("STAGEHAND_POOL_PREPIN_MB", "64", 1);
+        execv("/proc/self/exe", argv);
+        perror("execv");
+        return 1;
+    }
+    preloaded = dlsym(RTLD_DEFAULT, "stagehand_get_stats") && !getenv("STAGEHAND_DISABLE");
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_matrix)};
+    return cmocka_run_group_tests_name(
+        preloaded ? "e2e_faults (preloaded)" : "e2e_faults (disabled)", tests, NULL, NULL);
+}
