@@ -76,8 +76,8 @@ static int do_release(struct sh_chunkcache *cc, uint64_t handle, int b)
     if (!err)
         return 0;
     size_t size = (size_t)1 << b;
-    sh_log(SH_LOG_WARN, "chunkcache: release of a %zu-byte chunk failed (%d); kept for later",
-           size, err);
+    sh_log(SH_LOG_WARN, "chunkcache: release of a %zu-byte chunk failed (%d); kept for later", size,
+           err);
     pthread_mutex_lock(&cc->mu);
     cc->device_bytes += size;
     if (push(cc, b, handle) != 0)
