@@ -134,7 +134,8 @@ $(foreach t,$(TOOL_DIRS:tools/%=%),$(eval $(call tool_rule,$(t))))
 TEST_BINS := $(SIM_TESTS) $(UNIT_TESTS) $(E2E_BINS)
 
 test: all $(TEST_BINS)
-	@BUILD=$(BUILD) SAN=$(SAN) E2E="$(E2E_BINS)" tests/run.sh $(SIM_TESTS) $(UNIT_TESTS)
+	@BUILD=$(BUILD) SAN=$(SAN) E2E="$(E2E_BINS)" tests/run.sh $(SIM_TESTS) $(UNIT_TESTS) \
+	    "tests/tools/top_tmux.sh $(BUILD)"
 
 # ---- the demo: the README's main job ----------------------------------------
 $(BUILD)/demo/train: $(BUILD)/obj/tests/demo/train.o $(SIM_LIBS)
