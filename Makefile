@@ -121,7 +121,7 @@ $(BUILD)/tests/unit/%: $(BUILD)/obj/tests/unit/%.o $(BUILD)/libstagehand.a
 
 $(BUILD)/tests/e2e/%: $(BUILD)/obj/tests/e2e/%.o $(SIM_LIBS)
 	@mkdir -p $(@D)
-	$(CC) -o $@ $< $(LDFLAGS_ALL) $(SIM_LINK) -lcmocka -ldl
+	$(CC) -o $@ $< $(LDFLAGS_ALL) $(SIM_LINK) -lcmocka -ldl -ljson-c
 
 # ---- tools ---------------------------------------------------------------
 # Each tools/NAME/ folder is one program, build/NAME, from all its .c files.

@@ -28,8 +28,10 @@ EXPORT int64_t stagehand_step(void)
 {
     atomic_store(&sh_rt.phase, STAGEHAND_PHASE_STEP_BEGIN);
     int64_t step = atomic_fetch_add(&sh_rt.step, 1) + 1;
-    if (sh_managed())
+    if (sh_managed()) {
         sh_sched_mark(1, 0);
+        sh_monitor_step(step);
+    }
     return step;
 }
 
@@ -38,8 +40,10 @@ EXPORT int stagehand_phase(int phase)
     if (phase < STAGEHAND_PHASE_STEP_BEGIN || phase > STAGEHAND_PHASE_STEP_END)
         return -1;
     atomic_store(&sh_rt.phase, phase);
-    if (sh_managed())
+    if (sh_managed()) {
         sh_sched_mark(0, phase);
+        sh_monitor_phase(phase);
+    }
     return 0;
 }
 

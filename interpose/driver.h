@@ -16,6 +16,7 @@
 #define SH_DRIVER_ENTRIES(X)                                                                       \
     X(cuInit)                                                                                      \
     X(cuDeviceGet)                                                                                 \
+    X(cuDeviceGetName)                                                                             \
     X(cuDeviceGetAttribute)                                                                        \
     X(cuDeviceTotalMem)                                                                            \
     X(cuDevicePrimaryCtxRetain)                                                                    \

@@ -105,6 +105,30 @@ void sh_sched_residency(const uintptr_t *bases, size_t n, int on_device);
 size_t sh_sched_victims(size_t need, const uintptr_t *protect, size_t np, uintptr_t *out,
                         size_t max);
 int sh_sched_stats(struct sh_sched_stats *out);
+/* Prefetch, driven by the policy (no-ops without it or with [policy]
+ * prefetch_enabled off). sh_sched_prefetch_wait: a launch needs regions
+ * whose prefetch is in flight: commits them (and the others in flight, in
+ * the same window); returns how many were committed. sh_sched_plan: after a
+ * launch's regions are resident, before it is issued: starts the plan's
+ * prefetches, runs its evictions, commits when the policy says it is due.
+ * sh_sched_stall: a launch waited wait_us for region base. */
+size_t sh_sched_prefetch_wait(const uintptr_t *bases, size_t n);
+void sh_sched_plan(const uintptr_t *bases, size_t nb);
+void sh_sched_stall(uintptr_t base, uint64_t wait_us);
+/* Launch durations for the trace: sh_sched_timing_begin as a launch's
+ * preparation starts (it ends the previous launch on the GPU),
+ * sh_sched_timing_issue just before it is issued. */
+void sh_sched_timing_begin(void);
+void sh_sched_timing_issue(void);
+
+/* The live monitor and JSONL (monitor.c, over telemetry/). */
+void sh_monitor_start(void);
+void sh_monitor_sync(void);
+void sh_monitor_step(int64_t step);
+void sh_monitor_phase(int phase);
+void sh_monitor_event(int kind, uint64_t id, uint64_t bytes);
+/* The class the scheduler gives a region (enum sh_policy_class). */
+int sh_sched_class(uintptr_t va);
 
 /* Stream capture and graphs (graph.c). While any stream captures, nothing
  * is remapped or drained: it would break the capture. */

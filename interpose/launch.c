@@ -24,6 +24,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <string.h>
+#include <time.h>
 
 #define LAYOUTS    4096
 #define MAX_PARAMS 128
@@ -166,27 +167,71 @@ size_t sh_launch_scan(const void *key, int kind, void **args, uintptr_t *addrs, 
     return n;
 }
 
-void sh_launch_prepare(uint64_t kernel, const uintptr_t *addrs, size_t n)
+static uint64_t mono_us(void)
 {
-    size_t host = 0;
-    atomic_fetch_add(&sh_rt.launches, 1);
-    uintptr_t bases[MAX_ADDRS];
-    size_t nb = sh_pool_bases(sh_rt.pool, addrs, n < MAX_ADDRS ? n : MAX_ADDRS, bases);
-    sh_sched_launch(kernel, 0, bases, nb);
-    if (n == 0)
-        return;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* Tells the policy where the launch's regions are now: a restore that
+ * failed leaves a region on the host, found again next time. */
+static void report_residency(const uintptr_t *bases, size_t nb)
+{
+    uintptr_t on[MAX_ADDRS], off[MAX_ADDRS];
+    size_t non = 0, noff = 0;
+    for (size_t i = 0; i < nb; i++) {
+        struct sh_region_info info;
+        if (sh_pool_lookup(sh_rt.pool, bases[i], &info) != 0)
+            continue;
+        if (info.state == SH_RS_RESIDENT)
+            on[non++] = bases[i];
+        else if (info.state == SH_RS_HOST)
+            off[noff++] = bases[i];
+    }
+    sh_sched_residency(on, non, 1);
+    sh_sched_residency(off, noff, 0);
+}
+
+/* Makes the launch's regions resident: prefetches in flight are committed
+ * first (before the touch, so the launch being prepared does not count as
+ * one that ran on the host copy), then evicted ones are restored. Returns
+ * the microseconds the launch waited, 0 if none. */
+static uint64_t make_resident(const uintptr_t *addrs, size_t n, const uintptr_t *bases, size_t nb)
+{
+    uint64_t t0 = mono_us();
+    size_t host = 0, committed = sh_sched_prefetch_wait(bases, nb);
     sh_pool_touch(sh_rt.pool, addrs, n, &host);
     if (host == 0)
-        return;
-    if (sh_capturing()) {
-        /* A remap would drain the device and break the capture: the
-         * captured launch will find the region where it is when it runs. */
-        atomic_fetch_add(&sh_rt.deferred, 1);
-        return;
-    }
+        return committed ? mono_us() - t0 + 1 : 0;
     if (sh_make_room(host, addrs, n) != 0 || sh_pool_restore(sh_rt.pool, addrs, n) != 0)
         sh_log(SH_LOG_DEBUG, "a launch runs on host-mapped memory: no room to restore");
-    sh_sched_residency(bases, nb, 1); /* what stayed on the host is found again next time */
+    report_residency(bases, nb);
+    return mono_us() - t0 + 1;
+}
+
+void sh_launch_prepare(uint64_t kernel, const uintptr_t *addrs, size_t n)
+{
+    atomic_fetch_add(&sh_rt.launches, 1);
+    sh_sched_timing_begin();
+    uintptr_t bases[MAX_ADDRS];
+    size_t nb = sh_pool_bases(sh_rt.pool, addrs, n < MAX_ADDRS ? n : MAX_ADDRS, bases);
+    if (n > 0 && sh_capturing()) {
+        /* A remap would drain the device and break the capture: the
+         * captured launch will find the region where it is when it runs. */
+        size_t host = 0;
+        sh_pool_touch(sh_rt.pool, addrs, n, &host);
+        if (host)
+            atomic_fetch_add(&sh_rt.deferred, 1);
+        sh_sched_launch(kernel, 0, bases, nb);
+        return;
+    }
+    uint64_t waited = n > 0 ? make_resident(addrs, n, bases, nb) : 0;
+    sh_sched_launch(kernel, 0, bases, nb);
+    if (waited)
+        sh_sched_stall(bases[0], waited);
+    sh_sched_plan(bases, nb);
+    sh_sched_timing_issue();
 }
 
 /* Makes the regions a launch points into resident. */

@@ -9,6 +9,7 @@
 
 #include "sh_err.h"
 #include "sh_log.h"
+#include "telemetry/telemetry.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -182,6 +183,7 @@ static void init(void)
     open_mover();
     sh_sched_init();
     sh_launch_init();
+    sh_monitor_start();
     char summary[512];
     sh_config_summary(&sh_rt.cfg, summary, sizeof summary);
     sh_log(SH_LOG_INFO, "managing allocations on device %d: %s", (int)sh_rt.dev, summary);
@@ -221,6 +223,7 @@ static const char *host_side(char *buf, size_t len)
 cudaError_t sh_oom(size_t size, const char *what)
 {
     atomic_fetch_add(&sh_rt.oom, 1);
+    sh_monitor_event(SH_TM_EV_OOM, 0, size);
     struct sh_pool_stats st;
     sh_pool_stats(sh_rt.pool, &st);
     char host[128];

@@ -1,19 +1,24 @@
 /* sched.c — the scheduler inside the library: feeds the policy (policy/)
- * the program's events and asks it which regions to evict; records the same
- * events to a trace file when STAGEHAND_TRACE (or [debug] trace_file) names
- * one.
+ * the program's events, asks it which regions to evict, and carries out its
+ * plan around each launch: prefetches started ahead of need (their copies
+ * overlap compute), evictions ahead of need, batched commits. Records the
+ * same events to a trace file when STAGEHAND_TRACE (or [debug] trace_file)
+ * names one, with each launch's duration measured on the GPU.
  *
  * Region ids, for the policy and the trace, are region base addresses:
  * unique while a region lives, and stable when a freed region is reused for
  * the same size (which is what a training loop does every step).
  *
  * Locking: sched_mu serialises every call into the policy and the trace
- * writer (neither is thread-safe). No CUDA call is made under it.
+ * writer (neither is thread-safe). No CUDA call is made
+ * under it: the pool's moves run between two sections. timing_mu guards the
+ * ring of launch timings; the event calls made under it never block.
  */
 #include "interpose/interpose.h"
 
 #include "policy/policy.h"
 #include "policy/trace.h"
+#include "sh_err.h"
 #include "sh_log.h"
 
 #include <pthread.h>
@@ -26,6 +31,7 @@ static pthread_mutex_t sched_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct sh_policy *policy;
 static struct sh_trace_writer *trace;
 static uint64_t t0_ns;
+static _Thread_local uint64_t last_seq = UINT64_MAX; /* this thread's last launch in the trace */
 
 static uint64_t now_us(void)
 {
@@ -58,6 +64,124 @@ static void open_trace(void)
     sh_log(SH_LOG_INFO, "recording a trace to %s", path);
 }
 
+/* ---- launch durations, measured on the GPU ----
+ *
+ * Two timing events per launch on the legacy default stream: one recorded
+ * just before the launch is issued, and the next launch's first (recorded
+ * as its preparation starts, before any remap window). The time between
+ * them on the GPU is the launch's run time, plus any time the GPU waited
+ * for the program to issue the next one (host work the simulator then
+ * counts as part of the launch). Remap windows fall outside every launch:
+ * stagehand-sim models them itself. Only while a trace is recorded: an
+ * event on the legacy stream orders it against the program's blocking
+ * streams. A launch still pending at exit keeps no duration. */
+
+#define TIMINGS 1024
+
+struct timing {
+    uint64_t seq;
+    CUevent start, end;
+};
+
+static pthread_mutex_t timing_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct timing ring[TIMINGS];
+static unsigned ring_head, ring_count;
+static CUresult (*event_elapsed)(float *, CUevent, CUevent);
+static int timing_on;
+
+static void timing_init(void)
+{
+    CUdriverProcAddressQueryResult q;
+    if (!trace || sh_rt.drv.cuGetProcAddress("cuEventElapsedTime", (void **)&event_elapsed, 13000,
+                                             0, &q) != CUDA_SUCCESS)
+        event_elapsed = NULL;
+    timing_on = event_elapsed != NULL;
+}
+
+static CUevent timing_event(void)
+{
+    CUevent ev = NULL;
+    if (sh_rt.drv.cuEventCreate(&ev, CU_EVENT_DEFAULT) != CUDA_SUCCESS)
+        return NULL;
+    if (sh_rt.drv.cuEventRecord(ev, NULL) != CUDA_SUCCESS) {
+        sh_rt.drv.cuEventDestroy(ev);
+        return NULL;
+    }
+    return ev;
+}
+
+static void drop_timing(const struct timing *t)
+{
+    if (t->start)
+        sh_rt.drv.cuEventDestroy(t->start);
+    if (t->end)
+        sh_rt.drv.cuEventDestroy(t->end);
+}
+
+/* Takes the measured launches off the ring, oldest first; timing_mu held. */
+static size_t timings_done(struct timing *out, uint64_t *us, size_t max)
+{
+    size_t n = 0;
+    while (ring_count > 0 && n < max) {
+        struct timing *t = &ring[ring_head];
+        float ms = 0;
+        if (!t->end || sh_rt.drv.cuEventQuery(t->end) != CUDA_SUCCESS)
+            break;
+        us[n] = event_elapsed(&ms, t->start, t->end) == CUDA_SUCCESS && ms >= 0
+                    ? (uint64_t)((double)ms * 1000.0 + 0.5)
+                    : SH_TRACE_NO_DUR;
+        out[n++] = *t;
+        ring_head = (ring_head + 1) % TIMINGS;
+        ring_count--;
+    }
+    return n;
+}
+
+void sh_sched_timing_begin(void)
+{
+    if (!timing_on)
+        return;
+    CUevent ev = timing_event();
+    struct timing done[64];
+    uint64_t us[64];
+    pthread_mutex_lock(&timing_mu);
+    struct timing *last = ring_count ? &ring[(ring_head + ring_count - 1) % TIMINGS] : NULL;
+    if (last && !last->end) {
+        last->end = ev;
+        ev = NULL;
+    }
+    size_t n = timings_done(done, us, 64);
+    pthread_mutex_unlock(&timing_mu);
+    if (ev)
+        sh_rt.drv.cuEventDestroy(ev);
+    pthread_mutex_lock(&sched_mu);
+    for (size_t i = 0; i < n && trace; i++)
+        sh_trace_write_duration(trace, done[i].seq, us[i]);
+    pthread_mutex_unlock(&sched_mu);
+    for (size_t i = 0; i < n; i++)
+        drop_timing(&done[i]);
+}
+
+void sh_sched_timing_issue(void)
+{
+    if (!timing_on || last_seq == UINT64_MAX)
+        return;
+    struct timing t = {.seq = last_seq, .start = timing_event()}, old = {0};
+    last_seq = UINT64_MAX;
+    if (!t.start)
+        return;
+    pthread_mutex_lock(&timing_mu);
+    if (ring_count == TIMINGS) { /* never measured: that launch keeps no duration */
+        old = ring[ring_head];
+        ring_head = (ring_head + 1) % TIMINGS;
+        ring_count--;
+    }
+    ring[(ring_head + ring_count) % TIMINGS] = t;
+    ring_count++;
+    pthread_mutex_unlock(&timing_mu);
+    drop_timing(&old);
+}
+
 int sh_sched_init(void)
 {
     struct timespec ts;
@@ -69,6 +193,7 @@ int sh_sched_init(void)
         policy = NULL;
     }
     open_trace();
+    timing_init();
     return 0;
 }
 
@@ -105,8 +230,13 @@ void sh_sched_launch(uint64_t kernel, uint64_t stream, const uintptr_t *bases, s
     uint64_t t = now_us();
     if (policy)
         sh_policy_launch(policy, t, kernel, stream, (const uint64_t *)bases, n);
-    if (trace)
-        sh_trace_write_launch(trace, t, 0, stream, kernel, (const uint64_t *)bases, n, NULL);
+    if (trace) {
+        /* The duration follows in a 'd' record once the GPU has run it. */
+        uint64_t seq = UINT64_MAX;
+        sh_trace_write_launch(trace, t, SH_TRACE_NO_DUR, stream, kernel, (const uint64_t *)bases, n,
+                              &seq);
+        last_seq = seq;
+    }
     pthread_mutex_unlock(&sched_mu);
 }
 
@@ -159,4 +289,123 @@ int sh_sched_stats(struct sh_sched_stats *out)
     pthread_mutex_unlock(&sched_mu);
     *out = (struct sh_sched_stats){st.step, st.phase, st.trace_ready, st.persistent, st.transient};
     return 0;
+}
+
+int sh_sched_class(uintptr_t va)
+{
+    if (!policy)
+        return SH_CLASS_UNKNOWN;
+    pthread_mutex_lock(&sched_mu);
+    int cls = sh_policy_class(policy, va);
+    pthread_mutex_unlock(&sched_mu);
+    return cls < 0 ? SH_CLASS_UNKNOWN : cls;
+}
+
+/* ---- prefetch: the policy's plan carried out ---- */
+
+#define MAX_PLAN 64
+
+static size_t device_bytes(void)
+{
+    struct sh_pool_stats st;
+    sh_pool_stats(sh_rt.pool, &st);
+    return st.device_bytes;
+}
+
+static int prefetching(void)
+{
+    return policy && sh_rt.xfer && sh_rt.cfg.policy.prefetch_enabled;
+}
+
+static void tell(const uintptr_t *bases, size_t n, int residency)
+{
+    pthread_mutex_lock(&sched_mu);
+    for (size_t i = 0; i < n; i++)
+        sh_policy_residency(policy, bases[i], residency);
+    pthread_mutex_unlock(&sched_mu);
+}
+
+void sh_sched_stall(uintptr_t base, uint64_t wait_us)
+{
+    if (!policy)
+        return;
+    pthread_mutex_lock(&sched_mu);
+    sh_policy_stall(policy, now_us(), base, wait_us);
+    pthread_mutex_unlock(&sched_mu);
+}
+
+/* Commits every prefetch in flight. The window's drain waits for all copies
+ * queued anyway, so those not finished yet cost no more than the others. */
+static size_t commit_all(void)
+{
+    size_t max = sh_rt.cfg.transfer.batch_max > 0 ? (size_t)sh_rt.cfg.transfer.batch_max : 16;
+    uintptr_t done[MAX_PLAN];
+    size_t total = 0, n = 0;
+    size_t inflight = 0;
+    sh_pool_prefetch_ready(sh_rt.pool, &inflight);
+    while (inflight > 0) {
+        size_t want = max < MAX_PLAN ? max : MAX_PLAN;
+        if (sh_pool_prefetch_commit(sh_rt.pool, 1, done, want, &n) != 0 && n == 0)
+            break;
+        tell(done, n, SH_RES_DEVICE);
+        total += n;
+        inflight = inflight > want ? inflight - want : 0;
+    }
+    return total;
+}
+
+size_t sh_sched_prefetch_wait(const uintptr_t *bases, size_t n)
+{
+    if (!sh_rt.xfer || sh_pool_prefetch_needed(sh_rt.pool, bases, n) == 0)
+        return 0;
+    return commit_all();
+}
+
+/* What the plan may start: free H2D slots in regions, the hints' caps. */
+static void plan_limits(struct sh_policy_plan *plan, size_t inflight)
+{
+    struct sh_policy_hints h;
+    sh_policy_hints(policy, &h);
+    size_t h2d = h.max_inflight_h2d > 0 ? (size_t)h.max_inflight_h2d : 0;
+    size_t d2h = h.max_inflight_d2h > 0 ? (size_t)h.max_inflight_d2h : 0;
+    plan->fetch_max = h2d > inflight ? h2d - inflight : 0;
+    /* Evictions ahead of need are left out while evictions are synchronous:
+     * each would drain the GPU and copy in a remap window, where the plan
+     * assumes the copy overlaps compute (measured: learned 18% slower than
+     * LRU with them, level without). Evictions still happen on demand. */
+    (void)d2h;
+    plan->evict_max = 0;
+    if (plan->fetch_max > MAX_PLAN)
+        plan->fetch_max = MAX_PLAN;
+    if (plan->evict_max > MAX_PLAN)
+        plan->evict_max = MAX_PLAN;
+}
+
+void sh_sched_plan(const uintptr_t *bases, size_t nb)
+{
+    if (!prefetching() || sh_capturing())
+        return;
+    uint64_t fetch[MAX_PLAN], evict[MAX_PLAN];
+    uintptr_t moved[MAX_PLAN];
+    struct sh_policy_plan plan = {.fetch = fetch, .evict = evict};
+    size_t inflight = 0, ready = sh_pool_prefetch_ready(sh_rt.pool, &inflight),
+           dev = device_bytes();
+    pthread_mutex_lock(&sched_mu);
+    sh_policy_pressure(policy, dev);
+    sh_policy_slots(policy, (int)inflight, 0);
+    plan_limits(&plan, inflight);
+    int rc = sh_policy_plan(policy, dev, (const uint64_t *)bases, nb, &plan);
+    int due = sh_policy_commit_due(policy, ready, 0);
+    pthread_mutex_unlock(&sched_mu);
+    if (rc != 0)
+        return;
+    size_t n = 0, released = 0;
+    if (plan.nevict && sh_pool_evict_these(sh_rt.pool, (const uintptr_t *)evict, plan.nevict,
+                                           &released, moved, &n) == SH_OK)
+        tell(moved, n, SH_RES_HOST);
+    if (plan.nfetch && sh_pool_prefetch_start(sh_rt.pool, (const uintptr_t *)fetch, plan.nfetch,
+                                              moved, &n) == SH_OK)
+        tell(moved, n, SH_RES_TO_DEVICE);
+    if (due)
+        commit_all();
 }

@@ -8,9 +8,20 @@
  * scan or not — touches the range while its bytes are in transit or while
  * it is unmapped: the invariant of DESIGN.md §2 holds by construction.
  *
- * Locking: pool->move_mu serialises batches; states move under pool->mu;
- * chunk handles and slabs change only between EVICTING/RESTORING and the
- * state that ends them, so nobody else reads them meanwhile.
+ * Prefetch: a restore split in two. Start (no window): device chunks are
+ * mapped at a scratch address and filled from the slabs by queued H2D
+ * copies while kernels run; the region stays host-mapped at its own address.
+ * Commit (one window for a batch): unmap the slabs at the region address,
+ * map the device chunks there. A launch that referenced the region after it
+ * went to the host may have written the slab under the copy, so then the
+ * copy is redone inside the window, where nothing runs.
+ *
+ * Locking: pool->move_mu serialises batches (a prefetch's start and commit
+ * are batches); states move under pool->mu; chunk handles and slabs change
+ * only between EVICTING/RESTORING and the state that ends them, so nobody
+ * else reads them meanwhile. Prefetches in flight are on pool->pf_head
+ * (pool->mu); the thread that takes one off owns it until it leaves
+ * RESTORING (commit, or cancel by a free).
  */
 #include "pool/region_int.h"
 
@@ -19,6 +30,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <zlib.h>
 
 void sh_pool_set_mover(struct sh_pool *pool, const struct sh_pool_mover *m)
@@ -78,7 +90,8 @@ static size_t pick_victims(struct sh_pool *pool, size_t need, struct candidates 
     pthread_rwlock_rdlock(&pool->index_lock);
     sh_rindex_foreach(pool->index, collect, c);
     pthread_rwlock_unlock(&pool->index_lock);
-    qsort(c->r, c->n, sizeof *c->r, by_last_use);
+    if (c->n > 1) /* qsort may not be given a NULL array, even empty */
+        qsort(c->r, c->n, sizeof *c->r, by_last_use);
     size_t n = 0, bytes = 0;
     pthread_mutex_lock(&pool->mu);
     for (size_t i = 0; i < c->n && bytes < need; i++)
@@ -191,6 +204,9 @@ static void evicted_one(struct sh_pool *pool, struct region *r, size_t *released
         r->chunks[i].handle = 0;
     }
     *released += r->mapped;
+    __atomic_add_fetch(&r->evictions, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&r->evict_clock, __atomic_load_n(&pool->clock, __ATOMIC_RELAXED),
+                     __ATOMIC_RELAXED);
     pthread_mutex_lock(&pool->mu);
     pool->st.evictions++;
     pool->st.evicted_bytes += r->mapped;
@@ -311,6 +327,9 @@ size_t sh_pool_bases(struct sh_pool *pool, const uintptr_t *addrs, size_t n, uin
 void sh_pool_touch(struct sh_pool *pool, const uintptr_t *addrs, size_t n, size_t *host_bytes)
 {
     uint64_t now = __atomic_add_fetch(&pool->clock, 1, __ATOMIC_RELAXED);
+    struct timespec ts; /* the monitor's clock: CLOCK_MONOTONIC microseconds */
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t now_us = (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
     *host_bytes = 0;
     pthread_rwlock_rdlock(&pool->index_lock);
     for (size_t i = 0; i < n; i++) {
@@ -318,6 +337,7 @@ void sh_pool_touch(struct sh_pool *pool, const uintptr_t *addrs, size_t n, size_
         if (!r)
             continue;
         __atomic_store_n(&r->last_use, now, __ATOMIC_RELAXED);
+        __atomic_store_n(&r->last_use_us, now_us, __ATOMIC_RELAXED);
         if (__atomic_load_n(&r->state, __ATOMIC_RELAXED) == SH_RS_HOST)
             *host_bytes += r->mapped;
     }
@@ -426,6 +446,7 @@ static size_t restore_window(struct sh_pool *pool, struct region **v, size_t n)
 static void restored(struct sh_pool *pool, struct region *r)
 {
     give_back_slabs(pool, r);
+    __atomic_add_fetch(&r->restores, 1, __ATOMIC_RELAXED);
     pthread_mutex_lock(&pool->mu);
     pool->st.restores++;
     pool->st.restored_bytes += r->mapped;
@@ -473,4 +494,355 @@ int sh_pool_restore(struct sh_pool *pool, const uintptr_t *addrs, size_t n)
     pthread_mutex_unlock(&pool->move_mu);
     free(v);
     return rc;
+}
+
+/* ---- prefetch ---- */
+
+static void unmap_scratch(struct sh_pool *pool, struct region *r, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++)
+        if (pool->vmm.unmap(pool->vmm.ctx, r->scratch + r->chunks[i].off, r->chunks[i].size) == 0)
+            __atomic_add_fetch(&pool->st.vmm_unmaps, 1, __ATOMIC_RELAXED);
+}
+
+/* Drops the scratch side of a prefetch whose copies have finished (or were
+ * never queued): scratch mappings, scratch VA, device chunks. */
+static void drop_scratch(struct sh_pool *pool, struct region *r, unsigned mapped)
+{
+    unmap_scratch(pool, r, mapped);
+    sh_vaarena_free(pool->va, r->scratch, r->mapped);
+    r->scratch = 0;
+}
+
+/* Back to HOST, on its slabs; copies already finished or never queued. */
+static void pf_abandon(struct sh_pool *pool, struct region *r, unsigned mapped)
+{
+    drop_scratch(pool, r, mapped);
+    put_chunks(pool, r, r->nchunks);
+    pthread_mutex_lock(&pool->mu);
+    pool->st.prefetch_cancels++;
+    pthread_mutex_unlock(&pool->mu);
+    finish_state(pool, r, SH_RS_HOST);
+}
+
+/* Device chunks for r mapped at a fresh scratch address; 0 or an error,
+ * with nothing held on error. */
+static int pf_map_scratch(struct sh_pool *pool, struct region *r)
+{
+    int rc = get_chunks(pool, r);
+    if (rc)
+        return rc;
+    rc = sh_vaarena_alloc(pool->va, r->mapped, pool->p.granularity, &r->scratch);
+    if (rc) {
+        put_chunks(pool, r, r->nchunks);
+        return rc;
+    }
+    for (unsigned i = 0; i < r->nchunks; i++) {
+        struct chunk *c = &r->chunks[i];
+        rc = pool->vmm.map(pool->vmm.ctx, r->scratch + c->off, c->size, c->handle);
+        if (rc) {
+            drop_scratch(pool, r, i);
+            put_chunks(pool, r, r->nchunks);
+            return rc;
+        }
+        __atomic_add_fetch(&pool->st.vmm_maps, 1, __ATOMIC_RELAXED);
+    }
+    return 0;
+}
+
+/* Every byte that crosses the bus is counted, the copies of prefetches
+ * later redone or cancelled included. */
+static void count_h2d(struct sh_pool *pool, size_t bytes)
+{
+    pthread_mutex_lock(&pool->mu);
+    pool->st.restored_bytes += bytes;
+    pool->st.prefetched_bytes += bytes;
+    pthread_mutex_unlock(&pool->mu);
+}
+
+/* Queues r's copies slab -> scratch; pf_first..pf_last number them. */
+static int pf_copy(struct sh_pool *pool, struct region *r)
+{
+    struct sh_xfer *x = pool->mover.xfer;
+    r->pf_first = sh_xfer_last(x, SH_H2D) + 1;
+    int rc = 0;
+    size_t queued = 0;
+    for (unsigned i = 0; i < r->nchunks && rc == 0; i++) {
+        const struct chunk *c = &r->chunks[i];
+        rc = sh_xfer_copy(x, SH_H2D, r->scratch + c->off, c->slab->staging, c->size);
+        queued += rc == 0 ? c->size : 0;
+    }
+    r->pf_last = sh_xfer_last(x, SH_H2D);
+    count_h2d(pool, queued);
+    return rc;
+}
+
+/* One RESTORING region: scratch, copies, then onto the prefetch list. */
+static int pf_start_one(struct sh_pool *pool, struct region *r)
+{
+    int rc = pf_map_scratch(pool, r);
+    if (rc) {
+        finish_state(pool, r, SH_RS_HOST);
+        return rc;
+    }
+    rc = pf_copy(pool, r);
+    if (rc) {
+        /* Nothing may land in a chunk after it went back to the cache. */
+        sh_xfer_wait_seq(pool->mover.xfer, SH_H2D, r->pf_first, r->pf_last);
+        pf_abandon(pool, r, r->nchunks);
+        return rc;
+    }
+    pthread_mutex_lock(&pool->mu);
+    r->pf_next = NULL;
+    struct region **pp = &pool->pf_head;
+    while (*pp)
+        pp = &(*pp)->pf_next;
+    *pp = r;
+    r->pf_listed = 1;
+    pool->pf_count++;
+    pool->st.prefetches++;
+    pthread_mutex_unlock(&pool->mu);
+    return 0;
+}
+
+int sh_pool_prefetch_start(struct sh_pool *pool, const uintptr_t *vas, size_t n, uintptr_t *started,
+                           size_t *nstarted)
+{
+    *nstarted = 0;
+    if (n == 0)
+        return 0;
+    if (!can_move(pool))
+        return pool->mover.xfer ? SH_EBUSY : SH_ENOMEM;
+    struct region **v = malloc(n * sizeof *v);
+    if (!v)
+        return SH_ENOMEM;
+    pthread_mutex_lock(&pool->move_mu);
+    size_t m = 0;
+    pthread_mutex_lock(&pool->mu);
+    pthread_rwlock_rdlock(&pool->index_lock);
+    for (size_t i = 0; i < n; i++) {
+        struct region *r = sh_rindex_lookup(pool->index, vas[i]);
+        if (r && r->va == vas[i] && r->path != SH_PATH_SLAB &&
+            sh_state_move_from(&r->state, SH_RS_HOST, SH_RS_RESTORING, r->id) == 0) {
+            pool->st.regions[SH_RS_HOST]--;
+            pool->st.regions[SH_RS_RESTORING]++;
+            v[m++] = r;
+        }
+    }
+    pthread_rwlock_unlock(&pool->index_lock);
+    pthread_mutex_unlock(&pool->mu);
+    int rc = 0;
+    for (size_t k = 0; k < m; k++) {
+        int r1 = pf_start_one(pool, v[k]);
+        if (r1 == 0)
+            started[(*nstarted)++] = v[k]->va;
+        rc = rc ? rc : r1;
+    }
+    pthread_mutex_unlock(&pool->move_mu);
+    free(v);
+    return *nstarted ? 0 : rc;
+}
+
+/* Takes up to max prefetches off the list: all, or those whose copies have
+ * finished. The caller owns them afterwards. */
+static size_t pf_take_batch(struct sh_pool *pool, int all, struct region **v, size_t max)
+{
+    struct sh_xfer *x = pool->mover.xfer;
+    size_t n = 0;
+    pthread_mutex_lock(&pool->mu); /* then the engine's lock, never the reverse */
+    for (struct region **pp = &pool->pf_head; *pp && n < max;) {
+        struct region *r = *pp;
+        if (all || sh_xfer_reached(x, SH_H2D, r->pf_last)) {
+            *pp = r->pf_next;
+            r->pf_listed = 0;
+            pool->pf_count--;
+            v[n++] = r;
+        } else {
+            pp = &r->pf_next;
+        }
+    }
+    pthread_mutex_unlock(&pool->mu);
+    return n;
+}
+
+/* A launch referenced r after it went to the host: it may have written the
+ * slab while the prefetch copy read it. */
+static int pf_stale(const struct region *r)
+{
+    return __atomic_load_n(&r->last_use, __ATOMIC_RELAXED) > r->evict_clock;
+}
+
+/* Maps r's device chunks at its address; on failure its slabs are mapped
+ * there again, whole (they still hold the bytes: nothing ran). */
+static int pf_switch(struct sh_pool *pool, struct region *r)
+{
+    for (unsigned i = 0; i < r->nchunks; i++)
+        verify(pool, r, &r->chunks[i]);
+    for (unsigned i = 0; i < r->nchunks; i++) {
+        const struct chunk *c = &r->chunks[i];
+        if (remap(pool, r->va + c->off, c->size, c->slab->handle, c->handle) != 0) {
+            unrestore(pool, r, i);
+            return SH_EDRIVER;
+        }
+    }
+    return 0;
+}
+
+enum { PF_FAIL = 0, PF_OK = 1, PF_REDO = 2 };
+
+/* Redoes the copies of the regions marked PF_REDO; those that cannot be
+ * redone are marked PF_FAIL. Nothing runs meanwhile (drained, gate held). */
+static void pf_redo(struct sh_pool *pool, struct region **v, size_t n, char *st)
+{
+    struct sh_xfer *x = pool->mover.xfer;
+    int any = 0;
+    for (size_t k = 0; k < n; k++) {
+        if (st[k] != PF_REDO)
+            continue;
+        if (pf_copy(pool, v[k]) != 0)
+            st[k] = PF_FAIL; /* the flush below waits for what was queued */
+        any = 1;
+    }
+    if (!any)
+        return;
+    int flushed = sh_xfer_flush(x, SH_H2D) == 0;
+    for (size_t k = 0; k < n; k++) {
+        if (st[k] != PF_REDO)
+            continue;
+        st[k] = flushed ? PF_OK : PF_FAIL; /* which copy failed is unknown */
+        if (flushed) {
+            pthread_mutex_lock(&pool->mu);
+            pool->st.prefetch_redos++;
+            pthread_mutex_unlock(&pool->mu);
+        }
+    }
+}
+
+/* The commit window (gate held): st[k] ends PF_OK for each region of v now
+ * on its device chunks, PF_FAIL for those left on their slabs. */
+static void pf_window(struct sh_pool *pool, struct region **v, size_t n, char *st)
+{
+    struct sh_xfer *x = pool->mover.xfer;
+    memset(st, PF_FAIL, n);
+    if (sh_xfer_drain(x) != 0)
+        return;
+    for (size_t k = 0; k < n; k++) {
+        /* Drained: the copies are done; a failed one is redone from the slab. */
+        int bad = sh_xfer_wait_seq(x, SH_H2D, v[k]->pf_first, v[k]->pf_last) != 0;
+        st[k] = bad || pf_stale(v[k]) ? PF_REDO : PF_OK;
+    }
+    pf_redo(pool, v, n, st);
+    for (size_t k = 0; k < n; k++)
+        if (st[k] == PF_OK && pf_switch(pool, v[k]) != 0)
+            st[k] = PF_FAIL;
+}
+
+/* r is on its device chunks: the scratch side and the slabs go. */
+static void pf_committed(struct sh_pool *pool, struct region *r)
+{
+    drop_scratch(pool, r, r->nchunks);
+    give_back_slabs(pool, r);
+    pthread_mutex_lock(&pool->mu);
+    pool->st.prefetch_commits++;
+    __atomic_add_fetch(&r->restores, 1, __ATOMIC_RELAXED);
+    pool->st.restores++; /* its bytes were counted as they were copied */
+    pool->st.host_bytes -= r->mapped;
+    pthread_mutex_unlock(&pool->mu);
+    finish_state(pool, r, SH_RS_RESIDENT);
+}
+
+void sh_pool_prefetch_cancel_one(struct sh_pool *pool, struct region *r)
+{
+    sh_xfer_wait_seq(pool->mover.xfer, SH_H2D, r->pf_first, r->pf_last);
+    pf_abandon(pool, r, r->nchunks);
+}
+
+int sh_pool_prefetch_commit(struct sh_pool *pool, int all, uintptr_t *out, size_t max, size_t *nout)
+{
+    *nout = 0;
+    if (!pool->mover.xfer || max == 0)
+        return 0;
+    if (sh_gate_held(pool->mover.gate))
+        return SH_EBUSY; /* as in sh_pool_evict */
+    struct region **v = malloc(max * (sizeof *v + 1));
+    if (!v)
+        return SH_ENOMEM;
+    char *st = (char *)(v + max);
+    pthread_mutex_lock(&pool->move_mu);
+    size_t n = pf_take_batch(pool, all, v, max);
+    int rc = 0;
+    if (n && (rc = sh_gate_lock(pool->mover.gate)) == 0) {
+        pf_window(pool, v, n, st);
+        sh_gate_unlock(pool->mover.gate);
+    } else {
+        memset(st, PF_FAIL, n);
+    }
+    for (size_t k = 0; k < n; k++) {
+        if (st[k] == PF_OK) {
+            out[(*nout)++] = v[k]->va;
+            pf_committed(pool, v[k]);
+        } else {
+            sh_pool_prefetch_cancel_one(pool, v[k]);
+        }
+    }
+    pthread_mutex_unlock(&pool->move_mu);
+    free(v);
+    if (*nout < n && rc == 0)
+        rc = SH_EDRIVER;
+    return rc;
+}
+
+int sh_pool_prefetch_take(struct sh_pool *pool, struct region *r)
+{
+    if (!r->pf_listed)
+        return 0;
+    struct region **pp = &pool->pf_head;
+    while (*pp != r)
+        pp = &(*pp)->pf_next;
+    *pp = r->pf_next;
+    r->pf_listed = 0;
+    pool->pf_count--;
+    return 1;
+}
+
+void sh_pool_prefetch_cancel_all(struct sh_pool *pool)
+{
+    for (;;) {
+        pthread_mutex_lock(&pool->mu);
+        struct region *r = pool->pf_head;
+        if (r)
+            sh_pool_prefetch_take(pool, r);
+        pthread_mutex_unlock(&pool->mu);
+        if (!r)
+            return;
+        sh_pool_prefetch_cancel_one(pool, r);
+    }
+}
+
+size_t sh_pool_prefetch_needed(struct sh_pool *pool, const uintptr_t *addrs, size_t n)
+{
+    size_t m = 0;
+    pthread_mutex_lock(&pool->mu);
+    if (pool->pf_count) {
+        pthread_rwlock_rdlock(&pool->index_lock);
+        for (size_t i = 0; i < n; i++) {
+            const struct region *r = sh_rindex_lookup(pool->index, addrs[i]);
+            m += r && r->pf_listed;
+        }
+        pthread_rwlock_unlock(&pool->index_lock);
+    }
+    pthread_mutex_unlock(&pool->mu);
+    return m;
+}
+
+size_t sh_pool_prefetch_ready(struct sh_pool *pool, size_t *inflight)
+{
+    size_t ready = 0;
+    pthread_mutex_lock(&pool->mu);
+    for (const struct region *r = pool->pf_head; r; r = r->pf_next)
+        ready += sh_xfer_reached(pool->mover.xfer, SH_H2D, r->pf_last);
+    if (inflight)
+        *inflight = pool->pf_count;
+    pthread_mutex_unlock(&pool->mu);
+    return ready;
 }

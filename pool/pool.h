@@ -56,9 +56,15 @@ struct sh_pool_stats {
     uint64_t allocs, frees, reuses, vmm_maps, vmm_unmaps;
     uint64_t small_allocs, small_frees;
     uint64_t evictions, restores;           /* regions moved */
-    uint64_t evicted_bytes, restored_bytes; /* bytes copied each way */
+    uint64_t evicted_bytes, restored_bytes; /* bytes copied each way (prefetches included) */
     uint64_t checksum_mismatches;
     size_t host_bytes; /* bytes of regions living in host slabs */
+    /* prefetch (evict.c) */
+    uint64_t prefetches;       /* regions whose prefetch copy was started */
+    uint64_t prefetch_commits; /* ... and committed */
+    uint64_t prefetch_redos;   /* committed with the copy redone in the window */
+    uint64_t prefetch_cancels; /* ... or back to HOST (freed, failure, teardown) */
+    uint64_t prefetched_bytes; /* bytes copied by prefetches (redone, cancelled included) */
 };
 
 struct sh_pool;
@@ -159,6 +165,51 @@ void sh_pool_touch(struct sh_pool *pool, const uintptr_t *addrs, size_t n, size_
 /* Brings the evicted regions containing addrs[0..n) back to the device. The
  * caller makes room first. SH_ENOMEM if device memory ran out. */
 int sh_pool_restore(struct sh_pool *pool, const uintptr_t *addrs, size_t n);
+
+/* ---- prefetch: restores whose copy overlaps compute (evict.c) -------------
+ *
+ * sh_pool_prefetch_start: for each HOST region starting at vas[0..n) (the
+ * caller made room), takes device chunks, maps them at a scratch address
+ * and queues H2D copies slab -> scratch without waiting; the region stays
+ * host-mapped at its own address and becomes RESTORING. The bases started
+ * go to started[0..*nstarted) (room for n). Regions whose chunks, scratch
+ * or copies cannot be had stay HOST. SH_EBUSY when the caller holds the
+ * gate's read side.
+ *
+ * sh_pool_prefetch_commit: in one remap window, moves prefetched regions to
+ * their device chunks: all of them (all != 0; the window waits for their
+ * copies), or only those whose copies had finished when called. A region a
+ * launch referenced since it went to the host (the launch may have written
+ * the slab under the copy) is copied again from its slab inside the window.
+ * Committed bases go to out[0..*nout) (at most max are committed); a region
+ * that fails goes back to HOST with its bytes.
+ *
+ * sh_pool_prefetch_needed: how many regions containing addrs[0..n) have a
+ * prefetch in flight (a launch needing them must commit first).
+ * sh_pool_prefetch_ready: prefetches whose copies have finished; *inflight
+ * (may be NULL) gets all prefetches not yet committed. */
+int sh_pool_prefetch_start(struct sh_pool *pool, const uintptr_t *vas, size_t n, uintptr_t *started,
+                           size_t *nstarted);
+int sh_pool_prefetch_commit(struct sh_pool *pool, int all, uintptr_t *out, size_t max,
+                            size_t *nout);
+size_t sh_pool_prefetch_needed(struct sh_pool *pool, const uintptr_t *addrs, size_t n);
+size_t sh_pool_prefetch_ready(struct sh_pool *pool, size_t *inflight);
+/* Cancels every prefetch in flight (teardown); the regions stay HOST. */
+void sh_pool_prefetch_cancel_all(struct sh_pool *pool);
+
+/* ---- reporting (report.c) ---------------------------------------------------- */
+
+struct sh_pool_region_report {
+    uintptr_t va;
+    size_t size;
+    uint64_t id, last_use_us;
+    uint32_t evictions, restores;
+    int state;
+};
+
+/* The largest live (not freed) regions, sub-allocator slabs left out, in no
+ * particular order; returns how many were written (at most max). */
+size_t sh_pool_regions(struct sh_pool *pool, struct sh_pool_region_report *out, size_t max);
 
 /* The chunk sizes a region of `mapped` bytes is split into: greedy powers of
  * two, largest first, none above max_chunk. Returns the count (<= max). */

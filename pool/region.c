@@ -291,6 +291,8 @@ void sh_pool_destroy(struct sh_pool *pool)
 {
     if (!pool)
         return;
+    if (pool->mover.xfer)
+        sh_pool_prefetch_cancel_all(pool); /* scratch mappings go before the chunks */
     if (pool->sa) {
         /* Its slabs come back through slab_put as it goes: they are freed as
          * regions, not looked up in the sub-allocator being destroyed. */
@@ -423,6 +425,14 @@ int sh_pool_free(struct sh_pool *pool, uintptr_t va, uint64_t stream, uint64_t f
         return SH_ENOTFOUND;
     pthread_mutex_lock(&pool->mu);
     while (r->state == SH_RS_EVICTING || r->state == SH_RS_RESTORING) {
+        if (sh_pool_prefetch_take(pool, r)) {
+            /* A prefetch in flight lasts beyond any move_mu section: cancel
+             * it (back to HOST, on its slabs), then free it as evicted. */
+            pthread_mutex_unlock(&pool->mu);
+            sh_pool_prefetch_cancel_one(pool, r);
+            pthread_mutex_lock(&pool->mu);
+            continue;
+        }
         /* Its backing is moving: moves run whole under move_mu, so wait it out. */
         pthread_mutex_unlock(&pool->mu);
         pthread_mutex_lock(&pool->move_mu);

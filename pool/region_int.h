@@ -4,7 +4,9 @@
  *
  * Locking: see region.c. A chunk's handle and slab change only inside a
  * remap window, while the region is EVICTING or RESTORING, states that only
- * the thread that set them leaves.
+ * the thread that set them leaves. A prefetched region is RESTORING between
+ * two calls: it is then on the pool's prefetch list (pool->mu), and whoever
+ * takes it off that list under mu owns it until it leaves RESTORING.
  */
 #ifndef SH_POOL_REGION_INT_H
 #define SH_POOL_REGION_INT_H
@@ -28,8 +30,17 @@ struct region {
     size_t size, mapped;
     uint64_t id;
     int state, path;
-    uint64_t stream, fence;             /* where and when it was freed */
-    uint64_t last_use;                  /* the pool's clock when a launch last used it */
+    uint64_t stream, fence;       /* where and when it was freed */
+    uint64_t last_use;            /* the pool's clock when a launch last used it */
+    uint64_t evict_clock;         /* the pool's clock when it last went to the host */
+    uint64_t last_use_us;         /* monotonic time of that last use, for the monitor */
+    uint32_t evictions, restores; /* times its backing moved each way */
+    /* While a prefetch is in flight (evict.c): its device chunks are mapped
+     * at scratch, filled by H2D copies numbered pf_first..pf_last. */
+    uintptr_t scratch;
+    uint64_t pf_first, pf_last;
+    struct region *pf_next;             /* the pool's prefetch list */
+    int pf_listed;                      /* on that list */
     struct region *lru_prev, *lru_next; /* all freed regions, oldest first */
     struct region *bucket_next;         /* freed regions of similar size */
     unsigned nchunks;
@@ -51,7 +62,16 @@ struct sh_pool {
     struct region *lru_head, *lru_tail;
     struct region *buckets[NBUCKETS];
     uint64_t next_id, clock;
+    struct region *pf_head; /* prefetches in flight, oldest first; mu */
+    size_t pf_count;
     struct sh_pool_stats st;
 };
+
+/* evict.c, for region.c: a prefetch the caller took off the list (mu held,
+ * 1 if r was on it) is cancelled with sh_pool_prefetch_cancel_one (mu not
+ * held): its copy is waited for, its device chunks released, and it is
+ * HOST again, on its slabs. */
+int sh_pool_prefetch_take(struct sh_pool *pool, struct region *r);
+void sh_pool_prefetch_cancel_one(struct sh_pool *pool, struct region *r);
 
 #endif

@@ -16,10 +16,17 @@
 
 #define MAX_INFLIGHT 64
 
+/* Copies are numbered per direction from 1 in the order they are queued.
+ * One stream per direction runs them in that order, so once copy s has
+ * finished every copy before it has too: `done` is the highest number seen
+ * finished, and a number at or below it is complete. */
 struct queue {
     uint64_t tokens[MAX_INFLIGHT];
     unsigned head, count, cap;
     unsigned finishing; /* taken off the queue, still being waited for */
+    uint64_t popped;    /* number of the last copy taken off the queue */
+    uint64_t done;      /* copies up to this number have finished */
+    uint64_t failed;    /* number of the latest copy whose wait failed; 0 none */
 };
 
 struct sh_xfer {
@@ -69,19 +76,29 @@ static uint64_t pop(struct queue *q)
     uint64_t t = q->tokens[q->head];
     q->head = (q->head + 1) % MAX_INFLIGHT;
     q->count--;
+    q->popped++;
     return t;
+}
+
+static void finished(struct queue *q, uint64_t seq, int rc)
+{
+    if (seq > q->done)
+        q->done = seq;
+    if (rc)
+        q->failed = seq;
 }
 
 /* Waits for the oldest copy of q; mu held, dropped meanwhile. */
 static int finish_oldest(struct sh_xfer *x, struct queue *q)
 {
-    uint64_t token = pop(q);
+    uint64_t token = pop(q), seq = q->popped;
     q->finishing++;
     pthread_mutex_unlock(&x->mu);
     int rc = x->ops.wait(x->ops.ctx, token);
     x->ops.forget(x->ops.ctx, token);
     pthread_mutex_lock(&x->mu);
     q->finishing--;
+    finished(q, seq, rc);
     pthread_cond_broadcast(&x->finished);
     return rc;
 }
@@ -137,10 +154,53 @@ void sh_xfer_poll(struct sh_xfer *x)
     pthread_mutex_lock(&x->mu);
     for (int d = 0; d < 2; d++) {
         struct queue *q = &x->q[d];
-        while (q->count > 0 && x->ops.done(x->ops.ctx, q->tokens[q->head]))
+        while (q->count > 0 && x->ops.done(x->ops.ctx, q->tokens[q->head])) {
             x->ops.forget(x->ops.ctx, pop(q));
+            finished(q, q->popped, 0);
+        }
     }
     pthread_mutex_unlock(&x->mu);
+}
+
+uint64_t sh_xfer_last(struct sh_xfer *x, int dir)
+{
+    pthread_mutex_lock(&x->mu);
+    uint64_t seq = x->q[dir].popped + x->q[dir].count;
+    pthread_mutex_unlock(&x->mu);
+    return seq;
+}
+
+int sh_xfer_reached(struct sh_xfer *x, int dir, uint64_t seq)
+{
+    pthread_mutex_lock(&x->mu);
+    int early = x->q[dir].done >= seq;
+    pthread_mutex_unlock(&x->mu);
+    if (early)
+        return 1;
+    sh_xfer_poll(x);
+    pthread_mutex_lock(&x->mu);
+    int done = x->q[dir].done >= seq;
+    pthread_mutex_unlock(&x->mu);
+    return done;
+}
+
+int sh_xfer_wait_seq(struct sh_xfer *x, int dir, uint64_t first, uint64_t last)
+{
+    struct queue *q = &x->q[dir];
+    int rc = 0;
+    pthread_mutex_lock(&x->mu);
+    while (q->done < last) {
+        if (q->count > 0 && q->popped < last)
+            finish_oldest(x, q); /* errors are judged by number below */
+        else if (q->finishing > 0)
+            pthread_cond_wait(&x->finished, &x->mu);
+        else
+            break; /* never queued: nothing to wait for */
+    }
+    if (q->failed >= first && q->failed <= last && first <= last)
+        rc = SH_EDRIVER;
+    pthread_mutex_unlock(&x->mu);
+    return rc;
 }
 
 unsigned sh_xfer_inflight(struct sh_xfer *x, int dir)

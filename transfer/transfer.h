@@ -50,6 +50,17 @@ int sh_xfer_copy(struct sh_xfer *x, int dir, uintptr_t dst, uintptr_t src, size_
 int sh_xfer_flush(struct sh_xfer *x, int dir);
 /* Completes copies that are already done, without waiting. */
 void sh_xfer_poll(struct sh_xfer *x);
+/* Per-copy completion. Copies are numbered per direction from 1, in the
+ * order queued; each direction's copies run in order on one stream, so a
+ * number is reached once it and every copy before it have finished.
+ * sh_xfer_last: the number of the last copy queued in dir (0: none yet).
+ * sh_xfer_reached: 1 once copies through seq have finished (polls, never
+ * waits). sh_xfer_wait_seq: waits until copies through last have finished;
+ * SH_EDRIVER if the wait of a copy numbered first..last failed (the engine
+ * remembers the latest failure per direction). */
+uint64_t sh_xfer_last(struct sh_xfer *x, int dir);
+int sh_xfer_reached(struct sh_xfer *x, int dir, uint64_t seq);
+int sh_xfer_wait_seq(struct sh_xfer *x, int dir, uint64_t first, uint64_t last);
 unsigned sh_xfer_inflight(struct sh_xfer *x, int dir);
 /* Changes the caps (the Conductor's hints); takes effect on the next copy. */
 void sh_xfer_set_caps(struct sh_xfer *x, unsigned max_d2h, unsigned max_h2d);

@@ -1,0 +1,166 @@
+/* monitor.c — the library's figures, published for stagehand-top and the
+ * per-step JSONL (telemetry/).
+ *
+ * The pool, host pool and copy engine keep cumulative statistics already;
+ * rather than touch their hot paths twice, `sync` turns what changed since
+ * the last look into telemetry counter increments. It runs on the
+ * publisher's thread every period, and on the program's thread at each step
+ * boundary so a step's JSONL line holds exactly that step's figures.
+ *
+ * Locking: sync_mu guards the last-seen figures (sync can run from both
+ * threads at once).
+ */
+#include "interpose/interpose.h"
+
+#include "sh_log.h"
+#include "telemetry/telemetry.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+static pthread_mutex_t sync_mu = PTHREAD_MUTEX_INITIALIZER;
+static int started;
+
+struct seen {
+    uint64_t evictions, restores, evicted_bytes, restored_bytes, allocs, frees, oom, launches;
+    uint64_t pool_hits, pool_misses, prefetches;
+};
+static struct seen last;
+
+/* Adds now - *was to counter c and remembers now. */
+static void delta(enum sh_tm_counter c, uint64_t now, uint64_t *was)
+{
+    if (now > *was)
+        sh_tm_add(c, now - *was);
+    *was = now;
+}
+
+static void set_region_gauges(const struct sh_pool_stats *st)
+{
+    sh_tm_set(SH_TM_G_regions_resident, (int64_t)(st->regions[SH_RS_RESIDENT] - st->slabs));
+    sh_tm_set(SH_TM_G_regions_evicting, (int64_t)st->regions[SH_RS_EVICTING]);
+    sh_tm_set(SH_TM_G_regions_host, (int64_t)st->regions[SH_RS_HOST]);
+    sh_tm_set(SH_TM_G_regions_restoring, (int64_t)st->regions[SH_RS_RESTORING]);
+    sh_tm_set(SH_TM_G_regions_freed, (int64_t)st->regions[SH_RS_FREED]);
+    struct sh_sched_stats ss;
+    if (sh_sched_stats(&ss) == 0) {
+        sh_tm_set(SH_TM_G_regions_persistent, (int64_t)ss.persistent);
+        sh_tm_set(SH_TM_G_regions_transient, (int64_t)ss.transient);
+    }
+}
+
+static void set_host_gauges(void)
+{
+    if (!sh_rt.host)
+        return;
+    struct sh_hostpool_stats hs;
+    sh_hostpool_stats(sh_rt.host, &hs);
+    for (unsigned i = 0; i < hs.nclasses; i++)
+        sh_tm_host_class((int)i, hs.class_bytes[i], hs.class_total[i] - hs.class_free[i],
+                         hs.class_total[i]);
+    sh_tm_host_classes((int)hs.nclasses);
+    pthread_mutex_lock(&sync_mu);
+    delta(SH_TM_C_pool_hits, hs.hits + hs.fallbacks, &last.pool_hits);
+    delta(SH_TM_C_pool_misses, hs.misses, &last.pool_misses);
+    pthread_mutex_unlock(&sync_mu);
+}
+
+void sh_monitor_sync(void)
+{
+    if (!started)
+        return;
+    struct sh_pool_stats st;
+    sh_pool_stats(sh_rt.pool, &st);
+    pthread_mutex_lock(&sync_mu);
+    delta(SH_TM_C_evictions, st.evictions, &last.evictions);
+    delta(SH_TM_C_restores, st.restores, &last.restores);
+    delta(SH_TM_C_d2h_bytes, st.evicted_bytes, &last.evicted_bytes);
+    delta(SH_TM_C_h2d_bytes, st.restored_bytes, &last.restored_bytes);
+    delta(SH_TM_C_allocs, st.allocs + st.small_allocs, &last.allocs);
+    delta(SH_TM_C_frees, st.frees + st.small_frees, &last.frees);
+    delta(SH_TM_C_oom, atomic_load(&sh_rt.oom), &last.oom);
+    delta(SH_TM_C_launches, atomic_load(&sh_rt.launches), &last.launches);
+    pthread_mutex_unlock(&sync_mu);
+    sh_tm_vram(st.device_bytes);
+    set_region_gauges(&st);
+    set_host_gauges();
+    if (sh_rt.xfer) {
+        sh_tm_set(SH_TM_G_h2d_inflight, (int64_t)sh_xfer_inflight(sh_rt.xfer, SH_H2D));
+        sh_tm_set(SH_TM_G_d2h_inflight, (int64_t)sh_xfer_inflight(sh_rt.xfer, SH_D2H));
+    }
+}
+
+static void sample(void *ctx)
+{
+    (void)ctx;
+    sh_monitor_sync();
+}
+
+static int regions(void *ctx, struct sh_tm_region *out, int max)
+{
+    (void)ctx;
+    if (max <= 0)
+        return 0;
+    struct sh_pool_region_report *r = calloc((size_t)max, sizeof *r);
+    if (!r)
+        return 0;
+    size_t n = sh_pool_regions(sh_rt.pool, r, (size_t)max);
+    for (size_t i = 0; i < n; i++)
+        out[i] = (struct sh_tm_region){r[i].va,
+                                       r[i].size,
+                                       r[i].id,
+                                       r[i].last_use_us,
+                                       r[i].evictions,
+                                       r[i].restores,
+                                       sh_sched_class(r[i].va),
+                                       r[i].state};
+    free(r);
+    return (int)n;
+}
+
+void sh_monitor_start(void)
+{
+    const struct sh_config *c = &sh_rt.cfg;
+    if (!c->telemetry.telemetry_enabled)
+        return;
+    char summary[512];
+    sh_config_summary(c, summary, sizeof summary);
+    char name[128] = "";
+    sh_rt.drv.cuDeviceGetName(name, sizeof name, sh_rt.dev);
+    struct sh_tm_params p = {
+        .shm_enabled = c->telemetry.shm_enabled,
+        .jsonl_path = c->telemetry.telemetry_file,
+        .interval_steps = c->telemetry.telemetry_interval,
+        .device = (int)sh_rt.dev,
+        .device_name = name,
+        .budget = c->budget.vram_budget.bytes,
+        .high = c->budget.vram_high_watermark.bytes,
+        .low = c->budget.vram_low_watermark.bytes,
+        .config_summary = summary,
+        .tracking = sh_launch_mode(),
+        .regions = regions,
+        .sample = sample,
+    };
+    started = sh_tm_start(&p) == 0;
+}
+
+void sh_monitor_step(int64_t step)
+{
+    if (!started)
+        return;
+    sh_monitor_sync();
+    sh_tm_step(step);
+}
+
+void sh_monitor_phase(int phase)
+{
+    if (started)
+        sh_tm_phase(phase);
+}
+
+void sh_monitor_event(int kind, uint64_t id, uint64_t bytes)
+{
+    if (started)
+        sh_tm_event(kind, id, bytes);
+}

@@ -1,0 +1,782 @@
+/* test_prefetch.c — prefetch: restores whose copy overlaps compute and whose
+ * commit comes later, in a remap window. The real pool, host slab pool,
+ * copy engine and gate run over the fake VMM of test_evict.c (handles are
+ * real memory), with copy streams whose host-to-device copies stay queued
+ * until the test completes them by hand, so a test can act while a copy is
+ * "in flight": write the slab through the region's host mapping, free the
+ * region, evict others, fail a copy.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "pool/pool.h"
+#include "sh_err.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define K    ((size_t)1 << 10)
+#define M    ((size_t)1 << 20)
+#define G    (64 * K) /* granularity */
+#define CH   (4 * G)  /* largest chunk */
+#define MAXH 4096
+#define MAXM 1024
+#define MAXR 1024
+#define MAXC 4096
+#define ANY  UINT64_MAX /* the stream of a cudaFree */
+
+/* ---- fake VMM over real memory ----------------------------------------------------- */
+
+struct handle {
+    int fd, loc, maps;
+    size_t size;
+};
+
+struct mapping {
+    uintptr_t va;
+    size_t size;
+    uint64_t h;
+};
+
+struct resv {
+    uintptr_t va;
+    size_t size;
+};
+
+struct fake {
+    pthread_mutex_t mu;
+    struct handle h[MAXH];
+    uint64_t nh;
+    int live[2];
+    size_t bytes[2];        /* live handle bytes by location */
+    size_t device_limit;    /* 0: none */
+    struct mapping m[MAXM]; /* live mappings */
+    int nm;
+    struct resv r[MAXR];
+    int nr;
+    long map_calls, unmap_calls;
+    long fail_map_at; /* this map call fails; 0: none */
+    int bad;
+    /* copies */
+    int copies[2];
+    size_t copy_bytes[2];
+    uintptr_t d2h_src[MAXC];
+    size_t d2h_n[MAXC];
+    int nd2h;
+    int drains;
+    uint64_t next_token;
+    /* the gate check */
+    int checking;
+    int remaps_during_launch;
+};
+
+static struct fake fk;
+static atomic_int launching;
+
+static int find_mapping(uintptr_t va)
+{
+    for (int i = 0; i < fk.nm; i++)
+        if (va - fk.m[i].va < fk.m[i].size)
+            return i;
+    return -1;
+}
+
+static int f_reserve(void *ctx, size_t size, size_t align, uintptr_t *va)
+{
+    (void)ctx;
+    if (align < G)
+        align = G;
+    char *p =
+        mmap(NULL, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return SH_ENOMEM;
+    uintptr_t base = ((uintptr_t)p + align - 1) & ~(uintptr_t)(align - 1);
+    if (base > (uintptr_t)p)
+        munmap(p, base - (uintptr_t)p);
+    size_t tail = (uintptr_t)p + size + align - (base + size);
+    if (tail)
+        munmap((void *)(base + size), tail);
+    pthread_mutex_lock(&fk.mu);
+    if (fk.nr == MAXR) {
+        pthread_mutex_unlock(&fk.mu);
+        munmap((void *)base, size);
+        return SH_ENOMEM;
+    }
+    fk.r[fk.nr++] = (struct resv){base, size};
+    pthread_mutex_unlock(&fk.mu);
+    *va = base;
+    return 0;
+}
+
+static int f_unreserve(void *ctx, uintptr_t va, size_t size)
+{
+    (void)ctx;
+    pthread_mutex_lock(&fk.mu);
+    int i = 0;
+    while (i < fk.nr && !(fk.r[i].va == va && fk.r[i].size == size))
+        i++;
+    int ok = i < fk.nr;
+    for (int k = 0; ok && k < fk.nm; k++)
+        if (fk.m[k].va - va < size)
+            ok = 0; /* something still mapped in it */
+    if (!ok) {
+        fk.bad++;
+        pthread_mutex_unlock(&fk.mu);
+        return SH_EINVAL;
+    }
+    fk.r[i] = fk.r[--fk.nr];
+    pthread_mutex_unlock(&fk.mu);
+    munmap((void *)va, size);
+    return 0;
+}
+
+static int f_create(void *ctx, size_t size, int loc, uint64_t *handle)
+{
+    (void)ctx;
+    pthread_mutex_lock(&fk.mu);
+    if (size == 0 || size % G || fk.nh + 1 >= MAXH) {
+        fk.bad++;
+        pthread_mutex_unlock(&fk.mu);
+        return SH_EINVAL;
+    }
+    if (loc == SH_LOC_DEVICE && fk.device_limit && fk.bytes[loc] + size > fk.device_limit) {
+        pthread_mutex_unlock(&fk.mu);
+        return SH_ENOMEM;
+    }
+    int fd = memfd_create("fake-handle", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, (off_t)size) != 0) {
+        if (fd >= 0)
+            close(fd);
+        pthread_mutex_unlock(&fk.mu);
+        return SH_ENOMEM;
+    }
+    uint64_t h = ++fk.nh;
+    fk.h[h] = (struct handle){.fd = fd, .loc = loc, .size = size};
+    fk.live[loc]++;
+    fk.bytes[loc] += size;
+    pthread_mutex_unlock(&fk.mu);
+    *handle = h;
+    return 0;
+}
+
+static int f_release(void *ctx, uint64_t h)
+{
+    (void)ctx;
+    pthread_mutex_lock(&fk.mu);
+    if (h == 0 || h > fk.nh || fk.h[h].fd < 0 || fk.h[h].size == 0 || fk.h[h].maps) {
+        fk.bad++;
+        pthread_mutex_unlock(&fk.mu);
+        return SH_EINVAL;
+    }
+    close(fk.h[h].fd);
+    fk.h[h].fd = -1;
+    fk.live[fk.h[h].loc]--;
+    fk.bytes[fk.h[h].loc] -= fk.h[h].size;
+    fk.h[h].size = 0;
+    pthread_mutex_unlock(&fk.mu);
+    return 0;
+}
+
+static int f_map(void *ctx, uintptr_t va, size_t size, uint64_t h)
+{
+    (void)ctx;
+    pthread_mutex_lock(&fk.mu);
+    fk.map_calls++;
+    if (fk.checking && atomic_load(&launching))
+        fk.remaps_during_launch++;
+    if (fk.fail_map_at && fk.map_calls == fk.fail_map_at) {
+        pthread_mutex_unlock(&fk.mu);
+        return SH_EDRIVER;
+    }
+    int ok = h > 0 && h <= fk.nh && fk.h[h].size == size && fk.h[h].fd >= 0 && fk.nm < MAXM;
+    int inside = 0;
+    for (int i = 0; i < fk.nr; i++)
+        inside |= va >= fk.r[i].va && va + size <= fk.r[i].va + fk.r[i].size;
+    for (int i = 0; ok && i < fk.nm; i++)
+        if (va < fk.m[i].va + fk.m[i].size && fk.m[i].va < va + size)
+            ok = 0;
+    if (!ok || !inside ||
+        mmap((void *)va, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fk.h[h].fd, 0) ==
+            MAP_FAILED) {
+        fk.bad++;
+        pthread_mutex_unlock(&fk.mu);
+        return SH_EINVAL;
+    }
+    fk.m[fk.nm++] = (struct mapping){va, size, h};
+    fk.h[h].maps++;
+    pthread_mutex_unlock(&fk.mu);
+    return 0;
+}
+
+static int f_unmap(void *ctx, uintptr_t va, size_t size)
+{
+    (void)ctx;
+    pthread_mutex_lock(&fk.mu);
+    fk.unmap_calls++;
+    if (fk.checking && atomic_load(&launching))
+        fk.remaps_during_launch++;
+    int i = find_mapping(va);
+    if (i < 0 || fk.m[i].va != va || fk.m[i].size != size) {
+        fk.bad++;
+        pthread_mutex_unlock(&fk.mu);
+        return SH_EINVAL;
+    }
+    /* Back to reserved-but-unmapped: any access faults. */
+    mmap((void *)va, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1,
+         0);
+    fk.h[fk.m[i].h].maps--;
+    fk.m[i] = fk.m[--fk.nm];
+    pthread_mutex_unlock(&fk.mu);
+    return 0;
+}
+
+static const struct sh_vmm_ops vmm = {&fk,       f_reserve, f_unreserve, f_create,
+                                      f_release, f_map,     f_unmap};
+
+/* ---- fake copy streams: D2H at once, H2D queued until completed ---------------- */
+
+struct pending {
+    uintptr_t dst, src;
+    size_t n;
+    uint64_t token;
+};
+
+static struct pending queued[MAXC];
+static int nqueued;
+static uint64_t completed; /* tokens up to this one are done */
+static long copy_calls, fail_copy_at;
+static int fail_wait;
+
+/* Runs the queued H2D copies, in order; fk.mu held. */
+static void run_queued(void)
+{
+    for (int i = 0; i < nqueued; i++) {
+        memcpy((void *)queued[i].dst, (const void *)queued[i].src, queued[i].n);
+        completed = queued[i].token;
+    }
+    nqueued = 0;
+}
+
+static void complete_copies(void)
+{
+    pthread_mutex_lock(&fk.mu);
+    run_queued();
+    pthread_mutex_unlock(&fk.mu);
+}
+
+static int c_copy(void *ctx, int dir, uintptr_t dst, uintptr_t src, size_t n, uint64_t *token)
+{
+    (void)ctx;
+    pthread_mutex_lock(&fk.mu);
+    if (fail_copy_at && ++copy_calls == fail_copy_at) {
+        pthread_mutex_unlock(&fk.mu);
+        return SH_EDRIVER;
+    }
+    fk.copies[dir]++;
+    fk.copy_bytes[dir] += n;
+    *token = ++fk.next_token;
+    if (dir == SH_D2H || nqueued == MAXC) {
+        run_queued(); /* in order: what was queued before lands first */
+        memcpy((void *)dst, (const void *)src, n);
+        completed = *token;
+    } else {
+        queued[nqueued++] = (struct pending){dst, src, n, *token};
+    }
+    pthread_mutex_unlock(&fk.mu);
+    return 0;
+}
+
+static int c_done(void *ctx, uint64_t token)
+{
+    (void)ctx;
+    pthread_mutex_lock(&fk.mu);
+    int done = token <= completed;
+    pthread_mutex_unlock(&fk.mu);
+    return done;
+}
+
+static int c_wait(void *ctx, uint64_t token)
+{
+    (void)ctx;
+    pthread_mutex_lock(&fk.mu);
+    if (token > completed)
+        run_queued();
+    pthread_mutex_unlock(&fk.mu);
+    return fail_wait ? SH_EDRIVER : 0;
+}
+
+static void c_forget(void *ctx, uint64_t token)
+{
+    (void)ctx;
+    (void)token;
+}
+
+static int c_drain(void *ctx)
+{
+    (void)ctx;
+    pthread_mutex_lock(&fk.mu);
+    run_queued();
+    fk.drains++;
+    pthread_mutex_unlock(&fk.mu);
+    return 0;
+}
+
+static const struct sh_copy_ops copy_ops = {NULL, c_copy, c_done, c_wait, c_forget, c_drain};
+
+static int fe_done(void *ctx, uint64_t fence)
+{
+    (void)ctx;
+    (void)fence;
+    return 1;
+}
+
+static void fe_wait(void *ctx, uint64_t fence)
+{
+    (void)ctx;
+    (void)fence;
+}
+
+static void fe_drop(void *ctx, uint64_t fence)
+{
+    (void)ctx;
+    (void)fence;
+}
+
+static const struct sh_fence_ops fences = {NULL, fe_done, fe_wait, fe_drop};
+
+/* ---- the system under test ---------------------------------------------------------- */
+
+static struct {
+    struct sh_pool *pool;
+    struct sh_hostpool *host;
+    struct sh_xfer *xfer;
+    struct sh_gate *gate;
+} sys;
+
+struct opts {
+    size_t device_cache;
+    int checksums;
+    unsigned slabs[3]; /* slabs of 64K, 128K, 256K pinned at start */
+};
+
+static void start(const struct opts *o)
+{
+    nqueued = 0;
+    completed = 0;
+    copy_calls = fail_copy_at = 0;
+    fail_wait = 0;
+    pthread_mutex_destroy(&fk.mu);
+    memset(&fk, 0, sizeof fk);
+    pthread_mutex_init(&fk.mu, NULL);
+    atomic_store(&launching, 0);
+    memset(&sys, 0, sizeof sys);
+    struct sh_hostpool_params hp = {.granularity = G,
+                                    .class_bytes = {G, 2 * G, 4 * G},
+                                    .slabs = {o->slabs[0], o->slabs[1], o->slabs[2]},
+                                    .nclasses = 3,
+                                    .ram_budget =
+                                        (o->slabs[0] + 2 * o->slabs[1] + 4 * o->slabs[2]) * G,
+                                    .prepin = 64 * M};
+    assert_int_equal(sh_hostpool_create(&hp, &vmm, &sys.host), 0);
+    assert_int_equal(sh_xfer_create(&copy_ops, 2, 2, &sys.xfer), 0);
+    assert_int_equal(sh_gate_create(&sys.gate), 0);
+    struct sh_pool_params p = {.granularity = G,
+                               .max_chunk = CH,
+                               .va_block = 16 * M,
+                               .va_cache = 16 * M,
+                               .device_cache = o->device_cache};
+    assert_int_equal(sh_pool_create(&p, &vmm, &fences, &sys.pool), 0);
+    struct sh_pool_mover m = {.host = sys.host,
+                              .xfer = sys.xfer,
+                              .gate = sys.gate,
+                              .checksums = o->checksums,
+                              .slab_wait_ms = 100};
+    sh_pool_set_mover(sys.pool, &m);
+}
+
+static void stop(void)
+{
+    sh_pool_destroy(sys.pool);
+    sh_hostpool_destroy(sys.host);
+    sh_xfer_destroy(sys.xfer);
+    sh_gate_destroy(sys.gate);
+    memset(&sys, 0, sizeof sys);
+    assert_int_equal(fk.bad, 0);
+    assert_int_equal(fk.nm, 0);
+    assert_int_equal(fk.nr, 0);
+    assert_int_equal(fk.live[SH_LOC_DEVICE], 0);
+    assert_int_equal(fk.live[SH_LOC_HOST], 0);
+}
+
+/* After a test that failed midway: tear down without checking. */
+static int teardown(void **state)
+{
+    (void)state;
+    fk.fail_map_at = 0;
+    fail_copy_at = 0;
+    fail_wait = 0;
+    fk.device_limit = 0;
+    if (sys.pool)
+        sh_pool_destroy(sys.pool);
+    if (sys.host)
+        sh_hostpool_destroy(sys.host);
+    if (sys.xfer)
+        sh_xfer_destroy(sys.xfer);
+    if (sys.gate)
+        sh_gate_destroy(sys.gate);
+    memset(&sys, 0, sizeof sys);
+    return 0;
+}
+
+static uintptr_t alloc(size_t size)
+{
+    uintptr_t va = 0;
+    assert_int_equal(sh_pool_alloc(sys.pool, size, SH_PATH_MALLOC, 0, &va), 0);
+    return va;
+}
+
+static uint32_t word(uint32_t seed, size_t i)
+{
+    return seed * 2654435761u + (uint32_t)i;
+}
+
+static void fill(uintptr_t va, size_t size, uint32_t seed)
+{
+    uint32_t *p = (uint32_t *)va;
+    for (size_t i = 0; i < size / 4; i++)
+        p[i] = word(seed, i);
+}
+
+static size_t bad_words(uintptr_t va, size_t size, uint32_t seed)
+{
+    const uint32_t *p = (const uint32_t *)va;
+    size_t bad = 0;
+    for (size_t i = 0; i < size / 4; i++)
+        bad += p[i] != word(seed, i);
+    return bad;
+}
+
+/* Records a launch's use of va (the clock the redo rule reads). */
+static void touch(uintptr_t va)
+{
+    size_t host = 0;
+    sh_pool_touch(sys.pool, &va, 1, &host);
+}
+
+static int state_of(uintptr_t va)
+{
+    struct sh_region_info info;
+    assert_int_equal(sh_pool_lookup(sys.pool, va, &info), 0);
+    return info.state;
+}
+
+static void evict_one(uintptr_t va)
+{
+    size_t released = 0, n = 0;
+    uintptr_t out[1];
+    assert_int_equal(sh_pool_evict_these(sys.pool, &va, 1, &released, out, &n), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(state_of(va), SH_RS_HOST);
+}
+
+static size_t start_prefetch(uintptr_t va)
+{
+    uintptr_t out[1];
+    size_t n = 0;
+    sh_pool_prefetch_start(sys.pool, &va, 1, out, &n);
+    return n;
+}
+
+static size_t commit(int all)
+{
+    uintptr_t out[16];
+    size_t n = 0;
+    sh_pool_prefetch_commit(sys.pool, all, out, 16, &n);
+    return n;
+}
+
+static const struct opts std_opts = {.device_cache = 4 * M, .slabs = {8, 8, 8}};
+
+#define RSIZE (CH + 2 * G) /* two chunks: 256K + 128K */
+
+/* Prefetch then commit: exact bytes, device-mapped, slabs back. */
+static void test_prefetch_commit_exact(void **state)
+{
+    (void)state;
+    start(&std_opts);
+    uintptr_t a = alloc(RSIZE), b = alloc(RSIZE);
+    fill(a, RSIZE, 1);
+    fill(b, RSIZE, 2);
+    evict_one(a);
+    evict_one(b);
+    assert_int_equal(start_prefetch(a), 1);
+    assert_int_equal(state_of(a), SH_RS_RESTORING);
+    /* Still host-mapped and intact while the copy is in flight. */
+    assert_int_equal(bad_words(a, RSIZE, 1), 0);
+    size_t inflight = 0;
+    assert_int_equal(sh_pool_prefetch_ready(sys.pool, &inflight), 0);
+    assert_int_equal(inflight, 1);
+    assert_int_equal(commit(0), 0); /* nothing finished yet */
+    /* b's copies pass the engine's cap of two: a's are finalised to make room. */
+    assert_int_equal(start_prefetch(b), 1);
+    assert_int_equal(sh_pool_prefetch_ready(sys.pool, &inflight), 1);
+    assert_int_equal(inflight, 2);
+    complete_copies();
+    assert_int_equal(sh_pool_prefetch_ready(sys.pool, NULL), 2);
+    assert_int_equal(commit(0), 2);
+    assert_int_equal(state_of(a), SH_RS_RESIDENT);
+    assert_int_equal(state_of(b), SH_RS_RESIDENT);
+    assert_int_equal(bad_words(a, RSIZE, 1), 0);
+    assert_int_equal(bad_words(b, RSIZE, 2), 0);
+    struct sh_pool_stats st;
+    sh_pool_stats(sys.pool, &st);
+    assert_int_equal(st.prefetches, 2);
+    assert_int_equal(st.prefetch_commits, 2);
+    assert_int_equal(st.prefetch_redos, 0);
+    assert_int_equal(st.host_bytes, 0);
+    /* The region is on device handles now: a new eviction round-trips. */
+    evict_one(a);
+    assert_int_equal(bad_words(a, RSIZE, 1), 0);
+    stop();
+}
+
+/* A launch writes the slab through the host mapping while the copy is in
+ * flight: the commit redoes the copy in the window; the new bytes win. */
+static void test_prefetch_redo_after_launch(void **state)
+{
+    (void)state;
+    start(&std_opts);
+    uintptr_t a = alloc(RSIZE);
+    fill(a, RSIZE, 1);
+    evict_one(a);
+    assert_int_equal(start_prefetch(a), 1);
+    complete_copies(); /* the copy read the old bytes */
+    touch(a);          /* a launch used the region meanwhile ... */
+    fill(a, RSIZE, 7); /* ... and wrote it over the host mapping */
+    assert_int_equal(commit(0), 1);
+    assert_int_equal(state_of(a), SH_RS_RESIDENT);
+    assert_int_equal(bad_words(a, RSIZE, 7), 0);
+    struct sh_pool_stats st;
+    sh_pool_stats(sys.pool, &st);
+    assert_int_equal(st.prefetch_redos, 1);
+    stop();
+}
+
+/* The same, with the copy still queued when commit(all) opens the window. */
+static void test_prefetch_redo_in_flight(void **state)
+{
+    (void)state;
+    start(&std_opts);
+    uintptr_t a = alloc(RSIZE);
+    fill(a, RSIZE, 1);
+    evict_one(a);
+    assert_int_equal(start_prefetch(a), 1);
+    touch(a);
+    fill(a, RSIZE, 9);
+    assert_int_equal(commit(1), 1);
+    assert_int_equal(bad_words(a, RSIZE, 9), 0);
+    stop();
+}
+
+/* Freeing a region whose prefetch is in flight cancels it (no deadlock,
+ * no leak: stop() checks every handle and mapping is gone). */
+static void test_free_during_prefetch(void **state)
+{
+    (void)state;
+    start(&std_opts);
+    uintptr_t a = alloc(RSIZE), b = alloc(RSIZE);
+    fill(b, RSIZE, 3);
+    evict_one(a);
+    evict_one(b);
+    assert_int_equal(start_prefetch(a), 1);
+    assert_int_equal(start_prefetch(b), 1);
+    assert_int_equal(sh_pool_free(sys.pool, a, ANY, 0), 0);
+    size_t inflight = 0;
+    sh_pool_prefetch_ready(sys.pool, &inflight);
+    assert_int_equal(inflight, 1);
+    complete_copies();
+    assert_int_equal(commit(0), 1);
+    assert_int_equal(bad_words(b, RSIZE, 3), 0);
+    struct sh_pool_stats st;
+    sh_pool_stats(sys.pool, &st);
+    assert_int_equal(st.prefetch_cancels, 1);
+    assert_int_equal(sh_pool_free(sys.pool, b, ANY, 0), 0);
+    stop();
+}
+
+/* Teardown with a prefetch in flight leaves nothing mapped. */
+static void test_destroy_during_prefetch(void **state)
+{
+    (void)state;
+    start(&std_opts);
+    uintptr_t a = alloc(RSIZE);
+    evict_one(a);
+    assert_int_equal(start_prefetch(a), 1);
+    stop();
+}
+
+/* Eviction never picks a region being prefetched, by LRU or by name. */
+static void test_evict_skips_prefetching(void **state)
+{
+    (void)state;
+    start(&std_opts);
+    uintptr_t a = alloc(RSIZE), b = alloc(RSIZE);
+    fill(a, RSIZE, 1);
+    fill(b, RSIZE, 2);
+    evict_one(a);
+    assert_int_equal(start_prefetch(a), 1);
+    size_t released = 0, n = 0;
+    uintptr_t out[1];
+    assert_int_equal(sh_pool_evict_these(sys.pool, &a, 1, &released, out, &n), SH_ENOMEM);
+    assert_int_equal(n, 0);
+    assert_int_equal(sh_pool_evict(sys.pool, 64 * M, NULL, 0, &released), 0);
+    assert_int_equal(state_of(a), SH_RS_RESTORING);
+    assert_int_equal(state_of(b), SH_RS_HOST);
+    assert_int_equal(commit(1), 1);
+    assert_int_equal(bad_words(a, RSIZE, 1), 0);
+    assert_int_equal(bad_words(b, RSIZE, 2), 0);
+    stop();
+}
+
+/* A failed map (at scratch, or at the region address in the window) and
+ * a failed copy leave the region HOST with its bytes. */
+static void check_host_and_exact(uintptr_t a, uint32_t seed)
+{
+    assert_int_equal(state_of(a), SH_RS_HOST);
+    assert_int_equal(bad_words(a, RSIZE, seed), 0);
+}
+
+static void test_fail_scratch_map(void **state)
+{
+    (void)state;
+    start(&std_opts);
+    uintptr_t a = alloc(RSIZE);
+    fill(a, RSIZE, 4);
+    evict_one(a);
+    fk.fail_map_at = fk.map_calls + 2; /* the second chunk at scratch */
+    assert_int_equal(start_prefetch(a), 0);
+    fk.fail_map_at = 0;
+    check_host_and_exact(a, 4);
+    assert_int_equal(start_prefetch(a), 1); /* and it can go again */
+    assert_int_equal(commit(1), 1);
+    assert_int_equal(bad_words(a, RSIZE, 4), 0);
+    stop();
+}
+
+static void test_fail_window_map(void **state)
+{
+    (void)state;
+    start(&std_opts);
+    uintptr_t a = alloc(RSIZE);
+    fill(a, RSIZE, 5);
+    evict_one(a);
+    assert_int_equal(start_prefetch(a), 1);
+    complete_copies();
+    fk.fail_map_at = fk.map_calls + 2; /* the second chunk at the region address */
+    assert_int_equal(commit(0), 0);
+    fk.fail_map_at = 0;
+    check_host_and_exact(a, 5);
+    stop();
+}
+
+static void test_fail_copy_issue(void **state)
+{
+    (void)state;
+    start(&std_opts);
+    uintptr_t a = alloc(RSIZE);
+    fill(a, RSIZE, 6);
+    evict_one(a);
+    fail_copy_at = 2; /* the second chunk's copy */
+    assert_int_equal(start_prefetch(a), 0);
+    fail_copy_at = 0;
+    check_host_and_exact(a, 6);
+    stop();
+}
+
+/* A copy whose wait fails is redone in the window from the slab. */
+static void test_fail_copy_wait(void **state)
+{
+    (void)state;
+    start(&std_opts);
+    uintptr_t a = alloc(RSIZE);
+    fill(a, RSIZE, 8);
+    evict_one(a);
+    assert_int_equal(start_prefetch(a), 1);
+    fail_wait = 1;
+    assert_int_equal(commit(1), 0); /* the redo's flush fails too: stays HOST */
+    fail_wait = 0;
+    check_host_and_exact(a, 8);
+    assert_int_equal(start_prefetch(a), 1);
+    assert_int_equal(commit(1), 1);
+    assert_int_equal(bad_words(a, RSIZE, 8), 0);
+    stop();
+}
+
+/* Two threads: one completes copies and commits, one evicts, prefetches
+ * and frees. */
+static void *committer(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < 200; i++) {
+        complete_copies();
+        commit(i & 1);
+    }
+    return NULL;
+}
+
+static void test_threads(void **state)
+{
+    (void)state;
+    start(&std_opts);
+    uintptr_t v[6];
+    for (int i = 0; i < 6; i++) {
+        v[i] = alloc(RSIZE);
+        fill(v[i], RSIZE, (uint32_t)(10 + i));
+    }
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, committer, NULL), 0);
+    for (int round = 0; round < 100; round++) {
+        int i = round % 6;
+        size_t released = 0, n = 0;
+        uintptr_t out[1];
+        sh_pool_evict_these(sys.pool, &v[i], 1, &released, out, &n);
+        start_prefetch(v[i]);
+        if (round % 7 == 0) {
+            assert_int_equal(sh_pool_free(sys.pool, v[i], ANY, 0), 0);
+            v[i] = alloc(RSIZE);
+            fill(v[i], RSIZE, (uint32_t)(10 + i));
+        }
+    }
+    pthread_join(t, NULL);
+    complete_copies();
+    commit(1);
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(bad_words(v[i], RSIZE, (uint32_t)(10 + i)), 0);
+    stop();
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_prefetch_commit_exact, teardown),
+        cmocka_unit_test_teardown(test_prefetch_redo_after_launch, teardown),
+        cmocka_unit_test_teardown(test_prefetch_redo_in_flight, teardown),
+        cmocka_unit_test_teardown(test_free_during_prefetch, teardown),
+        cmocka_unit_test_teardown(test_destroy_during_prefetch, teardown),
+        cmocka_unit_test_teardown(test_evict_skips_prefetching, teardown),
+        cmocka_unit_test_teardown(test_fail_scratch_map, teardown),
+        cmocka_unit_test_teardown(test_fail_window_map, teardown),
+        cmocka_unit_test_teardown(test_fail_copy_issue, teardown),
+        cmocka_unit_test_teardown(test_fail_copy_wait, teardown),
+        cmocka_unit_test_teardown(test_threads, teardown),
+    };
+    return cmocka_run_group_tests_name("prefetch", tests, NULL, NULL);
+}
