@@ -92,6 +92,7 @@ struct sh_sched_stats {
     int64_t step;
     int phase, trace_ready;
     uint64_t persistent, transient;
+    uint64_t stalls, stall_us;
 };
 int sh_sched_init(void);
 void sh_sched_alloc(uintptr_t va, size_t size, uint64_t stream);

@@ -24,7 +24,7 @@ static int started;
 
 struct seen {
     uint64_t evictions, restores, evicted_bytes, restored_bytes, allocs, frees, oom, launches;
-    uint64_t pool_hits, pool_misses, prefetches;
+    uint64_t pool_hits, pool_misses, prefetches, prefetch_hits, prefetch_misses, stalls, stall_us;
 };
 static struct seen last;
 
@@ -81,6 +81,16 @@ void sh_monitor_sync(void)
     delta(SH_TM_C_frees, st.frees + st.small_frees, &last.frees);
     delta(SH_TM_C_oom, atomic_load(&sh_rt.oom), &last.oom);
     delta(SH_TM_C_launches, atomic_load(&sh_rt.launches), &last.launches);
+    delta(SH_TM_C_prefetch_issued, st.prefetches, &last.prefetches);
+    /* A prefetch that committed as copied was in time; one redone in the
+     * window or cancelled was not. */
+    delta(SH_TM_C_prefetch_hits, st.prefetch_commits - st.prefetch_redos, &last.prefetch_hits);
+    delta(SH_TM_C_prefetch_misses, st.prefetch_redos + st.prefetch_cancels, &last.prefetch_misses);
+    struct sh_sched_stats ss;
+    if (sh_sched_stats(&ss) == 0) {
+        delta(SH_TM_C_stall_count, ss.stalls, &last.stalls);
+        delta(SH_TM_C_stall_time_us, ss.stall_us, &last.stall_us);
+    }
     pthread_mutex_unlock(&sync_mu);
     sh_tm_vram(st.device_bytes);
     set_region_gauges(&st);

@@ -224,12 +224,19 @@ void sh_sched_free(uintptr_t va)
     pthread_mutex_unlock(&sched_mu);
 }
 
+/* Steps and phases the policy found by itself, for the monitor. */
+static int64_t shown_step;
+static int shown_phase;
+
 void sh_sched_launch(uint64_t kernel, uint64_t stream, const uintptr_t *bases, size_t n)
 {
     pthread_mutex_lock(&sched_mu);
     uint64_t t = now_us();
-    if (policy)
+    struct sh_policy_stats ps = {.step = shown_step, .phase = shown_phase};
+    if (policy) {
         sh_policy_launch(policy, t, kernel, stream, (const uint64_t *)bases, n);
+        sh_policy_stats(policy, &ps);
+    }
     if (trace) {
         /* The duration follows in a 'd' record once the GPU has run it. */
         uint64_t seq = UINT64_MAX;
@@ -237,7 +244,13 @@ void sh_sched_launch(uint64_t kernel, uint64_t stream, const uintptr_t *bases, s
                               &seq);
         last_seq = seq;
     }
+    int64_t step = ps.step != shown_step ? (shown_step = ps.step) : -1;
+    int phase = ps.phase != shown_phase ? (shown_phase = ps.phase) : -1;
     pthread_mutex_unlock(&sched_mu);
+    if (step >= 0 && !atomic_load(&sh_rt.step)) /* explicit marks, when used, already did */
+        sh_monitor_step(step);
+    if (phase >= 0)
+        sh_monitor_phase(phase);
 }
 
 void sh_sched_mark(int step, int phase)
@@ -287,7 +300,8 @@ int sh_sched_stats(struct sh_sched_stats *out)
     pthread_mutex_lock(&sched_mu);
     sh_policy_stats(policy, &st);
     pthread_mutex_unlock(&sched_mu);
-    *out = (struct sh_sched_stats){st.step, st.phase, st.trace_ready, st.persistent, st.transient};
+    *out = (struct sh_sched_stats){st.step,      st.phase,  st.trace_ready, st.persistent,
+                                   st.transient, st.stalls, st.stall_us};
     return 0;
 }
 
