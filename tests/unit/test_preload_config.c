@@ -56,7 +56,7 @@ static void run_preloaded(struct run *r, const char *const *env)
 static void test_bad_file_stops_at_start(void **state)
 {
     (void)state;
-    struct run r;
+    struct run r = {0};
     const char *env[] = {"STAGEHAND_CONFIG", "tests/unit/config/bad_unknown_key.ini", NULL};
     run_preloaded(&r, env);
     assert_true(WIFEXITED(r.status));
@@ -68,7 +68,7 @@ static void test_bad_file_stops_at_start(void **state)
 static void test_bad_combination_names_key(void **state)
 {
     (void)state;
-    struct run r;
+    struct run r = {0};
     const char *env[] = {"STAGEHAND_CONFIG", "tests/unit/config/bad_low_ge_high.ini", NULL};
     run_preloaded(&r, env);
     assert_int_equal(WEXITSTATUS(r.status), 1);
@@ -80,7 +80,7 @@ static void test_bad_combination_names_key(void **state)
 static void test_bad_env_stops_at_start(void **state)
 {
     (void)state;
-    struct run r;
+    struct run r = {0};
     const char *env[] = {"STAGEHAND_TRANSFER_MAX_INFLIGHT_D2H", "many", NULL};
     run_preloaded(&r, env);
     assert_int_equal(WEXITSTATUS(r.status), 1);
@@ -91,7 +91,7 @@ static void test_bad_env_stops_at_start(void **state)
 static void test_missing_config_file(void **state)
 {
     (void)state;
-    struct run r;
+    struct run r = {0};
     const char *env[] = {"STAGEHAND_CONFIG", "/nonexistent/stagehand.ini", NULL};
     run_preloaded(&r, env);
     assert_int_equal(WEXITSTATUS(r.status), 1);
@@ -101,7 +101,7 @@ static void test_missing_config_file(void **state)
 static void test_disable_is_pass_through(void **state)
 {
     (void)state;
-    struct run r;
+    struct run r = {0};
     const char *env[] = {"STAGEHAND_CONFIG", "tests/unit/config/bad_unknown_key.ini",
                          "STAGEHAND_DISABLE", "1", NULL};
     run_preloaded(&r, env);
@@ -112,7 +112,7 @@ static void test_disable_is_pass_through(void **state)
 static void test_good_file_runs(void **state)
 {
     (void)state;
-    struct run r;
+    struct run r = {0};
     const char *env[] = {"STAGEHAND_CONFIG", "stagehand.ini", NULL};
     run_preloaded(&r, env);
     assert_int_equal(WEXITSTATUS(r.status), 0);
