@@ -77,6 +77,7 @@ typedef struct stagehand_stats {
     uint64_t tracking_mode; /* 0 none, 1 CUPTI, 2 hooks */
     uint64_t checksum_mismatches;
     uint64_t remap_windows; /* remap windows opened */
+    uint64_t device_drains; /* windows that waited for the whole device */
 } stagehand_stats_t;
 
 /* Fills *out (at most size bytes of it); 0, or -1 if out is NULL. */

@@ -85,6 +85,11 @@ EXPORT int stagehand_get_stats(stagehand_stats_t *out, size_t size)
         s.launches = atomic_load(&sh_rt.launches);
         s.tracking_mode = (uint64_t)sh_launch_mode();
         s.remap_windows = sh_gate_windows(sh_rt.gate);
+        if (sh_rt.xfer) {
+            struct sh_xfer_stats xs;
+            sh_xfer_stats(sh_rt.xfer, &xs);
+            s.device_drains = xs.drains;
+        }
         if (sh_rt.host) {
             struct sh_hostpool_stats hs;
             sh_hostpool_stats(sh_rt.host, &hs);

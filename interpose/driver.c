@@ -160,7 +160,13 @@ uint64_t sh_driver_fence_record(struct sh_driver *drv, CUstream stream)
 static int fence_done(void *ctx, uint64_t fence)
 {
     struct sh_driver *drv = ctx;
-    return drv->cuEventQuery((CUevent)(uintptr_t)fence) != CUDA_ERROR_NOT_READY;
+    CUresult r = drv->cuEventQuery((CUevent)(uintptr_t)fence);
+    if (r == CUDA_SUCCESS || r == CUDA_ERROR_NOT_READY)
+        return r == CUDA_SUCCESS;
+    /* The query failed: memory is reused only once the work is surely done. */
+    if (drv->cuEventSynchronize((CUevent)(uintptr_t)fence) != CUDA_SUCCESS)
+        drv->cuCtxSynchronize();
+    return 1;
 }
 
 static void fence_wait(void *ctx, uint64_t fence)

@@ -226,7 +226,7 @@ EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph,
 
 /* ---- launches ---- */
 
-void sh_graph_launch_begin(CUgraphExec exec)
+void sh_graph_launch_begin(CUgraphExec exec, CUstream stream)
 {
     uintptr_t *addrs = NULL;
     size_t n = 0;
@@ -238,7 +238,7 @@ void sh_graph_launch_begin(CUgraphExec exec)
             break;
         }
     pthread_mutex_unlock(&graphs_mu);
-    sh_launch_begin_addrs((uint64_t)(uintptr_t)exec, addrs, n);
+    sh_launch_begin_addrs((uint64_t)(uintptr_t)exec, addrs, n, stream);
     free(addrs);
 }
 
@@ -252,7 +252,7 @@ EXPORT cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s)
 {
     if (!hooking())
         return real.cudaGraphLaunch(exec, s);
-    sh_graph_launch_begin((CUgraphExec)exec);
+    sh_graph_launch_begin((CUgraphExec)exec, (CUstream)s);
     cudaError_t e = real.cudaGraphLaunch(exec, s);
     sh_launch_end();
     return e;
@@ -262,7 +262,7 @@ EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream s)
 {
     if (!hooking())
         return real.cuGraphLaunch(exec, s);
-    sh_graph_launch_begin(exec);
+    sh_graph_launch_begin(exec, s);
     CUresult r = real.cuGraphLaunch(exec, s);
     sh_launch_end();
     return r;

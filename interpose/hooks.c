@@ -68,7 +68,7 @@ EXPORT cudaError_t cudaLaunchKernel(const void *func, dim3 g, dim3 b, void **arg
 {
     if (!hooking())
         return real.cudaLaunchKernel(func, g, b, args, shmem, s);
-    sh_launch_begin(func, SH_KEY_HOST_FN, args);
+    sh_launch_begin(func, SH_KEY_HOST_FN, args, (CUstream)s);
     cudaError_t e = real.cudaLaunchKernel(func, g, b, args, shmem, s);
     sh_launch_end();
     return e;
@@ -79,7 +79,7 @@ EXPORT cudaError_t cudaLaunchCooperativeKernel(const void *func, dim3 g, dim3 b,
 {
     if (!hooking())
         return real.cudaLaunchCooperativeKernel(func, g, b, args, shmem, s);
-    sh_launch_begin(func, SH_KEY_HOST_FN, args);
+    sh_launch_begin(func, SH_KEY_HOST_FN, args, (CUstream)s);
     cudaError_t e = real.cudaLaunchCooperativeKernel(func, g, b, args, shmem, s);
     sh_launch_end();
     return e;
@@ -92,7 +92,7 @@ cudaError_t __cudaLaunchKernel(cudaKernel_t k, dim3 g, dim3 b, void **args, size
 {
     if (!hooking())
         return real.launch_kernel13(k, g, b, args, shmem, s);
-    sh_launch_begin(k, SH_KEY_KERNEL, args);
+    sh_launch_begin(k, SH_KEY_KERNEL, args, (CUstream)s);
     cudaError_t e = real.launch_kernel13(k, g, b, args, shmem, s);
     sh_launch_end();
     return e;
@@ -106,7 +106,7 @@ EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned 
 {
     if (!hooking())
         return real.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
-    sh_launch_begin(f, SH_KEY_FUNCTION, params);
+    sh_launch_begin(f, SH_KEY_FUNCTION, params, s);
     CUresult r = sh_rt.drv.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
     sh_launch_end();
     return r;
@@ -117,7 +117,7 @@ EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, voi
 {
     if (!hooking())
         return real.cuLaunchKernelEx(config, f, params, extra);
-    sh_launch_begin(f, SH_KEY_FUNCTION, params);
+    sh_launch_begin(f, SH_KEY_FUNCTION, params, config ? config->hStream : NULL);
     CUresult r = sh_rt.drv.cuLaunchKernelEx(config, f, params, extra);
     sh_launch_end();
     return r;
@@ -129,7 +129,7 @@ EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy
 {
     if (!hooking())
         return real.cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params);
-    sh_launch_begin(f, SH_KEY_FUNCTION, params);
+    sh_launch_begin(f, SH_KEY_FUNCTION, params, s);
     CUresult r = sh_rt.drv.cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params);
     sh_launch_end();
     return r;

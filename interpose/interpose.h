@@ -68,10 +68,12 @@ int sh_make_room(size_t need, const uintptr_t *protect, size_t np);
  * begin restores what it points into and enters the remap gate. */
 int sh_launch_init(void);
 int sh_launch_mode(void);
-void sh_launch_begin(const void *key, int kind, void **args);
+void sh_launch_begin(const void *key, int kind, void **args, CUstream stream);
 void sh_launch_end(void);
 /* For launches whose regions are known already (graphs). */
-void sh_launch_begin_addrs(uint64_t key, const uintptr_t *addrs, size_t n);
+void sh_launch_begin_addrs(uint64_t key, const uintptr_t *addrs, size_t n, CUstream stream);
+/* With drain_mode = tracked, the drain that waits for given stream slots. */
+void sh_launch_tracked_drain(int (**fn)(void *, uint64_t));
 /* The region addresses a launch's parameters point into (at most max). */
 size_t sh_launch_scan(const void *key, int kind, void **args, uintptr_t *addrs, size_t max);
 /* Touches addrs and restores the evicted regions among them. */
@@ -134,6 +136,6 @@ int sh_sched_class(uintptr_t va);
 /* Stream capture and graphs (graph.c). While any stream captures, nothing
  * is remapped or drained: it would break the capture. */
 int sh_capturing(void);
-void sh_graph_launch_begin(CUgraphExec exec);
+void sh_graph_launch_begin(CUgraphExec exec, CUstream stream);
 
 #endif

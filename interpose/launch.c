@@ -193,6 +193,65 @@ static void report_residency(const uintptr_t *bases, size_t nb)
     sh_sched_residency(off, noff, 0);
 }
 
+/* ---- drain_mode = tracked: the streams that used each region ---- */
+
+#define STREAM_SLOTS 63 /* bit 63: a stream without a slot; drain the device */
+
+static pthread_mutex_t slots_mu = PTHREAD_MUTEX_INITIALIZER;
+static CUstream slot_stream[STREAM_SLOTS];
+static CUevent slot_event[STREAM_SLOTS];
+static int nslots;
+static _Thread_local struct {
+    uintptr_t bases[MAX_ADDRS];
+    size_t n;
+    CUstream stream;
+} pending; /* the launch being issued on this thread */
+
+static int tracked(void)
+{
+    return sh_rt.cfg.transfer.drain_mode == SH_CONFIG_DRAIN_TRACKED;
+}
+
+/* The slot of a stream, made on first sight; 63 when they are all taken. */
+static int stream_slot(CUstream s)
+{
+    pthread_mutex_lock(&slots_mu);
+    int i = 0;
+    while (i < nslots && slot_stream[i] != s)
+        i++;
+    if (i == nslots && nslots < STREAM_SLOTS &&
+        sh_rt.drv.cuEventCreate(&slot_event[i], CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS)
+        slot_stream[nslots++] = s;
+    pthread_mutex_unlock(&slots_mu);
+    return i < nslots ? i : STREAM_SLOTS;
+}
+
+/* After a launch is issued: its stream's event now marks the end of that
+ * launch, and the regions it used remember the stream. Re-recording the
+ * event is what makes a later wait cover every launch before it. */
+static void mark_issued(void)
+{
+    if (pending.n == 0)
+        return;
+    int slot = stream_slot(pending.stream);
+    if (slot < STREAM_SLOTS &&
+        sh_rt.drv.cuEventRecord(slot_event[slot], pending.stream) != CUDA_SUCCESS)
+        slot = STREAM_SLOTS;
+    sh_pool_mark_streams(sh_rt.pool, pending.bases, pending.n, 1ull << slot);
+    pending.n = 0;
+}
+
+static int drain_streams(void *ctx, uint64_t mask)
+{
+    (void)ctx;
+    if (mask >> STREAM_SLOTS)
+        return sh_rt.drv.cuCtxSynchronize() == CUDA_SUCCESS ? 0 : -1;
+    for (int i = 0; i < STREAM_SLOTS; i++)
+        if (mask >> i & 1 && sh_rt.drv.cuEventSynchronize(slot_event[i]) != CUDA_SUCCESS)
+            return -1;
+    return 0;
+}
+
 /* Makes the launch's regions resident: prefetches in flight are committed
  * first (before the touch, so the launch being prepared does not count as
  * one that ran on the host copy), then evicted ones are restored. Returns
@@ -226,6 +285,10 @@ void sh_launch_prepare(uint64_t kernel, const uintptr_t *addrs, size_t n)
         sh_sched_launch(kernel, 0, bases, nb);
         return;
     }
+    if (tracked()) {
+        memcpy(pending.bases, bases, nb * sizeof *bases);
+        pending.n = nb;
+    }
     uint64_t waited = n > 0 ? make_resident(addrs, n, bases, nb) : 0;
     sh_sched_launch(kernel, 0, bases, nb);
     if (waited)
@@ -242,17 +305,26 @@ static void prepare(const void *key, int kind, void **args)
                       sh_launch_scan(key, kind, args, addrs, MAX_ADDRS));
 }
 
-void sh_launch_begin(const void *key, int kind, void **args)
+void sh_launch_tracked_drain(int (**fn)(void *, uint64_t))
+{
+    *fn = tracked() ? drain_streams : NULL;
+}
+
+void sh_launch_begin(const void *key, int kind, void **args, CUstream stream)
 {
     if (depth++ == 0) {
+        pending.stream = stream;
+        pending.n = 0;
         prepare(key, kind, args);
         sh_gate_enter(sh_rt.gate);
     }
 }
 
-void sh_launch_begin_addrs(uint64_t key, const uintptr_t *addrs, size_t n)
+void sh_launch_begin_addrs(uint64_t key, const uintptr_t *addrs, size_t n, CUstream stream)
 {
     if (depth++ == 0) {
+        pending.stream = stream;
+        pending.n = 0;
         sh_launch_prepare(key, addrs, n);
         sh_gate_enter(sh_rt.gate);
     }
@@ -260,8 +332,11 @@ void sh_launch_begin_addrs(uint64_t key, const uintptr_t *addrs, size_t n)
 
 void sh_launch_end(void)
 {
-    if (depth > 0 && --depth == 0)
+    if (depth > 0 && --depth == 0) {
+        if (tracked())
+            mark_issued(); /* still inside the gate: no window between issue and mark */
         sh_gate_leave(sh_rt.gate);
+    }
 }
 
 int sh_launch_mode(void)
@@ -283,6 +358,7 @@ static void CUPTIAPI on_callback(void *user, CUpti_CallbackDomain domain, CUpti_
     const void *key = NULL;
     int kind = SH_KEY_FUNCTION;
     void **args = NULL;
+    CUstream stream = NULL;
     const void *p = cb->functionParams;
     if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
         switch (cbid) {
@@ -290,30 +366,35 @@ static void CUPTIAPI on_callback(void *user, CUpti_CallbackDomain domain, CUpti_
         case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000:
             key = ((const cudaLaunchKernel_v7000_params *)p)->func;
             args = ((const cudaLaunchKernel_v7000_params *)p)->args;
+            stream = (CUstream)((const cudaLaunchKernel_v7000_params *)p)->stream;
             kind = SH_KEY_HOST_FN;
             break;
         case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_v9000:
         case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_ptsz_v9000:
             key = ((const cudaLaunchCooperativeKernel_v9000_params *)p)->func;
             args = ((const cudaLaunchCooperativeKernel_v9000_params *)p)->args;
+            stream = (CUstream)((const cudaLaunchCooperativeKernel_v9000_params *)p)->stream;
             kind = SH_KEY_HOST_FN;
             break;
         case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060:
         case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060:
             key = ((const cudaLaunchKernelExC_v11060_params *)p)->func;
             args = ((const cudaLaunchKernelExC_v11060_params *)p)->args;
+            stream = (CUstream)((const cudaLaunchKernelExC_v11060_params *)p)->config->stream;
             kind = SH_KEY_HOST_FN;
             break;
         case CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000:
         case CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_ptsz_v10000:
             sh_graph_launch_begin(
-                (CUgraphExec)((const cudaGraphLaunch_v10000_params *)p)->graphExec);
+                (CUgraphExec)((const cudaGraphLaunch_v10000_params *)p)->graphExec,
+                (CUstream)((const cudaGraphLaunch_v10000_params *)p)->stream);
             return;
         case CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_v13000:
         case CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_ptsz_v13000:
             /* Same layout as cudaLaunchKernel's, with a kernel handle first. */
             key = ((const cudaLaunchKernel_v7000_params *)p)->func;
             args = ((const cudaLaunchKernel_v7000_params *)p)->args;
+            stream = (CUstream)((const cudaLaunchKernel_v7000_params *)p)->stream;
             kind = SH_KEY_KERNEL;
             break;
         default:
@@ -325,26 +406,30 @@ static void CUPTIAPI on_callback(void *user, CUpti_CallbackDomain domain, CUpti_
         case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz:
             key = ((const cuLaunchKernel_params *)p)->f;
             args = ((const cuLaunchKernel_params *)p)->kernelParams;
+            stream = ((const cuLaunchKernel_params *)p)->hStream;
             break;
         case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx:
         case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz:
             key = ((const cuLaunchKernelEx_params *)p)->f;
             args = ((const cuLaunchKernelEx_params *)p)->kernelParams;
+            stream = ((const cuLaunchKernelEx_params *)p)->config->hStream;
             break;
         case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel:
         case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz:
             key = ((const cuLaunchCooperativeKernel_params *)p)->f;
             args = ((const cuLaunchCooperativeKernel_params *)p)->kernelParams;
+            stream = ((const cuLaunchCooperativeKernel_params *)p)->hStream;
             break;
         case CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch:
         case CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz:
-            sh_graph_launch_begin(((const cuGraphLaunch_params *)p)->hGraph);
+            sh_graph_launch_begin(((const cuGraphLaunch_params *)p)->hGraph,
+                                  ((const cuGraphLaunch_params *)p)->hStream);
             return;
         default:
             break;
         }
     }
-    sh_launch_begin(key, kind, args); /* every ENTER pairs with an EXIT */
+    sh_launch_begin(key, kind, args, stream); /* every ENTER pairs with an EXIT */
 }
 
 static const CUpti_CallbackId runtime_ids[] = {

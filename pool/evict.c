@@ -162,13 +162,36 @@ static int remap(struct sh_pool *pool, uintptr_t va, size_t size, uint64_t from,
     return rc;
 }
 
+/* Waits for the work that may touch the regions of a window: the whole
+ * device, or with a tracked drain only the streams that used them. */
+static int drain(struct sh_pool *pool, struct region **v, size_t n)
+{
+    if (!pool->mover.drain_streams)
+        return sh_xfer_drain(pool->mover.xfer);
+    uint64_t mask = 0;
+    for (size_t k = 0; k < n; k++)
+        mask |= __atomic_exchange_n(&v[k]->use_streams, 0, __ATOMIC_RELAXED);
+    return mask ? pool->mover.drain_streams(pool->mover.drain_ctx, mask) : 0;
+}
+
+void sh_pool_mark_streams(struct sh_pool *pool, const uintptr_t *bases, size_t n, uint64_t mask)
+{
+    pthread_rwlock_rdlock(&pool->index_lock);
+    for (size_t i = 0; i < n; i++) {
+        struct region *r = sh_rindex_lookup(pool->index, bases[i]);
+        if (r)
+            __atomic_or_fetch(&r->use_streams, mask, __ATOMIC_RELAXED);
+    }
+    pthread_rwlock_unlock(&pool->index_lock);
+}
+
 /* Copies and remaps a batch of EVICTING regions; the gate is held. Returns
  * how many of them (a prefix) completed; the rest are left device-mapped,
  * whole: their slabs go back to the pool, so none may stay mapped. */
 static size_t evict_window(struct sh_pool *pool, struct region **v, size_t n)
 {
     struct sh_xfer *x = pool->mover.xfer;
-    if (sh_xfer_drain(x) != 0)
+    if (drain(pool, v, n) != 0)
         return 0;
     for (size_t k = 0; k < n; k++)
         for (unsigned i = 0; i < v[k]->nchunks; i++) {
@@ -410,7 +433,7 @@ static void unrestore(struct sh_pool *pool, struct region *r, unsigned n)
 static size_t restore_window(struct sh_pool *pool, struct region **v, size_t n)
 {
     struct sh_xfer *x = pool->mover.xfer;
-    if (sh_xfer_drain(x) != 0)
+    if (drain(pool, v, n) != 0)
         return 0;
     size_t k = 0;
     unsigned moved = 0; /* chunks of v[k] mapped to their device handles */
@@ -724,7 +747,7 @@ static void pf_window(struct sh_pool *pool, struct region **v, size_t n, char *s
 {
     struct sh_xfer *x = pool->mover.xfer;
     memset(st, PF_FAIL, n);
-    if (sh_xfer_drain(x) != 0)
+    if (drain(pool, v, n) != 0)
         return;
     for (size_t k = 0; k < n; k++) {
         /* Drained: the copies are done; a failed one is redone from the slab. */

@@ -137,7 +137,12 @@ struct sh_pool_mover {
     struct sh_hostpool *host;
     struct sh_xfer *xfer;
     struct sh_gate *gate;
-    int checksums;         /* CRC32 each chunk at eviction, verify at restore */
+    int checksums; /* CRC32 each chunk at eviction, verify at restore */
+    /* drain_mode = tracked: a window waits only for the streams that used
+     * the regions it moves (bit i of the mask: stream slot i), instead of
+     * the whole device. NULL: always drain the device. */
+    int (*drain_streams)(void *ctx, uint64_t mask);
+    void *drain_ctx;
     unsigned slab_wait_ms; /* how long to wait for the host pool to grow */
 };
 
@@ -158,6 +163,9 @@ int sh_pool_evict_these(struct sh_pool *pool, const uintptr_t *vas, size_t n, si
 /* The distinct bases of the regions containing addrs[0..n), sub-allocator
  * slabs left out; returns the count (at most n). */
 size_t sh_pool_bases(struct sh_pool *pool, const uintptr_t *addrs, size_t n, uintptr_t *bases);
+/* Remembers that work on the streams in mask used the regions starting at
+ * bases[0..n) (for drain_mode = tracked). */
+void sh_pool_mark_streams(struct sh_pool *pool, const uintptr_t *bases, size_t n, uint64_t mask);
 /* Records a use of the regions containing addrs[0..n) (a launch) and
  * returns, through *host_bytes, the device memory it takes to bring back
  * those of them that are evicted. */

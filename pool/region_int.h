@@ -35,6 +35,7 @@ struct region {
     uint64_t evict_clock;         /* the pool's clock when it last went to the host */
     uint64_t last_use_us;         /* monotonic time of that last use, for the monitor */
     uint32_t evictions, restores; /* times its backing moved each way */
+    uint64_t use_streams;         /* streams that used it since it last moved (tracked drain) */
     /* While a prefetch is in flight (evict.c): its device chunks are mapped
      * at scratch, filled by H2D copies numbered pf_first..pf_last. */
     uintptr_t scratch;

@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define VRAM_MB   512
@@ -33,6 +34,7 @@
 #define WORDS     ((size_t)REGION_MB << 20) / 4
 
 static int preloaded;
+static char **saved_argv;
 
 static uint32_t expect(uint32_t seed, size_t i, uint32_t bumps)
 {
@@ -271,6 +273,38 @@ static void test_stress(void **state)
     assert_true(after.evictions > before.evictions);
 }
 
+/* drain_mode = tracked: the same workloads, each window waiting only for
+ * the streams that used its regions, never for the whole device. */
+static void test_tracked_drain(void **state)
+{
+    (void)state;
+    if (!preloaded || getenv("E2E_EVICT_TRACKED"))
+        skip();
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        setenv("E2E_EVICT_TRACKED", "1", 1);
+        setenv("STAGEHAND_TRANSFER_DRAIN_MODE", "tracked", 1);
+        execv("/proc/self/exe", saved_argv);
+        _exit(127);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
+static void test_tracked_never_drains_the_device(void **state)
+{
+    (void)state;
+    if (!getenv("E2E_EVICT_TRACKED"))
+        skip();
+    stagehand_stats_t st;
+    stats(&st);
+    assert_true(st.remap_windows > 0);
+    assert_int_equal(st.device_drains, 0);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -288,6 +322,7 @@ static int setup(void **state)
 int main(int argc, char **argv)
 {
     (void)argc;
+    saved_argv = argv;
     if (!getenv("E2E_EVICT_CONFIGURED")) {
         setenv("E2E_EVICT_CONFIGURED", "1", 1);
         setenv("SIMCUDA_VRAM_MB", "512", 1);
@@ -303,6 +338,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_three_times_vram),
         cmocka_unit_test(test_pointer_table),
         cmocka_unit_test(test_stress),
+        cmocka_unit_test(test_tracked_never_drains_the_device),
+        cmocka_unit_test(test_tracked_drain),
     };
     return cmocka_run_group_tests_name(preloaded ? "e2e_evict (preloaded)" : "e2e_evict (disabled)",
                                        tests, setup, NULL);

@@ -78,8 +78,14 @@ static int workload(void)
                 errors++;
             }
         }
-    if (cudaDeviceSynchronize() != cudaSuccess)
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e == cudaErrorIllegalAddress)
         return LOST; /* a fault: the context is gone, and so are the bytes */
+    if (e != cudaSuccess) { /* the program's own call failed: it sees the error and retries */
+        errors++;
+        if (cudaDeviceSynchronize() != cudaSuccess)
+            return LOST;
+    }
     uint32_t *h = malloc(REGION);
     for (int i = 0; h && i < NREG; i++) {
         if (!r[i])

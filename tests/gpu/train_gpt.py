@@ -63,6 +63,7 @@ STATS_FIELDS = [
     ("host_bytes", False), ("pinned_bytes", False), ("launches", False),
     ("tracking_mode", False), ("checksum_mismatches", False),
     ("remap_windows", False),
+    ("device_drains", False),
 ]
 
 # Figures reported per step as the difference from the step before.
