@@ -20,6 +20,7 @@
 #include "policy/trace.h"
 #include "sh_err.h"
 #include "sh_log.h"
+#include "telemetry/telemetry.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -208,14 +209,32 @@ void sh_sched_alloc(uintptr_t va, size_t size, uint64_t stream)
     pthread_mutex_unlock(&sched_mu);
 }
 
+/* The seeds' activation figures: a transient region is an activation,
+ * counted when freed, with how often it was spilled and restored. */
+static void count_activation(uintptr_t va)
+{
+    struct sh_region_info info;
+    if (sh_pool_lookup(sh_rt.pool, va, &info) != 0)
+        return;
+    sh_tm_inc(SH_TM_C_activations_saved);
+    if (info.evicted == 0)
+        sh_tm_inc(SH_TM_C_activations_kept);
+    sh_tm_add(SH_TM_C_activations_spilled, info.evicted);
+    sh_tm_add(SH_TM_C_activations_restored, info.restored);
+    sh_tm_add(SH_TM_C_spill_bytes, (uint64_t)info.evicted * info.mapped);
+    sh_tm_add(SH_TM_C_restore_bytes, (uint64_t)info.restored * info.mapped);
+}
+
 void sh_sched_free(uintptr_t va)
 {
     pthread_mutex_lock(&sched_mu);
     uint64_t t = now_us();
     if (policy) {
-        int cls = sh_policy_class(policy, va);
         sh_policy_free(policy, t, va);
-        sh_policy_forget(policy, va); /* the pool drops or reuses freed regions itself */
+        int cls = sh_policy_class(policy, va); /* transient: freed in the step it was made */
+        sh_policy_forget(policy, va);          /* the pool drops or reuses freed regions itself */
+        if (cls == SH_CLASS_TRANSIENT)
+            count_activation(va);
         if (trace)
             sh_trace_write_free(trace, t, va, cls);
     } else if (trace) {
@@ -380,6 +399,8 @@ static void plan_limits(struct sh_policy_plan *plan, size_t inflight)
 {
     struct sh_policy_hints h;
     sh_policy_hints(policy, &h);
+    sh_tm_hints(h.prefetch_window, h.max_inflight_h2d, h.max_inflight_d2h, h.suppress_speculative,
+                h.rules_fired);
     size_t h2d = h.max_inflight_h2d > 0 ? (size_t)h.max_inflight_h2d : 0;
     size_t d2h = h.max_inflight_d2h > 0 ? (size_t)h.max_inflight_d2h : 0;
     plan->fetch_max = h2d > inflight ? h2d - inflight : 0;

@@ -45,6 +45,7 @@ struct sh_region_info {
     int state; /* enum sh_rstate */
     int path;  /* enum sh_path */
     unsigned nchunks;
+    uint32_t evicted, restored; /* times it moved each way since it was allocated */
 };
 
 struct sh_pool_stats {

@@ -336,6 +336,8 @@ static int region_alloc(struct sh_pool *pool, size_t size, int path, uint64_t st
         pthread_rwlock_wrlock(&pool->index_lock);
         r->size = size;
         r->path = path;
+        r->evictions_at_alloc = r->evictions;
+        r->restores_at_alloc = r->restores;
         pthread_rwlock_unlock(&pool->index_lock);
         sh_state_move(&r->state, SH_RS_RESIDENT, r->id);
         pool->st.regions[SH_RS_FREED]--;
@@ -469,8 +471,15 @@ int sh_pool_lookup(struct sh_pool *pool, uintptr_t addr, struct sh_region_info *
     struct region *r = sh_rindex_lookup(pool->index, addr);
     if (r && out)
         *out = (struct sh_region_info){
-            r->va,   r->size,   r->mapped, r->id, __atomic_load_n(&r->state, __ATOMIC_RELAXED),
-            r->path, r->nchunks};
+            r->va,
+            r->size,
+            r->mapped,
+            r->id,
+            __atomic_load_n(&r->state, __ATOMIC_RELAXED),
+            r->path,
+            r->nchunks,
+            __atomic_load_n(&r->evictions, __ATOMIC_RELAXED) - r->evictions_at_alloc,
+            __atomic_load_n(&r->restores, __ATOMIC_RELAXED) - r->restores_at_alloc};
     pthread_rwlock_unlock(&pool->index_lock);
     return r ? 0 : SH_ENOTFOUND;
 }

@@ -35,7 +35,8 @@ struct region {
     uint64_t evict_clock;         /* the pool's clock when it last went to the host */
     uint64_t last_use_us;         /* monotonic time of that last use, for the monitor */
     uint32_t evictions, restores; /* times its backing moved each way */
-    uint64_t use_streams;         /* streams that used it since it last moved (tracked drain) */
+    uint32_t evictions_at_alloc, restores_at_alloc; /* the counts when last allocated */
+    uint64_t use_streams; /* streams that used it since it last moved (tracked drain) */
     /* While a prefetch is in flight (evict.c): its device chunks are mapped
      * at scratch, filled by H2D copies numbered pf_first..pf_last. */
     uintptr_t scratch;
