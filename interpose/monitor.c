@@ -20,7 +20,7 @@
 #include <string.h>
 
 static pthread_mutex_t sync_mu = PTHREAD_MUTEX_INITIALIZER;
-static int started;
+static atomic_int started; /* the publisher thread reads it */
 
 struct seen {
     uint64_t evictions, restores, evicted_bytes, restored_bytes, allocs, frees, oom, launches;
@@ -152,7 +152,9 @@ void sh_monitor_start(void)
         .regions = regions,
         .sample = sample,
     };
-    started = sh_tm_start(&p) == 0;
+    atomic_store(&started, 1); /* before the thread that samples exists */
+    if (sh_tm_start(&p) != 0)
+        atomic_store(&started, 0);
 }
 
 void sh_monitor_step(int64_t step)
