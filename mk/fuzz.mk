@@ -4,7 +4,7 @@
 #   make fuzz-smoke             run each target over its committed seeds and a
 #                               few thousand mutations (seconds; CI runs it)
 #
-# Seeds live in tests/fuzz/corpus/NAME/; what a run finds goes to
+# Seeds live in tests/fuzz/corpus/NAME/ (never written to); what a run finds goes to
 # $(BUILD)/fuzz/corpus-NAME/, and crashes to $(BUILD)/fuzz/crash-NAME-*.
 # A crash becomes a regression test by adding the input to the seed corpus.
 
@@ -41,8 +41,9 @@ fuzz: $(FUZZ_NAMES:%=$(FUZZ_BUILD)/fuzz_%)
 
 fuzz-smoke: $(FUZZ_NAMES:%=$(FUZZ_BUILD)/fuzz_%)
 	@for n in $(FUZZ_NAMES); do \
+	    rm -rf $(FUZZ_BUILD)/smoke-$$n; mkdir -p $(FUZZ_BUILD)/smoke-$$n; \
 	    $(FUZZ_BUILD)/fuzz_$$n -runs=3000 -seed=1 -artifact_prefix=$(FUZZ_BUILD)/crash-$$n- \
-	        tests/fuzz/corpus/$$n >$(FUZZ_BUILD)/smoke-$$n.log 2>&1 \
+	        $(FUZZ_BUILD)/smoke-$$n tests/fuzz/corpus/$$n >$(FUZZ_BUILD)/smoke-$$n.log 2>&1 \
 	        && echo "fuzz-smoke: $$n ok" \
 	        || { tail -30 $(FUZZ_BUILD)/smoke-$$n.log; echo "fuzz-smoke: $$n FAILED"; exit 1; }; \
 	done

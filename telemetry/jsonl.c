@@ -79,7 +79,7 @@ static void counts(struct jbuf *b, const struct sh_tm_steprec *a, const struct s
                                SH_TM_C_prefetch_hits, SH_TM_C_prefetch_misses,
                                SH_TM_C_allocs,        SH_TM_C_frees,
                                SH_TM_C_oom,           SH_TM_C_launches,
-                               SH_TM_C_hint_changes};
+                               SH_TM_C_hint_changes,  SH_TM_C_deferred};
     for (size_t i = 0; i < sizeof more / sizeof more[0]; i++)
         key_u(b, sh_tm_counter_name(more[i]), delta(a, z, more[i]));
     uint64_t hits = delta(a, z, SH_TM_C_prefetch_hits), miss = delta(a, z, SH_TM_C_prefetch_misses);

@@ -51,6 +51,7 @@
     X(oom, "calls", "allocations refused for lack of memory")                                      \
     X(launches, "launches", "kernel launches seen")                                                \
     X(hint_changes, "hints", "Conductor hints that tightened a limit")                             \
+    X(deferred, "moves", "evictions and restores put off while a stream captured a graph")         \
     X(phase_step_begin_us, "us", "time spent in the STEP_BEGIN phase")                             \
     X(phase_forward_us, "us", "time spent in the FORWARD phase")                                   \
     X(phase_backward_us, "us", "time spent in the BACKWARD phase")                                 \

@@ -3,7 +3,7 @@
  * Under LD_PRELOAD=libstagehand.so it completes with every byte as an
  * unlimited GPU would leave it, device memory never above the budget, even
  * for regions reached only through a pointer table the launch scan cannot
- * see, and under a 4-thread stress of random alloc/free/launch. With
+ * see, and under an 8-thread stress of random alloc/free/launch. With
  * STAGEHAND_DISABLE=1 the same workload runs out of memory.
  *
  * The program re-executes itself once to set the simulated card and the
@@ -27,11 +27,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define VRAM_MB   512
-#define BUDGET_MB 256
-#define REGION_MB 16
-#define NREGIONS  48 /* 768 MB: 3x the budget */
-#define WORDS     ((size_t)REGION_MB << 20) / 4
+#define VRAM_MB        512
+#define BUDGET_MB      256
+#define REGION_MB      16
+#define NREGIONS       48 /* 768 MB: 3x the budget */
+#define STRESS_THREADS 8  /* x 2 streams each */
+#define WORDS          ((size_t)REGION_MB << 20) / 4
 
 static int preloaded;
 static char **saved_argv;
@@ -180,7 +181,7 @@ static void test_pointer_table(void **state)
     cudaFree(table);
 }
 
-/* ---- stress: 4 threads x 2 streams of random alloc/free/launch ---- */
+/* ---- stress: 8 threads x 2 streams of random alloc/free/launch ---- */
 
 struct slot {
     void *p;
@@ -206,7 +207,7 @@ static void *stress_main(void *arg)
     cudaStream_t s[2];
     for (int i = 0; i < 2; i++)
         cudaStreamCreateWithFlags(&s[i], cudaStreamNonBlocking);
-    for (int op = 0; op < 300; op++) {
+    for (int op = 0; op < 150; op++) {
         unsigned k = next(&w->rng) % 12;
         struct slot *sl = &slots[k];
         cudaStream_t st = s[k & 1]; /* a slot's work stays ordered on one stream */
@@ -251,13 +252,13 @@ static void test_stress(void **state)
         skip();
     stagehand_stats_t before, after;
     stats(&before);
-    pthread_t t[4];
-    struct worker w[4];
-    for (unsigned i = 0; i < 4; i++) {
+    pthread_t t[STRESS_THREADS];
+    struct worker w[STRESS_THREADS];
+    for (unsigned i = 0; i < STRESS_THREADS; i++) {
         w[i] = (struct worker){.id = i, .rng = 12345u + i};
         assert_int_equal(pthread_create(&t[i], NULL, stress_main, &w[i]), 0);
     }
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < STRESS_THREADS; i++) {
         pthread_join(t[i], NULL);
         assert_int_equal(w[i].bad, 0);
         assert_int_equal(w[i].failures, 0);
