@@ -78,10 +78,29 @@ static int collect(void *arg, uintptr_t start, size_t len, void *payload)
     return 0;
 }
 
+struct aged {
+    uint64_t last_use; /* read once: launches keep touching it while we sort */
+    struct region *r;
+};
+
 static int by_last_use(const void *a, const void *b)
 {
-    const struct region *x = *(struct region *const *)a, *y = *(struct region *const *)b;
+    const struct aged *x = a, *y = b;
     return x->last_use < y->last_use ? -1 : x->last_use > y->last_use;
+}
+
+/* Orders c->r least recently used first, on a snapshot of the ages. */
+static void sort_by_age(struct candidates *c)
+{
+    struct aged *a = c->n > 1 ? malloc(c->n * sizeof *a) : NULL;
+    if (!a)
+        return; /* one candidate, or no memory: any order is safe */
+    for (size_t i = 0; i < c->n; i++)
+        a[i] = (struct aged){__atomic_load_n(&c->r[i]->last_use, __ATOMIC_RELAXED), c->r[i]};
+    qsort(a, c->n, sizeof *a, by_last_use);
+    for (size_t i = 0; i < c->n; i++)
+        c->r[i] = a[i].r;
+    free(a);
 }
 
 /* Least recently used first; the choice the learned scheduler replaces. */
@@ -90,8 +109,7 @@ static size_t pick_victims(struct sh_pool *pool, size_t need, struct candidates 
     pthread_rwlock_rdlock(&pool->index_lock);
     sh_rindex_foreach(pool->index, collect, c);
     pthread_rwlock_unlock(&pool->index_lock);
-    if (c->n > 1) /* qsort may not be given a NULL array, even empty */
-        qsort(c->r, c->n, sizeof *c->r, by_last_use);
+    sort_by_age(c);
     size_t n = 0, bytes = 0;
     pthread_mutex_lock(&pool->mu);
     for (size_t i = 0; i < c->n && bytes < need; i++)
