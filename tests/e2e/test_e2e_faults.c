@@ -80,7 +80,7 @@ static int workload(void)
         }
     cudaError_t e = cudaDeviceSynchronize();
     if (e == cudaErrorIllegalAddress)
-        return LOST; /* a fault: the context is gone, and so are the bytes */
+        return LOST;        /* a fault: the context is gone, and so are the bytes */
     if (e != cudaSuccess) { /* the program's own call failed: it sees the error and retries */
         errors++;
         if (cudaDeviceSynchronize() != cudaSuccess)
