@@ -164,6 +164,7 @@ EXPORT cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMem
         return real.cudaMemcpy(dst, src, n, kind);
     sh_gate_enter(sh_rt.gate);
     cudaError_t e = real.cudaMemcpy(dst, src, n, kind);
+    sh_launch_mark_copy(NULL, dst, src, n); /* device-to-device copies may still run */
     sh_gate_leave(sh_rt.gate);
     return e;
 }
@@ -175,6 +176,7 @@ EXPORT cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cu
         return real.cudaMemcpyAsync(dst, src, n, kind, s);
     sh_gate_enter(sh_rt.gate);
     cudaError_t e = real.cudaMemcpyAsync(dst, src, n, kind, s);
+    sh_launch_mark_copy((CUstream)s, dst, src, n);
     sh_gate_leave(sh_rt.gate);
     return e;
 }
@@ -185,6 +187,7 @@ EXPORT cudaError_t cudaMemset(void *dst, int v, size_t n)
         return real.cudaMemset(dst, v, n);
     sh_gate_enter(sh_rt.gate);
     cudaError_t e = real.cudaMemset(dst, v, n);
+    sh_launch_mark_copy(NULL, dst, NULL, n);
     sh_gate_leave(sh_rt.gate);
     return e;
 }
@@ -195,6 +198,7 @@ EXPORT cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t s)
         return real.cudaMemsetAsync(dst, v, n, s);
     sh_gate_enter(sh_rt.gate);
     cudaError_t e = real.cudaMemsetAsync(dst, v, n, s);
+    sh_launch_mark_copy((CUstream)s, dst, NULL, n);
     sh_gate_leave(sh_rt.gate);
     return e;
 }

@@ -72,6 +72,9 @@ void sh_launch_begin(const void *key, int kind, void **args, CUstream stream);
 void sh_launch_end(void);
 /* For launches whose regions are known already (graphs). */
 void sh_launch_begin_addrs(uint64_t key, const uintptr_t *addrs, size_t n, CUstream stream);
+/* With drain_mode = tracked: a copy or memset just issued on stream, so the
+ * regions it touches remember the stream (src may be NULL). */
+void sh_launch_mark_copy(CUstream stream, const void *dst, const void *src, size_t n);
 /* With drain_mode = tracked, the drain that waits for given stream slots. */
 void sh_launch_tracked_drain(int (**fn)(void *, uint64_t));
 /* The region addresses a launch's parameters point into (at most max). */

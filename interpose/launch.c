@@ -241,6 +241,18 @@ static void mark_issued(void)
     pending.n = 0;
 }
 
+void sh_launch_mark_copy(CUstream stream, const void *dst, const void *src, size_t n)
+{
+    if (!tracked() || !sh_managed() || n == 0)
+        return;
+    /* A copy is work on a stream too: the regions at both ends remember it. */
+    uintptr_t addrs[4] = {(uintptr_t)dst, (uintptr_t)dst + n - 1, (uintptr_t)src,
+                          src ? (uintptr_t)src + n - 1 : 0};
+    pending.n = sh_pool_bases(sh_rt.pool, addrs, src ? 4 : 2, pending.bases);
+    pending.stream = stream;
+    mark_issued();
+}
+
 static int drain_streams(void *ctx, uint64_t mask)
 {
     (void)ctx;
