@@ -9,6 +9,8 @@
 #include "sh_err.h"
 #include "stagehand.h"
 
+#include <pthread.h>
+
 #define EXPORT __attribute__((visibility("default")))
 
 static uint64_t stream_id(cudaStream_t s)
@@ -30,6 +32,20 @@ static size_t device_bytes(void)
 }
 
 #define MAX_VICTIMS 256
+
+/* Making room and then taking it must be one step, or two threads can both
+ * see the same free bytes and together pass the budget. */
+static pthread_mutex_t room_mu = PTHREAD_MUTEX_INITIALIZER;
+
+void sh_room_lock(void)
+{
+    pthread_mutex_lock(&room_mu);
+}
+
+void sh_room_unlock(void)
+{
+    pthread_mutex_unlock(&room_mu);
+}
 
 /* Evicts the policy's choice of victims; returns the bytes released. */
 static size_t evict_by_policy(size_t need, const uintptr_t *protect, size_t np)
@@ -68,9 +84,11 @@ static cudaError_t managed_alloc(void **ptr, size_t size, int path, cudaStream_t
 {
     uintptr_t va = 0;
     size_t need = (size + sh_rt.gran - 1) / sh_rt.gran * sh_rt.gran;
+    sh_room_lock();
     int rc = sh_make_room(need, NULL, 0);
     if (rc == SH_OK)
         rc = sh_pool_alloc(sh_rt.pool, size, path, stream_id(stream), &va);
+    sh_room_unlock();
     if (rc == SH_ENOMEM) {
         *ptr = NULL;
         return sh_oom(size, what);

@@ -63,6 +63,9 @@ cudaError_t sh_oom(size_t size, const char *what);
  * until below the low one, never a region containing protect[0..np).
  * SH_ENOMEM if the budget cannot take need bytes even then. */
 int sh_make_room(size_t need, const uintptr_t *protect, size_t np);
+/* Held around making room and taking it (allocation, restore, prefetch). */
+void sh_room_lock(void);
+void sh_room_unlock(void);
 
 /* Launch tracking (launch.c). begin/end bracket the issue of one launch:
  * begin restores what it points into and enters the remap gate. */

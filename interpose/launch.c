@@ -275,8 +275,10 @@ static uint64_t make_resident(const uintptr_t *addrs, size_t n, const uintptr_t 
     sh_pool_touch(sh_rt.pool, addrs, n, &host);
     if (host == 0)
         return committed ? mono_us() - t0 + 1 : 0;
+    sh_room_lock();
     if (sh_make_room(host, addrs, n) != 0 || sh_pool_restore(sh_rt.pool, addrs, n) != 0)
         sh_log(SH_LOG_DEBUG, "a launch runs on host-mapped memory: no room to restore");
+    sh_room_unlock();
     report_residency(bases, nb);
     return mono_us() - t0 + 1;
 }

@@ -438,8 +438,11 @@ void sh_sched_plan(const uintptr_t *bases, size_t nb)
     if (plan.nevict && sh_pool_evict_these(sh_rt.pool, (const uintptr_t *)evict, plan.nevict,
                                            &released, moved, &n) == SH_OK)
         tell(moved, n, SH_RES_HOST);
-    if (plan.nfetch && sh_pool_prefetch_start(sh_rt.pool, (const uintptr_t *)fetch, plan.nfetch,
-                                              moved, &n) == SH_OK)
+    sh_room_lock();
+    int started = plan.nfetch && sh_pool_prefetch_start(sh_rt.pool, (const uintptr_t *)fetch,
+                                                        plan.nfetch, moved, &n) == SH_OK;
+    sh_room_unlock();
+    if (started)
         tell(moved, n, SH_RES_TO_DEVICE);
     if (due)
         commit_all();
