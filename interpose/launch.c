@@ -226,24 +226,30 @@ static int stream_slot(CUstream s)
     return i < nslots ? i : STREAM_SLOTS;
 }
 
-/* After a launch is issued: its stream's event now marks the end of that
- * launch, and the regions it used remember the stream. Re-recording the
- * event is what makes a later wait cover every launch before it. */
+/* While a launch or copy is issued (inside the gate): the regions it uses
+ * take the issue stamp that tells a prefetch in flight to redo its copy.
+ * With a tracked drain, its stream's event now marks the end of that work
+ * and the regions remember the stream; re-recording the event is what
+ * makes a later wait cover every launch before it. */
 static void mark_issued(void)
 {
     if (pending.n == 0)
         return;
-    int slot = stream_slot(pending.stream);
-    if (slot < STREAM_SLOTS &&
-        sh_rt.drv.cuEventRecord(slot_event[slot], pending.stream) != CUDA_SUCCESS)
-        slot = STREAM_SLOTS;
-    sh_pool_mark_streams(sh_rt.pool, pending.bases, pending.n, 1ull << slot);
+    uint64_t streams = 0;
+    if (tracked()) {
+        int slot = stream_slot(pending.stream);
+        if (slot < STREAM_SLOTS &&
+            sh_rt.drv.cuEventRecord(slot_event[slot], pending.stream) != CUDA_SUCCESS)
+            slot = STREAM_SLOTS;
+        streams = 1ull << slot;
+    }
+    sh_pool_issued(sh_rt.pool, pending.bases, pending.n, streams);
     pending.n = 0;
 }
 
 void sh_launch_mark_copy(CUstream stream, const void *dst, const void *src, size_t n)
 {
-    if (!tracked() || !sh_managed() || n == 0)
+    if (!sh_managed() || n == 0)
         return;
     /* A copy is work on a stream too: the regions at both ends remember it. */
     uintptr_t addrs[4] = {(uintptr_t)dst, (uintptr_t)dst + n - 1, (uintptr_t)src,
@@ -299,10 +305,8 @@ void sh_launch_prepare(uint64_t kernel, const uintptr_t *addrs, size_t n)
         sh_sched_launch(kernel, 0, bases, nb);
         return;
     }
-    if (tracked()) {
-        memcpy(pending.bases, bases, nb * sizeof *bases);
-        pending.n = nb;
-    }
+    memcpy(pending.bases, bases, nb * sizeof *bases);
+    pending.n = nb;
     uint64_t waited = n > 0 ? make_resident(addrs, n, bases, nb) : 0;
     sh_sched_launch(kernel, 0, bases, nb);
     if (waited)
@@ -347,8 +351,7 @@ void sh_launch_begin_addrs(uint64_t key, const uintptr_t *addrs, size_t n, CUstr
 void sh_launch_end(void)
 {
     if (depth > 0 && --depth == 0) {
-        if (tracked())
-            mark_issued(); /* still inside the gate: no window between issue and mark */
+        mark_issued(); /* still inside the gate: no window between issue and mark */
         sh_gate_leave(sh_rt.gate);
     }
 }

@@ -192,13 +192,19 @@ static int drain(struct sh_pool *pool, struct region **v, size_t n)
     return mask ? pool->mover.drain_streams(pool->mover.drain_ctx, mask) : 0;
 }
 
-void sh_pool_mark_streams(struct sh_pool *pool, const uintptr_t *bases, size_t n, uint64_t mask)
+void sh_pool_issued(struct sh_pool *pool, const uintptr_t *bases, size_t n, uint64_t streams)
 {
+    if (n == 0)
+        return;
+    uint64_t now = __atomic_add_fetch(&pool->clock, 1, __ATOMIC_RELAXED);
     pthread_rwlock_rdlock(&pool->index_lock);
     for (size_t i = 0; i < n; i++) {
         struct region *r = sh_rindex_lookup(pool->index, bases[i]);
-        if (r)
-            __atomic_or_fetch(&r->use_streams, mask, __ATOMIC_RELAXED);
+        if (!r)
+            continue;
+        __atomic_store_n(&r->issued, now, __ATOMIC_RELAXED);
+        if (streams)
+            __atomic_or_fetch(&r->use_streams, streams, __ATOMIC_RELAXED);
     }
     pthread_rwlock_unlock(&pool->index_lock);
 }
@@ -221,6 +227,10 @@ static size_t evict_window(struct sh_pool *pool, struct region **v, size_t n)
         }
     if (sh_xfer_flush(x, SH_D2H) != 0)
         return 0;
+    /* Work issued from here on runs on the slabs (sh_pool_issued). */
+    uint64_t now = __atomic_load_n(&pool->clock, __ATOMIC_RELAXED);
+    for (size_t k = 0; k < n; k++)
+        v[k]->evict_clock = now;
     for (size_t k = 0; k < n; k++)
         for (unsigned i = 0; i < v[k]->nchunks; i++) {
             struct chunk *c = &v[k]->chunks[i];
@@ -246,8 +256,6 @@ static void evicted_one(struct sh_pool *pool, struct region *r, size_t *released
     }
     *released += r->mapped;
     __atomic_add_fetch(&r->evictions, 1, __ATOMIC_RELAXED);
-    __atomic_store_n(&r->evict_clock, __atomic_load_n(&pool->clock, __ATOMIC_RELAXED),
-                     __ATOMIC_RELAXED);
     pthread_mutex_lock(&pool->mu);
     pool->st.evictions++;
     pool->st.evicted_bytes += r->mapped;
@@ -706,11 +714,13 @@ static size_t pf_take_batch(struct sh_pool *pool, int all, struct region **v, si
     return n;
 }
 
-/* A launch referenced r after it went to the host: it may have written the
- * slab while the prefetch copy read it. */
+/* Work that may write r was issued after r went to the host: it may have
+ * written a slab while the prefetch copy read it. Both stamps are taken
+ * with the gate held (issue on the read side, the window on the write
+ * side), so the order between them is exact. */
 static int pf_stale(const struct region *r)
 {
-    return __atomic_load_n(&r->last_use, __ATOMIC_RELAXED) > r->evict_clock;
+    return __atomic_load_n(&r->issued, __ATOMIC_RELAXED) > r->evict_clock;
 }
 
 /* Maps r's device chunks at its address; on failure its slabs are mapped

@@ -164,9 +164,11 @@ int sh_pool_evict_these(struct sh_pool *pool, const uintptr_t *vas, size_t n, si
 /* The distinct bases of the regions containing addrs[0..n), sub-allocator
  * slabs left out; returns the count (at most n). */
 size_t sh_pool_bases(struct sh_pool *pool, const uintptr_t *addrs, size_t n, uintptr_t *bases);
-/* Remembers that work on the streams in mask used the regions starting at
- * bases[0..n) (for drain_mode = tracked). */
-void sh_pool_mark_streams(struct sh_pool *pool, const uintptr_t *bases, size_t n, uint64_t mask);
+/* Work using the regions starting at bases[0..n) is being issued; the
+ * caller is inside the remap gate. Prefetches of those regions in flight
+ * will redo their copies, and with drain_mode = tracked the regions
+ * remember the streams in mask (0: none). */
+void sh_pool_issued(struct sh_pool *pool, const uintptr_t *bases, size_t n, uint64_t streams);
 /* Records a use of the regions containing addrs[0..n) (a launch) and
  * returns, through *host_bytes, the device memory it takes to bring back
  * those of them that are evicted. */

@@ -32,7 +32,8 @@ struct region {
     int state, path;
     uint64_t stream, fence;       /* where and when it was freed */
     uint64_t last_use;            /* the pool's clock when a launch last used it */
-    uint64_t evict_clock;         /* the pool's clock when it last went to the host */
+    uint64_t issued;              /* the pool's clock when work using it was last issued */
+    uint64_t evict_clock;         /* the pool's clock in its last eviction window */
     uint64_t last_use_us;         /* monotonic time of that last use, for the monitor */
     uint32_t evictions, restores; /* times its backing moved each way */
     uint32_t evictions_at_alloc, restores_at_alloc; /* the counts when last allocated */

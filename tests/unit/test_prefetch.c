@@ -248,11 +248,10 @@ static size_t bad_words(uintptr_t va, size_t size, uint32_t seed)
     return bad;
 }
 
-/* Records a launch's use of va (the clock the redo rule reads). */
-static void touch(uintptr_t va)
+/* Work using va is issued, inside the gate (the stamp the redo rule reads). */
+static void issue(uintptr_t va)
 {
-    size_t host = 0;
-    sh_pool_touch(sys.pool, &va, 1, &host);
+    sh_pool_issued(sys.pool, &va, 1, 0);
 }
 
 static int state_of(uintptr_t va)
@@ -299,6 +298,7 @@ static void test_prefetch_commit_exact(void **state)
     uintptr_t a = alloc(RSIZE), b = alloc(RSIZE);
     fill(a, RSIZE, 1);
     fill(b, RSIZE, 2);
+    issue(a); /* work before the eviction was drained by it: no redo */
     evict_one(a);
     evict_one(b);
     assert_int_equal(start_prefetch(a), 1);
@@ -343,7 +343,7 @@ static void test_prefetch_redo_after_launch(void **state)
     evict_one(a);
     assert_int_equal(start_prefetch(a), 1);
     complete_copies(); /* the copy read the old bytes */
-    touch(a);          /* a launch used the region meanwhile ... */
+    issue(a);          /* a launch used the region meanwhile ... */
     fill(a, RSIZE, 7); /* ... and wrote it over the host mapping */
     assert_int_equal(commit(0), 1);
     assert_int_equal(state_of(a), SH_RS_RESIDENT);
@@ -363,10 +363,33 @@ static void test_prefetch_redo_in_flight(void **state)
     fill(a, RSIZE, 1);
     evict_one(a);
     assert_int_equal(start_prefetch(a), 1);
-    touch(a);
+    issue(a);
     fill(a, RSIZE, 9);
     assert_int_equal(commit(1), 1);
     assert_int_equal(bad_words(a, RSIZE, 9), 0);
+    stop();
+}
+
+/* A launch prepared (touched) before the eviction but issued after it runs
+ * on the slab: what counts is when work is issued, not when it was seen. */
+static void test_prefetch_redo_issued_late(void **state)
+{
+    (void)state;
+    start(&std_opts);
+    uintptr_t a = alloc(RSIZE);
+    fill(a, RSIZE, 1);
+    size_t host = 0;
+    sh_pool_touch(sys.pool, &a, 1, &host); /* prepared while resident ... */
+    evict_one(a);
+    assert_int_equal(start_prefetch(a), 1);
+    complete_copies();
+    issue(a); /* ... issued once it was on the host, and it wrote the slab */
+    fill(a, RSIZE, 5);
+    assert_int_equal(commit(0), 1);
+    assert_int_equal(bad_words(a, RSIZE, 5), 0);
+    struct sh_pool_stats st;
+    sh_pool_stats(sys.pool, &st);
+    assert_int_equal(st.prefetch_redos, 1);
     stop();
 }
 
@@ -553,6 +576,7 @@ int main(void)
         cmocka_unit_test_teardown(test_prefetch_commit_exact, teardown),
         cmocka_unit_test_teardown(test_prefetch_redo_after_launch, teardown),
         cmocka_unit_test_teardown(test_prefetch_redo_in_flight, teardown),
+        cmocka_unit_test_teardown(test_prefetch_redo_issued_late, teardown),
         cmocka_unit_test_teardown(test_free_during_prefetch, teardown),
         cmocka_unit_test_teardown(test_destroy_during_prefetch, teardown),
         cmocka_unit_test_teardown(test_evict_skips_prefetching, teardown),
