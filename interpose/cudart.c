@@ -70,6 +70,8 @@ int sh_make_room(size_t need, const uintptr_t *protect, size_t np)
     }
     size_t target = dev + need - c->budget.vram_low_watermark.bytes;
     size_t released = sh_pool_trim(sh_rt.pool, target); /* freed regions first, uncopied */
+    if (released < target) /* then early evictions: their copies are under way */
+        released += sh_sched_evict_commit(1);
     if (released < target)
         released += evict_by_policy(target - released, protect, np);
     if (released < target) { /* what the policy would not choose, least recently used */

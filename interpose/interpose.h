@@ -118,10 +118,13 @@ int sh_sched_stats(struct sh_sched_stats *out);
  * prefetch_enabled off). sh_sched_prefetch_wait: a launch needs regions
  * whose prefetch is in flight: commits them (and the others in flight, in
  * the same window); returns how many were committed. sh_sched_plan: after a
- * launch's regions are resident, before it is issued: starts the plan's
- * prefetches, runs its evictions, commits when the policy says it is due.
+ * launch's regions are resident, before it is issued: commits finished early
+ * evictions, starts the plan's early evictions and prefetches, commits
+ * prefetches when the policy says it is due. sh_sched_evict_commit: commits
+ * early evictions (all, or the finished ones); returns the bytes released.
  * sh_sched_stall: a launch waited wait_us for region base. */
 size_t sh_sched_prefetch_wait(const uintptr_t *bases, size_t n);
+size_t sh_sched_evict_commit(int all);
 void sh_sched_plan(const uintptr_t *bases, size_t nb);
 void sh_sched_stall(uintptr_t base, uint64_t wait_us);
 /* Launch durations for the trace: sh_sched_timing_begin as a launch's

@@ -394,8 +394,32 @@ size_t sh_sched_prefetch_wait(const uintptr_t *bases, size_t n)
     return commit_all();
 }
 
-/* What the plan may start: free H2D slots in regions, the hints' caps. */
-static void plan_limits(struct sh_policy_plan *plan, size_t inflight)
+/* Commits early evictions: all, or those whose copies have finished.
+ * Returns the device bytes released. */
+size_t sh_sched_evict_commit(int all)
+{
+    if (!sh_rt.xfer)
+        return 0;
+    size_t max = sh_rt.cfg.transfer.batch_max > 0 ? (size_t)sh_rt.cfg.transfer.batch_max : 16;
+    uintptr_t done[MAX_PLAN], back[MAX_PLAN];
+    size_t total = 0, inflight = 0;
+    size_t ready = sh_pool_evict_ready(sh_rt.pool, &inflight);
+    size_t left = all ? inflight : ready;
+    while (left > 0) {
+        size_t want = max < MAX_PLAN ? max : MAX_PLAN, n = 0, nback = 0, released = 0;
+        if (sh_pool_evict_commit(sh_rt.pool, all, done, back, want, &n, &nback, &released) != 0 &&
+            n + nback == 0)
+            break;
+        tell(done, n, SH_RES_HOST);
+        tell(back, nback, SH_RES_DEVICE);
+        total += released;
+        left = left > want ? left - want : 0;
+    }
+    return total;
+}
+
+/* What the plan may start: free copy slots in regions, the hints' caps. */
+static void plan_limits(struct sh_policy_plan *plan, size_t h2d_busy, size_t d2h_busy)
 {
     struct sh_policy_hints h;
     sh_policy_hints(policy, &h);
@@ -403,13 +427,8 @@ static void plan_limits(struct sh_policy_plan *plan, size_t inflight)
                 h.rules_fired);
     size_t h2d = h.max_inflight_h2d > 0 ? (size_t)h.max_inflight_h2d : 0;
     size_t d2h = h.max_inflight_d2h > 0 ? (size_t)h.max_inflight_d2h : 0;
-    plan->fetch_max = h2d > inflight ? h2d - inflight : 0;
-    /* Evictions ahead of need are left out while evictions are synchronous:
-     * each would drain the GPU and copy in a remap window, where the plan
-     * assumes the copy overlaps compute (measured: learned 18% slower than
-     * LRU with them, level without). Evictions still happen on demand. */
-    (void)d2h;
-    plan->evict_max = 0;
+    plan->fetch_max = h2d > h2d_busy ? h2d - h2d_busy : 0;
+    plan->evict_max = d2h > d2h_busy ? d2h - d2h_busy : 0;
     if (plan->fetch_max > MAX_PLAN)
         plan->fetch_max = MAX_PLAN;
     if (plan->evict_max > MAX_PLAN)
@@ -420,24 +439,28 @@ void sh_sched_plan(const uintptr_t *bases, size_t nb)
 {
     if (!prefetching() || sh_capturing())
         return;
+    /* Finished early evictions first: the room they free is the plan's. */
+    if (sh_pool_evict_ready(sh_rt.pool, NULL) > 0)
+        sh_sched_evict_commit(0);
     uint64_t fetch[MAX_PLAN], evict[MAX_PLAN];
     uintptr_t moved[MAX_PLAN];
     struct sh_policy_plan plan = {.fetch = fetch, .evict = evict};
-    size_t inflight = 0, ready = sh_pool_prefetch_ready(sh_rt.pool, &inflight),
+    size_t inflight = 0, evicting = 0, ready = sh_pool_prefetch_ready(sh_rt.pool, &inflight),
            dev = device_bytes();
+    sh_pool_evict_ready(sh_rt.pool, &evicting);
     pthread_mutex_lock(&sched_mu);
     sh_policy_pressure(policy, dev);
-    sh_policy_slots(policy, (int)inflight, 0);
-    plan_limits(&plan, inflight);
+    sh_policy_slots(policy, (int)inflight, (int)evicting);
+    plan_limits(&plan, inflight, evicting);
     int rc = sh_policy_plan(policy, dev, (const uint64_t *)bases, nb, &plan);
     int due = sh_policy_commit_due(policy, ready, 0);
     pthread_mutex_unlock(&sched_mu);
     if (rc != 0)
         return;
-    size_t n = 0, released = 0;
-    if (plan.nevict && sh_pool_evict_these(sh_rt.pool, (const uintptr_t *)evict, plan.nevict,
-                                           &released, moved, &n) == SH_OK)
-        tell(moved, n, SH_RES_HOST);
+    size_t n = 0;
+    if (plan.nevict &&
+        sh_pool_evict_start(sh_rt.pool, (const uintptr_t *)evict, plan.nevict, moved, &n) == SH_OK)
+        tell(moved, n, SH_RES_TO_HOST);
     sh_room_lock();
     int started = plan.nfetch && sh_pool_prefetch_start(sh_rt.pool, (const uintptr_t *)fetch,
                                                         plan.nfetch, moved, &n) == SH_OK;

@@ -184,8 +184,14 @@ static int remap(struct sh_pool *pool, uintptr_t va, size_t size, uint64_t from,
  * device, or with a tracked drain only the streams that used them. */
 static int drain(struct sh_pool *pool, struct region **v, size_t n)
 {
-    if (!pool->mover.drain_streams)
-        return sh_xfer_drain(pool->mover.xfer);
+    if (!pool->mover.drain_streams) {
+        /* No work is being issued (the gate is held): all issued so far ends. */
+        uint64_t now = __atomic_load_n(&pool->clock, __ATOMIC_RELAXED);
+        int rc = sh_xfer_drain(pool->mover.xfer);
+        if (rc == 0)
+            __atomic_store_n(&pool->drained, now, __ATOMIC_RELAXED);
+        return rc;
+    }
     uint64_t mask = 0;
     for (size_t k = 0; k < n; k++)
         mask |= __atomic_exchange_n(&v[k]->use_streams, 0, __ATOMIC_RELAXED);
@@ -894,6 +900,253 @@ size_t sh_pool_prefetch_ready(struct sh_pool *pool, size_t *inflight)
         ready += sh_xfer_reached(pool->mover.xfer, SH_H2D, r->pf_last);
     if (inflight)
         *inflight = pool->pf_count;
+    pthread_mutex_unlock(&pool->mu);
+    return ready;
+}
+
+/* ---- early eviction ---- */
+
+/* Back to RESIDENT: its copies have finished or were never queued. */
+static void ev_abandon(struct sh_pool *pool, struct region *r)
+{
+    give_back_slabs(pool, r);
+    pthread_mutex_lock(&pool->mu);
+    pool->st.early_abandons++;
+    pthread_mutex_unlock(&pool->mu);
+    finish_state(pool, r, SH_RS_RESIDENT);
+}
+
+/* Queues r's copies device -> slabs and lists it; 0, or r is RESIDENT. */
+static int ev_start_one(struct sh_pool *pool, struct region *r)
+{
+    struct sh_xfer *x = pool->mover.xfer;
+    if (get_slabs(pool, r, 0) != 0) {
+        finish_state(pool, r, SH_RS_RESIDENT);
+        return SH_ENOMEM;
+    }
+    r->ev_first = sh_xfer_last(x, SH_D2H) + 1;
+    int rc = 0;
+    size_t queued = 0;
+    for (unsigned i = 0; i < r->nchunks && rc == 0; i++) {
+        const struct chunk *c = &r->chunks[i];
+        rc = sh_xfer_copy(x, SH_D2H, c->slab->staging, r->va + c->off, c->size);
+        queued += rc == 0 ? c->size : 0;
+    }
+    r->ev_last = sh_xfer_last(x, SH_D2H);
+    pthread_mutex_lock(&pool->mu);
+    pool->st.evicted_bytes += queued; /* every byte that crosses the bus */
+    pthread_mutex_unlock(&pool->mu);
+    if (rc) {
+        /* Nothing may land in a slab after it went back to the pool. */
+        sh_xfer_wait_seq(x, SH_D2H, r->ev_first, r->ev_last);
+        ev_abandon(pool, r);
+        return rc;
+    }
+    pthread_mutex_lock(&pool->mu);
+    r->ev_next = NULL;
+    struct region **pp = &pool->ev_head;
+    while (*pp)
+        pp = &(*pp)->ev_next;
+    *pp = r;
+    r->ev_listed = 1;
+    pool->ev_count++;
+    pool->st.early_evictions++;
+    pthread_mutex_unlock(&pool->mu);
+    return 0;
+}
+
+/* r can start now: RESIDENT, and every piece of work issued against it has
+ * finished. Its issue stamp is kept: any later issue changes it. mu held. */
+static int ev_startable(struct sh_pool *pool, struct region *r)
+{
+    uint64_t issued = __atomic_load_n(&r->issued, __ATOMIC_RELAXED);
+    if (issued > __atomic_load_n(&pool->drained, __ATOMIC_RELAXED) ||
+        sh_state_move_from(&r->state, SH_RS_RESIDENT, SH_RS_EVICTING, r->id) != 0)
+        return 0;
+    r->ev_issued = issued;
+    pool->st.regions[SH_RS_RESIDENT]--;
+    pool->st.regions[SH_RS_EVICTING]++;
+    return 1;
+}
+
+int sh_pool_evict_start(struct sh_pool *pool, const uintptr_t *vas, size_t n, uintptr_t *started,
+                        size_t *nstarted)
+{
+    *nstarted = 0;
+    if (n == 0)
+        return 0;
+    if (!can_move(pool))
+        return pool->mover.xfer ? SH_EBUSY : SH_ENOMEM;
+    struct region **v = malloc(n * sizeof *v);
+    if (!v)
+        return SH_ENOMEM;
+    pthread_mutex_lock(&pool->move_mu);
+    size_t m = 0;
+    pthread_mutex_lock(&pool->mu);
+    pthread_rwlock_rdlock(&pool->index_lock);
+    for (size_t i = 0; i < n; i++) {
+        struct region *r = sh_rindex_lookup(pool->index, vas[i]);
+        if (r && r->va == vas[i] && r->path != SH_PATH_SLAB && ev_startable(pool, r))
+            v[m++] = r;
+    }
+    pthread_rwlock_unlock(&pool->index_lock);
+    pthread_mutex_unlock(&pool->mu);
+    int rc = 0;
+    for (size_t k = 0; k < m; k++) {
+        int r1 = ev_start_one(pool, v[k]);
+        if (r1 == 0)
+            started[(*nstarted)++] = v[k]->va;
+        rc = rc ? rc : r1;
+    }
+    pthread_mutex_unlock(&pool->move_mu);
+    free(v);
+    return *nstarted || m == 0 ? 0 : rc;
+}
+
+/* Takes up to max early evictions off the list: all, or those whose copies
+ * have finished. The caller owns them afterwards. */
+static size_t ev_take_batch(struct sh_pool *pool, int all, struct region **v, size_t max)
+{
+    struct sh_xfer *x = pool->mover.xfer;
+    size_t n = 0;
+    pthread_mutex_lock(&pool->mu); /* then the engine's lock, never the reverse */
+    for (struct region **pp = &pool->ev_head; *pp && n < max;) {
+        struct region *r = *pp;
+        if (all || sh_xfer_reached(x, SH_D2H, r->ev_last)) {
+            *pp = r->ev_next;
+            r->ev_listed = 0;
+            pool->ev_count--;
+            v[n++] = r;
+        } else {
+            pp = &r->ev_next;
+        }
+    }
+    pthread_mutex_unlock(&pool->mu);
+    return n;
+}
+
+/* Maps r's slabs at its address; on failure its device chunks are mapped
+ * there again, whole (they still hold the bytes: nothing ran). */
+static int ev_switch(struct sh_pool *pool, struct region *r)
+{
+    for (unsigned i = 0; i < r->nchunks; i++) {
+        struct chunk *c = &r->chunks[i];
+        if (pool->mover.checksums)
+            c->crc = crc_of(c);
+        if (remap(pool, r->va + c->off, c->size, c->handle, c->slab->handle) != 0) {
+            while (i-- > 0) {
+                c = &r->chunks[i];
+                remap(pool, r->va + c->off, c->size, c->slab->handle, c->handle);
+            }
+            return SH_EDRIVER;
+        }
+    }
+    return 0;
+}
+
+/* The commit window (gate held): ok[k] is 1 for each region of v now on
+ * its slabs, 0 for those left on their device chunks. */
+static void ev_window(struct sh_pool *pool, struct region **v, size_t n, char *ok)
+{
+    struct sh_xfer *x = pool->mover.xfer;
+    memset(ok, 0, n);
+    if (drain(pool, v, n) != 0)
+        return;
+    uint64_t now = __atomic_load_n(&pool->clock, __ATOMIC_RELAXED);
+    for (size_t k = 0; k < n; k++) {
+        struct region *r = v[k];
+        /* Drained: the copies are done. Work issued since they began may
+         * have written the device chunks under them: that region stays. */
+        int copied = sh_xfer_wait_seq(x, SH_D2H, r->ev_first, r->ev_last) == 0;
+        int unused = __atomic_load_n(&r->issued, __ATOMIC_RELAXED) == r->ev_issued;
+        if (copied && unused && ev_switch(pool, r) == 0) {
+            r->evict_clock = now; /* work issued from here on runs on the slabs */
+            ok[k] = 1;
+        }
+    }
+}
+
+int sh_pool_evict_commit(struct sh_pool *pool, int all, uintptr_t *out, uintptr_t *back, size_t max,
+                         size_t *nout, size_t *nback, size_t *released)
+{
+    *nout = *nback = *released = 0;
+    if (!pool->mover.xfer || max == 0)
+        return 0;
+    if (sh_gate_held(pool->mover.gate))
+        return SH_EBUSY; /* as in sh_pool_evict */
+    struct region **v = malloc(max * (sizeof *v + 1));
+    if (!v)
+        return SH_ENOMEM;
+    char *ok = (char *)(v + max);
+    pthread_mutex_lock(&pool->move_mu);
+    size_t n = ev_take_batch(pool, all, v, max);
+    int rc = 0;
+    if (n && (rc = sh_gate_lock(pool->mover.gate)) == 0) {
+        ev_window(pool, v, n, ok);
+        sh_gate_unlock(pool->mover.gate);
+    } else {
+        memset(ok, 0, n);
+    }
+    for (size_t k = 0; k < n; k++) {
+        if (ok[k]) {
+            out[(*nout)++] = v[k]->va;
+            pthread_mutex_lock(&pool->mu);
+            pool->st.early_commits++;
+            pool->st.evicted_bytes -= v[k]->mapped; /* counted as they were copied */
+            pthread_mutex_unlock(&pool->mu);
+            evicted_one(pool, v[k], released);
+        } else {
+            back[(*nback)++] = v[k]->va;
+            sh_pool_evict_cancel_one(pool, v[k]);
+        }
+    }
+    pthread_mutex_unlock(&pool->move_mu);
+    free(v);
+    sh_chunkcache_trim(pool->cc, *released);
+    return rc;
+}
+
+int sh_pool_evict_take(struct sh_pool *pool, struct region *r)
+{
+    if (!r->ev_listed)
+        return 0;
+    struct region **pp = &pool->ev_head;
+    while (*pp != r)
+        pp = &(*pp)->ev_next;
+    *pp = r->ev_next;
+    r->ev_listed = 0;
+    pool->ev_count--;
+    return 1;
+}
+
+void sh_pool_evict_cancel_one(struct sh_pool *pool, struct region *r)
+{
+    sh_xfer_wait_seq(pool->mover.xfer, SH_D2H, r->ev_first, r->ev_last);
+    ev_abandon(pool, r);
+}
+
+void sh_pool_evict_cancel_all(struct sh_pool *pool)
+{
+    for (;;) {
+        pthread_mutex_lock(&pool->mu);
+        struct region *r = pool->ev_head;
+        if (r)
+            sh_pool_evict_take(pool, r);
+        pthread_mutex_unlock(&pool->mu);
+        if (!r)
+            return;
+        sh_pool_evict_cancel_one(pool, r);
+    }
+}
+
+size_t sh_pool_evict_ready(struct sh_pool *pool, size_t *inflight)
+{
+    size_t ready = 0;
+    pthread_mutex_lock(&pool->mu);
+    for (const struct region *r = pool->ev_head; r; r = r->ev_next)
+        ready += sh_xfer_reached(pool->mover.xfer, SH_D2H, r->ev_last);
+    if (inflight)
+        *inflight = pool->ev_count;
     pthread_mutex_unlock(&pool->mu);
     return ready;
 }

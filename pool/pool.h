@@ -66,6 +66,10 @@ struct sh_pool_stats {
     uint64_t prefetch_redos;   /* committed with the copy redone in the window */
     uint64_t prefetch_cancels; /* ... or back to HOST (freed, failure, teardown) */
     uint64_t prefetched_bytes; /* bytes copied by prefetches (redone, cancelled included) */
+    /* early eviction (evict.c) */
+    uint64_t early_evictions; /* regions whose eviction copy was started ahead of need */
+    uint64_t early_commits;   /* ... and committed: they are HOST */
+    uint64_t early_abandons;  /* ... or left RESIDENT: used meanwhile, failure, freed */
 };
 
 struct sh_pool;
@@ -207,6 +211,36 @@ size_t sh_pool_prefetch_needed(struct sh_pool *pool, const uintptr_t *addrs, siz
 size_t sh_pool_prefetch_ready(struct sh_pool *pool, size_t *inflight);
 /* Cancels every prefetch in flight (teardown); the regions stay HOST. */
 void sh_pool_prefetch_cancel_all(struct sh_pool *pool);
+
+/* ---- early eviction: evictions whose copy overlaps compute (evict.c) -------
+ *
+ * sh_pool_evict_start: for each RESIDENT region starting at vas[0..n) that
+ * no unfinished work was issued against (none since the last window that
+ * drained the device), takes host slabs and queues D2H copies into them
+ * without waiting; the region stays on its device chunks, EVICTING, and
+ * launches keep using it. The bases started go to started[0..*nstarted).
+ *
+ * sh_pool_evict_commit: in one remap window, maps the slabs of early
+ * evictions at their addresses and releases their device chunks: all of
+ * them (all != 0; the window waits for their copies) or those whose copies
+ * had finished. A region that work was issued against since its copy began
+ * is left RESIDENT instead (the copy may be stale; nothing is redone).
+ * Committed bases go to out[0..*nout), abandoned ones to back[0..*nback)
+ * (each at most max); *released gets the device bytes freed.
+ *
+ * sh_pool_evict_ready: early evictions whose copies have finished;
+ * *inflight (may be NULL) gets all of them not yet committed.
+ *
+ * They rely on the issue stamps (sh_pool_issued): a kernel that writes a
+ * region through a pointer the launch scan cannot see while its copy runs
+ * is not noticed. */
+int sh_pool_evict_start(struct sh_pool *pool, const uintptr_t *vas, size_t n, uintptr_t *started,
+                        size_t *nstarted);
+int sh_pool_evict_commit(struct sh_pool *pool, int all, uintptr_t *out, uintptr_t *back, size_t max,
+                         size_t *nout, size_t *nback, size_t *released);
+size_t sh_pool_evict_ready(struct sh_pool *pool, size_t *inflight);
+/* Cancels every early eviction in flight (teardown); the regions stay RESIDENT. */
+void sh_pool_evict_cancel_all(struct sh_pool *pool);
 
 /* ---- reporting (report.c) ---------------------------------------------------- */
 

@@ -291,8 +291,10 @@ void sh_pool_destroy(struct sh_pool *pool)
 {
     if (!pool)
         return;
-    if (pool->mover.xfer)
+    if (pool->mover.xfer) {
         sh_pool_prefetch_cancel_all(pool); /* scratch mappings go before the chunks */
+        sh_pool_evict_cancel_all(pool);    /* no copy lands in a slab given back */
+    }
     if (pool->sa) {
         /* Its slabs come back through slab_put as it goes: they are freed as
          * regions, not looked up in the sub-allocator being destroyed. */
@@ -432,6 +434,12 @@ int sh_pool_free(struct sh_pool *pool, uintptr_t va, uint64_t stream, uint64_t f
              * it (back to HOST, on its slabs), then free it as evicted. */
             pthread_mutex_unlock(&pool->mu);
             sh_pool_prefetch_cancel_one(pool, r);
+            pthread_mutex_lock(&pool->mu);
+            continue;
+        }
+        if (sh_pool_evict_take(pool, r)) { /* likewise: back to RESIDENT */
+            pthread_mutex_unlock(&pool->mu);
+            sh_pool_evict_cancel_one(pool, r);
             pthread_mutex_lock(&pool->mu);
             continue;
         }

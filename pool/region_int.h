@@ -42,8 +42,14 @@ struct region {
      * at scratch, filled by H2D copies numbered pf_first..pf_last. */
     uintptr_t scratch;
     uint64_t pf_first, pf_last;
-    struct region *pf_next;             /* the pool's prefetch list */
-    int pf_listed;                      /* on that list */
+    struct region *pf_next; /* the pool's prefetch list */
+    int pf_listed;          /* on that list */
+    /* While an eviction copy is in flight (an early eviction, evict.c):
+     * D2H copies ev_first..ev_last into its slabs, started when its issue
+     * stamp was ev_issued. */
+    uint64_t ev_first, ev_last, ev_issued;
+    struct region *ev_next; /* the pool's early-eviction list */
+    int ev_listed;
     struct region *lru_prev, *lru_next; /* all freed regions, oldest first */
     struct region *bucket_next;         /* freed regions of similar size */
     unsigned nchunks;
@@ -67,6 +73,11 @@ struct sh_pool {
     uint64_t next_id, clock;
     struct region *pf_head; /* prefetches in flight, oldest first; mu */
     size_t pf_count;
+    struct region *ev_head; /* early evictions in flight, oldest first; mu */
+    size_t ev_count;
+    /* Work issued at or before this clock has finished: the last window
+     * that drained the whole device read it. */
+    uint64_t drained;
     struct sh_pool_stats st;
 };
 
@@ -76,5 +87,8 @@ struct sh_pool {
  * HOST again, on its slabs. */
 int sh_pool_prefetch_take(struct sh_pool *pool, struct region *r);
 void sh_pool_prefetch_cancel_one(struct sh_pool *pool, struct region *r);
+/* The same for an early eviction in flight: cancelled, it is RESIDENT. */
+int sh_pool_evict_take(struct sh_pool *pool, struct region *r);
+void sh_pool_evict_cancel_one(struct sh_pool *pool, struct region *r);
 
 #endif

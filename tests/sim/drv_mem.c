@@ -197,13 +197,66 @@ static struct sim_handle *handle_get(unsigned long long h)
     return handles[h];
 }
 
+/* Device memory released goes back to the card, not to the kernel: its
+ * backing files are kept (up to the VRAM size) and handed to the next
+ * handle of the same size, stale bytes and all, as a GPU hands out pages
+ * without clearing them. Touching fresh pages costs the process far more
+ * than any modelled copy of them; mem_mu. */
+static struct spare_fd {
+    int fd;
+    size_t size;
+} * spares;
+static size_t nspares, capspares, spare_bytes;
+
+static void spare_put(int fd, size_t size)
+{
+    if (spare_bytes + size > sim_cfg.vram_bytes ||
+        (nspares == capspares &&
+         !(spares =
+               realloc(spares, (capspares = capspares ? capspares * 2 : 64) * sizeof *spares)))) {
+        close(fd);
+        nspares = capspares = spare_bytes = 0; /* realloc failed: the others leak to exit */
+        return;
+    }
+    spares[nspares++] = (struct spare_fd){fd, size};
+    spare_bytes += size;
+}
+
+static int spare_take(size_t size)
+{
+    for (size_t i = nspares; i-- > 0;)
+        if (spares[i].size == size) {
+            int fd = spares[i].fd;
+            spares[i] = spares[--nspares];
+            spare_bytes -= size;
+            return fd;
+        }
+    return -1;
+}
+
 static void handle_destroy(unsigned long long h)
 {
     struct sim_handle *sh = handles[h];
     uncharge(sh->loc, sh->size);
-    close(sh->fd);
+    if (sh->loc == CU_MEM_LOCATION_TYPE_DEVICE)
+        spare_put(sh->fd, sh->size);
+    else
+        close(sh->fd);
     free(sh);
     handles[h] = NULL;
+}
+
+static int new_backing(size_t size, int loc)
+{
+    int fd = loc == CU_MEM_LOCATION_TYPE_DEVICE ? spare_take(size) : -1;
+    if (fd >= 0)
+        return fd;
+    fd = memfd_create("simcuda", MFD_CLOEXEC);
+    if (fd >= 0 && ftruncate(fd, (off_t)size) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
 }
 
 /* Creates a handle; mem_mu held. */
@@ -212,8 +265,8 @@ static CUresult handle_create(size_t size, int loc, unsigned long long *out)
     if (!charge(loc, size))
         return CUDA_ERROR_OUT_OF_MEMORY;
     struct sim_handle *sh = calloc(1, sizeof *sh);
-    int fd = memfd_create("simcuda", MFD_CLOEXEC);
-    if (!sh || fd < 0 || ftruncate(fd, (off_t)size) != 0) {
+    int fd = sh ? new_backing(size, loc) : -1;
+    if (!sh || fd < 0) {
         if (fd >= 0)
             close(fd);
         free(sh);

@@ -666,7 +666,9 @@ static void adjacent_mappings_take_one_access_call(void **state)
     assert_int_equal(get_access(va), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
     assert_int_equal(get_access(va + GRAN), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
 
-    /* A kernel writes across the boundary of the two handles. */
+    /* A kernel writes across the boundary of the two handles (new memory
+     * holds whatever it held: clear it first, as on a GPU). */
+    launch_fill(va, 0, 3 * GRAN);
     launch_fill(va + GRAN - 64, 0xee, 128);
     assert_int_equal(cuCtxSynchronize(), CUDA_SUCCESS);
     const uint8_t *p = (const uint8_t *)(uintptr_t)va;

@@ -430,6 +430,105 @@ static void test_destroy_during_prefetch(void **state)
     stop();
 }
 
+/* ---- early eviction: the D2H copy ahead, the remap later ---- */
+
+static size_t start_early(uintptr_t va)
+{
+    uintptr_t out[1];
+    size_t n = 0;
+    sh_pool_evict_start(sys.pool, &va, 1, out, &n);
+    return n;
+}
+
+/* Commits early evictions; *back gets how many stayed resident. */
+static size_t commit_early(int all, size_t *back)
+{
+    uintptr_t out[16], kept[16];
+    size_t n = 0, nback = 0, released = 0;
+    sh_pool_evict_commit(sys.pool, all, out, kept, 16, &n, &nback, &released);
+    if (back)
+        *back = nback;
+    return n;
+}
+
+/* A region with work issued since the last drain cannot start: that work
+ * may still be writing it. After a window drained the device, it can; the
+ * commit puts it on its slabs with every byte. */
+static void test_early_eviction_exact(void **state)
+{
+    (void)state;
+    start(&std_opts);
+    uintptr_t a = alloc(RSIZE), b = alloc(RSIZE);
+    fill(a, RSIZE, 4);
+    issue(a);
+    assert_int_equal(start_early(a), 0);
+    assert_int_equal(state_of(a), SH_RS_RESIDENT);
+    evict_one(b); /* a window: drains everything issued so far */
+    assert_int_equal(start_early(a), 1);
+    assert_int_equal(state_of(a), SH_RS_EVICTING);
+    assert_int_equal(bad_words(a, RSIZE, 4), 0); /* still on the device, readable */
+    size_t inflight = 0;
+    assert_int_equal(sh_pool_evict_ready(sys.pool, &inflight), 1);
+    assert_int_equal(inflight, 1);
+    size_t back = 9;
+    assert_int_equal(commit_early(0, &back), 1);
+    assert_int_equal(back, 0);
+    assert_int_equal(state_of(a), SH_RS_HOST);
+    assert_int_equal(bad_words(a, RSIZE, 4), 0);
+    struct sh_pool_stats st;
+    sh_pool_stats(sys.pool, &st);
+    assert_int_equal(st.early_evictions, 1);
+    assert_int_equal(st.early_commits, 1);
+    assert_int_equal(st.evictions, 2);
+    assert_int_equal(st.host_bytes, 2 * RSIZE);
+    stop();
+}
+
+/* Work issued against a region while its copy ran may have changed it
+ * under the copy: the commit leaves it resident, with the new bytes. */
+static void test_early_eviction_abandoned(void **state)
+{
+    (void)state;
+    start(&std_opts);
+    uintptr_t a = alloc(RSIZE), b = alloc(RSIZE);
+    evict_one(b);
+    fill(a, RSIZE, 5);
+    assert_int_equal(start_early(a), 1);
+    issue(a);
+    fill(a, RSIZE, 6);
+    size_t back = 0;
+    assert_int_equal(commit_early(1, &back), 0);
+    assert_int_equal(back, 1);
+    assert_int_equal(state_of(a), SH_RS_RESIDENT);
+    assert_int_equal(bad_words(a, RSIZE, 6), 0);
+    struct sh_pool_stats st;
+    sh_pool_stats(sys.pool, &st);
+    assert_int_equal(st.early_abandons, 1);
+    /* It can go again once drained, and then it does. */
+    evict_one(alloc(RSIZE));
+    assert_int_equal(start_early(a), 1);
+    assert_int_equal(commit_early(1, NULL), 1);
+    assert_int_equal(bad_words(a, RSIZE, 6), 0);
+    stop();
+}
+
+/* Freeing a region, or tearing the pool down, with its early eviction in
+ * flight cancels it: nothing leaks, nothing stays mapped (stop checks). */
+static void test_free_during_early_eviction(void **state)
+{
+    (void)state;
+    start(&std_opts);
+    uintptr_t a = alloc(RSIZE), b = alloc(RSIZE), c = alloc(RSIZE);
+    evict_one(c);
+    assert_int_equal(start_early(a), 1);
+    assert_int_equal(start_early(b), 1);
+    assert_int_equal(sh_pool_free(sys.pool, a, ANY, 0), 0);
+    size_t inflight = 0;
+    sh_pool_evict_ready(sys.pool, &inflight);
+    assert_int_equal(inflight, 1);
+    stop(); /* b is still in flight */
+}
+
 /* Eviction never picks a region being prefetched, by LRU or by name. */
 static void test_evict_skips_prefetching(void **state)
 {
@@ -577,6 +676,9 @@ int main(void)
         cmocka_unit_test_teardown(test_prefetch_redo_after_launch, teardown),
         cmocka_unit_test_teardown(test_prefetch_redo_in_flight, teardown),
         cmocka_unit_test_teardown(test_prefetch_redo_issued_late, teardown),
+        cmocka_unit_test_teardown(test_early_eviction_exact, teardown),
+        cmocka_unit_test_teardown(test_early_eviction_abandoned, teardown),
+        cmocka_unit_test_teardown(test_free_during_early_eviction, teardown),
         cmocka_unit_test_teardown(test_free_during_prefetch, teardown),
         cmocka_unit_test_teardown(test_destroy_during_prefetch, teardown),
         cmocka_unit_test_teardown(test_evict_skips_prefetching, teardown),

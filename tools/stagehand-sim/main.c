@@ -336,7 +336,8 @@ static int bench_writer(long n, const char *path)
     return rc ? 1 : 0;
 }
 
-static int load_params(const struct opts *o, uint64_t vram, struct sh_policy_params *pp)
+static int load_params(const struct opts *o, uint64_t vram, struct sh_policy_params *pp,
+                       int *drain_copies)
 {
     struct sh_config cfg;
     char err[SH_CONFIG_ERR_MAX];
@@ -352,6 +353,7 @@ static int load_params(const struct opts *o, uint64_t vram, struct sh_policy_par
     }
     if (o->no_conductor)
         pp->conductor_enabled = 0;
+    *drain_copies = cfg.transfer.drain_mode == SH_CONFIG_DRAIN_DEVICE;
     return 0;
 }
 
@@ -389,7 +391,7 @@ static int run_policies(const struct opts *o, const struct sh_trace *t, const ch
     sp.vram_bytes = o->vram_gb > 0 ? (uint64_t)(o->vram_gb * SIM_GIB)
                                    : (uint64_t)((double)shape.footprint / o->oversub);
     struct sh_policy_params pp;
-    if (load_params(o, sp.vram_bytes, &pp))
+    if (load_params(o, sp.vram_bytes, &pp, &sp.drain_copies))
         return 1;
     sp.chunk_bytes = 64ull << 20;
     uint64_t unavoidable;

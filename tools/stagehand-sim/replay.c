@@ -328,9 +328,24 @@ static uint64_t chunks(const struct run *r, uint64_t bytes)
     return (bytes + r->sp->chunk_bytes - 1) / r->sp->chunk_bytes;
 }
 
-/* One remap window: every finished copy takes effect. */
+/* When the copies on the link now will have finished. */
+static uint64_t copies_done_ns(const struct run *r)
+{
+    uint64_t t = r->now;
+    for (int d = 0; d < 2; d++)
+        for (size_t i = 0; i < r->issued[d].n; i++) {
+            const struct copy *cp = &r->cp[r->issued[d].v[r->issued[d].head + i]];
+            t = cp->done_ns > t ? cp->done_ns : t;
+        }
+    return t;
+}
+
+/* One remap window: every finished copy takes effect. With drain_mode =
+ * device its drain waits for the whole device, copies in flight included. */
 static int commit_all(struct run *r)
 {
+    if (r->sp->drain_copies && advance(r, copies_done_ns(r)))
+        return SH_EINVAL;
     uint64_t cost = r->sp->remap_base_ns;
     for (size_t i = 0; i < r->nready; i++) {
         struct copy *cp = &r->cp[r->ready[i]];

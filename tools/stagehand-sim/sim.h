@@ -49,6 +49,7 @@ struct sim_params {
     int shared_link;         /* both directions share one link */
     uint64_t remap_base_ns;  /* each remap window (drain) */
     uint64_t map_ns;         /* per chunk committed */
+    int drain_copies;        /* drain_mode = device: a window waits for copies in flight */
     uint64_t chunk_bytes;
     uint64_t default_ns; /* launches with no duration */
     int verbose;
