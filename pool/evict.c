@@ -19,9 +19,13 @@
  * Locking: pool->move_mu serialises batches (a prefetch's start and commit
  * are batches); states move under pool->mu; chunk handles and slabs change
  * only between EVICTING/RESTORING and the state that ends them, so nobody
- * else reads them meanwhile. Prefetches in flight are on pool->pf_head
- * (pool->mu); the thread that takes one off owns it until it leaves
- * RESTORING (commit, or cancel by a free).
+ * else reads them meanwhile. Prefetches and early evictions in flight are
+ * on pool->pf and pool->ev (pool->mu); the thread that takes one off owns
+ * it until it leaves RESTORING or EVICTING (commit, or cancel by a free).
+ *
+ * Early eviction: an eviction split in two like a prefetch. Start (no
+ * window): D2H copies into the slabs while the region stays on its device
+ * chunks; commit (one window for a batch): map the slabs at its address.
  */
 #include "pool/region_int.h"
 
@@ -37,6 +41,8 @@ void sh_pool_set_mover(struct sh_pool *pool, const struct sh_pool_mover *m)
 {
     pthread_mutex_lock(&pool->mu);
     pool->mover = *m;
+    pool->pf.dir = SH_H2D;
+    pool->ev.dir = SH_D2H;
     pthread_mutex_unlock(&pool->mu);
 }
 
@@ -551,6 +557,102 @@ int sh_pool_restore(struct sh_pool *pool, const uintptr_t *addrs, size_t n)
     return rc;
 }
 
+/* ---- moves in flight: prefetches and early evictions ---- */
+
+/* Appends r to l; its copies are mv_first..mv_last. */
+static void move_push(struct sh_pool *pool, struct move_list *l, struct region *r)
+{
+    pthread_mutex_lock(&pool->mu);
+    r->mv_next = NULL;
+    struct region **pp = &l->head;
+    while (*pp)
+        pp = &(*pp)->mv_next;
+    *pp = r;
+    r->mv_on = l;
+    l->count++;
+    pthread_mutex_unlock(&pool->mu);
+}
+
+/* Unlinks r from its list; mu held. */
+static void move_unlink(struct region *r)
+{
+    struct move_list *l = r->mv_on;
+    struct region **pp = &l->head;
+    while (*pp != r)
+        pp = &(*pp)->mv_next;
+    *pp = r->mv_next;
+    r->mv_on = NULL;
+    l->count--;
+}
+
+/* Takes up to max moves off l: all, or those whose copies have finished.
+ * The caller owns them afterwards. */
+static size_t move_take_batch(struct sh_pool *pool, struct move_list *l, int all, struct region **v,
+                              size_t max)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&pool->mu); /* then the engine's lock, never the reverse */
+    for (struct region *r = l->head, *next; r && n < max; r = next) {
+        next = r->mv_next;
+        if (all || sh_xfer_reached(pool->mover.xfer, l->dir, r->mv_last)) {
+            move_unlink(r);
+            v[n++] = r;
+        }
+    }
+    pthread_mutex_unlock(&pool->mu);
+    return n;
+}
+
+/* Moves on l whose copies have finished; *inflight (may be NULL) gets all. */
+static size_t move_ready(struct sh_pool *pool, struct move_list *l, size_t *inflight)
+{
+    size_t ready = 0;
+    pthread_mutex_lock(&pool->mu);
+    for (const struct region *r = l->head; r; r = r->mv_next)
+        ready += sh_xfer_reached(pool->mover.xfer, l->dir, r->mv_last);
+    if (inflight)
+        *inflight = l->count;
+    pthread_mutex_unlock(&pool->mu);
+    return ready;
+}
+
+int sh_pool_move_take(struct sh_pool *pool, struct region *r)
+{
+    (void)pool;
+    if (!r->mv_on)
+        return 0;
+    move_unlink(r);
+    return 1;
+}
+
+static void pf_abandon(struct sh_pool *pool, struct region *r, unsigned mapped);
+static void ev_abandon(struct sh_pool *pool, struct region *r);
+
+void sh_pool_move_cancel(struct sh_pool *pool, struct region *r)
+{
+    int dir = r->state == SH_RS_RESTORING ? SH_H2D : SH_D2H;
+    sh_xfer_wait_seq(pool->mover.xfer, dir, r->mv_first, r->mv_last);
+    if (dir == SH_H2D)
+        pf_abandon(pool, r, r->nchunks);
+    else
+        ev_abandon(pool, r);
+}
+
+/* Cancels every move on l (teardown). */
+static void move_cancel_all(struct sh_pool *pool, struct move_list *l)
+{
+    for (;;) {
+        pthread_mutex_lock(&pool->mu);
+        struct region *r = l->head;
+        if (r)
+            move_unlink(r);
+        pthread_mutex_unlock(&pool->mu);
+        if (!r)
+            return;
+        sh_pool_move_cancel(pool, r);
+    }
+}
+
 /* ---- prefetch ---- */
 
 static void unmap_scratch(struct sh_pool *pool, struct region *r, unsigned n)
@@ -615,11 +717,11 @@ static void count_h2d(struct sh_pool *pool, size_t bytes)
     pthread_mutex_unlock(&pool->mu);
 }
 
-/* Queues r's copies slab -> scratch; pf_first..pf_last number them. */
+/* Queues r's copies slab -> scratch; mv_first..mv_last number them. */
 static int pf_copy(struct sh_pool *pool, struct region *r)
 {
     struct sh_xfer *x = pool->mover.xfer;
-    r->pf_first = sh_xfer_last(x, SH_H2D) + 1;
+    r->mv_first = sh_xfer_last(x, SH_H2D) + 1;
     int rc = 0;
     size_t queued = 0;
     for (unsigned i = 0; i < r->nchunks && rc == 0; i++) {
@@ -627,7 +729,7 @@ static int pf_copy(struct sh_pool *pool, struct region *r)
         rc = sh_xfer_copy(x, SH_H2D, r->scratch + c->off, c->slab->staging, c->size);
         queued += rc == 0 ? c->size : 0;
     }
-    r->pf_last = sh_xfer_last(x, SH_H2D);
+    r->mv_last = sh_xfer_last(x, SH_H2D);
     count_h2d(pool, queued);
     return rc;
 }
@@ -643,20 +745,14 @@ static int pf_start_one(struct sh_pool *pool, struct region *r)
     rc = pf_copy(pool, r);
     if (rc) {
         /* Nothing may land in a chunk after it went back to the cache. */
-        sh_xfer_wait_seq(pool->mover.xfer, SH_H2D, r->pf_first, r->pf_last);
+        sh_xfer_wait_seq(pool->mover.xfer, SH_H2D, r->mv_first, r->mv_last);
         pf_abandon(pool, r, r->nchunks);
         return rc;
     }
     pthread_mutex_lock(&pool->mu);
-    r->pf_next = NULL;
-    struct region **pp = &pool->pf_head;
-    while (*pp)
-        pp = &(*pp)->pf_next;
-    *pp = r;
-    r->pf_listed = 1;
-    pool->pf_count++;
     pool->st.prefetches++;
     pthread_mutex_unlock(&pool->mu);
+    move_push(pool, &pool->pf, r);
     return 0;
 }
 
@@ -696,28 +792,6 @@ int sh_pool_prefetch_start(struct sh_pool *pool, const uintptr_t *vas, size_t n,
     pthread_mutex_unlock(&pool->move_mu);
     free(v);
     return *nstarted ? 0 : rc;
-}
-
-/* Takes up to max prefetches off the list: all, or those whose copies have
- * finished. The caller owns them afterwards. */
-static size_t pf_take_batch(struct sh_pool *pool, int all, struct region **v, size_t max)
-{
-    struct sh_xfer *x = pool->mover.xfer;
-    size_t n = 0;
-    pthread_mutex_lock(&pool->mu); /* then the engine's lock, never the reverse */
-    for (struct region **pp = &pool->pf_head; *pp && n < max;) {
-        struct region *r = *pp;
-        if (all || sh_xfer_reached(x, SH_H2D, r->pf_last)) {
-            *pp = r->pf_next;
-            r->pf_listed = 0;
-            pool->pf_count--;
-            v[n++] = r;
-        } else {
-            pp = &r->pf_next;
-        }
-    }
-    pthread_mutex_unlock(&pool->mu);
-    return n;
 }
 
 /* Work that may write r was issued after r went to the host: it may have
@@ -785,7 +859,7 @@ static void pf_window(struct sh_pool *pool, struct region **v, size_t n, char *s
         return;
     for (size_t k = 0; k < n; k++) {
         /* Drained: the copies are done; a failed one is redone from the slab. */
-        int bad = sh_xfer_wait_seq(x, SH_H2D, v[k]->pf_first, v[k]->pf_last) != 0;
+        int bad = sh_xfer_wait_seq(x, SH_H2D, v[k]->mv_first, v[k]->mv_last) != 0;
         st[k] = bad || pf_stale(v[k]) ? PF_REDO : PF_OK;
     }
     pf_redo(pool, v, n, st);
@@ -808,12 +882,6 @@ static void pf_committed(struct sh_pool *pool, struct region *r)
     finish_state(pool, r, SH_RS_RESIDENT);
 }
 
-void sh_pool_prefetch_cancel_one(struct sh_pool *pool, struct region *r)
-{
-    sh_xfer_wait_seq(pool->mover.xfer, SH_H2D, r->pf_first, r->pf_last);
-    pf_abandon(pool, r, r->nchunks);
-}
-
 int sh_pool_prefetch_commit(struct sh_pool *pool, int all, uintptr_t *out, size_t max, size_t *nout)
 {
     *nout = 0;
@@ -826,7 +894,7 @@ int sh_pool_prefetch_commit(struct sh_pool *pool, int all, uintptr_t *out, size_
         return SH_ENOMEM;
     char *st = (char *)(v + max);
     pthread_mutex_lock(&pool->move_mu);
-    size_t n = pf_take_batch(pool, all, v, max);
+    size_t n = move_take_batch(pool, &pool->pf, all, v, max);
     int rc = 0;
     if (n && (rc = sh_gate_lock(pool->mover.gate)) == 0) {
         pf_window(pool, v, n, st);
@@ -839,7 +907,7 @@ int sh_pool_prefetch_commit(struct sh_pool *pool, int all, uintptr_t *out, size_
             out[(*nout)++] = v[k]->va;
             pf_committed(pool, v[k]);
         } else {
-            sh_pool_prefetch_cancel_one(pool, v[k]);
+            sh_pool_move_cancel(pool, v[k]);
         }
     }
     pthread_mutex_unlock(&pool->move_mu);
@@ -849,42 +917,20 @@ int sh_pool_prefetch_commit(struct sh_pool *pool, int all, uintptr_t *out, size_
     return rc;
 }
 
-int sh_pool_prefetch_take(struct sh_pool *pool, struct region *r)
-{
-    if (!r->pf_listed)
-        return 0;
-    struct region **pp = &pool->pf_head;
-    while (*pp != r)
-        pp = &(*pp)->pf_next;
-    *pp = r->pf_next;
-    r->pf_listed = 0;
-    pool->pf_count--;
-    return 1;
-}
-
 void sh_pool_prefetch_cancel_all(struct sh_pool *pool)
 {
-    for (;;) {
-        pthread_mutex_lock(&pool->mu);
-        struct region *r = pool->pf_head;
-        if (r)
-            sh_pool_prefetch_take(pool, r);
-        pthread_mutex_unlock(&pool->mu);
-        if (!r)
-            return;
-        sh_pool_prefetch_cancel_one(pool, r);
-    }
+    move_cancel_all(pool, &pool->pf);
 }
 
 size_t sh_pool_prefetch_needed(struct sh_pool *pool, const uintptr_t *addrs, size_t n)
 {
     size_t m = 0;
     pthread_mutex_lock(&pool->mu);
-    if (pool->pf_count) {
+    if (pool->pf.count) {
         pthread_rwlock_rdlock(&pool->index_lock);
         for (size_t i = 0; i < n; i++) {
             const struct region *r = sh_rindex_lookup(pool->index, addrs[i]);
-            m += r && r->pf_listed;
+            m += r && r->mv_on == &pool->pf;
         }
         pthread_rwlock_unlock(&pool->index_lock);
     }
@@ -894,14 +940,7 @@ size_t sh_pool_prefetch_needed(struct sh_pool *pool, const uintptr_t *addrs, siz
 
 size_t sh_pool_prefetch_ready(struct sh_pool *pool, size_t *inflight)
 {
-    size_t ready = 0;
-    pthread_mutex_lock(&pool->mu);
-    for (const struct region *r = pool->pf_head; r; r = r->pf_next)
-        ready += sh_xfer_reached(pool->mover.xfer, SH_H2D, r->pf_last);
-    if (inflight)
-        *inflight = pool->pf_count;
-    pthread_mutex_unlock(&pool->mu);
-    return ready;
+    return move_ready(pool, &pool->pf, inflight);
 }
 
 /* ---- early eviction ---- */
@@ -924,7 +963,7 @@ static int ev_start_one(struct sh_pool *pool, struct region *r)
         finish_state(pool, r, SH_RS_RESIDENT);
         return SH_ENOMEM;
     }
-    r->ev_first = sh_xfer_last(x, SH_D2H) + 1;
+    r->mv_first = sh_xfer_last(x, SH_D2H) + 1;
     int rc = 0;
     size_t queued = 0;
     for (unsigned i = 0; i < r->nchunks && rc == 0; i++) {
@@ -932,26 +971,20 @@ static int ev_start_one(struct sh_pool *pool, struct region *r)
         rc = sh_xfer_copy(x, SH_D2H, c->slab->staging, r->va + c->off, c->size);
         queued += rc == 0 ? c->size : 0;
     }
-    r->ev_last = sh_xfer_last(x, SH_D2H);
+    r->mv_last = sh_xfer_last(x, SH_D2H);
     pthread_mutex_lock(&pool->mu);
     pool->st.evicted_bytes += queued; /* every byte that crosses the bus */
     pthread_mutex_unlock(&pool->mu);
     if (rc) {
         /* Nothing may land in a slab after it went back to the pool. */
-        sh_xfer_wait_seq(x, SH_D2H, r->ev_first, r->ev_last);
+        sh_xfer_wait_seq(x, SH_D2H, r->mv_first, r->mv_last);
         ev_abandon(pool, r);
         return rc;
     }
     pthread_mutex_lock(&pool->mu);
-    r->ev_next = NULL;
-    struct region **pp = &pool->ev_head;
-    while (*pp)
-        pp = &(*pp)->ev_next;
-    *pp = r;
-    r->ev_listed = 1;
-    pool->ev_count++;
     pool->st.early_evictions++;
     pthread_mutex_unlock(&pool->mu);
+    move_push(pool, &pool->ev, r);
     return 0;
 }
 
@@ -1003,28 +1036,6 @@ int sh_pool_evict_start(struct sh_pool *pool, const uintptr_t *vas, size_t n, ui
     return *nstarted || m == 0 ? 0 : rc;
 }
 
-/* Takes up to max early evictions off the list: all, or those whose copies
- * have finished. The caller owns them afterwards. */
-static size_t ev_take_batch(struct sh_pool *pool, int all, struct region **v, size_t max)
-{
-    struct sh_xfer *x = pool->mover.xfer;
-    size_t n = 0;
-    pthread_mutex_lock(&pool->mu); /* then the engine's lock, never the reverse */
-    for (struct region **pp = &pool->ev_head; *pp && n < max;) {
-        struct region *r = *pp;
-        if (all || sh_xfer_reached(x, SH_D2H, r->ev_last)) {
-            *pp = r->ev_next;
-            r->ev_listed = 0;
-            pool->ev_count--;
-            v[n++] = r;
-        } else {
-            pp = &r->ev_next;
-        }
-    }
-    pthread_mutex_unlock(&pool->mu);
-    return n;
-}
-
 /* Maps r's slabs at its address; on failure its device chunks are mapped
  * there again, whole (they still hold the bytes: nothing ran). */
 static int ev_switch(struct sh_pool *pool, struct region *r)
@@ -1057,7 +1068,7 @@ static void ev_window(struct sh_pool *pool, struct region **v, size_t n, char *o
         struct region *r = v[k];
         /* Drained: the copies are done. Work issued since they began may
          * have written the device chunks under them: that region stays. */
-        int copied = sh_xfer_wait_seq(x, SH_D2H, r->ev_first, r->ev_last) == 0;
+        int copied = sh_xfer_wait_seq(x, SH_D2H, r->mv_first, r->mv_last) == 0;
         int unused = __atomic_load_n(&r->issued, __ATOMIC_RELAXED) == r->ev_issued;
         if (copied && unused && ev_switch(pool, r) == 0) {
             r->evict_clock = now; /* work issued from here on runs on the slabs */
@@ -1079,7 +1090,7 @@ int sh_pool_evict_commit(struct sh_pool *pool, int all, uintptr_t *out, uintptr_
         return SH_ENOMEM;
     char *ok = (char *)(v + max);
     pthread_mutex_lock(&pool->move_mu);
-    size_t n = ev_take_batch(pool, all, v, max);
+    size_t n = move_take_batch(pool, &pool->ev, all, v, max);
     int rc = 0;
     if (n && (rc = sh_gate_lock(pool->mover.gate)) == 0) {
         ev_window(pool, v, n, ok);
@@ -1097,7 +1108,7 @@ int sh_pool_evict_commit(struct sh_pool *pool, int all, uintptr_t *out, uintptr_
             evicted_one(pool, v[k], released);
         } else {
             back[(*nback)++] = v[k]->va;
-            sh_pool_evict_cancel_one(pool, v[k]);
+            sh_pool_move_cancel(pool, v[k]);
         }
     }
     pthread_mutex_unlock(&pool->move_mu);
@@ -1106,47 +1117,12 @@ int sh_pool_evict_commit(struct sh_pool *pool, int all, uintptr_t *out, uintptr_
     return rc;
 }
 
-int sh_pool_evict_take(struct sh_pool *pool, struct region *r)
-{
-    if (!r->ev_listed)
-        return 0;
-    struct region **pp = &pool->ev_head;
-    while (*pp != r)
-        pp = &(*pp)->ev_next;
-    *pp = r->ev_next;
-    r->ev_listed = 0;
-    pool->ev_count--;
-    return 1;
-}
-
-void sh_pool_evict_cancel_one(struct sh_pool *pool, struct region *r)
-{
-    sh_xfer_wait_seq(pool->mover.xfer, SH_D2H, r->ev_first, r->ev_last);
-    ev_abandon(pool, r);
-}
-
 void sh_pool_evict_cancel_all(struct sh_pool *pool)
 {
-    for (;;) {
-        pthread_mutex_lock(&pool->mu);
-        struct region *r = pool->ev_head;
-        if (r)
-            sh_pool_evict_take(pool, r);
-        pthread_mutex_unlock(&pool->mu);
-        if (!r)
-            return;
-        sh_pool_evict_cancel_one(pool, r);
-    }
+    move_cancel_all(pool, &pool->ev);
 }
 
 size_t sh_pool_evict_ready(struct sh_pool *pool, size_t *inflight)
 {
-    size_t ready = 0;
-    pthread_mutex_lock(&pool->mu);
-    for (const struct region *r = pool->ev_head; r; r = r->ev_next)
-        ready += sh_xfer_reached(pool->mover.xfer, SH_D2H, r->ev_last);
-    if (inflight)
-        *inflight = pool->ev_count;
-    pthread_mutex_unlock(&pool->mu);
-    return ready;
+    return move_ready(pool, &pool->ev, inflight);
 }

@@ -429,17 +429,12 @@ int sh_pool_free(struct sh_pool *pool, uintptr_t va, uint64_t stream, uint64_t f
         return SH_ENOTFOUND;
     pthread_mutex_lock(&pool->mu);
     while (r->state == SH_RS_EVICTING || r->state == SH_RS_RESTORING) {
-        if (sh_pool_prefetch_take(pool, r)) {
-            /* A prefetch in flight lasts beyond any move_mu section: cancel
-             * it (back to HOST, on its slabs), then free it as evicted. */
+        if (sh_pool_move_take(pool, r)) {
+            /* A prefetch or early eviction in flight lasts beyond any
+             * move_mu section: cancel it (back to HOST on its slabs, or
+             * RESIDENT), then free it as such. */
             pthread_mutex_unlock(&pool->mu);
-            sh_pool_prefetch_cancel_one(pool, r);
-            pthread_mutex_lock(&pool->mu);
-            continue;
-        }
-        if (sh_pool_evict_take(pool, r)) { /* likewise: back to RESIDENT */
-            pthread_mutex_unlock(&pool->mu);
-            sh_pool_evict_cancel_one(pool, r);
+            sh_pool_move_cancel(pool, r);
             pthread_mutex_lock(&pool->mu);
             continue;
         }

@@ -6,7 +6,8 @@
  * remap window, while the region is EVICTING or RESTORING, states that only
  * the thread that set them leaves. A prefetched region is RESTORING between
  * two calls: it is then on the pool's prefetch list (pool->mu), and whoever
- * takes it off that list under mu owns it until it leaves RESTORING.
+ * takes it off that list under mu owns it until it leaves RESTORING; an
+ * early eviction likewise stays EVICTING on the pool's early-eviction list.
  */
 #ifndef SH_POOL_REGION_INT_H
 #define SH_POOL_REGION_INT_H
@@ -25,6 +26,14 @@ struct chunk {
     uint32_t crc;         /* of the slab at eviction, with debug_checksums */
 };
 
+/* Moves in flight whose copies go one way (prefetches: H2D; early
+ * evictions: D2H), oldest first; pool->mu. A region is on one at most. */
+struct move_list {
+    struct region *head;
+    size_t count;
+    int dir;
+};
+
 struct region {
     uintptr_t va;
     size_t size, mapped;
@@ -38,18 +47,14 @@ struct region {
     uint32_t evictions, restores; /* times its backing moved each way */
     uint32_t evictions_at_alloc, restores_at_alloc; /* the counts when last allocated */
     uint64_t use_streams; /* streams that used it since it last moved (tracked drain) */
-    /* While a prefetch is in flight (evict.c): its device chunks are mapped
-     * at scratch, filled by H2D copies numbered pf_first..pf_last. */
+    /* While a prefetch or an early eviction is in flight (evict.c): its
+     * copies, numbered mv_first..mv_last in their direction, and its place
+     * on the pool's list of them. A prefetch's device chunks are mapped at
+     * scratch; an early eviction began when its issue stamp was ev_issued. */
     uintptr_t scratch;
-    uint64_t pf_first, pf_last;
-    struct region *pf_next; /* the pool's prefetch list */
-    int pf_listed;          /* on that list */
-    /* While an eviction copy is in flight (an early eviction, evict.c):
-     * D2H copies ev_first..ev_last into its slabs, started when its issue
-     * stamp was ev_issued. */
-    uint64_t ev_first, ev_last, ev_issued;
-    struct region *ev_next; /* the pool's early-eviction list */
-    int ev_listed;
+    uint64_t mv_first, mv_last, ev_issued;
+    struct region *mv_next;
+    struct move_list *mv_on;            /* the list it is on; NULL when none */
     struct region *lru_prev, *lru_next; /* all freed regions, oldest first */
     struct region *bucket_next;         /* freed regions of similar size */
     unsigned nchunks;
@@ -71,24 +76,18 @@ struct sh_pool {
     struct region *lru_head, *lru_tail;
     struct region *buckets[NBUCKETS];
     uint64_t next_id, clock;
-    struct region *pf_head; /* prefetches in flight, oldest first; mu */
-    size_t pf_count;
-    struct region *ev_head; /* early evictions in flight, oldest first; mu */
-    size_t ev_count;
+    struct move_list pf, ev; /* prefetches, early evictions in flight */
     /* Work issued at or before this clock has finished: the last window
      * that drained the whole device read it. */
     uint64_t drained;
     struct sh_pool_stats st;
 };
 
-/* evict.c, for region.c: a prefetch the caller took off the list (mu held,
- * 1 if r was on it) is cancelled with sh_pool_prefetch_cancel_one (mu not
- * held): its copy is waited for, its device chunks released, and it is
- * HOST again, on its slabs. */
-int sh_pool_prefetch_take(struct sh_pool *pool, struct region *r);
-void sh_pool_prefetch_cancel_one(struct sh_pool *pool, struct region *r);
-/* The same for an early eviction in flight: cancelled, it is RESIDENT. */
-int sh_pool_evict_take(struct sh_pool *pool, struct region *r);
-void sh_pool_evict_cancel_one(struct sh_pool *pool, struct region *r);
+/* evict.c, for region.c: a prefetch or an early eviction the caller took
+ * off its list (mu held; 1 if r was on one) with sh_pool_move_take is
+ * cancelled with sh_pool_move_cancel (mu not held): its copies are waited
+ * for, and it is back where it was, HOST on its slabs or RESIDENT. */
+int sh_pool_move_take(struct sh_pool *pool, struct region *r);
+void sh_pool_move_cancel(struct sh_pool *pool, struct region *r);
 
 #endif
