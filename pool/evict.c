@@ -756,8 +756,11 @@ static int pf_start_one(struct sh_pool *pool, struct region *r)
     return 0;
 }
 
-int sh_pool_prefetch_start(struct sh_pool *pool, const uintptr_t *vas, size_t n, uintptr_t *started,
-                           size_t *nstarted)
+/* Starts the moves of the regions starting at vas[0..n) that pick() takes
+ * (it moves their state; mu and the index lock held) with start_one(). */
+static int move_start(struct sh_pool *pool, const uintptr_t *vas, size_t n, uintptr_t *started,
+                      size_t *nstarted, int (*pick)(struct sh_pool *, struct region *),
+                      int (*start_one)(struct sh_pool *, struct region *))
 {
     *nstarted = 0;
     if (n == 0)
@@ -773,25 +776,37 @@ int sh_pool_prefetch_start(struct sh_pool *pool, const uintptr_t *vas, size_t n,
     pthread_rwlock_rdlock(&pool->index_lock);
     for (size_t i = 0; i < n; i++) {
         struct region *r = sh_rindex_lookup(pool->index, vas[i]);
-        if (r && r->va == vas[i] && r->path != SH_PATH_SLAB &&
-            sh_state_move_from(&r->state, SH_RS_HOST, SH_RS_RESTORING, r->id) == 0) {
-            pool->st.regions[SH_RS_HOST]--;
-            pool->st.regions[SH_RS_RESTORING]++;
+        if (r && r->va == vas[i] && r->path != SH_PATH_SLAB && pick(pool, r))
             v[m++] = r;
-        }
     }
     pthread_rwlock_unlock(&pool->index_lock);
     pthread_mutex_unlock(&pool->mu);
     int rc = 0;
     for (size_t k = 0; k < m; k++) {
-        int r1 = pf_start_one(pool, v[k]);
+        int r1 = start_one(pool, v[k]);
         if (r1 == 0)
             started[(*nstarted)++] = v[k]->va;
         rc = rc ? rc : r1;
     }
     pthread_mutex_unlock(&pool->move_mu);
     free(v);
-    return *nstarted ? 0 : rc;
+    return *nstarted || m == 0 ? 0 : rc;
+}
+
+/* A HOST region can be prefetched; mu held. */
+static int pf_pick(struct sh_pool *pool, struct region *r)
+{
+    if (sh_state_move_from(&r->state, SH_RS_HOST, SH_RS_RESTORING, r->id) != 0)
+        return 0;
+    pool->st.regions[SH_RS_HOST]--;
+    pool->st.regions[SH_RS_RESTORING]++;
+    return 1;
+}
+
+int sh_pool_prefetch_start(struct sh_pool *pool, const uintptr_t *vas, size_t n, uintptr_t *started,
+                           size_t *nstarted)
+{
+    return move_start(pool, vas, n, started, nstarted, pf_pick, pf_start_one);
 }
 
 /* Work that may write r was issued after r went to the host: it may have
@@ -1005,35 +1020,7 @@ static int ev_startable(struct sh_pool *pool, struct region *r)
 int sh_pool_evict_start(struct sh_pool *pool, const uintptr_t *vas, size_t n, uintptr_t *started,
                         size_t *nstarted)
 {
-    *nstarted = 0;
-    if (n == 0)
-        return 0;
-    if (!can_move(pool))
-        return pool->mover.xfer ? SH_EBUSY : SH_ENOMEM;
-    struct region **v = malloc(n * sizeof *v);
-    if (!v)
-        return SH_ENOMEM;
-    pthread_mutex_lock(&pool->move_mu);
-    size_t m = 0;
-    pthread_mutex_lock(&pool->mu);
-    pthread_rwlock_rdlock(&pool->index_lock);
-    for (size_t i = 0; i < n; i++) {
-        struct region *r = sh_rindex_lookup(pool->index, vas[i]);
-        if (r && r->va == vas[i] && r->path != SH_PATH_SLAB && ev_startable(pool, r))
-            v[m++] = r;
-    }
-    pthread_rwlock_unlock(&pool->index_lock);
-    pthread_mutex_unlock(&pool->mu);
-    int rc = 0;
-    for (size_t k = 0; k < m; k++) {
-        int r1 = ev_start_one(pool, v[k]);
-        if (r1 == 0)
-            started[(*nstarted)++] = v[k]->va;
-        rc = rc ? rc : r1;
-    }
-    pthread_mutex_unlock(&pool->move_mu);
-    free(v);
-    return *nstarted || m == 0 ? 0 : rc;
+    return move_start(pool, vas, n, started, nstarted, ev_startable, ev_start_one);
 }
 
 /* Maps r's slabs at its address; on failure its device chunks are mapped
