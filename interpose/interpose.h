@@ -78,8 +78,9 @@ void sh_launch_begin_addrs(uint64_t key, const uintptr_t *addrs, size_t n, CUstr
 /* With drain_mode = tracked: a copy or memset just issued on stream, so the
  * regions it touches remember the stream (src may be NULL). */
 void sh_launch_mark_copy(CUstream stream, const void *dst, const void *src, size_t n);
-/* With drain_mode = tracked, the drain that waits for given stream slots. */
-void sh_launch_tracked_drain(int (**fn)(void *, uint64_t));
+/* With drain_mode = tracked, the drain that waits for given stream slots
+ * and the poll that says whether they are idle; NULL otherwise. */
+void sh_launch_tracked_drain(int (**drain)(void *, uint64_t), int (**idle)(void *, uint64_t));
 /* The region addresses a launch's parameters point into (at most max). */
 size_t sh_launch_scan(const void *key, int kind, void **args, uintptr_t *addrs, size_t max);
 /* Touches addrs and restores the evicted regions among them. */

@@ -323,9 +323,22 @@ static void prepare(const void *key, int kind, void **args)
                       sh_launch_scan(key, kind, args, addrs, MAX_ADDRS));
 }
 
-void sh_launch_tracked_drain(int (**fn)(void *, uint64_t))
+/* 1 when every launch issued so far on the streams in mask has finished. */
+static int streams_idle(void *ctx, uint64_t mask)
 {
-    *fn = tracked() ? drain_streams : NULL;
+    (void)ctx;
+    if (mask >> STREAM_SLOTS)
+        return 0;
+    for (int i = 0; i < STREAM_SLOTS; i++)
+        if (mask >> i & 1 && sh_rt.drv.cuEventQuery(slot_event[i]) != CUDA_SUCCESS)
+            return 0;
+    return 1;
+}
+
+void sh_launch_tracked_drain(int (**drain)(void *, uint64_t), int (**idle)(void *, uint64_t))
+{
+    *drain = tracked() ? drain_streams : NULL;
+    *idle = tracked() ? streams_idle : NULL;
 }
 
 void sh_launch_begin(const void *key, int kind, void **args, CUstream stream)

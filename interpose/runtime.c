@@ -160,7 +160,7 @@ static void open_mover(void)
                               .gate = sh_rt.gate,
                               .checksums = c->debug.debug_checksums,
                               .slab_wait_ms = 2000};
-    sh_launch_tracked_drain(&m.drain_streams);
+    sh_launch_tracked_drain(&m.drain_streams, &m.streams_idle);
     sh_pool_set_mover(sh_rt.pool, &m);
 }
 

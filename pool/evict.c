@@ -214,9 +214,10 @@ void sh_pool_issued(struct sh_pool *pool, const uintptr_t *bases, size_t n, uint
         struct region *r = sh_rindex_lookup(pool->index, bases[i]);
         if (!r)
             continue;
-        __atomic_store_n(&r->issued, now, __ATOMIC_RELAXED);
+        /* The streams first: whoever sees the stamp sees them (ev_idle). */
         if (streams)
             __atomic_or_fetch(&r->use_streams, streams, __ATOMIC_RELAXED);
+        __atomic_store_n(&r->issued, now, __ATOMIC_RELEASE);
     }
     pthread_rwlock_unlock(&pool->index_lock);
 }
@@ -1003,12 +1004,25 @@ static int ev_start_one(struct sh_pool *pool, struct region *r)
     return 0;
 }
 
+/* Every piece of work issued against r up to stamp `issued` has finished:
+ * a full drain came after it, or (tracked drain) the streams that used r
+ * since it last moved are idle. */
+static int ev_idle(struct sh_pool *pool, const struct region *r, uint64_t issued)
+{
+    if (issued <= __atomic_load_n(&pool->drained, __ATOMIC_RELAXED))
+        return 1;
+    if (!pool->mover.drain_streams || !pool->mover.streams_idle)
+        return 0;
+    uint64_t mask = __atomic_load_n(&r->use_streams, __ATOMIC_RELAXED);
+    return mask == 0 || pool->mover.streams_idle(pool->mover.drain_ctx, mask);
+}
+
 /* r can start now: RESIDENT, and every piece of work issued against it has
  * finished. Its issue stamp is kept: any later issue changes it. mu held. */
 static int ev_startable(struct sh_pool *pool, struct region *r)
 {
-    uint64_t issued = __atomic_load_n(&r->issued, __ATOMIC_RELAXED);
-    if (issued > __atomic_load_n(&pool->drained, __ATOMIC_RELAXED) ||
+    uint64_t issued = __atomic_load_n(&r->issued, __ATOMIC_ACQUIRE);
+    if (!ev_idle(pool, r, issued) ||
         sh_state_move_from(&r->state, SH_RS_RESIDENT, SH_RS_EVICTING, r->id) != 0)
         return 0;
     r->ev_issued = issued;

@@ -147,6 +147,10 @@ struct sh_pool_mover {
      * the regions it moves (bit i of the mask: stream slot i), instead of
      * the whole device. NULL: always drain the device. */
     int (*drain_streams)(void *ctx, uint64_t mask);
+    /* With drain_streams: 1 when the work issued so far on the streams in
+     * mask has finished (polls, never waits); what lets an early eviction
+     * start without a full drain. NULL: never. */
+    int (*streams_idle)(void *ctx, uint64_t mask);
     void *drain_ctx;
     unsigned slab_wait_ms; /* how long to wait for the host pool to grow */
 };

@@ -149,7 +149,26 @@ struct opts {
     size_t device_cache;
     int checksums;
     unsigned slabs[3]; /* slabs of 64K, 128K, 256K pinned at start */
+    int tracked;       /* drain_mode = tracked: stream drains and polls below */
 };
+
+/* drain_mode = tracked, faked: the streams whose bits are set in busy_mask
+ * still run work; a drain of them finishes it. */
+static uint64_t busy_mask, drained_mask;
+
+static int t_drain(void *ctx, uint64_t mask)
+{
+    (void)ctx;
+    drained_mask |= mask;
+    busy_mask &= ~mask;
+    return 0;
+}
+
+static int t_idle(void *ctx, uint64_t mask)
+{
+    (void)ctx;
+    return (mask & busy_mask) == 0;
+}
 
 static void start(const struct opts *o)
 {
@@ -183,6 +202,11 @@ static void start(const struct opts *o)
                               .gate = sys.gate,
                               .checksums = o->checksums,
                               .slab_wait_ms = 100};
+    busy_mask = drained_mask = 0;
+    if (o->tracked) {
+        m.drain_streams = t_drain;
+        m.streams_idle = t_idle;
+    }
     sh_pool_set_mover(sys.pool, &m);
 }
 
@@ -512,6 +536,27 @@ static void test_early_eviction_abandoned(void **state)
     stop();
 }
 
+/* With a tracked drain nothing drains the whole device: a region can start
+ * once the streams that used it are idle, and not before. */
+static void test_early_eviction_tracked(void **state)
+{
+    (void)state;
+    const struct opts o = {.device_cache = 4 * M, .slabs = {8, 8, 8}, .tracked = 1};
+    start(&o);
+    uintptr_t a = alloc(RSIZE);
+    fill(a, RSIZE, 8);
+    sh_pool_issued(sys.pool, &a, 1, 1u << 3); /* a launch on stream slot 3 */
+    busy_mask = 1u << 3;
+    assert_int_equal(start_early(a), 0);
+    busy_mask = 0; /* that launch finished */
+    assert_int_equal(start_early(a), 1);
+    assert_int_equal(commit_early(0, NULL), 1);
+    assert_int_equal(state_of(a), SH_RS_HOST);
+    assert_int_equal(bad_words(a, RSIZE, 8), 0);
+    assert_true(drained_mask & 1u << 3); /* the window waited for that stream */
+    stop();
+}
+
 /* Freeing a region, or tearing the pool down, with its early eviction in
  * flight cancels it: nothing leaks, nothing stays mapped (stop checks). */
 static void test_free_during_early_eviction(void **state)
@@ -678,6 +723,7 @@ int main(void)
         cmocka_unit_test_teardown(test_prefetch_redo_issued_late, teardown),
         cmocka_unit_test_teardown(test_early_eviction_exact, teardown),
         cmocka_unit_test_teardown(test_early_eviction_abandoned, teardown),
+        cmocka_unit_test_teardown(test_early_eviction_tracked, teardown),
         cmocka_unit_test_teardown(test_free_during_early_eviction, teardown),
         cmocka_unit_test_teardown(test_free_during_prefetch, teardown),
         cmocka_unit_test_teardown(test_destroy_during_prefetch, teardown),
