@@ -181,8 +181,9 @@ asan:
 ubsan:
 	$(MAKE) --no-print-directory BUILD=build/ubsan SAN=undefined OPT=-O1 \
 	    CFLAGS='-fno-sanitize-recover=undefined' test
-tsan:
-	$(MAKE) --no-print-directory BUILD=build/tsan SAN=thread OPT=-O1 test
+tsan: # the stress and fault-matrix programs run about 10x slower under TSan
+	TEST_TIMEOUT=$${TEST_TIMEOUT:-1800} $(MAKE) --no-print-directory BUILD=build/tsan SAN=thread \
+	    OPT=-O1 test
 
 # ---- install -------------------------------------------------------------
 install: all

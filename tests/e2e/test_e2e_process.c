@@ -15,6 +15,7 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,14 +122,14 @@ static void on_usr1(int sig)
 
 struct pelter {
     pthread_t target;
-    volatile int stop;
+    atomic_int stop;
 };
 
 static void *pelt(void *arg)
 {
     struct pelter *p = arg;
     struct timespec ts = {0, 200000};
-    while (!p->stop) {
+    while (!atomic_load(&p->stop)) {
         pthread_kill(p->target, SIGUSR1);
         nanosleep(&ts, NULL);
     }
@@ -150,7 +151,7 @@ static void test_signals_mid_eviction(void **state)
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < NREG; i++)
             assert_int_equal(bump(r[i], 1, NULL), cudaSuccess);
-    p.stop = 1;
+    atomic_store(&p.stop, 1);
     pthread_join(t, NULL);
     for (int i = 0; i < NREG; i++)
         assert_int_equal(wrong_words(r[i], (uint32_t)i + 2, 3), 0);

@@ -788,7 +788,7 @@ static void copies_across_the_bus_take_bytes_over_bandwidth(void **state)
     assert_true(d2h < bus_ms + 500);
     assert_true(h2d >= bus_ms);
     assert_true(h2d < bus_ms + 500);
-    assert_true(d2d < d2h - bus_ms * 0.75);
+    assert_true(d2d < bus_ms * 0.75); /* device to device: no bus time */
     assert_int_equal(pinned[0], 0x42);
     assert_int_equal(pinned[n - 1], 0x42);
 
