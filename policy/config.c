@@ -144,7 +144,7 @@ static const struct key keys[] = {
     INT("policy", "prefetch_window", policy.prefetch_window, 1, 1000000, "64", "window", "launches",
         "prefetch regions needed within this many launches"),
     BOOL("policy", "prefetch_enabled", policy.prefetch_enabled, "true", "prefetch",
-         "copy evicted regions back ahead of use"),
+         "copy regions back ahead of use and out ahead of need while kernels run"),
 
     BOOL("conductor", "enabled", conductor.enabled, "true", "conductor",
          "per-phase rules (backward pressure, optimizer protection, back-off)"),
