@@ -10,6 +10,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "reexec.h"
 #include "simcuda.h"
 #include "stagehand.h"
 
@@ -103,8 +104,7 @@ int main(int argc, char **argv)
         setenv("SIMCUDA_VRAM_MB", "512", 1);
         setenv("SIMCUDA_FAIL", "cuFuncGetParamInfo:1+:CUDA_ERROR_NOT_SUPPORTED", 1);
         setenv("STAGEHAND_BUDGET_VRAM_BUDGET_MB", "256", 1);
-        execv("/proc/self/exe", argv);
-        perror("execv");
+        e2e_reexec(argv);
         return 1;
     }
     preloaded = dlsym(RTLD_DEFAULT, "stagehand_get_stats") && !getenv("STAGEHAND_DISABLE");

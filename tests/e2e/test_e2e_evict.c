@@ -15,6 +15,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "reexec.h"
 #include "simcuda.h"
 #include "stagehand.h"
 
@@ -286,7 +287,7 @@ static void test_tracked_drain(void **state)
     if (pid == 0) {
         setenv("E2E_EVICT_TRACKED", "1", 1);
         setenv("STAGEHAND_TRANSFER_DRAIN_MODE", "tracked", 1);
-        execv("/proc/self/exe", saved_argv);
+        e2e_reexec(saved_argv);
         _exit(127);
     }
     int status;
@@ -330,8 +331,7 @@ int main(int argc, char **argv)
         setenv("STAGEHAND_BUDGET_VRAM_BUDGET_MB", "256", 1);
         setenv("STAGEHAND_POOL_SLABS_PER_CLASS", "0", 1);
         setenv("STAGEHAND_POOL_PREPIN_MB", "0", 1);
-        execv("/proc/self/exe", argv);
-        perror("execv");
+        e2e_reexec(argv);
         return 1;
     }
     preloaded = dlsym(RTLD_DEFAULT, "stagehand_get_stats") && !getenv("STAGEHAND_DISABLE");

@@ -16,6 +16,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "reexec.h"
 #include "simcuda.h"
 #include "stagehand.h"
 
@@ -142,7 +143,7 @@ static int run_one(const char *spec)
             dup2(null, 2);
         setenv("SIMCUDA_FAIL", spec, 1);
         setenv("E2E_FAULTS_CHILD", "1", 1);
-        execv("/proc/self/exe", saved_argv);
+        e2e_reexec(saved_argv);
         _exit(SETUP);
     }
     for (int waited = 0; waited < 400; waited++) { /* 20 s */
@@ -209,8 +210,7 @@ int main(int argc, char **argv)
         setenv("SIMCUDA_VRAM_MB", "256", 1);
         setenv("STAGEHAND_BUDGET_VRAM_BUDGET_MB", "96", 1);
         setenv("STAGEHAND_POOL_PREPIN_MB", "64", 1);
-        execv("/proc/self/exe", argv);
-        perror("execv");
+        e2e_reexec(argv);
         return 1;
     }
     preloaded = dlsym(RTLD_DEFAULT, "stagehand_get_stats") && !getenv("STAGEHAND_DISABLE");

@@ -11,6 +11,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "reexec.h"
 #include "simcuda.h"
 #include "stagehand.h"
 
@@ -145,7 +146,7 @@ static void test_graph_hooks(void **state)
     if (pid == 0) {
         setenv("STAGEHAND_TRACKING_MODE", "hooks", 1);
         setenv("E2E_GRAPH_ONLY", "1", 1);
-        execv("/proc/self/exe", saved_argv);
+        e2e_reexec(saved_argv);
         _exit(127);
     }
     int status;
@@ -170,8 +171,7 @@ int main(int argc, char **argv)
         setenv("E2E_GRAPH_CONFIGURED", "1", 1);
         setenv("SIMCUDA_VRAM_MB", "512", 1);
         setenv("STAGEHAND_BUDGET_VRAM_BUDGET_MB", "256", 1);
-        execv("/proc/self/exe", argv);
-        perror("execv");
+        e2e_reexec(argv);
         return 1;
     }
     preloaded = dlsym(RTLD_DEFAULT, "stagehand_get_stats") && !getenv("STAGEHAND_DISABLE");

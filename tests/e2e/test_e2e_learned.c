@@ -23,6 +23,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "reexec.h"
 #include "simcuda.h"
 
 #include <cuda_runtime_api.h>
@@ -284,8 +285,7 @@ int main(int argc, char **argv)
         setenv("STAGEHAND_BUDGET_VRAM_BUDGET_MB", "64", 1);
         setenv("STAGEHAND_POOL_SLABS_PER_CLASS", "0", 1);
         setenv("STAGEHAND_POOL_PREPIN_MB", "0", 1);
-        execv("/proc/self/exe", argv);
-        perror("execv");
+        e2e_reexec(argv);
         return 1;
     }
     if (getenv("E2E_LEARNED_CHILD"))

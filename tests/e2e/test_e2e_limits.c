@@ -24,6 +24,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "reexec.h"
 #include "simcuda.h"
 #include "stagehand.h"
 
@@ -272,7 +273,7 @@ static void run_child(const char *mode, const char *const *env, struct child *c)
         for (const char *const *e = env; *e; e++)
             putenv((char *)*e);
         setenv("E2E_LIMITS_MODE", mode, 1);
-        execv("/proc/self/exe", saved_argv);
+        e2e_reexec(saved_argv);
         _exit(127);
     }
     close(out[1]);

@@ -9,6 +9,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "reexec.h"
 #include "simcuda.h"
 #include "stagehand.h"
 
@@ -186,7 +187,7 @@ static void test_exit_with_work_in_flight(void **state)
     assert_true(pid >= 0);
     if (pid == 0) {
         setenv("E2E_PROCESS_MODE", "exit", 1);
-        execv("/proc/self/exe", saved_argv);
+        e2e_reexec(saved_argv);
         _exit(127);
     }
     int status = 0;
@@ -219,8 +220,7 @@ int main(int argc, char **argv)
         setenv("E2E_PROCESS_CONFIGURED", "1", 1);
         setenv("SIMCUDA_VRAM_MB", "512", 1);
         setenv("STAGEHAND_BUDGET_VRAM_BUDGET_MB", "256", 1);
-        execv("/proc/self/exe", argv);
-        perror("execv");
+        e2e_reexec(argv);
         return 1;
     }
     preloaded = dlsym(RTLD_DEFAULT, "stagehand_get_stats") && !getenv("STAGEHAND_DISABLE");

@@ -8,6 +8,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "reexec.h"
 #include "simcuda.h"
 #include "stagehand.h"
 
@@ -143,8 +144,7 @@ int main(int argc, char **argv)
         setenv("SIMCUDA_VRAM_MB", "256", 1);
         setenv("STAGEHAND_BUDGET_VRAM_BUDGET_MB", "96", 1);
         setenv("STAGEHAND_POOL_PREPIN_MB", "64", 1);
-        execv("/proc/self/exe", argv);
-        perror("execv");
+        e2e_reexec(argv);
         return 1;
     }
     preloaded = dlsym(RTLD_DEFAULT, "stagehand_get_stats") && !getenv("STAGEHAND_DISABLE");
