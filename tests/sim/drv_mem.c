@@ -210,13 +210,19 @@ static size_t nspares, capspares, spare_bytes;
 
 static void spare_put(int fd, size_t size)
 {
-    if (spare_bytes + size > sim_cfg.vram_bytes ||
-        (nspares == capspares &&
-         !(spares =
-               realloc(spares, (capspares = capspares ? capspares * 2 : 64) * sizeof *spares)))) {
+    if (spare_bytes + size > sim_cfg.vram_bytes) {
         close(fd);
-        nspares = capspares = spare_bytes = 0; /* realloc failed: the others leak to exit */
         return;
+    }
+    if (nspares == capspares) {
+        size_t cap = capspares ? capspares * 2 : 64;
+        struct spare_fd *t = realloc(spares, cap * sizeof *t);
+        if (!t) {
+            close(fd);
+            return;
+        }
+        spares = t;
+        capspares = cap;
     }
     spares[nspares++] = (struct spare_fd){fd, size};
     spare_bytes += size;
