@@ -45,7 +45,7 @@ TOOLS     := $(TOOL_DIRS:tools/%=$(BUILD)/%)
 
 PREREQ := $(BUILD)/.prereqs
 
-.PHONY: all test check format asan ubsan tsan install clean bench bench-policy demo
+.PHONY: all test check format asan ubsan tsan install clean bench bench-policy demo valgrind
 .DEFAULT_GOAL := all
 
 all: $(BUILD)/libstagehand.so $(SIM_LIBS) $(TOOLS)
@@ -184,6 +184,16 @@ ubsan:
 tsan: # the stress and fault-matrix programs run about 10x slower under TSan
 	TEST_TIMEOUT=$${TEST_TIMEOUT:-1800} $(MAKE) --no-print-directory BUILD=build/tsan SAN=thread \
 	    OPT=-O1 test
+
+# valgrind over the end-to-end programs, each under the library and without
+# it (not in CI: about half an hour on 2 cores). test_e2e_learned is left
+# out: it measures time.
+VALGRIND := valgrind --trace-children=yes --suppressions=tests/valgrind.supp --leak-check=full \
+    --errors-for-leak-kinds=definite --error-exitcode=9 -q
+valgrind: all $(E2E_BINS)
+	@mk/prereqs.sh valgrind
+	@BUILD=$(BUILD) TEST_TIMEOUT=$${TEST_TIMEOUT:-2400} WRAP="$(VALGRIND)" \
+	    E2E="$(filter-out %/test_e2e_learned,$(E2E_BINS))" tests/run.sh
 
 # ---- install -------------------------------------------------------------
 install: all

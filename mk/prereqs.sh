@@ -2,7 +2,7 @@
 # Checks the build prerequisites and installs what is missing.
 # As root, missing Debian packages are installed with apt-get; otherwise the
 # exact command to run is printed and the build stops.
-# Usage: mk/prereqs.sh [build|check|fuzz]...
+# Usage: mk/prereqs.sh [build|check|fuzz|valgrind]...
 set -euo pipefail
 
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
@@ -32,6 +32,9 @@ for what in "${@:-build}"; do
     check)
         need_cmd clang-format clang-format
         need_cmd cppcheck cppcheck
+        ;;
+    valgrind)
+        need_cmd valgrind valgrind
         ;;
     fuzz)
         need_cmd clang clang

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs cmocka test programs from the repository root against the simulated
 # GPU and prints one closing line: "tests: N passed, N failed".
-# Usage: tests/run.sh PROGRAM...   (BUILD, TEST_TIMEOUT and SAN from the environment)
+# Usage: tests/run.sh PROGRAM...   (BUILD, TEST_TIMEOUT, SAN, E2E and WRAP from the
+# environment)
 set -u
 build=${BUILD:-build}
 timeout_s=${TEST_TIMEOUT:-300}
@@ -12,10 +13,12 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=0:allow_user_segv_handler=1:h
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
 
-# End-to-end programs run twice: under the library, and with it disabled.
+# End-to-end programs run twice: under the library, and with it disabled;
+# WRAP (valgrind, say) goes in front of each.
 runs=("$@")
 for e in ${E2E:-}; do
-    runs+=("env LD_PRELOAD=$PWD/$build/libstagehand.so $e" "env STAGEHAND_DISABLE=1 LD_PRELOAD=$PWD/$build/libstagehand.so $e")
+    runs+=("env LD_PRELOAD=$PWD/$build/libstagehand.so ${WRAP:+$WRAP }$e"
+        "env STAGEHAND_DISABLE=1 LD_PRELOAD=$PWD/$build/libstagehand.so ${WRAP:+$WRAP }$e")
 done
 export ASAN_OPTIONS="$ASAN_OPTIONS:verify_asan_link_order=0"
 
