@@ -138,20 +138,6 @@ static const struct sh_fence_ops fences = {NULL, fe_done, fe_wait, fe_drop};
 
 /* ---- the system under test ---------------------------------------------------------- */
 
-static struct {
-    struct sh_pool *pool;
-    struct sh_hostpool *host;
-    struct sh_xfer *xfer;
-    struct sh_gate *gate;
-} sys;
-
-struct opts {
-    size_t device_cache;
-    int checksums;
-    unsigned slabs[3]; /* slabs of 64K, 128K, 256K pinned at start */
-    int tracked;       /* drain_mode = tracked: stream drains and polls below */
-};
-
 /* drain_mode = tracked, faked: the streams whose bits are set in busy_mask
  * still run work; a drain of them finishes it. */
 static uint64_t busy_mask, drained_mask;
@@ -170,119 +156,31 @@ static int t_idle(void *ctx, uint64_t mask)
     return (mask & busy_mask) == 0;
 }
 
+#include "pool_sys.h"
+
 static void start(const struct opts *o)
 {
     nqueued = 0;
     completed = 0;
     copy_calls = fail_copy_at = 0;
     fail_wait = 0;
-    pthread_mutex_destroy(&fk.mu);
-    memset(&fk, 0, sizeof fk);
-    pthread_mutex_init(&fk.mu, NULL);
-    atomic_store(&launching, 0);
-    memset(&sys, 0, sizeof sys);
-    struct sh_hostpool_params hp = {.granularity = G,
-                                    .class_bytes = {G, 2 * G, 4 * G},
-                                    .slabs = {o->slabs[0], o->slabs[1], o->slabs[2]},
-                                    .nclasses = 3,
-                                    .ram_budget =
-                                        (o->slabs[0] + 2 * o->slabs[1] + 4 * o->slabs[2]) * G,
-                                    .prepin = 64 * M};
-    assert_int_equal(sh_hostpool_create(&hp, &vmm, &sys.host), 0);
-    assert_int_equal(sh_xfer_create(&copy_ops, 2, 2, &sys.xfer), 0);
-    assert_int_equal(sh_gate_create(&sys.gate), 0);
-    struct sh_pool_params p = {.granularity = G,
-                               .max_chunk = CH,
-                               .va_block = 16 * M,
-                               .va_cache = 16 * M,
-                               .device_cache = o->device_cache};
-    assert_int_equal(sh_pool_create(&p, &vmm, &fences, &sys.pool), 0);
-    struct sh_pool_mover m = {.host = sys.host,
-                              .xfer = sys.xfer,
-                              .gate = sys.gate,
-                              .checksums = o->checksums,
-                              .slab_wait_ms = 100};
     busy_mask = drained_mask = 0;
-    if (o->tracked) {
-        m.drain_streams = t_drain;
-        m.streams_idle = t_idle;
-    }
-    sh_pool_set_mover(sys.pool, &m);
+    sys_start(o, &copy_ops, &fences);
 }
 
-static void stop(void)
-{
-    sh_pool_destroy(sys.pool);
-    sh_hostpool_destroy(sys.host);
-    sh_xfer_destroy(sys.xfer);
-    sh_gate_destroy(sys.gate);
-    memset(&sys, 0, sizeof sys);
-    assert_int_equal(fk.bad, 0);
-    assert_int_equal(fk.nm, 0);
-    assert_int_equal(fk.nr, 0);
-    assert_int_equal(fk.live[SH_LOC_DEVICE], 0);
-    assert_int_equal(fk.live[SH_LOC_HOST], 0);
-}
-
-/* After a test that failed midway: tear down without checking. */
 static int teardown(void **state)
 {
     (void)state;
-    fk.fail_map_at = 0;
     fail_copy_at = 0;
     fail_wait = 0;
-    fk.device_limit = 0;
-    if (sys.pool)
-        sh_pool_destroy(sys.pool);
-    if (sys.host)
-        sh_hostpool_destroy(sys.host);
-    if (sys.xfer)
-        sh_xfer_destroy(sys.xfer);
-    if (sys.gate)
-        sh_gate_destroy(sys.gate);
-    memset(&sys, 0, sizeof sys);
+    sys_teardown();
     return 0;
-}
-
-static uintptr_t alloc(size_t size)
-{
-    uintptr_t va = 0;
-    assert_int_equal(sh_pool_alloc(sys.pool, size, SH_PATH_MALLOC, 0, &va), 0);
-    return va;
-}
-
-static uint32_t word(uint32_t seed, size_t i)
-{
-    return seed * 2654435761u + (uint32_t)i;
-}
-
-static void fill(uintptr_t va, size_t size, uint32_t seed)
-{
-    uint32_t *p = (uint32_t *)va;
-    for (size_t i = 0; i < size / 4; i++)
-        p[i] = word(seed, i);
-}
-
-static size_t bad_words(uintptr_t va, size_t size, uint32_t seed)
-{
-    const uint32_t *p = (const uint32_t *)va;
-    size_t bad = 0;
-    for (size_t i = 0; i < size / 4; i++)
-        bad += p[i] != word(seed, i);
-    return bad;
 }
 
 /* Work using va is issued, inside the gate (the stamp the redo rule reads). */
 static void issue(uintptr_t va)
 {
     sh_pool_issued(sys.pool, &va, 1, 0);
-}
-
-static int state_of(uintptr_t va)
-{
-    struct sh_region_info info;
-    assert_int_equal(sh_pool_lookup(sys.pool, va, &info), 0);
-    return info.state;
 }
 
 static void evict_one(uintptr_t va)
@@ -541,7 +439,10 @@ static void test_early_eviction_abandoned(void **state)
 static void test_early_eviction_tracked(void **state)
 {
     (void)state;
-    const struct opts o = {.device_cache = 4 * M, .slabs = {8, 8, 8}, .tracked = 1};
+    const struct opts o = {.device_cache = 4 * M,
+                           .slabs = {8, 8, 8},
+                           .drain_streams = t_drain,
+                           .streams_idle = t_idle};
     start(&o);
     uintptr_t a = alloc(RSIZE);
     fill(a, RSIZE, 8);

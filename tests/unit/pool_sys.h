@@ -1,0 +1,126 @@
+/* pool_sys.h — the pool under test with its collaborators (host slab pool,
+ * copy engine, gate) over the fake VMM of fake_vmm.h, and the helpers the
+ * pool tests share. Each test file brings its own copy streams and fences.
+ * Include it once, after fake_vmm.h. */
+#ifndef SH_TESTS_POOL_SYS_H
+#define SH_TESTS_POOL_SYS_H
+
+static struct {
+    struct sh_pool *pool;
+    struct sh_hostpool *host;
+    struct sh_xfer *xfer;
+    struct sh_gate *gate;
+} sys;
+
+struct opts {
+    size_t device_cache;
+    int checksums;
+    unsigned slabs[3]; /* slabs of 64K, 128K, 256K pinned at start */
+    /* drain_mode = tracked, when set */
+    int (*drain_streams)(void *ctx, uint64_t mask);
+    int (*streams_idle)(void *ctx, uint64_t mask);
+};
+
+static void sys_start(const struct opts *o, const struct sh_copy_ops *copy,
+                      const struct sh_fence_ops *fence)
+{
+    pthread_mutex_destroy(&fk.mu);
+    memset(&fk, 0, sizeof fk);
+    pthread_mutex_init(&fk.mu, NULL);
+    atomic_store(&launching, 0);
+    memset(&sys, 0, sizeof sys);
+    struct sh_hostpool_params hp = {.granularity = G,
+                                    .class_bytes = {G, 2 * G, 4 * G},
+                                    .slabs = {o->slabs[0], o->slabs[1], o->slabs[2]},
+                                    .nclasses = 3,
+                                    .ram_budget =
+                                        (o->slabs[0] + 2 * o->slabs[1] + 4 * o->slabs[2]) * G,
+                                    .prepin = 64 * M};
+    assert_int_equal(sh_hostpool_create(&hp, &vmm, &sys.host), 0);
+    assert_int_equal(sh_xfer_create(copy, 2, 2, &sys.xfer), 0);
+    assert_int_equal(sh_gate_create(&sys.gate), 0);
+    struct sh_pool_params p = {.granularity = G,
+                               .max_chunk = CH,
+                               .va_block = 16 * M,
+                               .va_cache = 16 * M,
+                               .device_cache = o->device_cache};
+    assert_int_equal(sh_pool_create(&p, &vmm, fence, &sys.pool), 0);
+    struct sh_pool_mover m = {.host = sys.host,
+                              .xfer = sys.xfer,
+                              .gate = sys.gate,
+                              .checksums = o->checksums,
+                              .drain_streams = o->drain_streams,
+                              .streams_idle = o->streams_idle,
+                              .slab_wait_ms = 100};
+    sh_pool_set_mover(sys.pool, &m);
+}
+
+/* Tears down and checks that no handle, mapping or reservation is left. */
+static void stop(void)
+{
+    sh_pool_destroy(sys.pool);
+    sh_hostpool_destroy(sys.host);
+    sh_xfer_destroy(sys.xfer);
+    sh_gate_destroy(sys.gate);
+    memset(&sys, 0, sizeof sys);
+    assert_int_equal(fk.bad, 0);
+    assert_int_equal(fk.nm, 0);
+    assert_int_equal(fk.nr, 0);
+    assert_int_equal(fk.live[SH_LOC_DEVICE], 0);
+    assert_int_equal(fk.live[SH_LOC_HOST], 0);
+}
+
+/* After a test that failed midway: tear down without checking. */
+static void sys_teardown(void)
+{
+    fk.fail_map_at = 0;
+    fk.device_limit = 0;
+    if (sys.pool)
+        sh_pool_destroy(sys.pool);
+    if (sys.host)
+        sh_hostpool_destroy(sys.host);
+    if (sys.xfer)
+        sh_xfer_destroy(sys.xfer);
+    if (sys.gate)
+        sh_gate_destroy(sys.gate);
+    memset(&sys, 0, sizeof sys);
+}
+
+static uintptr_t alloc(size_t size)
+{
+    uintptr_t va = 0;
+    assert_int_equal(sh_pool_alloc(sys.pool, size, SH_PATH_MALLOC, 0, &va), 0);
+    return va;
+}
+
+static uint32_t word(uint32_t seed, size_t i)
+{
+    return seed * 2654435761u + (uint32_t)i;
+}
+
+static void fill(uintptr_t va, size_t size, uint32_t seed)
+{
+    uint32_t *p = (uint32_t *)va;
+    for (size_t i = 0; i < size / 4; i++)
+        p[i] = word(seed, i);
+}
+
+static size_t bad_words(uintptr_t va, size_t size, uint32_t seed)
+{
+    const uint32_t *p = (const uint32_t *)va;
+    size_t bad = 0;
+    for (size_t i = 0; i < size / 4; i++)
+        bad += p[i] != word(seed, i);
+    return bad;
+}
+
+/* The region's state, -1 when there is none at va. */
+static int state_of(uintptr_t va)
+{
+    struct sh_region_info ri;
+    if (sh_pool_lookup(sys.pool, va, &ri) != 0)
+        return -1;
+    return ri.state;
+}
+
+#endif
