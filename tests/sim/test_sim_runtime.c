@@ -32,32 +32,7 @@ static const dim3 one = {1, 1, 1};
 
 /* ---- helpers ---- */
 
-struct capture {
-    int saved, fds[2];
-};
-
-static void capture_begin(struct capture *c)
-{
-    fflush(stderr);
-    assert_int_equal(pipe(c->fds), 0);
-    c->saved = dup(STDERR_FILENO);
-    assert_true(c->saved >= 0);
-    assert_true(dup2(c->fds[1], STDERR_FILENO) >= 0);
-}
-
-static void capture_end(struct capture *c, char *buf, size_t cap)
-{
-    fflush(stderr);
-    dup2(c->saved, STDERR_FILENO);
-    close(c->saved);
-    close(c->fds[1]);
-    size_t n = 0;
-    ssize_t k;
-    while (n + 1 < cap && (k = read(c->fds[0], buf + n, cap - 1 - n)) > 0)
-        n += (size_t)k;
-    buf[n] = '\0';
-    close(c->fds[0]);
-}
+#include "capture.h"
 
 static double now_ms(void)
 {
