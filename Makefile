@@ -186,7 +186,7 @@ tsan: # the stress and fault-matrix programs run about 10x slower under TSan
 	    OPT=-O1 test
 
 # valgrind over the end-to-end programs, each under the library and without
-# it (not in CI: about 15 minutes on 2 cores). Left out: test_e2e_learned,
+# it (not in CI: about 7 minutes on 2 cores). Left out: test_e2e_learned,
 # which measures time, and test_e2e_faults, whose cases have a 20 s bound
 # (its leaks are counted by the matrix itself, and under ASan).
 VALGRIND := valgrind --trace-children=yes --suppressions=tests/valgrind.supp --leak-check=full \
