@@ -44,6 +44,10 @@
 #define KERNEL_US 4000
 #define STEPS     6
 #define WORDS     (((size_t)REGION_MB << 20) / 4)
+/* One 8 MB copy takes a kernel's time on this link: with the default two
+ * copies in flight per direction the link, not the policy, sets the pace.
+ * The library and stagehand-sim both read this file. */
+#define CONFIG "[transfer]\nmax_inflight_d2h = 8\nmax_inflight_h2d = 8\n"
 
 /* ---- the kernels: each touches a few words of every region it is given
  * (the bytes stay checkable; the registered duration is the time). ---- */
@@ -186,14 +190,14 @@ static const char *build_dir(void)
 
 /* Runs the loop under an eviction policy, with or without prefetch; the
  * steady step time, or -1. */
-static double run_child(const char *policy, int prefetch, const char *trace)
+static double run_child(const char *config, const char *policy, int prefetch, const char *trace)
 {
     char cmd[1024];
-    snprintf(
-        cmd, sizeof cmd,
-        "E2E_LEARNED_CHILD=1 STAGEHAND_POLICY_EVICTION=%s STAGEHAND_POLICY_PREFETCH_ENABLED=%s "
-        "STAGEHAND_TRACE=%s STAGEHAND_LOG_LEVEL=warn /proc/%d/exe",
-        policy, prefetch ? "true" : "false", trace, (int)getpid());
+    snprintf(cmd, sizeof cmd,
+             "E2E_LEARNED_CHILD=1 STAGEHAND_CONFIG=%s STAGEHAND_POLICY_EVICTION=%s "
+             "STAGEHAND_POLICY_PREFETCH_ENABLED=%s STAGEHAND_TRACE=%s STAGEHAND_LOG_LEVEL=warn "
+             "/proc/%d/exe",
+             config, policy, prefetch ? "true" : "false", trace, (int)getpid());
     FILE *f = popen(cmd, "r");
     assert_non_null(f);
     double step = -1;
@@ -210,12 +214,13 @@ static double run_child(const char *policy, int prefetch, const char *trace)
 }
 
 /* stagehand-sim's steady step time for the trace, or -1. */
-static double simulate(const char *trace)
+static double simulate(const char *config, const char *trace)
 {
     char cmd[1024];
     snprintf(cmd, sizeof cmd,
-             "%s/stagehand-sim --trace %s --vram-gb %.6f --pcie-gbps %s --policy learned",
-             build_dir(), trace, (double)BUDGET_MB / 1024.0, PCIE_GBPS);
+             "%s/stagehand-sim --trace %s --config %s --vram-gb %.6f --pcie-gbps %s "
+             "--policy learned",
+             build_dir(), trace, config, (double)BUDGET_MB / 1024.0, PCIE_GBPS);
     FILE *f = popen(cmd, "r");
     assert_non_null(f);
     double step = -1;
@@ -234,26 +239,32 @@ static void test_learned_beats_reactive(void **state)
     (void)state;
     if (!dlsym(RTLD_DEFAULT, "stagehand_get_stats") || getenv("STAGEHAND_DISABLE"))
         skip(); /* disabled: the loop does not fit, there is nothing to compare */
-    char traces[3][40];
+    char traces[3][40], config[] = "/tmp/stagehand-e2e-XXXXXX.ini";
     for (int i = 0; i < 3; i++) {
         snprintf(traces[i], sizeof traces[i], "/tmp/stagehand-e2e-%d-XXXXXX", i);
         int fd = mkstemp(traces[i]);
         assert_true(fd >= 0);
         close(fd);
     }
+    int fd = mkstemps(config, 4);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, CONFIG, strlen(CONFIG)), (ssize_t)strlen(CONFIG));
+    close(fd);
     /* reactive: evict least recently used on demand, restore on a miss */
-    double reactive = run_child("lru", 0, traces[0]);
-    double lru = run_child("lru", 1, traces[1]);
-    double learned = run_child("learned", 1, traces[2]);
-    double predicted = simulate(traces[2]);
+    double reactive = run_child(config, "lru", 0, traces[0]);
+    double lru = run_child(config, "lru", 1, traces[1]);
+    double learned = run_child(config, "learned", 1, traces[2]);
+    double predicted = simulate(config, traces[2]);
     double err = predicted > 0 ? fabs(predicted - learned) / learned : 1;
     printf("learned_step_s=%.4f reactive_step_s=%.4f lru_step_s=%.4f ratio=%.3f "
            "sim_learned_step_s=%.4f sim_error=%.1f%%\n",
            learned, reactive, lru, learned / reactive, predicted, err * 100);
     fflush(stdout);
-    if (!getenv("E2E_LEARNED_KEEP"))
+    if (!getenv("E2E_LEARNED_KEEP")) {
         for (int i = 0; i < 3; i++)
             unlink(traces[i]);
+        unlink(config);
+    }
     assert_true(reactive > 0 && lru > 0 && learned > 0); /* all completed, exact bytes */
     assert_true(predicted > 0);
     /* Times are printed, not asserted by default: timing belongs to the
