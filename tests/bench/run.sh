@@ -14,3 +14,14 @@ done
 echo
 echo "pool structures (ns per op; the malloc line is the baseline)"
 "$build/tests/bench/bench_pool"
+echo
+echo "training steps on the simulated GPU (s per steady step; reactive is the baseline)"
+out=$(STAGEHAND_TEST_BUILD="$build" LD_PRELOAD="$PWD/$build/libstagehand.so" \
+    "$build/tests/e2e/test_e2e_learned" 2>/dev/null | sed -n 's/^learned_step_s=.*/&/p' || true)
+[ -n "$out" ] || { echo "bench: test_e2e_learned printed no figures" >&2; exit 1; }
+awk -v line="$out" 'BEGIN {
+    n = split(line, kv, " ");
+    for (i = 1; i <= n; i++) { split(kv[i], p, "="); v[p[1]] = p[2] }
+    printf "reactive %.4f  lru %.4f  learned %.4f  learned/reactive %.3f\n",
+        v["reactive_step_s"], v["lru_step_s"], v["learned_step_s"], v["ratio"];
+    printf "stagehand-sim predicts learned %.4f (%s off)\n", v["sim_learned_step_s"], v["sim_error"] }'

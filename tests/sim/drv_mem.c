@@ -759,12 +759,19 @@ SIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream
     CUresult r = sim_enter(__func__, true);
     if (r)
         return r;
-    if (!sim_stream_get(stream))
+    struct sim_stream *s = sim_stream_get(stream);
+    if (!s)
         return CUDA_ERROR_INVALID_HANDLE;
     if (!dptr || bytesize == 0)
         return CUDA_ERROR_INVALID_VALUE;
     uintptr_t va = 0;
     r = alloc_device(&va, bytesize);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY && sim_capture_status(s) == CU_STREAM_CAPTURE_STATUS_NONE) {
+        /* Memory freed earlier on this stream is this allocation's to
+         * reuse, in stream order: let those frees happen, then retry. */
+        sim_stream_drain(s);
+        r = alloc_device(&va, bytesize);
+    }
     if (r == CUDA_SUCCESS)
         *dptr = va;
     return r;

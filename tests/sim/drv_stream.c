@@ -490,6 +490,11 @@ SIM_EXPORT CUresult cuStreamDestroy_v2(CUstream h)
     return stream_retire(s) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
+void sim_stream_drain(struct sim_stream *s)
+{
+    sim_stream_wait_ticket(s, submitted(s));
+}
+
 SIM_EXPORT CUresult cuStreamSynchronize(CUstream h)
 {
     CUresult r = sim_enter(__func__, true);

@@ -117,6 +117,8 @@ struct sim_stream *sim_stream_get(CUstream h);
  * ticket through *ticket (may be NULL). Adds the legacy-stream barriers. */
 CUresult sim_stream_submit(struct sim_stream *s, struct sim_op *op, uint64_t *ticket);
 void sim_stream_wait_ticket(struct sim_stream *s, uint64_t ticket);
+/* Waits for everything submitted to s so far. */
+void sim_stream_drain(struct sim_stream *s);
 bool sim_stream_done(struct sim_stream *s, uint64_t ticket);
 CUresult sim_ctx_synchronize(void);
 /* Stream capture (drv_graph.c keeps the graphs). */
