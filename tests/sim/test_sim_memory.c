@@ -443,6 +443,20 @@ static void stream_ordered_free_returns_memory_when_the_stream_gets_there(void *
     assert_int_equal(cuMemFreeAsync(d, (CUstream)s), CUDA_SUCCESS);
     assert_int_equal(cuStreamSynchronize((CUstream)s), CUDA_SUCCESS);
     assert_int_equal(stats().device_bytes_in_use, 0);
+
+    /* Memory freed earlier on a stream is a later allocation's on that
+     * stream, even before the stream got there: no out-of-memory. */
+    assert_int_equal(cuMemAllocAsync(&d, VRAM, (CUstream)s), CUDA_SUCCESS);
+    void *dp = (void *)(uintptr_t)d;
+    void *args2[] = {&dp};
+    assert_int_equal(
+        cudaLaunchKernel((const void *)k_slow_flag, (dim3){1, 1, 1}, (dim3){1, 1, 1}, args2, 0, s),
+        cudaSuccess);
+    assert_int_equal(cuMemFreeAsync(d, (CUstream)s), CUDA_SUCCESS);
+    assert_int_equal(cuMemAllocAsync(&d, VRAM, (CUstream)s), CUDA_SUCCESS);
+    assert_int_equal(cuMemFreeAsync(d, (CUstream)s), CUDA_SUCCESS);
+    assert_int_equal(cuStreamSynchronize((CUstream)s), CUDA_SUCCESS);
+    assert_int_equal(stats().device_bytes_in_use, 0);
     assert_int_equal(cudaStreamDestroy(s), cudaSuccess);
 }
 
