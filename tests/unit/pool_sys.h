@@ -1,9 +1,31 @@
 /* pool_sys.h — the pool under test with its collaborators (host slab pool,
  * copy engine, gate) over the fake VMM of fake_vmm.h, and the helpers the
- * pool tests share. Each test file brings its own copy streams and fences.
+ * pool tests share. Each test file brings its own copy streams.
  * Include it once, after fake_vmm.h. */
 #ifndef SH_TESTS_POOL_SYS_H
 #define SH_TESTS_POOL_SYS_H
+
+/* Every stream-ordered free has been reached: these tests free at once. */
+static int fe_done(void *ctx, uint64_t fence)
+{
+    (void)ctx;
+    (void)fence;
+    return 1;
+}
+
+static void fe_wait(void *ctx, uint64_t fence)
+{
+    (void)ctx;
+    (void)fence;
+}
+
+static void fe_drop(void *ctx, uint64_t fence)
+{
+    (void)ctx;
+    (void)fence;
+}
+
+static const struct sh_fence_ops fences = {NULL, fe_done, fe_wait, fe_drop};
 
 static struct {
     struct sh_pool *pool;
@@ -21,8 +43,7 @@ struct opts {
     int (*streams_idle)(void *ctx, uint64_t mask);
 };
 
-static void sys_start(const struct opts *o, const struct sh_copy_ops *copy,
-                      const struct sh_fence_ops *fence)
+static void sys_start(const struct opts *o, const struct sh_copy_ops *copy)
 {
     pthread_mutex_destroy(&fk.mu);
     memset(&fk, 0, sizeof fk);
@@ -44,7 +65,7 @@ static void sys_start(const struct opts *o, const struct sh_copy_ops *copy,
                                .va_block = 16 * M,
                                .va_cache = 16 * M,
                                .device_cache = o->device_cache};
-    assert_int_equal(sh_pool_create(&p, &vmm, fence, &sys.pool), 0);
+    assert_int_equal(sh_pool_create(&p, &vmm, &fences, &sys.pool), 0);
     struct sh_pool_mover m = {.host = sys.host,
                               .xfer = sys.xfer,
                               .gate = sys.gate,

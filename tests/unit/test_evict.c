@@ -80,34 +80,13 @@ static int c_drain(void *ctx)
 
 static const struct sh_copy_ops copy_ops = {NULL, c_copy, c_done, c_wait, c_forget, c_drain};
 
-static int fe_done(void *ctx, uint64_t fence)
-{
-    (void)ctx;
-    (void)fence;
-    return 1;
-}
-
-static void fe_wait(void *ctx, uint64_t fence)
-{
-    (void)ctx;
-    (void)fence;
-}
-
-static void fe_drop(void *ctx, uint64_t fence)
-{
-    (void)ctx;
-    (void)fence;
-}
-
-static const struct sh_fence_ops fences = {NULL, fe_done, fe_wait, fe_drop};
-
 /* ---- the system under test ---------------------------------------------------------- */
 
 #include "pool_sys.h"
 
 static void start(const struct opts *o)
 {
-    sys_start(o, &copy_ops, &fences);
+    sys_start(o, &copy_ops);
 }
 
 static int teardown(void **state)

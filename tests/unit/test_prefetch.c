@@ -115,27 +115,6 @@ static int c_drain(void *ctx)
 
 static const struct sh_copy_ops copy_ops = {NULL, c_copy, c_done, c_wait, c_forget, c_drain};
 
-static int fe_done(void *ctx, uint64_t fence)
-{
-    (void)ctx;
-    (void)fence;
-    return 1;
-}
-
-static void fe_wait(void *ctx, uint64_t fence)
-{
-    (void)ctx;
-    (void)fence;
-}
-
-static void fe_drop(void *ctx, uint64_t fence)
-{
-    (void)ctx;
-    (void)fence;
-}
-
-static const struct sh_fence_ops fences = {NULL, fe_done, fe_wait, fe_drop};
-
 /* ---- the system under test ---------------------------------------------------------- */
 
 /* drain_mode = tracked, faked: the streams whose bits are set in busy_mask
@@ -165,7 +144,7 @@ static void start(const struct opts *o)
     copy_calls = fail_copy_at = 0;
     fail_wait = 0;
     busy_mask = drained_mask = 0;
-    sys_start(o, &copy_ops, &fences);
+    sys_start(o, &copy_ops);
 }
 
 static int teardown(void **state)
