@@ -654,6 +654,50 @@ static void move_cancel_all(struct sh_pool *pool, struct move_list *l)
     }
 }
 
+/* One commit window over a batch of moves taken off l (all, or those whose
+ * copies have finished): window() runs with the gate held and sets ok[k]
+ * to 1 for each region it moved. committed() finishes those; the others
+ * are cancelled, back where they were. Their bases go to out and back
+ * (back may be NULL; *nback counts them anyway). SH_EBUSY when the caller
+ * holds the gate. */
+static int move_commit(struct sh_pool *pool, struct move_list *l, int all, size_t max,
+                       void (*window)(struct sh_pool *, struct region **, size_t, char *),
+                       void (*committed)(struct sh_pool *, struct region *, void *), void *arg,
+                       uintptr_t *out, size_t *nout, uintptr_t *back, size_t *nback)
+{
+    *nout = *nback = 0;
+    if (!pool->mover.xfer || max == 0)
+        return 0;
+    if (sh_gate_held(pool->mover.gate))
+        return SH_EBUSY; /* as in sh_pool_evict */
+    struct region **v = malloc(max * (sizeof *v + 1));
+    if (!v)
+        return SH_ENOMEM;
+    char *ok = (char *)(v + max);
+    pthread_mutex_lock(&pool->move_mu);
+    size_t n = move_take_batch(pool, l, all, v, max);
+    int rc = 0;
+    memset(ok, 0, n);
+    if (n && (rc = sh_gate_lock(pool->mover.gate)) == 0) {
+        window(pool, v, n, ok);
+        sh_gate_unlock(pool->mover.gate);
+    }
+    for (size_t k = 0; k < n; k++) {
+        if (ok[k] == 1) {
+            out[(*nout)++] = v[k]->va;
+            committed(pool, v[k], arg);
+        } else {
+            if (back)
+                back[*nback] = v[k]->va;
+            ++*nback;
+            sh_pool_move_cancel(pool, v[k]);
+        }
+    }
+    pthread_mutex_unlock(&pool->move_mu);
+    free(v);
+    return rc;
+}
+
 /* ---- prefetch ---- */
 
 static void unmap_scratch(struct sh_pool *pool, struct region *r, unsigned n)
@@ -898,39 +942,18 @@ static void pf_committed(struct sh_pool *pool, struct region *r)
     finish_state(pool, r, SH_RS_RESIDENT);
 }
 
+static void pf_committed_cb(struct sh_pool *pool, struct region *r, void *arg)
+{
+    (void)arg;
+    pf_committed(pool, r);
+}
+
 int sh_pool_prefetch_commit(struct sh_pool *pool, int all, uintptr_t *out, size_t max, size_t *nout)
 {
-    *nout = 0;
-    if (!pool->mover.xfer || max == 0)
-        return 0;
-    if (sh_gate_held(pool->mover.gate))
-        return SH_EBUSY; /* as in sh_pool_evict */
-    struct region **v = malloc(max * (sizeof *v + 1));
-    if (!v)
-        return SH_ENOMEM;
-    char *st = (char *)(v + max);
-    pthread_mutex_lock(&pool->move_mu);
-    size_t n = move_take_batch(pool, &pool->pf, all, v, max);
-    int rc = 0;
-    if (n && (rc = sh_gate_lock(pool->mover.gate)) == 0) {
-        pf_window(pool, v, n, st);
-        sh_gate_unlock(pool->mover.gate);
-    } else {
-        memset(st, PF_FAIL, n);
-    }
-    for (size_t k = 0; k < n; k++) {
-        if (st[k] == PF_OK) {
-            out[(*nout)++] = v[k]->va;
-            pf_committed(pool, v[k]);
-        } else {
-            sh_pool_move_cancel(pool, v[k]);
-        }
-    }
-    pthread_mutex_unlock(&pool->move_mu);
-    free(v);
-    if (*nout < n && rc == 0)
-        rc = SH_EDRIVER;
-    return rc;
+    size_t failed = 0;
+    int rc = move_commit(pool, &pool->pf, all, max, pf_window, pf_committed_cb, NULL, out, nout,
+                         NULL, &failed);
+    return rc == 0 && failed ? SH_EDRIVER : rc;
 }
 
 void sh_pool_prefetch_cancel_all(struct sh_pool *pool)
@@ -1078,42 +1101,21 @@ static void ev_window(struct sh_pool *pool, struct region **v, size_t n, char *o
     }
 }
 
+static void ev_committed(struct sh_pool *pool, struct region *r, void *released)
+{
+    pthread_mutex_lock(&pool->mu);
+    pool->st.early_commits++;
+    pool->st.evicted_bytes -= r->mapped; /* counted as they were copied */
+    pthread_mutex_unlock(&pool->mu);
+    evicted_one(pool, r, released);
+}
+
 int sh_pool_evict_commit(struct sh_pool *pool, int all, uintptr_t *out, uintptr_t *back, size_t max,
                          size_t *nout, size_t *nback, size_t *released)
 {
-    *nout = *nback = *released = 0;
-    if (!pool->mover.xfer || max == 0)
-        return 0;
-    if (sh_gate_held(pool->mover.gate))
-        return SH_EBUSY; /* as in sh_pool_evict */
-    struct region **v = malloc(max * (sizeof *v + 1));
-    if (!v)
-        return SH_ENOMEM;
-    char *ok = (char *)(v + max);
-    pthread_mutex_lock(&pool->move_mu);
-    size_t n = move_take_batch(pool, &pool->ev, all, v, max);
-    int rc = 0;
-    if (n && (rc = sh_gate_lock(pool->mover.gate)) == 0) {
-        ev_window(pool, v, n, ok);
-        sh_gate_unlock(pool->mover.gate);
-    } else {
-        memset(ok, 0, n);
-    }
-    for (size_t k = 0; k < n; k++) {
-        if (ok[k]) {
-            out[(*nout)++] = v[k]->va;
-            pthread_mutex_lock(&pool->mu);
-            pool->st.early_commits++;
-            pool->st.evicted_bytes -= v[k]->mapped; /* counted as they were copied */
-            pthread_mutex_unlock(&pool->mu);
-            evicted_one(pool, v[k], released);
-        } else {
-            back[(*nback)++] = v[k]->va;
-            sh_pool_move_cancel(pool, v[k]);
-        }
-    }
-    pthread_mutex_unlock(&pool->move_mu);
-    free(v);
+    *released = 0;
+    int rc = move_commit(pool, &pool->ev, all, max, ev_window, ev_committed, released, out, nout,
+                         back, nback);
     sh_chunkcache_trim(pool->cc, *released);
     return rc;
 }
