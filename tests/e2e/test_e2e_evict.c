@@ -282,18 +282,9 @@ static void test_tracked_drain(void **state)
     (void)state;
     if (!preloaded || getenv("E2E_EVICT_TRACKED"))
         skip();
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        setenv("E2E_EVICT_TRACKED", "1", 1);
-        setenv("STAGEHAND_TRANSFER_DRAIN_MODE", "tracked", 1);
-        e2e_reexec(saved_argv);
-        _exit(127);
-    }
-    int status;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    assert_true(WIFEXITED(status));
-    assert_int_equal(WEXITSTATUS(status), 0);
+    static const char *const env[] = {"E2E_EVICT_TRACKED=1",
+                                      "STAGEHAND_TRANSFER_DRAIN_MODE=tracked", NULL};
+    assert_int_equal(e2e_rerun(saved_argv, env), 0);
 }
 
 static void test_tracked_never_drains_the_device(void **state)

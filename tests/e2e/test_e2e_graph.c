@@ -141,18 +141,8 @@ static void test_graph_hooks(void **state)
     (void)state;
     if (!preloaded)
         skip();
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        setenv("STAGEHAND_TRACKING_MODE", "hooks", 1);
-        setenv("E2E_GRAPH_ONLY", "1", 1);
-        e2e_reexec(saved_argv);
-        _exit(127);
-    }
-    int status;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    assert_true(WIFEXITED(status));
-    assert_int_equal(WEXITSTATUS(status), 0);
+    static const char *const env[] = {"STAGEHAND_TRACKING_MODE=hooks", "E2E_GRAPH_ONLY=1", NULL};
+    assert_int_equal(e2e_rerun(saved_argv, env), 0);
 }
 
 static int setup(void **state)
