@@ -39,6 +39,9 @@ __attribute__((constructor)) static void load_config(void)
         _exit(1); /* nothing has run yet, so nothing is lost */
     }
     sh_log_set_level(sh_rt.cfg.general.log_level);
+    if (sh_config_secure())
+        sh_log(SH_LOG_WARN, "secure-execution mode: STAGEHAND_* variables ignored, and a "
+                            "stagehand.ini is read only if root owns it");
     disabled = !sh_rt.cfg.general.enabled;
     if (path[0])
         sh_log(SH_LOG_INFO, "configuration from %s", path);

@@ -52,7 +52,7 @@ static void close_trace(void)
 
 static void open_trace(void)
 {
-    const char *path = getenv("STAGEHAND_TRACE");
+    const char *path = secure_getenv("STAGEHAND_TRACE");
     if (!path || !*path)
         path = sh_rt.cfg.debug.trace_file;
     if (!*path)

@@ -195,7 +195,7 @@ static double run_child(const char *config, const char *policy, int prefetch, co
     char cmd[1024];
     snprintf(cmd, sizeof cmd,
              "E2E_LEARNED_CHILD=1 STAGEHAND_CONFIG=%s STAGEHAND_POLICY_EVICTION=%s "
-             "STAGEHAND_POLICY_PREFETCH_ENABLED=%s STAGEHAND_TRACE=%s STAGEHAND_LOG_LEVEL=warn "
+             "STAGEHAND_POLICY_PREFETCH_ENABLED=%s STAGEHAND_TRACE=%s STAGEHAND_GENERAL_LOG_LEVEL=warn "
              "/proc/%d/exe",
              config, policy, prefetch ? "true" : "false", trace, (int)getpid());
     FILE *f = popen(cmd, "r");
