@@ -57,8 +57,9 @@ static void open_trace(void)
         path = sh_rt.cfg.debug.trace_file;
     if (!*path)
         return;
-    if (sh_trace_writer_open(path, "libstagehand", &trace) != 0) {
-        sh_log(SH_LOG_WARN, "cannot write the trace to %s; not recording", path);
+    char why[SH_CONFIG_STR_MAX + 64];
+    if (sh_trace_writer_create(path, "libstagehand", &trace, why, sizeof why) != 0) {
+        sh_log(SH_LOG_WARN, "cannot write the trace to %s; not recording", why);
         return;
     }
     atexit(close_trace);

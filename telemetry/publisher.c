@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -363,6 +364,31 @@ static int expand_path(char *out, size_t len, const char *in, int pid)
     return SH_OK;
 }
 
+/* Opens the JSONL file for appending without following a final symbolic link or
+ * blocking on a FIFO; refuses anything but a regular file this user owns. A new
+ * file is readable by its owner only. */
+static int open_private(const char *path, const char **why)
+{
+    struct stat st;
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        *why = errno == ELOOP   ? "is a symbolic link; not following it"
+               : errno == ENXIO ? "is a FIFO or a device, not a regular file"
+                                : strerror(errno);
+        return -1;
+    }
+    *why = fstat(fd, &st)                 ? strerror(errno)
+           : !S_ISREG(st.st_mode)         ? "not a regular file"
+           : st.st_uid != geteuid()       ? "owned by another user"
+           : fcntl(fd, F_SETFL, O_APPEND) ? strerror(errno)
+                                          : NULL;
+    if (*why) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 static int open_jsonl(const char *path, int pid)
 {
     char full[PATH_MAX];
@@ -370,9 +396,10 @@ static int open_jsonl(const char *path, int pid)
         sh_log(SH_LOG_WARN, "telemetry_file: path too long");
         return SH_ERANGE;
     }
-    pub.jsonl_fd = open(full, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    const char *why = NULL;
+    pub.jsonl_fd = open_private(full, &why);
     if (pub.jsonl_fd < 0) {
-        sh_log(SH_LOG_WARN, "telemetry_file %s: %s; no per-step records", full, strerror(errno));
+        sh_log(SH_LOG_WARN, "telemetry_file %s: %s; no per-step records", full, why);
         return SH_ENOTFOUND;
     }
     sh_tm_strcpy(pub.snap->jsonl_path, sizeof pub.snap->jsonl_path, full);
