@@ -147,8 +147,14 @@ static FILE *create_private(const char *path, char *why, size_t whylen)
                                                                        : NULL;
     FILE *f = bad ? NULL : fdopen(fd, "w");
     if (!f) {
+        int e = !bad || !S_ISREG(st.st_mode) || st.st_uid == geteuid()
+                    ? errno
+                    : EPERM; /* errno says why to callers that have no `why` */
+        if (bad && !S_ISREG(st.st_mode))
+            e = S_ISDIR(st.st_mode) ? EISDIR : ENXIO;
         set_why(why, whylen, path, bad ? bad : strerror(errno));
         close(fd);
+        errno = e;
         return NULL;
     }
     setvbuf(f, NULL, _IONBF, 0); /* the writer buffers; stdio must hold nothing back */
