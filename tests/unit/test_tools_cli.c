@@ -1,8 +1,8 @@
-/* test_sim_cli.c — stagehand-sim's flags: a value out of range, a fraction where
- * a count is wanted and a run too long for the replay's nanosecond arithmetic
- * are refused with the flag and its range named; --write says why it cannot
- * write; a configuration that does not fit the card says where the card's size
- * came from. Runs the built tool ($STAGEHAND_TEST_BUILD/stagehand-sim).
+/* test_tools_cli.c — the tools' edges. stagehand-sim's flags: a value out of range, a fraction
+ * where a count is wanted and a run too long for the replay's nanosecond arithmetic are refused
+ * with the flag and its range named; --write says why it cannot write; a configuration that does
+ * not fit the card says where the card's size came from. stagehand-top -p PID says whether the
+ * process exists. Runs the built tools ($STAGEHAND_TEST_BUILD/stagehand-sim, .../stagehand-top).
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,12 +18,12 @@
 
 static char out[8192];
 
-/* Runs the tool with args (a shell word list); returns its exit status. */
-static int sim(const char *args)
+/* Runs a tool with args (a shell word list); returns its exit status. */
+static int tool(const char *name, const char *args)
 {
     const char *build = getenv("STAGEHAND_TEST_BUILD");
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "%s/stagehand-sim %s 2>&1", build ? build : "build", args);
+    snprintf(cmd, sizeof cmd, "%s/%s %s 2>&1", build ? build : "build", name, args);
     FILE *p = popen(cmd, "r");
     assert_non_null(p);
     size_t n = fread(out, 1, sizeof out - 1, p);
@@ -31,6 +31,11 @@ static int sim(const char *args)
     int st = pclose(p);
     assert_true(WIFEXITED(st));
     return WEXITSTATUS(st);
+}
+
+static int sim(const char *args)
+{
+    return tool("stagehand-sim", args);
 }
 
 static void expect(const char *args, int code, const char *first_line)
@@ -96,6 +101,30 @@ static void test_config_blames_the_card(void **state)
     assert_non_null(strstr(out, "the simulated card has 0.001 GB (--vram-gb)"));
 }
 
+static void test_top_says_whether_the_process_exists(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/test_top_cli.XXXXXX", args[128], want[256];
+    assert_non_null(mkdtemp(dir));
+    snprintf(args, sizeof args, "--dir %s -p %d --once", dir, (int)getpid());
+    assert_int_equal(tool("stagehand-top", args), 1);
+    snprintf(want, sizeof want,
+             "stagehand-top: process %d exists but publishes no segment in %s: it does not use "
+             "stagehand, or runs with [telemetry] shm_enabled = false\n",
+             (int)getpid(), dir);
+    assert_string_equal(out, want);
+    pid_t gone = fork();
+    if (gone == 0)
+        _exit(0);
+    waitpid(gone, NULL, 0);
+    snprintf(args, sizeof args, "--dir %s -p %d --once", dir, (int)gone);
+    assert_int_equal(tool("stagehand-top", args), 1);
+    snprintf(want, sizeof want, "stagehand-top: no process %d, and no segment %s/stagehand.%d\n",
+             (int)gone, dir, (int)gone);
+    assert_string_equal(out, want);
+    rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -103,6 +132,7 @@ int main(void)
         cmocka_unit_test(test_edges_still_run),
         cmocka_unit_test(test_write_says_why),
         cmocka_unit_test(test_config_blames_the_card),
+        cmocka_unit_test(test_top_says_whether_the_process_exists),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
