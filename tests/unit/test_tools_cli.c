@@ -101,6 +101,29 @@ static void test_config_blames_the_card(void **state)
     assert_non_null(strstr(out, "the simulated card has 0.001 GB (--vram-gb)"));
 }
 
+/* The lower bound is one: no policy beats it, whatever the shape. With every
+ * step an evaluation, the optimizer state is never used again and costs no
+ * traffic; counting it made the bound exceed what the policies achieved. */
+static void test_bound_holds_for_every_shape(void **state)
+{
+    (void)state;
+    static const char *const shapes[] = {"--eval-every 1", "--eval-every 2",  "--eval-every 3",
+                                         "--lora",         "--checkpointing", ""};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        char args[128];
+        snprintf(args, sizeof args, "--gen --steps 4 %s", shapes[i]);
+        assert_int_equal(sim(args), 0);
+        int lines = 0;
+        for (const char *p = strstr(out, "ratio="); p; p = strstr(p + 1, "ratio=")) {
+            double r = strtod(p + 6, NULL);
+            if (r < 0.999)
+                fail_msg("%s: ratio %.3f below 1 in\n%s", args, r, out);
+            lines++;
+        }
+        assert_int_equal(lines, 4);
+    }
+}
+
 static void test_top_says_whether_the_process_exists(void **state)
 {
     (void)state;
@@ -133,6 +156,7 @@ int main(void)
         cmocka_unit_test(test_write_says_why),
         cmocka_unit_test(test_config_blames_the_card),
         cmocka_unit_test(test_top_says_whether_the_process_exists),
+        cmocka_unit_test(test_bound_holds_for_every_shape),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
