@@ -82,12 +82,18 @@ static uint64_t host_ram(void)
 static int open_device(void)
 {
     struct sh_driver *d = &sh_rt.drv;
-    int dev = 0;
+    int dev = 0, want = sh_rt.cfg.general.device;
     /* Lets the runtime create and select its context first, as the program expects. */
     if (sh_real()->cudaGetDevice && sh_real()->cudaGetDevice(&dev) != cudaSuccess)
         return SH_EDRIVER;
-    if (d->cuInit(0) != CUDA_SUCCESS || d->cuDeviceGet(&sh_rt.dev, dev) != CUDA_SUCCESS ||
-        d->cuDevicePrimaryCtxRetain(&sh_rt.ctx, sh_rt.dev) != CUDA_SUCCESS ||
+    dev = want >= 0 ? want : dev;
+    if (d->cuInit(0) != CUDA_SUCCESS)
+        return SH_EDRIVER;
+    if (d->cuDeviceGet(&sh_rt.dev, dev) != CUDA_SUCCESS) {
+        fprintf(stderr, "stagehand: [general] device = %d: no such CUDA device here\n", dev);
+        _exit(1); /* like a bad configuration: the first allocation has not happened yet */
+    }
+    if (d->cuDevicePrimaryCtxRetain(&sh_rt.ctx, sh_rt.dev) != CUDA_SUCCESS ||
         d->cuDeviceTotalMem(&sh_rt.card_bytes, sh_rt.dev) != CUDA_SUCCESS)
         return SH_EDRIVER;
     int vmm = 0;
@@ -209,6 +215,15 @@ int sh_managed(void)
         ctx_ready = 1;
     }
     return 1;
+}
+
+int sh_managed_here(void)
+{
+    int dev = 0;
+    if (!sh_managed())
+        return 0;
+    return !sh_real()->cudaGetDevice ||
+           (sh_real()->cudaGetDevice(&dev) == cudaSuccess && dev == (int)sh_rt.dev);
 }
 
 /* Why nothing more could be evicted, for the out-of-memory line. */

@@ -34,7 +34,7 @@
 
 enum type { T_BOOL, T_INT, T_ENUM, T_SIZE, T_LIST, T_STR };
 enum pct_base { PCT_NONE, PCT_CARD, PCT_BUDGET, PCT_HOST, PCT_HOST_BUDGET };
-enum { F_POW2 = 1, F_INCREASING = 2 };
+enum { F_POW2 = 1, F_INCREASING = 2, F_AUTO = 4 }; /* F_AUTO: an int may be "auto" (-1) */
 enum { SRC_DEFAULT = -1, SRC_ENV = -2 };
 
 struct key {
@@ -102,8 +102,16 @@ static const struct key keys[] = {
          "false makes the library a pure pass-through"),
     ENUM("general", "log_level", general.log_level, log_levels, "warn", NULL,
          "messages above this level are dropped"),
-    INT("general", "device", general.device, 0, 255, "0", NULL, "index",
-        "CUDA device the budget applies to"),
+    {.section = "general",
+     .name = "device",
+     .type = T_INT,
+     .off = AT(general.device),
+     .max = 255,
+     .unit = 1,
+     .flags = F_AUTO,
+     .def = "auto",
+     .unit_name = "index",
+     .help = "CUDA device the library manages; auto: the one current at the first allocation"},
 
     SIZE("budget", "vram_budget_mb", budget.vram_budget, MB, PCT_CARD, MB, ANY_SIZE, 0, "100%",
          "budget", "device memory stagehand may use; % of the card"),
@@ -344,6 +352,13 @@ static int parse_bool(const struct key *k, const char *v, void *field, char *msg
 static int parse_int(const struct key *k, const char *v, void *field, char *msg, size_t len)
 {
     uint64_t x;
+    if ((k->flags & F_AUTO) && strcasecmp(v, "auto") == 0) {
+        *(int *)field = -1;
+        return 0;
+    }
+    if ((k->flags & F_AUTO) && (parse_uint(v, &x, msg, len) || x > k->max))
+        return say(msg, len, "must be auto or an integer from 0 to %" PRIu64 " (got \"%s\")",
+                   k->max, v);
     if (parse_uint(v, &x, msg, len) || check_range(k, x, msg, len))
         return SH_EINVAL;
     *(int *)field = (int)x;
@@ -1170,7 +1185,10 @@ static void fmt_value(const struct sh_config *cfg, const struct key *k, char *bu
         snprintf(buf, len, "%s", *(const int *)f ? "on" : "off");
         break;
     case T_INT:
-        snprintf(buf, len, "%d", *(const int *)f);
+        if (*(const int *)f < 0)
+            snprintf(buf, len, "auto");
+        else
+            snprintf(buf, len, "%d", *(const int *)f);
         break;
     case T_ENUM:
         snprintf(buf, len, "%s", k->choices[*(const int *)f]);
