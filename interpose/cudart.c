@@ -108,7 +108,7 @@ static cudaError_t managed_alloc(void **ptr, size_t size, int path, cudaStream_t
 EXPORT cudaError_t cudaMalloc(void **ptr, size_t size)
 {
     const struct sh_real *real = sh_real();
-    if (!ptr || size < sh_rt.cfg.regions.min_region.bytes || !sh_managed()) {
+    if (!ptr || size < sh_rt.cfg.regions.min_region.bytes || !sh_managed_here()) {
         passthrough();
         return real->cudaMalloc(ptr, size);
     }
@@ -135,7 +135,7 @@ EXPORT cudaError_t cudaFree(void *ptr)
 EXPORT cudaError_t cudaMallocAsync(void **ptr, size_t size, cudaStream_t stream)
 {
     const struct sh_real *real = sh_real();
-    if (!ptr || size == 0 || !sh_managed()) {
+    if (!ptr || size == 0 || !sh_managed_here()) {
         passthrough();
         return real->cudaMallocAsync(ptr, size, stream);
     }
@@ -180,7 +180,7 @@ EXPORT cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream)
 EXPORT cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)
 {
     cudaError_t e = sh_real()->cudaMemGetInfo(free_bytes, total);
-    if (e != cudaSuccess || !sh_managed() || !free_bytes || !total)
+    if (e != cudaSuccess || !sh_managed_here() || !free_bytes || !total)
         return e;
     struct sh_pool_stats st;
     sh_pool_stats(sh_rt.pool, &st);
@@ -194,11 +194,10 @@ EXPORT cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)
 
 EXPORT void *stagehand_malloc(ssize_t size, int device, void *stream)
 {
-    (void)device; /* one device per process */
     void *p = NULL;
     if (size <= 0)
         return NULL;
-    if (!sh_managed()) {
+    if (!sh_managed() || device != (int)sh_rt.dev) { /* [general] device only */
         const struct sh_real *real = sh_real();
         return real->cudaMallocAsync &&
                        real->cudaMallocAsync(&p, (size_t)size, stream) == cudaSuccess

@@ -56,6 +56,10 @@ const struct sh_real *sh_real(void);
  * current on the calling thread. */
 int sh_managed(void);
 
+/* sh_managed(), and the calling thread's current device is the managed one
+ * ([general] device): an allocation for any other device passes through. */
+int sh_managed_here(void);
+
 /* cudaErrorMemoryAllocation, with one stderr line saying why. */
 cudaError_t sh_oom(size_t size, const char *what);
 

@@ -23,6 +23,7 @@
 #include <cupti.h>
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
@@ -487,9 +488,14 @@ static const CUpti_CallbackId driver_ids[] = {
 
 static const char *start_cupti(const char *path)
 {
+    static char why[SH_CONFIG_STR_MAX + 256]; /* start-up runs once */
     void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!lib)
-        return "libcupti could not be loaded";
+    if (!lib) {
+        const char *e = dlerror();
+        snprintf(why, sizeof why, "[tracking] cupti_path %s could not be loaded: %s", path,
+                 e ? e : "unknown reason");
+        return why;
+    }
     __typeof__(cuptiSubscribe) *subscribe =
         (__typeof__(cuptiSubscribe) *)dlsym(lib, "cuptiSubscribe");
     __typeof__(cuptiEnableCallback) *enable =

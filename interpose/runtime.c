@@ -39,6 +39,9 @@ __attribute__((constructor)) static void load_config(void)
         _exit(1); /* nothing has run yet, so nothing is lost */
     }
     sh_log_set_level(sh_rt.cfg.general.log_level);
+    if (sh_config_secure())
+        sh_log(SH_LOG_WARN, "secure-execution mode: STAGEHAND_* variables ignored, and a "
+                            "stagehand.ini is read only if root owns it");
     disabled = !sh_rt.cfg.general.enabled;
     if (path[0])
         sh_log(SH_LOG_INFO, "configuration from %s", path);
@@ -79,12 +82,18 @@ static uint64_t host_ram(void)
 static int open_device(void)
 {
     struct sh_driver *d = &sh_rt.drv;
-    int dev = 0;
+    int dev = 0, want = sh_rt.cfg.general.device;
     /* Lets the runtime create and select its context first, as the program expects. */
     if (sh_real()->cudaGetDevice && sh_real()->cudaGetDevice(&dev) != cudaSuccess)
         return SH_EDRIVER;
-    if (d->cuInit(0) != CUDA_SUCCESS || d->cuDeviceGet(&sh_rt.dev, dev) != CUDA_SUCCESS ||
-        d->cuDevicePrimaryCtxRetain(&sh_rt.ctx, sh_rt.dev) != CUDA_SUCCESS ||
+    dev = want >= 0 ? want : dev;
+    if (d->cuInit(0) != CUDA_SUCCESS)
+        return SH_EDRIVER;
+    if (d->cuDeviceGet(&sh_rt.dev, dev) != CUDA_SUCCESS) {
+        fprintf(stderr, "stagehand: [general] device = %d: no such CUDA device here\n", dev);
+        _exit(1); /* like a bad configuration: the first allocation has not happened yet */
+    }
+    if (d->cuDevicePrimaryCtxRetain(&sh_rt.ctx, sh_rt.dev) != CUDA_SUCCESS ||
         d->cuDeviceTotalMem(&sh_rt.card_bytes, sh_rt.dev) != CUDA_SUCCESS)
         return SH_EDRIVER;
     int vmm = 0;
@@ -206,6 +215,15 @@ int sh_managed(void)
         ctx_ready = 1;
     }
     return 1;
+}
+
+int sh_managed_here(void)
+{
+    int dev = 0;
+    if (!sh_managed())
+        return 0;
+    return !sh_real()->cudaGetDevice ||
+           (sh_real()->cudaGetDevice(&dev) == cudaSuccess && dev == (int)sh_rt.dev);
 }
 
 /* Why nothing more could be evicted, for the out-of-memory line. */

@@ -52,13 +52,14 @@ static void close_trace(void)
 
 static void open_trace(void)
 {
-    const char *path = getenv("STAGEHAND_TRACE");
+    const char *path = secure_getenv("STAGEHAND_TRACE");
     if (!path || !*path)
         path = sh_rt.cfg.debug.trace_file;
     if (!*path)
         return;
-    if (sh_trace_writer_open(path, "libstagehand", &trace) != 0) {
-        sh_log(SH_LOG_WARN, "cannot write the trace to %s; not recording", path);
+    char why[SH_CONFIG_STR_MAX + 64];
+    if (sh_trace_writer_create(path, "libstagehand", &trace, why, sizeof why) != 0) {
+        sh_log(SH_LOG_WARN, "cannot write the trace to %s; not recording", why);
         return;
     }
     atexit(close_trace);

@@ -23,6 +23,9 @@ FUZZ_SRCS_cubin  := interpose/cubin.c telemetry/log.c
 FUZZ_LIBS_cubin  := -lelf -lpthread
 FUZZ_SRCS_shm    := $(filter-out telemetry/log.c,$(wildcard telemetry/*.c)) telemetry/log.c
 FUZZ_LIBS_shm    := -lpthread -lm
+FUZZ_SRCS_top    := $(addprefix tools/stagehand-top/,collect.c layout.c render.c text.c) \
+                    $(FUZZ_SRCS_shm)
+FUZZ_LIBS_top    := -lpthread -lm
 
 $(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(PREREQ)
 	@./mk/prereqs.sh fuzz

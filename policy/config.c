@@ -15,11 +15,15 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/auxv.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define KB       (UINT64_C(1) << 10)
 #define MB       (UINT64_C(1) << 20)
@@ -30,7 +34,7 @@
 
 enum type { T_BOOL, T_INT, T_ENUM, T_SIZE, T_LIST, T_STR };
 enum pct_base { PCT_NONE, PCT_CARD, PCT_BUDGET, PCT_HOST, PCT_HOST_BUDGET };
-enum { F_POW2 = 1, F_INCREASING = 2 };
+enum { F_POW2 = 1, F_INCREASING = 2, F_AUTO = 4 }; /* F_AUTO: an int may be "auto" (-1) */
 enum { SRC_DEFAULT = -1, SRC_ENV = -2 };
 
 struct key {
@@ -98,8 +102,16 @@ static const struct key keys[] = {
          "false makes the library a pure pass-through"),
     ENUM("general", "log_level", general.log_level, log_levels, "warn", NULL,
          "messages above this level are dropped"),
-    INT("general", "device", general.device, 0, 255, "0", NULL, "index",
-        "CUDA device the budget applies to"),
+    {.section = "general",
+     .name = "device",
+     .type = T_INT,
+     .off = AT(general.device),
+     .max = 255,
+     .unit = 1,
+     .flags = F_AUTO,
+     .def = "auto",
+     .unit_name = "index",
+     .help = "CUDA device the library manages; auto: the one current at the first allocation"},
 
     SIZE("budget", "vram_budget_mb", budget.vram_budget, MB, PCT_CARD, MB, ANY_SIZE, 0, "100%",
          "budget", "device memory stagehand may use; % of the card"),
@@ -340,6 +352,13 @@ static int parse_bool(const struct key *k, const char *v, void *field, char *msg
 static int parse_int(const struct key *k, const char *v, void *field, char *msg, size_t len)
 {
     uint64_t x;
+    if ((k->flags & F_AUTO) && strcasecmp(v, "auto") == 0) {
+        *(int *)field = -1;
+        return 0;
+    }
+    if ((k->flags & F_AUTO) && (parse_uint(v, &x, msg, len) || x > k->max))
+        return say(msg, len, "must be auto or an integer from 0 to %" PRIu64 " (got \"%s\")",
+                   k->max, v);
     if (parse_uint(v, &x, msg, len) || check_range(k, x, msg, len))
         return SH_EINVAL;
     *(int *)field = (int)x;
@@ -640,17 +659,24 @@ static void tidy_line(struct parse *p, char *buf)
 static char *read_line(char *buf, int num, void *stream)
 {
     struct parse *p = stream;
-    int n = 0, c = EOF;
+    int n = 0, c = EOF, nul = 0;
     while (n < num - 1) {
         c = next_char(p);
         if (c == EOF || c == '\n')
             break;
+        if (c == '\0' && !nul)
+            nul = n + 1;
         buf[n++] = (char)c;
     }
     if (n == 0 && c == EOF)
         return NULL;
     buf[n] = '\0';
     p->line++;
+    /* A NUL would silently cut the value short: the line is refused instead. */
+    if (nul) {
+        fail(p, "line", "holds a NUL byte at column %d", nul);
+        buf[0] = '\0';
+    }
     if (n == num - 1 && c != EOF && c != '\n' && (c = next_char(p)) != '\n' && c != EOF) {
         while ((c = next_char(p)) != '\n' && c != EOF)
             ;
@@ -709,7 +735,8 @@ static int load(struct sh_config *cfg, const char *name, FILE *fp, const char *t
 static int open_failed(const char *who, const char *path, char *err, size_t errlen)
 {
     char buf[128];
-    const char *why = strerror_r(errno, buf, sizeof buf);
+    const char *why = errno == ELOOP ? "it is a symbolic link; name the file itself"
+                                     : strerror_r(errno, buf, sizeof buf);
     if (who)
         say(err, errlen, "%s: cannot open %s: %s", who, path, why);
     else
@@ -717,12 +744,83 @@ static int open_failed(const char *who, const char *path, char *err, size_t errl
     return SH_ENOTFOUND;
 }
 
+/* Secure execution (setuid, setgid, capabilities): the environment belongs to
+ * a less trusted user. Weak so that a test can stand in for the kernel. */
+__attribute__((weak)) int sh_config_secure(void)
+{
+    return getauxval(AT_SECURE) != 0;
+}
+
+/* Why a configuration file must not be trusted, or NULL when it may be: it can
+ * name a library to load and files to truncate, so only its reader's own user or
+ * root may own it, nobody else may write it, and under secure execution only
+ * root may own it. */
+static const char *distrust_type(const struct stat *st)
+{
+    if (S_ISREG(st->st_mode))
+        return NULL;
+    return S_ISDIR(st->st_mode) ? "is a directory, not a configuration file" : "not a regular file";
+}
+
+static const char *distrust(const struct stat *st, int secure, char *buf, size_t len)
+{
+    uid_t me = geteuid();
+    if (!S_ISREG(st->st_mode))
+        return distrust_type(st);
+    if (secure && st->st_uid != 0)
+        snprintf(buf, len, "owned by uid %u, not root, in secure-execution mode",
+                 (unsigned)st->st_uid);
+    else if (st->st_uid != me && st->st_uid != 0)
+        snprintf(buf, len, "owned by uid %u, neither you (uid %u) nor root", (unsigned)st->st_uid,
+                 (unsigned)me);
+    else if (st->st_mode & (S_IWGRP | S_IWOTH))
+        snprintf(buf, len, "writable by %s (mode %04o); chmod go-w it",
+                 st->st_mode & S_IWOTH ? "every user" : "its group",
+                 (unsigned)(st->st_mode & 07777));
+    else
+        return NULL;
+    return buf;
+}
+
+enum trust { NAMED, FOUND, FOUND_SECURE };
+
+/* Opens a configuration file without blocking on a FIFO and refuses anything but a
+ * regular file. One the library finds by itself (FOUND) is opened without following
+ * a final symbolic link and refused when another user controls it; under secure
+ * execution such a file is skipped instead, as the environment is. A file a tool
+ * is told to read (NAMED) is only checked to be a file. *fp is NULL when there is
+ * nothing to read. */
+static int open_config(const char *who, const char *path, enum trust t, FILE **fp, char *err,
+                       size_t errlen)
+{
+    struct stat st;
+    char buf[128];
+    *fp = NULL;
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | (t == NAMED ? 0 : O_NOFOLLOW));
+    if (fd < 0)
+        return errno == ENOENT && t != NAMED && !who ? 0 : open_failed(who, path, err, errlen);
+    const char *why = fstat(fd, &st) ? strerror_r(errno, buf, sizeof buf)
+                      : t == NAMED   ? distrust_type(&st)
+                                     : distrust(&st, t == FOUND_SECURE, buf, sizeof buf);
+    if (!why && !(*fp = fdopen(fd, "r")))
+        why = strerror_r(errno, buf, sizeof buf);
+    if (!why)
+        return 0;
+    close(fd);
+    if (t == FOUND_SECURE)
+        return 0;
+    if (who)
+        return say(err, errlen, "%s: refused %s: %s", who, path, why);
+    return say(err, errlen, "%s: refused: %s", path, why);
+}
+
 int sh_config_load_file(struct sh_config *cfg, const char *path, char *err, size_t errlen)
 {
-    FILE *fp = fopen(path, "re");
-    if (!fp)
-        return open_failed(NULL, path, err, errlen);
-    int rc = load(cfg, path, fp, NULL, err, errlen);
+    FILE *fp;
+    int rc = open_config(NULL, path, NAMED, &fp, err, errlen);
+    if (rc)
+        return rc;
+    rc = load(cfg, path, fp, NULL, err, errlen);
     fclose(fp);
     return rc;
 }
@@ -734,6 +832,63 @@ int sh_config_load_string(struct sh_config *cfg, const char *name, const char *t
 }
 
 /* ---- environment ---------------------------------------------------------- */
+
+/* Edit distance between a[0..n) (any case) and the lower-case word b; 9 if long. */
+static int distance(const char *a, size_t n, const char *b)
+{
+    size_t m = strlen(b);
+    int d[17][17];
+    if (n > 16 || m > 16)
+        return 9;
+    for (size_t i = 0; i <= n; i++)
+        for (size_t j = 0; j <= m; j++) {
+            if (!i || !j) {
+                d[i][j] = (int)(i + j);
+                continue;
+            }
+            int sub = d[i - 1][j - 1] + (tolower((unsigned char)a[i - 1]) != b[j - 1]);
+            int del = d[i - 1][j] + 1, ins = d[i][j - 1] + 1;
+            d[i][j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+        }
+    return d[n][m];
+}
+
+/* Any section's key named s[0..n), or -1. */
+static int key_anywhere(const char *s, size_t n)
+{
+    for (size_t i = 0; i < NKEYS; i++)
+        if (strlen(keys[i].name) == n && strncasecmp(keys[i].name, s, n) == 0)
+            return (int)i;
+    return -1;
+}
+
+/* STAGEHAND_NAME matched no section. It is an error, like an unknown key, when it
+ * was meant as a key: the words after its first name a key
+ * (STAGEHAND_BUDGT_VRAM_BUDGET_MB), the whole name does (STAGEHAND_LOG_LEVEL), or
+ * its first word is a letter or two from a section's name. Other names
+ * (STAGEHAND_CONFIG, STAGEHAND_TRACE, a script's own) are left alone. */
+static int misspelt(const char *entry, size_t len, char *err, size_t errlen)
+{
+    const char *name = entry + 10, *us = memchr(name, '_', len - 10);
+    size_t n = len - 10, first = us ? (size_t)(us - name) : n;
+    int k = us ? key_anywhere(us + 1, n - first - 1) : -1;
+    if (k < 0)
+        k = key_anywhere(name, n);
+    if (k >= 0) {
+        char want[96];
+        int w = snprintf(want, sizeof want, "STAGEHAND_%s_%s", keys[k].section, keys[k].name);
+        for (int i = 0; i < w && (size_t)i < sizeof want; i++)
+            want[i] = (char)toupper((unsigned char)want[i]);
+        return say(err, errlen, "env %.*s: not a key; did you mean %s?", (int)len, entry, want);
+    }
+    for (size_t s = 0; s < NSECTIONS; s++) {
+        int d = distance(name, first, sections[s]);
+        if (d > 0 && d <= (strlen(sections[s]) >= 6 ? 2 : 1))
+            return say(err, errlen, "env %.*s: unknown section \"%.*s\" (did you mean %s?)",
+                       (int)len, entry, (int)first, name, sections[s]);
+    }
+    return 0;
+}
 
 static int env_one(struct sh_config *cfg, const char *entry, char *err, size_t errlen)
 {
@@ -759,7 +914,7 @@ static int env_one(struct sh_config *cfg, const char *entry, char *err, size_t e
         cfg->origin_[k] = (struct sh_config_origin){SRC_ENV, 0};
         return 0;
     }
-    return 0; /* STAGEHAND_CONFIG, _DISABLE, _TRACE and other names are not keys */
+    return misspelt(entry, (size_t)(eq - entry), err, errlen);
 }
 
 int sh_config_apply_env(struct sh_config *cfg, char *const *envp, char *err, size_t errlen)
@@ -966,19 +1121,20 @@ int sh_config_resolve(struct sh_config *cfg, uint64_t card_bytes, uint64_t host_
 
 /* ---- start-up ------------------------------------------------------------- */
 
-static int load_search(struct sh_config *cfg, char *const *envp, char *used, size_t usedlen,
-                       char *err, size_t errlen)
+static int load_search(struct sh_config *cfg, char *const *envp, int secure, char *used,
+                       size_t usedlen, char *err, size_t errlen)
 {
     const char *path = env_get(envp, "STAGEHAND_CONFIG");
     const char *who = "env STAGEHAND_CONFIG";
+    FILE *fp;
     if (!path || !*path) {
         path = "stagehand.ini";
         who = NULL;
     }
-    FILE *fp = fopen(path, "re");
-    if (!fp)
-        return (!who && errno == ENOENT) ? 0 : open_failed(who, path, err, errlen);
-    int rc = load(cfg, path, fp, NULL, err, errlen);
+    int rc = open_config(who, path, secure ? FOUND_SECURE : FOUND, &fp, err, errlen);
+    if (rc || !fp)
+        return rc;
+    rc = load(cfg, path, fp, NULL, err, errlen);
     fclose(fp);
     if (!rc)
         copy_str(used, usedlen, path);
@@ -988,10 +1144,12 @@ static int load_search(struct sh_config *cfg, char *const *envp, char *used, siz
 int sh_config_load(struct sh_config *cfg, char *const *envp, char *used_path, size_t pathlen,
                    char *err, size_t errlen)
 {
-    int rc;
+    int rc, secure = sh_config_secure();
     sh_config_defaults(cfg);
     copy_str(used_path, pathlen, "");
-    if ((rc = load_search(cfg, envp, used_path, pathlen, err, errlen)) != 0)
+    if (secure)
+        envp = NULL; /* another user wrote it: not one STAGEHAND_* name is read */
+    if ((rc = load_search(cfg, envp, secure, used_path, pathlen, err, errlen)) != 0)
         return rc;
     if ((rc = sh_config_apply_env(cfg, envp, err, errlen)) != 0)
         return rc;
@@ -1027,7 +1185,10 @@ static void fmt_value(const struct sh_config *cfg, const struct key *k, char *bu
         snprintf(buf, len, "%s", *(const int *)f ? "on" : "off");
         break;
     case T_INT:
-        snprintf(buf, len, "%d", *(const int *)f);
+        if (*(const int *)f < 0)
+            snprintf(buf, len, "auto");
+        else
+            snprintf(buf, len, "%d", *(const int *)f);
         break;
     case T_ENUM:
         snprintf(buf, len, "%s", k->choices[*(const int *)f]);

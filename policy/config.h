@@ -156,6 +156,11 @@ int sh_config_init(struct sh_config *cfg, char *const *envp, uint64_t card_bytes
                    uint64_t host_ram_bytes, char *used_path, size_t pathlen, char *err,
                    size_t errlen);
 
+/* 1 in secure-execution mode (getauxval(AT_SECURE): setuid, setgid, file
+ * capabilities). sh_config_load then reads no STAGEHAND_* variable and only a
+ * root-owned ./stagehand.ini. Weak, so a test may replace it. */
+int sh_config_secure(void);
+
 /* 1 when envp has STAGEHAND_DISABLE set to anything but "", 0, false, no or off. */
 int sh_config_disabled(char *const *envp);
 

@@ -9,10 +9,13 @@
 #include "sh_err.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define WBUF_SIZE    (256u * 1024u)
 #define LINE_MAX_OUT 96 /* room for the longest fixed-size record */
@@ -39,12 +42,19 @@ struct sh_trace_writer {
     int err;          /* first error, sticky */
     uint64_t seq;     /* launches written */
     uint64_t flushed; /* bytes handed to fwrite */
+    pid_t owner;      /* the process that opened it */
 };
 
 static int w_flush(struct sh_trace_writer *w)
 {
     if (w->err)
         return w->err;
+    /* A fork child inherits the buffer; its exit() must not write the parent's
+     * records (and header) a second time. */
+    if (getpid() != w->owner) {
+        w->len = 0;
+        return 0;
+    }
     if (w->len && fwrite(w->buf, 1, w->len, w->f) != w->len)
         w->err = SH_EINVAL;
     w->flushed += w->len;
@@ -110,7 +120,54 @@ static char class_char(int cls)
     return cls >= 0 && cls <= SH_CLASS_TRANSIENT ? class_chars[cls] : 'u';
 }
 
+static void set_why(char *why, size_t len, const char *path, const char *reason)
+{
+    if (why && len)
+        snprintf(why, len, "%s: %s", path, reason);
+}
+
+/* Opens path for writing without following a final symbolic link or blocking on a
+ * FIFO; refuses anything but a regular file this user owns, and only then
+ * truncates it. A new file is readable by its owner only. */
+static FILE *create_private(const char *path, char *why, size_t whylen)
+{
+    struct stat st;
+    int fd = open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        set_why(why, whylen, path,
+                errno == ELOOP   ? "is a symbolic link; not following it"
+                : errno == ENXIO ? "is a FIFO or a device, not a regular file"
+                                 : strerror(errno));
+        return NULL;
+    }
+    const char *bad = fstat(fd, &st)                                   ? strerror(errno)
+                      : !S_ISREG(st.st_mode)                           ? "not a regular file"
+                      : st.st_uid != geteuid()                         ? "owned by another user"
+                      : ftruncate(fd, 0) || fcntl(fd, F_SETFL, 0) != 0 ? strerror(errno)
+                                                                       : NULL;
+    FILE *f = bad ? NULL : fdopen(fd, "w");
+    if (!f) {
+        int e = !bad || !S_ISREG(st.st_mode) || st.st_uid == geteuid()
+                    ? errno
+                    : EPERM; /* errno says why to callers that have no `why` */
+        if (bad && !S_ISREG(st.st_mode))
+            e = S_ISDIR(st.st_mode) ? EISDIR : ENXIO;
+        set_why(why, whylen, path, bad ? bad : strerror(errno));
+        close(fd);
+        errno = e;
+        return NULL;
+    }
+    setvbuf(f, NULL, _IONBF, 0); /* the writer buffers; stdio must hold nothing back */
+    return f;
+}
+
 int sh_trace_writer_open(const char *path, const char *source, struct sh_trace_writer **out)
+{
+    return sh_trace_writer_create(path, source, out, NULL, 0);
+}
+
+int sh_trace_writer_create(const char *path, const char *source, struct sh_trace_writer **out,
+                           char *why, size_t whylen)
 {
     if (!path || !out)
         return SH_EINVAL;
@@ -119,15 +176,14 @@ int sh_trace_writer_open(const char *path, const char *source, struct sh_trace_w
     if (!w)
         return SH_ENOMEM;
     w->buf = malloc(WBUF_SIZE);
-    w->f = fopen(path, "w");
+    w->f = w->buf ? create_private(path, why, whylen) : NULL;
     if (!w->buf || !w->f) {
         int rc = w->buf ? SH_ENOTFOUND : SH_ENOMEM;
-        if (w->f)
-            fclose(w->f);
         free(w->buf);
         free(w);
         return rc;
     }
+    w->owner = getpid();
     w_str(w, "stagehand-trace ");
     w_u64(w, SH_TRACE_VERSION);
     w_char(w, '\n');

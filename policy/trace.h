@@ -54,6 +54,12 @@ struct sh_trace_writer;
 /* Creates (truncates) path and writes the header; `source` names what
  * recorded it ("libstagehand 0.1.0", "stagehand-sim --gen ...", NULL). */
 int sh_trace_writer_open(const char *path, const char *source, struct sh_trace_writer **out);
+/* The same, saying in why "path: reason" when it fails. The file is opened without
+ * following a final symbolic link or blocking on a FIFO; anything but a regular
+ * file the caller owns is refused; a new file is created 0600. Records buffered by
+ * a process that later forks are written by that process only. */
+int sh_trace_writer_create(const char *path, const char *source, struct sh_trace_writer **out,
+                           char *why, size_t whylen);
 /* Flushes, closes and frees; returns the first error seen, if any. NULL is ok. */
 int sh_trace_writer_close(struct sh_trace_writer *w);
 int sh_trace_writer_flush(struct sh_trace_writer *w);

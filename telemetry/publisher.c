@@ -22,7 +22,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -37,6 +39,7 @@ struct publisher {
     sh_tm_sample_fn sample;
     void *ctx;
     int jsonl_fd;
+    int seg_fd; /* open while published: it holds the segment's lock */
     char path[PATH_MAX];
     unsigned char *map;
     size_t map_size;
@@ -55,7 +58,7 @@ struct publisher {
 static pthread_mutex_t pub_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t pub_cv;
 static pthread_once_t pub_once = PTHREAD_ONCE_INIT;
-static struct publisher pub = {.jsonl_fd = -1};
+static struct publisher pub = {.jsonl_fd = -1, .seg_fd = -1};
 static atomic_int live;            /* started, for the lock-free fast path */
 static atomic_int want_lines;      /* a JSONL file is open */
 static atomic_int line_every;      /* the JSONL interval, in steps */
@@ -277,6 +280,30 @@ static int start_thread(void)
 
 /* ---- the segment and the file ----------------------------------------------------- */
 
+/* May an existing segment with our pid in its name be replaced? Only one of ours
+ * whose publisher is gone: another user's was planted (and is not ours to
+ * remove), and one whose lock is held is live, written by a process with the
+ * same pid in another PID namespace sharing this directory. */
+static int replaceable(const char *path)
+{
+    struct stat st;
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC), ok = 0;
+    if (fd < 0)
+        return errno == ENOENT;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid())
+        sh_log(SH_LOG_WARN, "%s exists and is not a segment of this user's; not replacing it",
+               path);
+    else if (flock(fd, LOCK_SH | LOCK_NB) != 0)
+        sh_log(SH_LOG_WARN,
+               "%s is live (a process with this pid in another PID namespace?); "
+               "not replacing it",
+               path);
+    else
+        ok = 1;
+    close(fd);
+    return ok;
+}
+
 static int open_segment(const char *dir, int pid)
 {
     int fd = -1;
@@ -284,8 +311,10 @@ static int open_segment(const char *dir, int pid)
         return SH_ERANGE;
     for (int attempt = 0; attempt < 2 && fd < 0; attempt++) {
         fd = open(pub.path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-        /* Our pid in the name means whoever made it is gone: replace it. */
+        /* Our pid in the name: whoever made it is gone, unless it is elsewhere. */
         if (fd < 0 && errno == EEXIST && attempt == 0) {
+            if (!replaceable(pub.path))
+                return SH_EBUSY;
             sh_log(SH_LOG_INFO, "replacing stale %s", pub.path);
             unlink(pub.path);
         }
@@ -295,18 +324,22 @@ static int open_segment(const char *dir, int pid)
                pub.path, strerror(errno));
         return SH_ENOTFOUND;
     }
+    /* Held for the process's life (the kernel drops it at exit): tells a live
+     * segment from a stale one where the pid cannot. */
+    flock(fd, LOCK_EX | LOCK_NB);
     long page = sysconf(_SC_PAGESIZE);
     size_t need = SH_TM_HDR_SIZE + sizeof(struct sh_tm_snapshot);
     pub.map_size = (need + (size_t)page - 1) / (size_t)page * (size_t)page;
     void *m = MAP_FAILED;
     if (ftruncate(fd, (off_t)pub.map_size) == 0)
         m = mmap(NULL, pub.map_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
     if (m == MAP_FAILED) {
         sh_log(SH_LOG_WARN, "cannot map %s: %s", pub.path, strerror(errno));
         unlink(pub.path);
+        close(fd);
         return SH_ENOMEM;
     }
+    pub.seg_fd = fd;
     pub.map = m;
     pub.hdr = m;
     *pub.hdr = (struct sh_tm_shm_hdr){.major = SH_TM_MAJOR,
@@ -336,6 +369,8 @@ static void close_segment(void)
     sh_tm_signals_disarm();
     unlink(pub.path);
     munmap(pub.map, pub.map_size);
+    close(pub.seg_fd);
+    pub.seg_fd = -1;
     pub.map = NULL;
     pub.hdr = NULL;
 }
@@ -363,6 +398,31 @@ static int expand_path(char *out, size_t len, const char *in, int pid)
     return SH_OK;
 }
 
+/* Opens the JSONL file for appending without following a final symbolic link or
+ * blocking on a FIFO; refuses anything but a regular file this user owns. A new
+ * file is readable by its owner only. */
+static int open_private(const char *path, const char **why)
+{
+    struct stat st;
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        *why = errno == ELOOP   ? "is a symbolic link; not following it"
+               : errno == ENXIO ? "is a FIFO or a device, not a regular file"
+                                : strerror(errno);
+        return -1;
+    }
+    *why = fstat(fd, &st)                 ? strerror(errno)
+           : !S_ISREG(st.st_mode)         ? "not a regular file"
+           : st.st_uid != geteuid()       ? "owned by another user"
+           : fcntl(fd, F_SETFL, O_APPEND) ? strerror(errno)
+                                          : NULL;
+    if (*why) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 static int open_jsonl(const char *path, int pid)
 {
     char full[PATH_MAX];
@@ -370,9 +430,10 @@ static int open_jsonl(const char *path, int pid)
         sh_log(SH_LOG_WARN, "telemetry_file: path too long");
         return SH_ERANGE;
     }
-    pub.jsonl_fd = open(full, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    const char *why = NULL;
+    pub.jsonl_fd = open_private(full, &why);
     if (pub.jsonl_fd < 0) {
-        sh_log(SH_LOG_WARN, "telemetry_file %s: %s; no per-step records", full, strerror(errno));
+        sh_log(SH_LOG_WARN, "telemetry_file %s: %s; no per-step records", full, why);
         return SH_ENOTFOUND;
     }
     sh_tm_strcpy(pub.snap->jsonl_path, sizeof pub.snap->jsonl_path, full);

@@ -1,9 +1,10 @@
 /* reader.c — opening, checking and reading a stagehand.<pid> segment.
  *
- * Every header field is checked before it is used, the mapping is re-checked
- * against the file's size before each read (a shrunk file would otherwise
- * raise SIGBUS), and the copied snapshot is clamped: a corrupt or hostile
- * segment yields an error or a sane snapshot, never a crash.
+ * Every header field is checked before it is used, the segment is read with
+ * pread() rather than through a mapping (a file that shrinks meanwhile gives a
+ * short read, never SIGBUS), and the copied snapshot is clamped: a corrupt or
+ * hostile segment yields an error or a sane snapshot, never a crash. A segment
+ * another user owns than the process its name gives is refused as forged.
  *
  * A reader is used by one thread at a time; it holds no lock. The segment is
  * read under its seqlock (tm_internal.h).
@@ -21,14 +22,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 struct sh_tm_reader {
     int fd;
-    const unsigned char *map;
-    size_t size;
     struct sh_tm_shm_hdr hdr; /* a private copy: the header never changes but seq */
     char path[PATH_MAX];
 };
@@ -77,12 +77,14 @@ static int check_header(const struct sh_tm_shm_hdr *h, uint64_t fsize, const cha
                     (unsigned long long)h->total_size);
     if (h->pid <= 0)
         return fail(SH_EINVAL, err, errlen, "%s: corrupt: pid %d", path, (int)h->pid);
+    if (h->start_ticks == 0) /* a forger's way round the reused-pid check */
+        return fail(SH_EINVAL, err, errlen, "%s: corrupt: start time 0", path);
     return SH_OK;
 }
 
 static int open_fd(const char *path, int *fd, uint64_t *fsize, char *err, size_t errlen)
 {
-    *fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    *fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK); /* a FIFO must not block */
     if (*fd < 0)
         return fail(errno == ENOENT ? SH_ENOTFOUND : SH_EINVAL, err, errlen, "%s: %s", path,
                     strerror(errno));
@@ -119,19 +121,29 @@ int sh_tm_open_path(const char *path, struct sh_tm_reader **out, char *err, size
         close(fd);
         return rc;
     }
-    void *map = mmap(NULL, (size_t)fsize, PROT_READ, MAP_SHARED, fd, 0);
-    struct sh_tm_reader *r = map == MAP_FAILED ? NULL : calloc(1, sizeof *r);
+    struct sh_tm_reader *r = calloc(1, sizeof *r);
     if (!r) {
-        if (map != MAP_FAILED)
-            munmap(map, (size_t)fsize);
         close(fd);
-        return fail(SH_ENOMEM, err, errlen, "%s: cannot map %llu bytes", path,
-                    (unsigned long long)fsize);
+        return fail(SH_ENOMEM, err, errlen, "%s: out of memory", path);
     }
-    *r = (struct sh_tm_reader){.fd = fd, .map = map, .size = (size_t)fsize, .hdr = h};
+    *r = (struct sh_tm_reader){.fd = fd, .hdr = h};
     sh_tm_strcpy(r->path, sizeof r->path, path);
     *out = r;
     return SH_OK;
+}
+
+/* The segment of a live process belongs to that process's user: one owned by
+ * someone else was planted under its pid. */
+static int check_owner(const struct sh_tm_reader *r, int pid, char *err, size_t errlen)
+{
+    struct stat seg, proc;
+    char p[32];
+    snprintf(p, sizeof p, "/proc/%d", pid);
+    if (fstat(r->fd, &seg) != 0 || stat(p, &proc) != 0 || seg.st_uid == proc.st_uid)
+        return SH_OK;
+    return fail(SH_EINVAL, err, errlen,
+                "%s: owned by uid %u, but process %d runs as uid %u: not its segment", r->path,
+                (unsigned)seg.st_uid, pid, (unsigned)proc.st_uid);
 }
 
 int sh_tm_open(const char *dir, int pid, struct sh_tm_reader **out, char *err, size_t errlen)
@@ -146,6 +158,10 @@ int sh_tm_open(const char *dir, int pid, struct sh_tm_reader **out, char *err, s
         *out = NULL;
         return fail(SH_EINVAL, err, errlen, "%s: corrupt: written by pid %d", path, hp);
     }
+    if (rc == SH_OK && (rc = check_owner(*out, pid, err, errlen)) != SH_OK) {
+        sh_tm_close(*out);
+        *out = NULL;
+    }
     return rc;
 }
 
@@ -153,7 +169,6 @@ void sh_tm_close(struct sh_tm_reader *r)
 {
     if (!r)
         return;
-    munmap((void *)r->map, r->size);
     close(r->fd);
     free(r);
 }
@@ -182,17 +197,43 @@ static void clamp_to_size(struct sh_tm_snapshot *s, size_t n)
     s->n_events = min_u32(s->n_events, fit(n, offsetof(S, events), sizeof s->events[0]));
 }
 
+static int pread_all(int fd, void *buf, size_t n, uint64_t off)
+{
+    return pread(fd, buf, n, (off_t)off) == (ssize_t)n ? 0 : -1;
+}
+
+/* The seqlock protocol (tm_internal.h) over pread: the sequence word, the
+ * snapshot, the word again; equal and even means a stable copy. */
+static int read_stable(const struct sh_tm_reader *r, void *out, size_t n)
+{
+    const uint64_t seq_off = offsetof(struct sh_tm_shm_hdr, seq);
+    uint64_t start = sh_tm_now_us();
+    for (int t = 0;; t++) {
+        uint64_t s1, s2;
+        if (pread_all(r->fd, &s1, sizeof s1, seq_off) ||
+            pread_all(r->fd, out, n, r->hdr.snap_offset) ||
+            pread_all(r->fd, &s2, sizeof s2, seq_off))
+            return SH_EINVAL; /* it shrank */
+        if (!(s1 & 1) && s1 == s2)
+            return SH_OK;
+        if (sh_tm_now_us() - start >= (uint64_t)SH_TM_READ_WAIT)
+            return SH_EBUSY;
+        if (t >= 4) {
+            struct timespec ts = {0, 20000};
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
 int sh_tm_read(struct sh_tm_reader *r, struct sh_tm_snapshot *out)
 {
-    struct stat st;
     if (!r || !out)
         return SH_EINVAL;
-    if (fstat(r->fd, &st) != 0 || (uint64_t)st.st_size < r->size)
-        return SH_EINVAL; /* touching the mapping now could raise SIGBUS */
     size_t n = r->hdr.snap_size < sizeof *out ? (size_t)r->hdr.snap_size : sizeof *out;
     memset(out, 0, sizeof *out);
-    const uint64_t *seq = (const uint64_t *)(r->map + offsetof(struct sh_tm_shm_hdr, seq));
-    int rc = sh_tm_seq_read(seq, out, r->map + r->hdr.snap_offset, n, SH_TM_READ_WAIT);
+    int rc = read_stable(r, out, n);
+    if (rc == SH_EINVAL)
+        memset(out, 0, sizeof *out);
     sh_tm_sanitize(out);
     clamp_to_size(out, n);
     return rc;
@@ -223,9 +264,22 @@ int sh_tm_pid_alive(int pid, uint64_t start_ticks)
     return 1;
 }
 
+/* 1 while the publisher holds its lock on the segment: it is alive, even in
+ * another PID namespace where its pid means nothing here. */
+static int lock_held(int fd)
+{
+    if (flock(fd, LOCK_SH | LOCK_NB) == 0) {
+        flock(fd, LOCK_UN);
+        return 0;
+    }
+    return errno == EWOULDBLOCK;
+}
+
 int sh_tm_reader_stale(const struct sh_tm_reader *r)
 {
-    return r ? !sh_tm_pid_alive(r->hdr.pid, r->hdr.start_ticks) : 1;
+    if (!r)
+        return 1;
+    return !lock_held(r->fd) && !sh_tm_pid_alive(r->hdr.pid, r->hdr.start_ticks);
 }
 
 /* ---- listing ---------------------------------------------------------------- */

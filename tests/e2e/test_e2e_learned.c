@@ -193,11 +193,12 @@ static const char *build_dir(void)
 static double run_child(const char *config, const char *policy, int prefetch, const char *trace)
 {
     char cmd[1024];
-    snprintf(cmd, sizeof cmd,
-             "E2E_LEARNED_CHILD=1 STAGEHAND_CONFIG=%s STAGEHAND_POLICY_EVICTION=%s "
-             "STAGEHAND_POLICY_PREFETCH_ENABLED=%s STAGEHAND_TRACE=%s STAGEHAND_LOG_LEVEL=warn "
-             "/proc/%d/exe",
-             config, policy, prefetch ? "true" : "false", trace, (int)getpid());
+    snprintf(
+        cmd, sizeof cmd,
+        "E2E_LEARNED_CHILD=1 STAGEHAND_CONFIG=%s STAGEHAND_POLICY_EVICTION=%s "
+        "STAGEHAND_POLICY_PREFETCH_ENABLED=%s STAGEHAND_TRACE=%s STAGEHAND_GENERAL_LOG_LEVEL=warn "
+        "/proc/%d/exe",
+        config, policy, prefetch ? "true" : "false", trace, (int)getpid());
     FILE *f = popen(cmd, "r");
     assert_non_null(f);
     double step = -1;

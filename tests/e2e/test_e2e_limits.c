@@ -252,8 +252,8 @@ struct child {
 };
 
 /* Runs this program in `mode` with env (NAME=VALUE strings, NULL-ended)
- * added, collecting its stdout and stderr. */
-static void run_child(const char *mode, const char *const *env, struct child *c)
+ * added, collecting its stdout, its stderr and its status. */
+static void run_child_any(const char *mode, const char *const *env, struct child *c)
 {
     memset(c, 0, sizeof *c);
     int out[2], err[2];
@@ -310,6 +310,12 @@ static void run_child(const char *mode, const char *const *env, struct child *c)
         if (fds[i].fd >= 0)
             close(fds[i].fd);
     assert_int_equal(waitpid(pid, &c->status, 0), pid);
+}
+
+/* The same, for a child that must succeed. */
+static void run_child(const char *mode, const char *const *env, struct child *c)
+{
+    run_child_any(mode, env, c);
     if (!WIFEXITED(c->status) || WEXITSTATUS(c->status) != 0)
         fprintf(stderr, "child %s: status 0x%x\n--- stdout\n%s--- stderr\n%s", mode, c->status,
                 c->out, c->err);
@@ -481,6 +487,45 @@ static void test_checksums(void **state)
     assert_true(strtol(id + 7, NULL, 10) > 0);
 }
 
+/* [general] device names the device the library manages: one the machine lacks
+ * stops the program at its first allocation, saying which. */
+static void test_device_key(void **state)
+{
+    (void)state;
+    if (!preloaded)
+        skip();
+    static const char *const env[] = {"SIMCUDA_VRAM_MB=256", "STAGEHAND_GENERAL_DEVICE=7", NULL};
+    static struct child c;
+    run_child_any("exhausted", env, &c);
+    assert_true(WIFEXITED(c.status));
+    assert_int_equal(WEXITSTATUS(c.status), 1);
+    assert_non_null(strstr(c.err, "stagehand: [general] device = 7: no such CUDA device here\n"));
+    static const char *const dev0[] = {"SIMCUDA_VRAM_MB=256", "STAGEHAND_GENERAL_DEVICE=0",
+                                       "STAGEHAND_BUDGET_HOST_RAM_BUDGET_MB=128",
+                                       "STAGEHAND_POOL_PREPIN_MB=128", NULL};
+    run_child("exhausted", dev0, &c);
+    assert_true(value(&c, "evictions") > 0); /* device 0 is the one managed */
+}
+
+/* A CUPTI that cannot be loaded is named, with the loader's reason. */
+static void test_cupti_path_reason(void **state)
+{
+    (void)state;
+    if (!preloaded)
+        skip();
+    static const char *const env[] = {"SIMCUDA_VRAM_MB=256",
+                                      "STAGEHAND_TRACKING_MODE=cupti",
+                                      "STAGEHAND_TRACKING_CUPTI_PATH=/nonexistent/libcupti-test.so",
+                                      "STAGEHAND_BUDGET_HOST_RAM_BUDGET_MB=128",
+                                      "STAGEHAND_POOL_PREPIN_MB=128",
+                                      NULL};
+    static struct child c;
+    run_child("exhausted", env, &c);
+    assert_non_null(strstr(c.err, "tracking mode cupti requested, but [tracking] cupti_path "
+                                  "/nonexistent/libcupti-test.so could not be loaded: "));
+    assert_non_null(strstr(c.err, "No such file or directory"));
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -497,9 +542,9 @@ int main(int argc, char **argv)
         return child_fill_up();
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_host_side_exhausted),
-        cmocka_unit_test(test_no_host_vmm),
-        cmocka_unit_test(test_checksums),
+        cmocka_unit_test(test_host_side_exhausted), cmocka_unit_test(test_no_host_vmm),
+        cmocka_unit_test(test_checksums),           cmocka_unit_test(test_device_key),
+        cmocka_unit_test(test_cupti_path_reason),
     };
     return cmocka_run_group_tests_name(
         preloaded ? "e2e_limits (preloaded)" : "e2e_limits (disabled)", tests, NULL, NULL);

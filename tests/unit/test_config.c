@@ -69,7 +69,7 @@ static void assert_defaults(const struct sh_config *c)
     assert_int_equal(c->resolved, 1);
     assert_int_equal(c->general.enabled, 1);
     assert_int_equal(c->general.log_level, SH_LOG_WARN);
-    assert_int_equal(c->general.device, 0);
+    assert_int_equal(c->general.device, -1); /* auto */
     assert_int_equal(c->budget.vram_budget.bytes, CARD);
     assert_int_equal(c->budget.vram_budget.is_pct, 1);
     assert_true(c->budget.vram_budget.pct == 100.0);
@@ -295,7 +295,7 @@ static const struct bad bads[] = {
     {"bad_bool.ini", 0,
      "2: debug_checksums: not a boolean: \"maybe\" (use true/false, yes/no, on/off or 1/0)"},
     {"bad_int.ini", 0, "2: batch_max: not an integer: \"many\""},
-    {"bad_negative.ini", 0, "2: device: must not be negative: \"-1\""},
+    {"bad_negative.ini", 0, "2: device: must be auto or an integer from 0 to 255 (got \"-1\")"},
     {"bad_overflow.ini", 0, "2: prefetch_window: number too large: \"99999999999999999999999\""},
     {"bad_int_range.ini", 0, "2: prefetch_window: must be at most 1000000 (got 4294967296)"},
     {"bad_trailing.ini", 0, "2: max_inflight_d2h: trailing characters after the number: \"2x\""},
@@ -356,6 +356,22 @@ static void expect_string_error(const char *text, const char *want)
     assert_string_equal(err, want);
 }
 
+static void test_device_values(void **state)
+{
+    struct sh_config c;
+    char sum[64];
+    (void)state;
+    sh_config_defaults(&c);
+    assert_int_equal(sh_config_load_string(&c, "x.ini", "[general]\ndevice = 3\n", err, sizeof err),
+                     0);
+    assert_int_equal(c.general.device, 3);
+    assert_int_equal(
+        sh_config_load_string(&c, "x.ini", "[general]\ndevice = AUTO\n", err, sizeof err), 0);
+    assert_int_equal(c.general.device, -1);
+    assert_int_equal(sh_config_origin(&c, "general", "device", sum, sizeof sum), 0);
+    assert_string_equal(sum, "x.ini:2");
+}
+
 static void test_bad_strings(void **state)
 {
     (void)state;
@@ -366,6 +382,11 @@ static void test_bad_strings(void **state)
     expect_string_error("[debug]\nbroken\ndebug_checksums = 2\n",
                         "x.ini:2: syntax error: expected \"[section]\" or \"key = value\"");
     expect_string_error("[policy]\nprefetch_window =\n", "x.ini:2: prefetch_window: empty value");
+    expect_string_error(
+        "[general]\ndevice = autox\n",
+        "x.ini:2: device: must be auto or an integer from 0 to 255 (got \"autox\")");
+    expect_string_error("[general]\ndevice = 256\n",
+                        "x.ini:2: device: must be auto or an integer from 0 to 255 (got \"256\")");
     expect_string_error("[policy]\nprefetch_window = +3\n",
                         "x.ini:2: prefetch_window: not an integer: \"+3\"");
     expect_string_error("[policy]\nprefetch_window = 0\n",
@@ -594,7 +615,7 @@ int main(void)
         cmocka_unit_test(test_bad_combinations),  cmocka_unit_test(test_env_overrides_file),
         cmocka_unit_test(test_env_errors),        cmocka_unit_test(test_apply_env_atomic),
         cmocka_unit_test(test_init_search_order), cmocka_unit_test(test_disabled),
-        cmocka_unit_test(test_missing_file),
+        cmocka_unit_test(test_missing_file),      cmocka_unit_test(test_device_values),
     };
     size_t n = 15, nbad = sizeof bads / sizeof bads[0];
     for (size_t i = 0; i < nbad; i++) {

@@ -519,6 +519,41 @@ static void test_jsonl_path_expands_pid(void **state)
     json_object_put(o[0]);
 }
 
+/* A planted link or FIFO at the JSONL path is refused (nothing is appended to
+ * what the link names, and the start does not block); a new file is private. */
+static void test_jsonl_refuses_odd_files(void **state)
+{
+    (void)state;
+    char path[160], target[160];
+    const char *dir = temp_dir();
+    snprintf(path, sizeof path, "%s/odd.jsonl", dir);
+    snprintf(target, sizeof target, "%s/victim", dir);
+    FILE *f = fopen(target, "w");
+    assert_non_null(f);
+    fclose(f);
+    assert_int_equal(symlink(target, path), 0);
+    struct sh_tm_params p = jsonl_params(path, 1);
+    assert_int_equal(sh_tm_start(&p), SH_ENOTFOUND);
+    struct stat st;
+    assert_int_equal(stat(target, &st), 0);
+    assert_int_equal(st.st_size, 0);
+    unlink(path);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    alarm(10);
+    assert_int_equal(sh_tm_start(&p), SH_ENOTFOUND);
+    alarm(0);
+    unlink(path);
+    mode_t old = umask(0);
+    assert_int_equal(sh_tm_start(&p), SH_OK);
+    umask(old);
+    sh_tm_stop();
+    assert_int_equal(lstat(path, &st), 0);
+    assert_true(S_ISREG(st.st_mode));
+    assert_int_equal(st.st_mode & 0777, 0600);
+    unlink(path);
+    unlink(target);
+}
+
 static void test_jsonl_unwritable_fails_cleanly(void **state)
 {
     (void)state;
@@ -715,6 +750,7 @@ int main(void)
         cmocka_unit_test_teardown(test_jsonl_interval, stop_publisher),
         cmocka_unit_test_teardown(test_jsonl_path_expands_pid, stop_publisher),
         cmocka_unit_test_teardown(test_jsonl_unwritable_fails_cleanly, stop_publisher),
+        cmocka_unit_test_teardown(test_jsonl_refuses_odd_files, stop_publisher),
         cmocka_unit_test(test_jsonl_survives_sigkill),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);

@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -594,6 +595,139 @@ static void test_shrunk_segment_is_an_error_not_a_crash(void **state)
     sh_tm_close(r);
 }
 
+/* A FIFO named like a segment (any local user can make one) must neither hang
+ * the open nor the listing. */
+static void test_fifo_segment_does_not_hang(void **state)
+{
+    (void)state;
+    const char *dir = temp_dir();
+    char path[256], err[256] = "";
+    seg_path(path, sizeof path, dir, getpid());
+    assert_int_equal(mkfifo(path, 0666), 0);
+    struct sh_tm_reader *r = NULL;
+    alarm(10);
+    assert_int_equal(sh_tm_open(dir, getpid(), &r, err, sizeof err), SH_EINVAL);
+    assert_non_null(strstr(err, "not a regular file"));
+    struct sh_tm_seg_info info[4];
+    assert_int_equal(sh_tm_list(dir, info, 4), 1);
+    assert_int_equal(info[0].corrupt, 1);
+    alarm(0);
+    unlink(path);
+}
+
+/* A segment that shrinks and grows back while it is read, over and over: every
+ * read is a snapshot or an error, never SIGBUS. */
+static void test_segment_shrinking_during_reads(void **state)
+{
+    (void)state;
+    const char *dir = temp_dir();
+    char path[256], err[256];
+    seg_path(path, sizeof path, dir, getpid());
+    write_file(path, image, image_len);
+    struct sh_tm_reader *r = NULL;
+    assert_int_equal(sh_tm_open(dir, getpid(), &r, err, sizeof err), SH_OK);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        for (;;) {
+            if (truncate(path, 64) || truncate(path, (off_t)image_len))
+                _exit(1);
+        }
+    }
+    struct sh_tm_snapshot *s = malloc(sizeof *s);
+    int ok = 0, refused = 0;
+    for (int i = 0; i < 3000; i++) {
+        int rc = sh_tm_read(r, s);
+        ok += rc == SH_OK;
+        refused += rc != SH_OK;
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    assert_int_equal(ok + refused, 3000);
+    free(s);
+    sh_tm_close(r);
+}
+
+static void test_start_time_zero_refused(void **state)
+{
+    (void)state;
+    const char *dir = temp_dir();
+    unsigned char *b = malloc(image_len);
+    memcpy(b, image, image_len);
+    hdr_of(b)->start_ticks = 0; /* would turn the reused-pid check off */
+    expect_open(dir, b, image_len, SH_EINVAL, "corrupt: start time 0");
+    free(b);
+}
+
+/* Another user planted a segment under a live process's pid: refused as forged. */
+static void test_other_owner_is_forged(void **state)
+{
+    (void)state;
+    if (geteuid() != 0)
+        skip(); /* only root can give a file away */
+    const char *dir = temp_dir();
+    char path[256], err[256] = "";
+    seg_path(path, sizeof path, dir, getpid());
+    write_file(path, image, image_len);
+    assert_int_equal(chown(path, 65534, 65534), 0);
+    struct sh_tm_reader *r = NULL;
+    assert_int_equal(sh_tm_open(dir, getpid(), &r, err, sizeof err), SH_EINVAL);
+    assert_null(r);
+    assert_non_null(strstr(err, "owned by uid 65534, but process"));
+    /* and the publisher neither removes it nor writes into it */
+    struct sh_tm_params p = shm_params(dir, 50);
+    assert_int_equal(sh_tm_start(&p), SH_EBUSY);
+    sh_tm_stop();
+    assert_true(exists(path));
+}
+
+/* A live segment with our pid, locked by its publisher (a process in another PID
+ * namespace that shares the directory): not unlinked as stale, and read as live
+ * although no process here has that pid and start time. */
+static void test_live_segment_elsewhere_is_kept(void **state)
+{
+    (void)state;
+    const char *dir = temp_dir();
+    char path[256], err[256];
+    seg_path(path, sizeof path, dir, getpid());
+    unsigned char *b = malloc(image_len);
+    memcpy(b, image, image_len);
+    hdr_of(b)->start_ticks += 7; /* not our start time */
+    write_file(path, b, image_len);
+    free(b);
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) { /* the other namespace's publisher: holds the lock until killed */
+        int fd = open(path, O_RDWR);
+        char c = fd >= 0 && flock(fd, LOCK_EX) == 0 ? 'y' : 'n';
+        if (write(fds[1], &c, 1) != 1)
+            _exit(1);
+        pause();
+        _exit(0);
+    }
+    char c = 0;
+    assert_int_equal(read(fds[0], &c, 1), 1);
+    assert_int_equal(c, 'y');
+    struct sh_tm_reader *r = NULL;
+    assert_int_equal(sh_tm_open(dir, getpid(), &r, err, sizeof err), SH_OK);
+    assert_int_equal(sh_tm_reader_stale(r), 0);
+    struct sh_tm_params p = shm_params(dir, 50);
+    assert_int_equal(sh_tm_start(&p), SH_EBUSY);
+    sh_tm_stop();
+    assert_true(exists(path));
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    /* its publisher gone, the same file is stale and is replaced */
+    assert_int_equal(sh_tm_reader_stale(r), 1);
+    sh_tm_close(r);
+    assert_int_equal(sh_tm_start(&p), SH_OK);
+    sh_tm_stop();
+    close(fds[0]);
+    close(fds[1]);
+}
+
 static void test_pid_reuse_is_stale(void **state)
 {
     (void)state;
@@ -700,6 +834,13 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_shrunk_segment_is_an_error_not_a_crash, take_image,
                                         drop_image),
         cmocka_unit_test_setup_teardown(test_pid_reuse_is_stale, take_image, drop_image),
+        cmocka_unit_test(test_fifo_segment_does_not_hang),
+        cmocka_unit_test_setup_teardown(test_segment_shrinking_during_reads, take_image,
+                                        drop_image),
+        cmocka_unit_test_setup_teardown(test_start_time_zero_refused, take_image, drop_image),
+        cmocka_unit_test_setup_teardown(test_other_owner_is_forged, take_image, drop_image),
+        cmocka_unit_test_setup_teardown(test_live_segment_elsewhere_is_kept, take_image,
+                                        drop_image),
         cmocka_unit_test_setup_teardown(test_fuzzed_segments, take_image, drop_image),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);

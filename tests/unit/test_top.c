@@ -262,6 +262,35 @@ static void test_render_bar_marks_and_text(void **state)
     free(m);
 }
 
+/* Watermarks and use far above the budget (a hostile or corrupt segment): the
+ * bar is full and the marks go to its last cell, under the text, instead of
+ * overflowing an int (make ubsan catches that conversion; so does the fuzz
+ * target "top"). */
+static void test_render_clamps_watermarks(void **state)
+{
+    (void)state;
+    struct top_model *m = malloc(sizeof *m);
+    demo_model(m, 10);
+    int64_t *g = m->snap.gauges;
+    g[SH_TM_G_vram_budget] = 1;
+    g[SH_TM_G_vram_high] = INT64_MAX;
+    g[SH_TM_G_vram_low] = INT64_MAX / 2;
+    g[SH_TM_G_vram_used] = INT64_MAX;
+    top_model_update(m);
+    struct top_grid *grid = top_grid_new(30, 80, 0);
+    struct top_view v = {.delay_s = 1.0};
+    top_render(top_grid_canvas(grid), m, &v);
+    const char *bar = top_grid_row(grid, 1), *open = strchr(bar, '['), *close = strrchr(bar, ']');
+    assert_non_null(open);
+    assert_non_null(close);
+    for (const char *c = open + 1; c < close; c++) /* full, the marks past its end */
+        if (*c == ' ' || *c == 'H' || *c == 'L')
+            fail_msg("bar \"%s\": '%c' at %d", bar, *c, (int)(c - open));
+    top_grid_free(grid);
+    render_at(m, 24, 80, 1);
+    free(m);
+}
+
 static void test_untrusted_text_is_sanitised(void **state)
 {
     (void)state;
@@ -486,6 +515,7 @@ int main(void)
         cmocka_unit_test(test_render_many_sizes),
         cmocka_unit_test(test_render_bar_marks_and_text),
         cmocka_unit_test(test_untrusted_text_is_sanitised),
+        cmocka_unit_test(test_render_clamps_watermarks),
         cmocka_unit_test(test_sort_orders),
         cmocka_unit_test(test_rates_from_history),
         cmocka_unit_test(test_human_formats),

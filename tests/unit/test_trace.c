@@ -12,9 +12,15 @@
 #include "policy/trace.h"
 #include "sh_err.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define DIR "tests/unit/traces/"
@@ -276,18 +282,120 @@ static void test_write_errors(void **state)
     struct sh_trace_writer *w = NULL;
     assert_int_equal(sh_trace_writer_open("/nonexistent-dir/x.trace", NULL, &w), SH_ENOTFOUND);
     assert_null(w);
-    if (access("/dev/full", W_OK) == 0) {
-        assert_int_equal(sh_trace_writer_open("/dev/full", NULL, &w), 0);
+    /* A full disk, in a child: a file size limit makes the writes fail. */
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        struct rlimit lim = {64 * 1024, 64 * 1024};
+        signal(SIGXFSZ, SIG_IGN);
+        if (setrlimit(RLIMIT_FSIZE, &lim) || sh_trace_writer_open(tmp_file(), NULL, &w))
+            _exit(2);
         uint64_t id = 1;
         int rc = 0;
         for (int i = 0; i < 100000 && rc == 0; i++)
             rc = sh_trace_write_launch(w, 0, 1, 0, 0, &id, 1, NULL);
-        assert_int_equal(rc, SH_EINVAL); /* the disk is full: reported, and sticky */
-        assert_int_equal(sh_trace_write_alloc(w, 0, 2, 3, 0, 0), SH_EINVAL);
-        assert_int_equal(sh_trace_writer_close(w), SH_EINVAL);
+        /* reported, and sticky */
+        int ok = rc == SH_EINVAL && sh_trace_write_alloc(w, 0, 2, 3, 0, 0) == SH_EINVAL &&
+                 sh_trace_writer_close(w) == SH_EINVAL;
+        _exit(ok ? 0 : 1);
     }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    unlink(tmp_file());
     assert_int_equal(sh_trace_writer_close(NULL), 0);
     assert_int_equal(sh_trace_write_alloc(NULL, 0, 1, 1, 0, 0), SH_EINVAL);
+}
+
+static int count_headers(const char *path)
+{
+    size_t len;
+    char *text = slurp(path, &len);
+    int n = 0;
+    for (size_t i = 0; i + 15 <= len; i++)
+        n += (i == 0 || text[i - 1] == '\n') && memcmp(text + i, "stagehand-trace", 15) == 0;
+    free(text);
+    return n;
+}
+
+/* A planted link, FIFO, directory or someone else's file is refused, and what it
+ * points to is left alone; a new file is private. */
+static void test_write_refuses_odd_files(void **state)
+{
+    (void)state;
+    struct sh_trace_writer *w = NULL;
+    char dir[] = "/tmp/test_trace_odd.XXXXXX", link[64], target[64], why[160];
+    assert_non_null(mkdtemp(dir));
+    snprintf(target, sizeof target, "%s/victim", dir);
+    snprintf(link, sizeof link, "%s/t.trace", dir);
+    FILE *f = fopen(target, "w");
+    fputs("precious\n", f);
+    fclose(f);
+    assert_int_equal(symlink(target, link), 0);
+    assert_int_equal(sh_trace_writer_create(link, NULL, &w, why, sizeof why), SH_ENOTFOUND);
+    assert_null(w);
+    assert_non_null(strstr(why, "t.trace: is a symbolic link; not following it"));
+    size_t len;
+    char *text = slurp(target, &len);
+    assert_int_equal(len, 9); /* not truncated */
+    free(text);
+    unlink(link);
+    assert_int_equal(mkfifo(link, 0600), 0);
+    alarm(10); /* a plain open would block here for ever */
+    assert_int_equal(sh_trace_writer_create(link, NULL, &w, why, sizeof why), SH_ENOTFOUND);
+    alarm(0);
+    assert_non_null(strstr(why, "t.trace: is a FIFO or a device, not a regular file"));
+    unlink(link);
+    assert_int_equal(sh_trace_writer_create(dir, NULL, &w, why, sizeof why), SH_ENOTFOUND);
+    if (geteuid() == 0) {
+        assert_int_equal(chown(target, 65534, 65534), 0);
+        assert_int_equal(sh_trace_writer_create(target, NULL, &w, why, sizeof why), SH_ENOTFOUND);
+        assert_non_null(strstr(why, "victim: owned by another user"));
+        text = slurp(target, &len);
+        assert_int_equal(len, 9);
+        free(text);
+    }
+    mode_t old = umask(0);
+    assert_int_equal(sh_trace_writer_open(link, NULL, &w), 0);
+    umask(old);
+    assert_int_equal(sh_trace_writer_close(w), 0);
+    struct stat st;
+    assert_int_equal(stat(link, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0600);
+    unlink(link);
+    unlink(target);
+    rmdir(dir);
+}
+
+/* A fork child that exits (running its atexit handlers, which close the writer)
+ * must not write the parent's buffered records: one header, and the trace reads. */
+static void test_fork_child_writes_nothing(void **state)
+{
+    (void)state;
+    struct sh_trace_writer *w = NULL;
+    uint64_t id = 7;
+    assert_int_equal(sh_trace_writer_open(tmp_file(), "parent", &w), 0);
+    assert_int_equal(sh_trace_write_alloc(w, 1, id, 4096, 0, 0), 0);
+    assert_int_equal(sh_trace_write_launch(w, 2, 1, 0, 0, &id, 1, NULL), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int rc = sh_trace_write_launch(w, 3, 1, 0, 0, &id, 1, NULL);
+        rc |= sh_trace_writer_close(w);
+        _exit(rc ? 1 : 0);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_int_equal(WEXITSTATUS(status), 0);
+    assert_int_equal(sh_trace_write_free(w, 4, id, 0), 0);
+    assert_int_equal(sh_trace_writer_close(w), 0);
+    assert_int_equal(count_headers(tmp_file()), 1);
+    struct sh_trace *t = NULL;
+    char err[256];
+    assert_int_equal(sh_trace_read(tmp_file(), &t, err, sizeof err), 0);
+    sh_trace_destroy(t);
+    unlink(tmp_file());
 }
 
 /* ---- robustness ---- */
@@ -367,11 +475,18 @@ static void test_phase_names(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_read_good),       cmocka_unit_test(test_read_line_endings),
-        cmocka_unit_test(test_read_bad_files),  cmocka_unit_test(test_read_missing_file),
-        cmocka_unit_test(test_parse_odd_bytes), cmocka_unit_test(test_write_read_round_trip),
-        cmocka_unit_test(test_write_large),     cmocka_unit_test(test_write_errors),
-        cmocka_unit_test(test_never_crashes),   cmocka_unit_test(test_phase_names),
+        cmocka_unit_test(test_read_good),
+        cmocka_unit_test(test_read_line_endings),
+        cmocka_unit_test(test_read_bad_files),
+        cmocka_unit_test(test_read_missing_file),
+        cmocka_unit_test(test_parse_odd_bytes),
+        cmocka_unit_test(test_write_read_round_trip),
+        cmocka_unit_test(test_write_large),
+        cmocka_unit_test(test_write_errors),
+        cmocka_unit_test(test_write_refuses_odd_files),
+        cmocka_unit_test(test_fork_child_writes_nothing),
+        cmocka_unit_test(test_never_crashes),
+        cmocka_unit_test(test_phase_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -88,16 +88,36 @@ int sim_step_starts(const struct sh_trace *t, size_t **starts, size_t *n)
     return rc;
 }
 
+/* The regions a measured (steady) step uses: only they must cross the link.
+ * One the program keeps but never touches again (the optimizer state of a run
+ * that only evaluates) can stay on the host for nothing. */
+static int steady_used(const struct sh_trace *t, const size_t *starts, size_t nst,
+                       struct idmap *used)
+{
+    size_t k = 0, first = nst > 2 ? 2 : nst - 1;
+    int rc = 0;
+    for (size_t i = 0; i < sh_trace_count(t) && !rc; i++) {
+        while (k + 1 < nst && starts[k + 1] <= i)
+            k++;
+        const struct sh_trace_event *e = sh_trace_at(t, i);
+        if (e->type == SH_TRACE_LAUNCH && k >= first)
+            for (size_t j = 0; j < e->n && !rc; j++)
+                rc = idmap_put(used, e->ids[j], 1);
+    }
+    return rc;
+}
+
 int sim_shape_of(const struct sh_trace *t, uint64_t default_ns, struct sim_shape *out)
 {
     size_t *starts, nst;
     int rc = sim_step_starts(t, &starts, &nst);
     if (rc)
         return rc;
-    struct idmap sizes = {0};
-    uint64_t live = 0, peak = 0;
+    struct idmap sizes = {0}, used = {0};
+    uint64_t live = 0, peak = 0, live_used = 0, peak_used = 0;
     double steady_us = 0;
     size_t k = 0;
+    rc = steady_used(t, starts, nst, &used);
     for (size_t i = 0; i < sh_trace_count(t) && !rc; i++) {
         while (k + 1 < nst && starts[k + 1] <= i)
             k++;
@@ -105,22 +125,27 @@ int sim_shape_of(const struct sh_trace *t, uint64_t default_ns, struct sim_shape
         if (e->type == SH_TRACE_ALLOC) {
             rc = idmap_put(&sizes, e->id, (size_t)e->bytes);
             live += e->bytes;
-            if (live > peak)
-                peak = live;
+            peak = live > peak ? live : peak;
+            live_used += idmap_get(&used, e->id) == SIZE_MAX ? 0 : e->bytes;
+            peak_used = live_used > peak_used ? live_used : peak_used;
         } else if (e->type == SH_TRACE_FREE) {
             size_t b = idmap_get(&sizes, e->id);
             live -= b == SIZE_MAX ? 0 : (uint64_t)b;
+            if (b != SIZE_MAX && idmap_get(&used, e->id) != SIZE_MAX)
+                live_used -= (uint64_t)b;
         } else if (e->type == SH_TRACE_LAUNCH && k >= (nst > 2 ? 2 : nst - 1)) {
             steady_us +=
                 e->dur_us == SH_TRACE_NO_DUR ? (double)default_ns / 1000 : (double)e->dur_us;
         }
     }
     idmap_free(&sizes);
+    idmap_free(&used);
     if (rc) {
         free(starts);
         return rc;
     }
     out->footprint = peak;
+    out->used_peak = peak_used;
     out->steps = (int)nst;
     out->compute_s = steady_us / 1e6 / (double)(nst > 2 ? nst - 2 : 1);
     free(starts);
@@ -246,7 +271,7 @@ int sim_segment_bound(const struct sh_trace *t, const struct sim_params *sp, dou
 double sim_lower_bound(const struct sim_shape *s, const struct sim_params *sp,
                        uint64_t *unavoidable_bytes)
 {
-    uint64_t over = s->footprint > sp->vram_bytes ? s->footprint - sp->vram_bytes : 0;
+    uint64_t over = s->used_peak > sp->vram_bytes ? s->used_peak - sp->vram_bytes : 0;
     if (unavoidable_bytes)
         *unavoidable_bytes = over;
     double link_s = (double)over / sp->pcie_bytes_per_s * (sp->shared_link ? 2 : 1);

@@ -12,7 +12,9 @@
 #include "policy/trace.h"
 #include "sh_err.h"
 
+#include <errno.h>
 #include <getopt.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,19 +127,6 @@ static const struct option longopts[] = {
     {0, 0, 0, 0},
 };
 
-static int num(const char *opt, const char *s, double lo, double hi, double *out)
-{
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s || *end || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "stagehand-sim: --%s: expected a number in [%g, %g], got \"%s\"\n", opt, lo,
-                hi, s);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
 static int parse_policy(const char *s, int *out)
 {
     if (strcmp(s, "all") == 0) {
@@ -154,73 +143,70 @@ static int parse_policy(const char *s, int *out)
     return -1;
 }
 
-/* One option with a numeric argument into the right field. */
+/* Each numeric option: where it goes, its range, and whether it counts things.
+ * The ranges keep every time the replay computes in nanoseconds within 64 bits. */
+struct numopt {
+    int c;
+    double lo, hi;
+    int whole;
+    size_t off; /* offset of the double (or int, when whole) in struct opts */
+};
+
+#define OFF(f) offsetof(struct opts, f)
+static const struct numopt numopts[] = {
+    {O_BLOCKS, 1, 100000, 1, OFF(g.blocks)},       {O_STEPS, 1, 10000, 1, OFF(g.steps)},
+    {O_WEIGHT, 0.001, 1e7, 0, OFF(g.weight_mb)},   {O_ACT, 0.001, 1e7, 0, OFF(g.act_mb)},
+    {O_GRAD, 0.001, 1e7, 0, OFF(g.grad_mb)},       {O_OPTIM, 0, 1e7, 0, OFF(g.optim_mb)},
+    {O_COMPUTE, 0.001, 1e6, 0, OFF(g.compute_ms)}, {O_LORA_MB, 0, 1e7, 0, OFF(g.lora_mb)},
+    {O_CKPT_MB, 0, 1e7, 0, OFF(g.ckpt_mb)},        {O_VRAM, 0.001, 1e6, 0, OFF(vram_gb)},
+    {O_OVERSUB, 0.01, 1000, 0, OFF(oversub)},      {O_PCIE, 0.001, 1e5, 0, OFF(pcie_gbps)},
+    {O_REMAP, 0, 1e6, 0, OFF(remap_us)},           {O_MAP, 0, 1e6, 0, OFF(map_us)},
+    {O_DEFAULT, 0, 1e6, 0, OFF(default_us)},       {O_EVAL, 0, 10000, 1, OFF(g.eval_every)},
+    {O_BENCHW, 1, 1e9, 1, OFF(bench_writer)},
+};
+
+/* One option with a numeric argument into the right field; the message names
+ * the option and its range. */
 static int numeric(struct opts *o, int c, const char *a)
 {
-    double v = 0;
-    const char *name = NULL;
+    const char *name = "?";
     for (const struct option *lo = longopts; lo->name; lo++)
         if (lo->val == c)
             name = lo->name;
-    int rc = num(name, a, 0, 1e12, &v);
-    if (rc)
-        return rc;
-    switch (c) {
-    case O_BLOCKS:
-        o->g.blocks = (int)v;
-        return v >= 1 && v <= 100000 ? 0 : -1;
-    case O_STEPS:
-        o->g.steps = (int)v;
-        return v >= 1 && v <= 10000 ? 0 : -1;
-    case O_WEIGHT:
-        o->g.weight_mb = v;
-        break;
-    case O_ACT:
-        o->g.act_mb = v;
-        break;
-    case O_GRAD:
-        o->g.grad_mb = v;
-        break;
-    case O_OPTIM:
-        o->g.optim_mb = v;
-        break;
-    case O_COMPUTE:
-        o->g.compute_ms = v;
-        break;
-    case O_LORA_MB:
-        o->g.lora_mb = v;
-        break;
-    case O_CKPT_MB:
-        o->g.ckpt_mb = v;
-        break;
-    case O_VRAM:
-        o->vram_gb = v;
-        break;
-    case O_OVERSUB:
-        o->oversub = v;
-        return v >= 0.01 ? 0 : -1;
-    case O_PCIE:
-        o->pcie_gbps = v;
-        return v > 0 ? 0 : -1;
-    case O_REMAP:
-        o->remap_us = v;
-        break;
-    case O_MAP:
-        o->map_us = v;
-        break;
-    case O_DEFAULT:
-        o->default_us = v;
-        break;
-    case O_EVAL:
-        o->g.eval_every = (int)v;
-        return v <= 10000 ? 0 : -1;
-    case O_BENCHW:
-        o->bench_writer = (long)v;
-        break;
-    default:
-        return -1;
+    for (size_t i = 0; i < sizeof numopts / sizeof numopts[0]; i++) {
+        const struct numopt *n = &numopts[i];
+        if (n->c != c)
+            continue;
+        char *end;
+        double v = strtod(a, &end);
+        if (end == a || *end || !(v >= n->lo && v <= n->hi) || (n->whole && v != (long)v)) {
+            fprintf(stderr, "stagehand-sim: --%s: expected %s in [%g, %g], got \"%s\"\n", name,
+                    n->whole ? "a whole number" : "a number", n->lo, n->hi, a);
+            return -1;
+        }
+        char *f = (char *)o + n->off;
+        if (c == O_BENCHW)
+            *(long *)(void *)f = (long)v;
+        else if (n->whole)
+            *(int *)(void *)f = (int)v;
+        else
+            *(double *)(void *)f = v;
+        return 0;
     }
-    return 0;
+    return -1;
+}
+
+/* The generated run's length in nanoseconds must fit the replay's arithmetic. */
+static int check_duration(const struct opts *o)
+{
+    double ns = (double)o->g.steps * o->g.blocks * 3.0 * o->g.compute_ms * 1e6;
+    if (!o->gen || ns < 1e18)
+        return 0;
+    fprintf(stderr,
+            "stagehand-sim: --compute-ms %g x --blocks %d x --steps %d: the run would last %.3g "
+            "s, over the simulator's limit of 1e9 s\n",
+            o->g.compute_ms, o->g.blocks, o->g.steps, ns / 1e9);
+    return -1;
 }
 
 static int parse(int argc, char **argv, struct opts *o)
@@ -283,8 +269,6 @@ static int parse(int argc, char **argv, struct opts *o)
             return -1;
         default:
             rc = numeric(o, c, optarg);
-            if (rc)
-                fprintf(stderr, "stagehand-sim: bad value for an option: \"%s\"\n", optarg);
             break;
         }
         if (rc)
@@ -294,6 +278,8 @@ static int parse(int argc, char **argv, struct opts *o)
         fprintf(stderr, "stagehand-sim: unexpected argument \"%s\"\n", argv[optind]);
         return -1;
     }
+    if (check_duration(o))
+        return -1;
     if (!o->bench_writer && !!o->trace == !!o->gen) {
         fprintf(stderr, "stagehand-sim: give --trace FILE or --gen\n");
         return -1;
@@ -348,7 +334,10 @@ static int load_params(const struct opts *o, uint64_t vram, struct sh_policy_par
     }
     if (sh_config_resolve(&cfg, vram, (uint64_t)1 << 40, err, sizeof err) ||
         sh_policy_params_from_config(&cfg, pp)) {
-        fprintf(stderr, "stagehand-sim: %s\n", err);
+        /* The card's size comes from a flag or the trace: say so, or the key
+         * named would look like the culprit. */
+        fprintf(stderr, "stagehand-sim: %s; the simulated card has %.3f GB (%s)\n", err,
+                (double)vram / 1e9, o->vram_gb > 0 ? "--vram-gb" : "footprint / --oversub");
         return -1;
     }
     if (o->no_conductor)
@@ -451,7 +440,11 @@ int main(int argc, char **argv)
     if (get_trace(&o, &t, desc, sizeof desc))
         return 1;
     if (o.write && sh_trace_save(t, o.write, desc)) {
-        fprintf(stderr, "stagehand-sim: cannot write %s\n", o.write);
+        fprintf(stderr, "stagehand-sim: --write %s: %s\n", o.write,
+                errno == ELOOP   ? "is a symbolic link; not following it"
+                : errno == ENXIO ? "not a regular file"
+                : errno == EPERM ? "owned by another user"
+                                 : strerror(errno));
         sh_trace_destroy(t);
         return 1;
     }

@@ -79,6 +79,7 @@ int sim_run(const struct sh_trace *t, const struct sim_params *sp,
 /* ---- bounds (bound.c) ---- */
 struct sim_shape {
     uint64_t footprint; /* peak live bytes */
+    uint64_t used_peak; /* the same, of regions a measured step uses: what the bound counts */
     double compute_s;   /* per steady step */
     int steps;          /* steps seen */
 };

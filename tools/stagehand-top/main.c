@@ -8,12 +8,14 @@
 #include "sh_err.h"
 #include "stagehand.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <langinfo.h>
 #include <limits.h>
 #include <locale.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/ioctl.h>
 #include <unistd.h>
 
@@ -271,7 +273,20 @@ static int run(const struct opts *o)
     int utf8 = !o->ascii && !strcmp(nl_langinfo(CODESET), "UTF-8");
     struct sh_tm_reader *r = NULL;
     char err[512];
-    if (pid && sh_tm_open(o->dir, pid, &r, err, sizeof err) != SH_OK) {
+    int orc = pid ? sh_tm_open(o->dir, pid, &r, err, sizeof err) : SH_OK;
+    if (orc == SH_ENOTFOUND && (kill(pid, 0) == 0 || errno == EPERM)) {
+        fprintf(stderr,
+                "stagehand-top: process %d exists but publishes no segment in %s: it does not use "
+                "stagehand, or runs with [telemetry] shm_enabled = false\n",
+                pid, dir_name(o));
+        return 1;
+    }
+    if (orc == SH_ENOTFOUND) {
+        fprintf(stderr, "stagehand-top: no process %d, and no segment %s/stagehand.%d\n", pid,
+                dir_name(o), pid);
+        return 1;
+    }
+    if (orc != SH_OK) {
         fprintf(stderr, "stagehand-top: %s\n", err);
         return 1;
     }

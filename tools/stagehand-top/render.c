@@ -187,10 +187,20 @@ static int zone_attr(const struct bar_spec *b, double pos)
     return pos >= b->high ? TA_BAD : pos >= b->low ? TA_WARN : TA_OK;
 }
 
+/* A fraction of n cells, rounded, within [0, hi]. The figures come from another
+ * process's segment: NaN, infinities and values far past 1 (a watermark above
+ * the budget) must not reach a conversion to int. */
+static int cells(double frac, int n, int hi)
+{
+    if (!(frac > 0))
+        return 0;
+    double c = frac * n + 0.5;
+    return c >= hi ? hi : (int)c;
+}
+
 static int cell_of(double frac, int n)
 {
-    int c = (int)(frac * n + 0.5);
-    return c < 0 ? 0 : c >= n ? n - 1 : c;
+    return cells(frac, n, n - 1);
 }
 
 static void bar(struct top_canvas *cv, const struct top_rect *r, int y, const struct bar_spec *b)
@@ -203,8 +213,7 @@ static void bar(struct top_canvas *cv, const struct top_rect *r, int y, const st
         return;
     top_text(cv, r, y, x, TA_BRACKET, "[");
     top_text(cv, r, y, x + n + 1, TA_BRACKET, "]");
-    double frac = b->frac < 0 ? 0 : b->frac > 1 ? 1 : b->frac;
-    int filled = (int)(frac * n + 0.5);
+    int filled = cells(b->frac, n, n);
     int tlen = (int)strlen(b->text), t0 = tlen <= n - 2 ? n - tlen : n;
     int lo = b->low >= 0 ? cell_of(b->low, n) : -1, hi = b->high >= 0 ? cell_of(b->high, n) : -1;
     for (int i = 0; i < n; i++) {
@@ -364,7 +373,7 @@ static void spark(struct top_canvas *cv, const struct top_rect *r, const char *n
     }
     for (int col = 0; col < shown; col++) {
         double val = v[n - shown + col];
-        int eighths = (int)(val / max * r->h * 8 + 0.5);
+        int eighths = cells(val / max, r->h * 8, r->h * 8);
         if (val > 0 && eighths == 0)
             eighths = 1; /* any traffic shows */
         for (int row = 0; row < r->h; row++) {
