@@ -391,6 +391,26 @@ SIM_EXPORT cudaError_t cudaFreeAsync(void *p, cudaStream_t s)
     return ret_cu(cuMemFreeAsync((CUdeviceptr)(uintptr_t)p, (CUstream)s));
 }
 
+/* What a program built with --default-stream per-thread calls: stream 0
+ * there is the calling thread's own stream. */
+static cudaStream_t per_thread(cudaStream_t s)
+{
+    return s ? s : cudaStreamPerThread;
+}
+
+SIM_EXPORT cudaError_t cudaMallocAsync_ptsz(void **p, size_t size, cudaStream_t s);
+SIM_EXPORT cudaError_t cudaFreeAsync_ptsz(void *p, cudaStream_t s);
+
+cudaError_t cudaMallocAsync_ptsz(void **p, size_t size, cudaStream_t s)
+{
+    return cudaMallocAsync(p, size, per_thread(s));
+}
+
+cudaError_t cudaFreeAsync_ptsz(void *p, cudaStream_t s)
+{
+    return cudaFreeAsync(p, per_thread(s));
+}
+
 SIM_EXPORT cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)
 {
     ENTER();

@@ -249,8 +249,13 @@ CUresult sim_copy(const char *api, void *dst, const void *src, size_t n, CUstrea
     struct copy_op *op = calloc(1, sizeof *op);
     if (!op)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    *op =
-        (struct copy_op){.op = {.run = copy_run, .fini = op_free}, .dst = dst, .src = src, .n = n};
+    *op = (struct copy_op){.op = {.run = copy_run,
+                                  .fini = op_free,
+                                  .size = sizeof *op,
+                                  .node_type = CU_GRAPH_NODE_TYPE_MEMCPY},
+                           .dst = dst,
+                           .src = src,
+                           .n = n};
     op->us = account_copy(dst, src, n);
     return submit_and_maybe_wait(s, &op->op, sync);
 }

@@ -127,6 +127,9 @@ struct sim_graph;
 CUresult sim_capture_begin(struct sim_stream *s);
 CUresult sim_capture_end(struct sim_stream *s, struct sim_graph **out, bool *invalid);
 CUstreamCaptureStatus sim_capture_status(struct sim_stream *s);
+/* cuStreamIsCapturing's answer: CUDA_ERROR_STREAM_CAPTURE_IMPLICIT for the
+ * legacy stream while any stream captures. */
+CUresult sim_capture_query(struct sim_stream *s, CUstreamCaptureStatus *status);
 /* Appends a captured op to a graph (the graph owns it from then on). */
 CUresult sim_graph_append(struct sim_graph *g, struct sim_op *op);
 struct sim_graph *sim_graph_new(void);

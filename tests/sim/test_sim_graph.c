@@ -4,6 +4,10 @@
  * a capturing stream, or the whole context, or touching the legacy stream
  * during a capture is refused and invalidates it; graph launches raise the
  * CUPTI callback; kernel nodes report their function and parameters.
+ * cudaMallocAsync inside a capture makes a graph memory node whose address
+ * belongs to the graph until the graph and its executable copies are gone;
+ * a free in a capture must name a graph allocation; the legacy stream's
+ * capture status during another stream's capture is an error.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -173,6 +177,74 @@ static void test_graph_launch_callbacks(void **state)
     cudaGraphDestroy(g);
 }
 
+static size_t free_now(void)
+{
+    size_t f = 0, t = 0;
+    assert_int_equal(cudaMemGetInfo(&f, &t), cudaSuccess);
+    return f;
+}
+
+static void test_alloc_in_capture_is_the_graphs(void **state)
+{
+    (void)state;
+    size_t before = free_now();
+    int *p = NULL, *outside = NULL;
+    cudaGraph_t g = NULL;
+    assert_int_equal(cudaMalloc((void **)&outside, 1 << 20), cudaSuccess);
+    assert_int_equal(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+    assert_int_equal(cudaMallocAsync((void **)&p, 1 << 20, stream), cudaSuccess);
+    assert_non_null(p);
+    enum cudaStreamCaptureStatus st;
+    assert_int_equal(cudaStreamIsCapturing(NULL, &st), cudaErrorStreamCaptureImplicit);
+    /* A free node may free only what the graph allocated. */
+    assert_int_equal(cudaFreeAsync(outside, stream), cudaErrorInvalidValue);
+    int v = 5;
+    void *args[] = {&p, &v};
+    assert_int_equal(cudaLaunchKernel((const void *)k_add, one, one, args, 0, stream), cudaSuccess);
+    assert_int_equal(cudaStreamEndCapture(stream, &g), cudaSuccess);
+    assert_int_equal(cudaStreamIsCapturing(NULL, &st), cudaSuccess);
+    assert_int_equal(st, cudaStreamCaptureStatusNone);
+    cudaGraphExec_t e;
+    assert_int_equal(cudaGraphInstantiate(&e, g, 0), cudaSuccess);
+    assert_int_equal(cudaGraphDestroy(g), cudaSuccess); /* the exec keeps the memory */
+    int *q = NULL;
+    assert_int_equal(cudaMalloc((void **)&q, 1 << 20), cudaSuccess);
+    assert_true((uintptr_t)q + (1 << 20) <= (uintptr_t)p ||
+                (uintptr_t)q >= (uintptr_t)p + (1 << 20));
+    assert_int_equal(cudaMemset(p, 0, 4), cudaSuccess);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(cudaGraphLaunch(e, stream), cudaSuccess);
+    assert_int_equal(cudaStreamSynchronize(stream), cudaSuccess);
+    int got = -1;
+    assert_int_equal(cudaMemcpy(&got, p, sizeof got, cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_int_equal(got, 10);
+    assert_true(free_now() < before - (2u << 20));
+    assert_int_equal(cudaGraphExecDestroy(e), cudaSuccess); /* the last holder */
+    assert_int_equal(cudaFree(q), cudaSuccess);
+    assert_int_equal(cudaFree(outside), cudaSuccess);
+    assert_int_equal(free_now(), before);
+}
+
+static void test_free_node_frees_graph_memory(void **state)
+{
+    (void)state;
+    size_t before = free_now();
+    int *p = NULL;
+    cudaGraph_t g = NULL;
+    assert_int_equal(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+    assert_int_equal(cudaMallocAsync((void **)&p, 4096, stream), cudaSuccess);
+    assert_int_equal(cudaFreeAsync(p, stream), cudaSuccess);
+    assert_int_equal(cudaStreamEndCapture(stream, &g), cudaSuccess);
+    cudaGraphExec_t e;
+    assert_int_equal(cudaGraphInstantiate(&e, g, 0), cudaSuccess);
+    assert_int_equal(cudaGraphLaunch(e, stream), cudaSuccess);
+    assert_int_equal(cudaStreamSynchronize(stream), cudaSuccess);
+    assert_int_equal(cudaGraphExecDestroy(e), cudaSuccess);
+    assert_true(free_now() < before);
+    assert_int_equal(cudaGraphDestroy(g), cudaSuccess);
+    assert_int_equal(free_now(), before);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -181,6 +253,8 @@ int main(void)
         cmocka_unit_test(test_sync_during_capture_invalidates),
         cmocka_unit_test(test_capture_on_legacy_stream_refused),
         cmocka_unit_test(test_graph_launch_callbacks),
+        cmocka_unit_test(test_alloc_in_capture_is_the_graphs),
+        cmocka_unit_test(test_free_node_frees_graph_memory),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
