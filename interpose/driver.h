@@ -38,6 +38,7 @@
     X(cuEventQuery)                                                                                \
     X(cuEventSynchronize)                                                                          \
     X(cuStreamSynchronize)                                                                         \
+    X(cuStreamIsCapturing)                                                                         \
     X(cuGetErrorString)                                                                            \
     X(cuGetProcAddress)                                                                            \
     X(cuStreamCreateWithPriority)                                                                  \
