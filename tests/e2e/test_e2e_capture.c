@@ -14,6 +14,11 @@
  * through the _ptsz entry points a program built with --default-stream
  * per-thread calls, with stream 0.
  *
+ * Graphs: a graph's memset and memcpy nodes touch regions as its kernels
+ * do, and an executable graph pointed at other regions after it was
+ * instantiated (new node parameters, cudaGraphExecUpdate) touches those:
+ * every launch finds them on the device, and the bytes are exact.
+ *
  * Each runs in the default configuration, with drain_mode = tracked, and
  * with the learned scheduler's prefetch on; every result is compared byte
  * for byte with what the host computes.
@@ -104,17 +109,22 @@ static void bump(void *p, size_t n, cudaStream_t s)
     launch(k_bump, args, s);
 }
 
-/* Words of d (n of them) that differ from v + i. */
-static size_t wrong_set(const void *d, size_t n, uint32_t v)
+/* Words of d (n of them) that differ from v + i * step. */
+static size_t wrong_words(const void *d, size_t n, uint32_t v, uint32_t step)
 {
     uint32_t *h = malloc(n * 4);
     assert_non_null(h);
     assert_int_equal(cudaMemcpy(h, d, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
     size_t bad = 0;
     for (size_t i = 0; i < n; i++)
-        bad += h[i] != v + (uint32_t)i;
+        bad += h[i] != v + (uint32_t)i * step;
     free(h);
     return bad;
+}
+
+static size_t wrong_set(const void *d, size_t n, uint32_t v)
+{
+    return wrong_words(d, n, v, 1);
 }
 
 /* Words of d that differ from times * (i + 1). */
@@ -383,6 +393,143 @@ static void test_ptsz_region(void **state)
     per_thread_handoff(1, REGION);
 }
 
+/* ---- graphs whose nodes are not (only) kernels, or change ---- */
+
+static int resident(const void *p)
+{
+    int (*residency)(const void *) =
+        (int (*)(const void *))dlsym(RTLD_DEFAULT, "stagehand_residency");
+    return residency ? residency(p) : 1;
+}
+
+static int push_out(void **r, int cold);
+
+/* Regions, zeroed, then all but the first few touched so those go out. */
+static int cold_start(void **r, int cold)
+{
+    for (int i = 0; i < NREG; i++) {
+        assert_int_equal(cudaMalloc(&r[i], REGION), cudaSuccess);
+        assert_int_equal(cudaMemset(r[i], 0, REGION), cudaSuccess);
+    }
+    return push_out(r, cold);
+}
+
+/* Touches all but the first cold regions; how many of those are out. */
+static int push_out(void **r, int cold)
+{
+    for (int i = cold; i < NREG; i++)
+        bump(r[i], WORDS, NULL);
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    int out = 0;
+    for (int i = 0; preloaded && i < cold; i++)
+        out += resident(r[i]) == 0;
+    return out;
+}
+
+static void free_all(void **r)
+{
+    for (int i = 0; i < NREG; i++)
+        cudaFree(r[i]);
+}
+
+/* Graph: memset r[0] to 0x01 bytes, copy r[0] -> r[1]. Both evicted
+ * before every launch; the launch brings both back. */
+static void test_graph_memset_memcpy_nodes(void **state)
+{
+    (void)state;
+    uint64_t faults = faults_now();
+    void *r[NREG];
+    int were_out = cold_start(r, 2);
+    cudaStream_t s;
+    cudaGraph_t g;
+    cudaGraphExec_t e;
+    assert_int_equal(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    assert_int_equal(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    assert_int_equal(cudaMemsetAsync(r[0], 1, REGION, s), cudaSuccess);
+    assert_int_equal(cudaMemcpyAsync(r[1], r[0], REGION, cudaMemcpyDeviceToDevice, s), cudaSuccess);
+    assert_int_equal(cudaStreamEndCapture(s, &g), cudaSuccess);
+    assert_int_equal(cudaGraphInstantiate(&e, g, 0), cudaSuccess);
+    for (int k = 1; k <= REPLAY; k++) {
+        assert_int_equal(cudaGraphLaunch(e, s), cudaSuccess);
+        for (int i = 0; preloaded && i < 2; i++)
+            assert_int_equal(resident(r[i]), 1);
+        assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+        bump(r[1], WORDS, NULL); /* r[1] = 0x01010101 + i + 1 */
+        were_out += push_out(r, 2);
+    }
+    if (preloaded) /* some launches found them evicted */
+        assert_true(were_out > 0);
+    assert_int_equal(wrong_words(r[0], WORDS, 0x01010101u, 0), 0);
+    assert_int_equal(wrong_set(r[1], WORDS, 0x01010101u + 1), 0);
+    for (int i = 2; i < NREG; i++)
+        assert_int_equal(wrong_bumped(r[i], REPLAY + 1), 0);
+    assert_int_equal(faults_now(), faults);
+    cudaGraphExecDestroy(e);
+    cudaGraphDestroy(g);
+    cudaStreamDestroy(s);
+    free_all(r);
+}
+
+static cudaGraph_t capture_bump(void *p, cudaStream_t s)
+{
+    cudaGraph_t g;
+    assert_int_equal(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    bump(p, WORDS, s);
+    assert_int_equal(cudaStreamEndCapture(s, &g), cudaSuccess);
+    return g;
+}
+
+/* A graph that bumps r[0] is pointed at r[1] (new kernel node parameters),
+ * then updated from a graph that bumps r[2]; each is evicted before its
+ * launch and must be on the device when the launch is issued. */
+static void test_graph_exec_pointed_elsewhere(void **state)
+{
+    (void)state;
+    uint64_t faults = faults_now();
+    void *r[NREG];
+    int out = cold_start(r, 3);
+    if (preloaded) /* the precondition: all three out */
+        assert_int_equal(out, 3);
+    cudaStream_t s;
+    cudaGraphExec_t e;
+    assert_int_equal(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    cudaGraph_t g = capture_bump(r[0], s);
+    assert_int_equal(cudaGraphInstantiate(&e, g, 0), cudaSuccess);
+    cudaGraphNode_t node;
+    size_t n = 1;
+    assert_int_equal(cudaGraphGetNodes(g, &node, &n), cudaSuccess);
+    size_t words = WORDS;
+    void *args[] = {&r[1], &words};
+    struct cudaKernelNodeParams kp = {(void *)k_bump, one, one, 0, args, NULL};
+    assert_int_equal(cudaGraphExecKernelNodeSetParams(e, node, &kp), cudaSuccess);
+    assert_int_equal(cudaGraphLaunch(e, s), cudaSuccess);
+    if (preloaded)
+        assert_int_equal(resident(r[1]), 1);
+    assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+    push_out(r, 3);
+    if (preloaded)
+        assert_int_equal(resident(r[2]), 0);
+
+    cudaGraph_t g2 = capture_bump(r[2], s);
+    cudaGraphExecUpdateResultInfo info;
+    assert_int_equal(cudaGraphExecUpdate(e, g2, &info), cudaSuccess);
+    assert_int_equal(cudaGraphLaunch(e, s), cudaSuccess);
+    if (preloaded)
+        assert_int_equal(resident(r[2]), 1);
+    assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+    assert_int_equal(wrong_bumped(r[0], 0), 0);
+    assert_int_equal(wrong_bumped(r[1], 1), 0);
+    assert_int_equal(wrong_bumped(r[2], 1), 0);
+    for (int i = 3; i < NREG; i++)
+        assert_int_equal(wrong_bumped(r[i], 2), 0);
+    assert_int_equal(faults_now(), faults);
+    cudaGraphExecDestroy(e);
+    cudaGraphDestroy(g);
+    cudaGraphDestroy(g2);
+    cudaStreamDestroy(s);
+    free_all(r);
+}
+
 /* ---- the other configurations ---- */
 
 static void test_tracked(void **state)
@@ -440,6 +587,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_per_thread_region),
         cmocka_unit_test(test_ptsz_small_block),
         cmocka_unit_test(test_ptsz_region),
+        cmocka_unit_test(test_graph_memset_memcpy_nodes),
+        cmocka_unit_test(test_graph_exec_pointed_elsewhere),
         cmocka_unit_test(test_tracked),
         cmocka_unit_test(test_learned_prefetch),
     };
