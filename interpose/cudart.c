@@ -158,8 +158,9 @@ static int managed_free_async(void *ptr, cudaStream_t stream, const char *what)
         /* A free node frees only a graph allocation, and this memory may
          * be the graph's input on every replay: it stays allocated. */
         sh_log(SH_LOG_ERROR,
-               "%s(%p): freed inside a stream capture, but it was allocated outside the "
-               "graph; CUDA allows only graph allocations here, so it stays allocated",
+               "%s(%p): freed inside a stream capture (or on the legacy stream while another "
+               "stream captures), but it was allocated outside the graph; CUDA allows only "
+               "graph allocations here, so it stays allocated",
                what, ptr);
         return SH_EINVAL;
     }
