@@ -59,6 +59,8 @@ static struct {
     __typeof__(cuGraphExecMemsetNodeSetParams) *cuGraphExecMemsetNodeSetParams;
     __typeof__(cuGraphExecMemcpyNodeSetParams) *cuGraphExecMemcpyNodeSetParams;
     __typeof__(cuGraphExecUpdate_v2) *cuGraphExecUpdate;
+    CUresult (*cuGraphExecUpdate_v1)(CUgraphExec, CUgraph, CUgraphNode *,
+                                     CUgraphExecUpdateResult *);
 } real;
 static pthread_once_t real_once = PTHREAD_ONCE_INIT;
 
@@ -85,6 +87,7 @@ static void resolve(void)
     R(cuGraphExecMemsetNodeSetParams, "cuGraphExecMemsetNodeSetParams");
     R(cuGraphExecMemcpyNodeSetParams, "cuGraphExecMemcpyNodeSetParams");
     R(cuGraphExecUpdate, "cuGraphExecUpdate_v2");
+    R(cuGraphExecUpdate_v1, "cuGraphExecUpdate");
 #undef R
 }
 
@@ -545,6 +548,21 @@ EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph,
 {
     int outer = updating();
     CUresult r = real.cuGraphExecUpdate(exec, graph, info);
+    updated(r == CUDA_SUCCESS, outer, exec, graph);
+    return r;
+}
+
+/* The CUDA 11 entry point, with the result in two out-parameters. */
+#undef cuGraphExecUpdate
+EXPORT CUresult cuGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphNode *error_node,
+                                  CUgraphExecUpdateResult *result);
+CUresult cuGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphNode *error_node,
+                           CUgraphExecUpdateResult *result)
+{
+    int outer = updating();
+    CUresult r = real.cuGraphExecUpdate_v1
+                     ? real.cuGraphExecUpdate_v1(exec, graph, error_node, result)
+                     : CUDA_ERROR_NOT_SUPPORTED;
     updated(r == CUDA_SUCCESS, outer, exec, graph);
     return r;
 }
