@@ -33,6 +33,7 @@
 #include "simcuda.h"
 #include "stagehand.h"
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <pthread.h>
@@ -480,8 +481,9 @@ static cudaGraph_t capture_bump(void *p, cudaStream_t s)
 }
 
 /* A graph that bumps r[0] is pointed at r[1] (new kernel node parameters),
- * then updated from a graph that bumps r[2]; each is evicted before its
- * launch and must be on the device when the launch is issued. */
+ * then updated from a graph that bumps r[2], then pointed back at r[0]
+ * through the driver API; each is evicted before its launch and must be on
+ * the device when the launch is issued. */
 static void test_graph_exec_pointed_elsewhere(void **state)
 {
     (void)state;
@@ -517,11 +519,34 @@ static void test_graph_exec_pointed_elsewhere(void **state)
     if (preloaded)
         assert_int_equal(resident(r[2]), 1);
     assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
-    assert_int_equal(wrong_bumped(r[0], 0), 0);
+    push_out(r, 3);
+
+    /* The driver's way: the updated exec's node, named by g2's node. */
+    if (preloaded)
+        assert_int_equal(resident(r[0]), 0);
+    cudaGraphNode_t node2;
+    n = 1;
+    assert_int_equal(cudaGraphGetNodes(g2, &node2, &n), cudaSuccess);
+    void *args0[] = {&r[0], &words};
+    CUDA_KERNEL_NODE_PARAMS dp = {.func = simcuda_function(k_bump),
+                                  .gridDimX = 1,
+                                  .gridDimY = 1,
+                                  .gridDimZ = 1,
+                                  .blockDimX = 1,
+                                  .blockDimY = 1,
+                                  .blockDimZ = 1,
+                                  .kernelParams = args0};
+    assert_int_equal(cuGraphExecKernelNodeSetParams((CUgraphExec)e, (CUgraphNode)node2, &dp),
+                     CUDA_SUCCESS);
+    assert_int_equal(cuGraphLaunch((CUgraphExec)e, (CUstream)s), CUDA_SUCCESS);
+    if (preloaded)
+        assert_int_equal(resident(r[0]), 1);
+    assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+    assert_int_equal(wrong_bumped(r[0], 1), 0);
     assert_int_equal(wrong_bumped(r[1], 1), 0);
     assert_int_equal(wrong_bumped(r[2], 1), 0);
     for (int i = 3; i < NREG; i++)
-        assert_int_equal(wrong_bumped(r[i], 2), 0);
+        assert_int_equal(wrong_bumped(r[i], 3), 0);
     assert_int_equal(faults_now(), faults);
     cudaGraphExecDestroy(e);
     cudaGraphDestroy(g);
