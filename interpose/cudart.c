@@ -7,16 +7,12 @@
 #include "interpose/interpose.h"
 
 #include "sh_err.h"
+#include "sh_log.h"
 #include "stagehand.h"
 
 #include <pthread.h>
 
 #define EXPORT __attribute__((visibility("default")))
-
-static uint64_t stream_id(cudaStream_t s)
-{
-    return (uint64_t)(uintptr_t)s;
-}
 
 static cudaError_t passthrough(void)
 {
@@ -89,7 +85,7 @@ static cudaError_t managed_alloc(void **ptr, size_t size, int path, cudaStream_t
     sh_room_lock();
     int rc = sh_make_room(need, NULL, 0);
     if (rc == SH_OK)
-        rc = sh_pool_alloc(sh_rt.pool, size, path, stream_id(stream), &va);
+        rc = sh_pool_alloc(sh_rt.pool, size, path, sh_stream_key((CUstream)stream), &va);
     sh_room_unlock();
     if (rc == SH_ENOMEM) {
         *ptr = NULL;
@@ -100,7 +96,7 @@ static cudaError_t managed_alloc(void **ptr, size_t size, int path, cudaStream_t
     struct sh_region_info info;
     if (sh_pool_lookup(sh_rt.pool, va, &info) == SH_OK && info.va == va &&
         info.path != SH_PATH_SLAB)
-        sh_sched_alloc(va, size, stream_id(stream)); /* a region, not a small block */
+        sh_sched_alloc(va, size, sh_stream_key((CUstream)stream)); /* a region, not a small block */
     *ptr = (void *)va;
     return cudaSuccess;
 }
@@ -132,10 +128,18 @@ EXPORT cudaError_t cudaFree(void *ptr)
                                                                             : cudaErrorInvalidValue;
 }
 
+/* Inside a stream capture an allocation is a graph memory node: its address
+ * belongs to the graph until the graph is destroyed, which only CUDA's own
+ * allocator can give. So the real call makes it (or refuses it). */
+static int in_capture(cudaStream_t stream)
+{
+    return sh_stream_capturing((CUstream)stream);
+}
+
 EXPORT cudaError_t cudaMallocAsync(void **ptr, size_t size, cudaStream_t stream)
 {
     const struct sh_real *real = sh_real();
-    if (!ptr || size == 0 || !sh_managed_here()) {
+    if (!ptr || size == 0 || !sh_managed_here() || in_capture(stream)) {
         passthrough();
         return real->cudaMallocAsync(ptr, size, stream);
     }
@@ -145,17 +149,27 @@ EXPORT cudaError_t cudaMallocAsync(void **ptr, size_t size, cudaStream_t stream)
 
 /* Stream-ordered free: the memory is reused by another stream only after
  * the fence recorded here has passed. */
-static int managed_free_async(void *ptr, cudaStream_t stream)
+static int managed_free_async(void *ptr, cudaStream_t stream, const char *what)
 {
     struct sh_region_info info;
     if (sh_pool_lookup(sh_rt.pool, (uintptr_t)ptr, &info) != SH_OK)
         return SH_ENOTFOUND;
+    if (in_capture(stream)) {
+        /* A free node frees only a graph allocation, and this memory may
+         * be the graph's input on every replay: it stays allocated. */
+        sh_log(SH_LOG_ERROR,
+               "%s(%p): freed inside a stream capture (or on the legacy stream while another "
+               "stream captures), but it was allocated outside the graph; CUDA allows only "
+               "graph allocations here, so it stays allocated",
+               what, ptr);
+        return SH_EINVAL;
+    }
     if (info.va == (uintptr_t)ptr && info.path != SH_PATH_SLAB)
         sh_sched_free((uintptr_t)ptr);
     uint64_t fence = sh_driver_fence_record(&sh_rt.drv, (CUstream)stream);
     if (!fence)
         sh_rt.drv.cuCtxSynchronize(); /* no event: fall back to a full wait */
-    int rc = sh_pool_free(sh_rt.pool, (uintptr_t)ptr, stream_id(stream), fence);
+    int rc = sh_pool_free(sh_rt.pool, (uintptr_t)ptr, sh_stream_key((CUstream)stream), fence);
     if (rc != SH_OK && fence) {
         struct sh_fence_ops f;
         sh_driver_fence_ops(&sh_rt.drv, &f);
@@ -168,7 +182,7 @@ EXPORT cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream)
 {
     if (!ptr || !sh_managed())
         return sh_real()->cudaFreeAsync(ptr, stream);
-    int rc = managed_free_async(ptr, stream);
+    int rc = managed_free_async(ptr, stream, "cudaFreeAsync");
     if (rc == SH_ENOTFOUND)
         return sh_real()->cudaFreeAsync(ptr, stream);
     return rc == SH_OK ? cudaSuccess : cudaErrorInvalidValue;
@@ -197,7 +211,7 @@ EXPORT void *stagehand_malloc(ssize_t size, int device, void *stream)
     void *p = NULL;
     if (size <= 0)
         return NULL;
-    if (!sh_managed() || device != (int)sh_rt.dev) { /* [general] device only */
+    if (!sh_managed() || device != (int)sh_rt.dev || in_capture(stream)) {
         const struct sh_real *real = sh_real();
         return real->cudaMallocAsync &&
                        real->cudaMallocAsync(&p, (size_t)size, stream) == cudaSuccess
@@ -211,12 +225,27 @@ EXPORT void *stagehand_malloc(ssize_t size, int device, void *stream)
     return e == cudaErrorMemoryAllocation ? NULL : p;
 }
 
+/* The entry points of a program built with --default-stream per-thread,
+ * where stream 0 is the calling thread's own stream. */
+EXPORT cudaError_t cudaMallocAsync_ptsz(void **ptr, size_t size, cudaStream_t stream);
+EXPORT cudaError_t cudaFreeAsync_ptsz(void *ptr, cudaStream_t stream);
+
+cudaError_t cudaMallocAsync_ptsz(void **ptr, size_t size, cudaStream_t stream)
+{
+    return cudaMallocAsync(ptr, size, (cudaStream_t)sh_stream_ptsz((CUstream)stream));
+}
+
+cudaError_t cudaFreeAsync_ptsz(void *ptr, cudaStream_t stream)
+{
+    return cudaFreeAsync(ptr, (cudaStream_t)sh_stream_ptsz((CUstream)stream));
+}
+
 EXPORT void stagehand_free(void *ptr, ssize_t size, int device, void *stream)
 {
     (void)size;
     (void)device;
     if (!ptr)
         return;
-    if (!sh_managed() || managed_free_async(ptr, stream) == SH_ENOTFOUND)
+    if (!sh_managed() || managed_free_async(ptr, stream, "stagehand_free") == SH_ENOTFOUND)
         sh_real()->cudaFreeAsync(ptr, stream);
 }

@@ -38,6 +38,7 @@
     X(cuEventQuery)                                                                                \
     X(cuEventSynchronize)                                                                          \
     X(cuStreamSynchronize)                                                                         \
+    X(cuStreamIsCapturing)                                                                         \
     X(cuGetErrorString)                                                                            \
     X(cuGetProcAddress)                                                                            \
     X(cuStreamCreateWithPriority)                                                                  \
@@ -48,7 +49,9 @@
     X(cuLaunchCooperativeKernel)                                                                   \
     X(cuGraphGetNodes)                                                                             \
     X(cuGraphNodeGetType)                                                                          \
-    X(cuGraphKernelNodeGetParams)
+    X(cuGraphKernelNodeGetParams)                                                                  \
+    X(cuGraphMemsetNodeGetParams)                                                                  \
+    X(cuGraphMemcpyNodeGetParams)
 
 struct sh_driver {
 #define SH_DRIVER_FIELD(name) __typeof__(name) *name;

@@ -71,6 +71,15 @@ int sh_make_room(size_t need, const uintptr_t *protect, size_t np);
 void sh_room_lock(void);
 void sh_room_unlock(void);
 
+/* Stream identity (streams.c). sh_stream_key: one id per stream CUDA
+ * orders work on, the calling thread's own for its per-thread stream.
+ * sh_stream_ptsz: the handle a per-thread-default entry point (_ptsz,
+ * _ptds) means by s. sh_stream_capturing: 1 when work enqueued on s now
+ * would be captured into a graph rather than run, or CUDA would refuse it. */
+uint64_t sh_stream_key(CUstream s);
+CUstream sh_stream_ptsz(CUstream s);
+int sh_stream_capturing(CUstream s);
+
 /* Launch tracking (launch.c). begin/end bracket the issue of one launch:
  * begin restores what it points into and enters the remap gate. */
 int sh_launch_init(void);

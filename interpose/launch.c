@@ -199,7 +199,7 @@ static void report_residency(const uintptr_t *bases, size_t nb)
 #define STREAM_SLOTS 63 /* bit 63: a stream without a slot; drain the device */
 
 static pthread_mutex_t slots_mu = PTHREAD_MUTEX_INITIALIZER;
-static CUstream slot_stream[STREAM_SLOTS];
+static uint64_t slot_key[STREAM_SLOTS]; /* sh_stream_key of the slot's stream */
 static CUevent slot_event[STREAM_SLOTS];
 static int nslots;
 static _Thread_local struct {
@@ -213,16 +213,19 @@ static int tracked(void)
     return sh_rt.cfg.transfer.drain_mode == SH_CONFIG_DRAIN_TRACKED;
 }
 
-/* The slot of a stream, made on first sight; 63 when they are all taken. */
+/* The slot of a stream, made on first sight; 63 when they are all taken.
+ * Keyed by identity: every thread's per-thread stream has its own slot, or
+ * one thread's launch would re-record the event another's work is behind. */
 static int stream_slot(CUstream s)
 {
+    uint64_t key = sh_stream_key(s);
     pthread_mutex_lock(&slots_mu);
     int i = 0;
-    while (i < nslots && slot_stream[i] != s)
+    while (i < nslots && slot_key[i] != key)
         i++;
     if (i == nslots && nslots < STREAM_SLOTS &&
         sh_rt.drv.cuEventCreate(&slot_event[i], CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS)
-        slot_stream[nslots++] = s;
+        slot_key[nslots++] = key;
     pthread_mutex_unlock(&slots_mu);
     return i < nslots ? i : STREAM_SLOTS;
 }
@@ -231,13 +234,19 @@ static int stream_slot(CUstream s)
  * take the issue stamp that tells a prefetch in flight to redo its copy.
  * With a tracked drain, its stream's event now marks the end of that work
  * and the regions remember the stream; re-recording the event is what
- * makes a later wait cover every launch before it. */
+ * makes a later wait cover every launch before it. Work issued into a
+ * stream capture does not run, and an event recorded there is never
+ * recorded for real: it marks nothing (the graph's launch does). */
 static void mark_issued(void)
 {
     if (pending.n == 0)
         return;
     uint64_t streams = 0;
     if (tracked()) {
+        if (sh_stream_capturing(pending.stream)) {
+            pending.n = 0;
+            return;
+        }
         int slot = stream_slot(pending.stream);
         if (slot < STREAM_SLOTS &&
             sh_rt.drv.cuEventRecord(slot_event[slot], pending.stream) != CUDA_SUCCESS)
@@ -377,6 +386,27 @@ int sh_launch_mode(void)
 
 /* ---- CUPTI ---- */
 
+/* The per-thread-default variants (_ptsz) mean the calling thread's own
+ * stream by stream 0. (The two domains' ids overlap: check the domain.) */
+static int is_ptsz(CUpti_CallbackDomain domain, CUpti_CallbackId cbid)
+{
+    if (domain == CUPTI_CB_DOMAIN_RUNTIME_API)
+        return cbid == CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000 ||
+               cbid == CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_ptsz_v9000 ||
+               cbid == CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060 ||
+               cbid == CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_ptsz_v10000 ||
+               cbid == CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_ptsz_v13000;
+    return cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz ||
+           cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz ||
+           cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz ||
+           cbid == CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz;
+}
+
+static CUstream per_thread_default(int ptsz, CUstream s)
+{
+    return ptsz ? sh_stream_ptsz(s) : s;
+}
+
 static void CUPTIAPI on_callback(void *user, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
                                  const void *data)
 {
@@ -387,7 +417,7 @@ static void CUPTIAPI on_callback(void *user, CUpti_CallbackDomain domain, CUpti_
         return;
     }
     const void *key = NULL;
-    int kind = SH_KEY_FUNCTION;
+    int kind = SH_KEY_FUNCTION, ptsz = is_ptsz(domain, cbid);
     void **args = NULL;
     CUstream stream = NULL;
     const void *p = cb->functionParams;
@@ -418,7 +448,8 @@ static void CUPTIAPI on_callback(void *user, CUpti_CallbackDomain domain, CUpti_
         case CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_ptsz_v10000:
             sh_graph_launch_begin(
                 (CUgraphExec)((const cudaGraphLaunch_v10000_params *)p)->graphExec,
-                (CUstream)((const cudaGraphLaunch_v10000_params *)p)->stream);
+                per_thread_default(ptsz,
+                                   (CUstream)((const cudaGraphLaunch_v10000_params *)p)->stream));
             return;
         case CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_v13000:
         case CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_ptsz_v13000:
@@ -453,14 +484,16 @@ static void CUPTIAPI on_callback(void *user, CUpti_CallbackDomain domain, CUpti_
             break;
         case CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch:
         case CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz:
-            sh_graph_launch_begin(((const cuGraphLaunch_params *)p)->hGraph,
-                                  ((const cuGraphLaunch_params *)p)->hStream);
+            sh_graph_launch_begin(
+                ((const cuGraphLaunch_params *)p)->hGraph,
+                per_thread_default(ptsz, ((const cuGraphLaunch_params *)p)->hStream));
             return;
         default:
             break;
         }
     }
-    sh_launch_begin(key, kind, args, stream); /* every ENTER pairs with an EXIT */
+    /* every ENTER pairs with an EXIT */
+    sh_launch_begin(key, kind, args, per_thread_default(ptsz, stream));
 }
 
 static const CUpti_CallbackId runtime_ids[] = {

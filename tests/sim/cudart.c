@@ -391,6 +391,26 @@ SIM_EXPORT cudaError_t cudaFreeAsync(void *p, cudaStream_t s)
     return ret_cu(cuMemFreeAsync((CUdeviceptr)(uintptr_t)p, (CUstream)s));
 }
 
+/* What a program built with --default-stream per-thread calls: stream 0
+ * there is the calling thread's own stream. */
+static cudaStream_t per_thread(cudaStream_t s)
+{
+    return s ? s : cudaStreamPerThread;
+}
+
+SIM_EXPORT cudaError_t cudaMallocAsync_ptsz(void **p, size_t size, cudaStream_t s);
+SIM_EXPORT cudaError_t cudaFreeAsync_ptsz(void *p, cudaStream_t s);
+
+cudaError_t cudaMallocAsync_ptsz(void **p, size_t size, cudaStream_t s)
+{
+    return cudaMallocAsync(p, size, per_thread(s));
+}
+
+cudaError_t cudaFreeAsync_ptsz(void *p, cudaStream_t s)
+{
+    return cudaFreeAsync(p, per_thread(s));
+}
+
 SIM_EXPORT cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)
 {
     ENTER();
@@ -620,6 +640,91 @@ SIM_EXPORT cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s)
     cudaError_t r = ret_cu(cuGraphLaunch((CUgraphExec)exec, (CUstream)s));
     simcuda__api_exit(&call, &r);
     return r;
+}
+
+SIM_EXPORT cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t *nodes, size_t *num)
+{
+    ENTER();
+    return ret_cu(cuGraphGetNodes((CUgraph)graph, (CUgraphNode *)nodes, num));
+}
+
+SIM_EXPORT cudaError_t cudaGraphNodeGetType(cudaGraphNode_t node, enum cudaGraphNodeType *type)
+{
+    ENTER();
+    return ret_cu(cuGraphNodeGetType((CUgraphNode)node, (CUgraphNodeType *)type));
+}
+
+SIM_EXPORT cudaError_t cudaGraphExecKernelNodeSetParams(cudaGraphExec_t exec, cudaGraphNode_t node,
+                                                        const struct cudaKernelNodeParams *p)
+{
+    ENTER();
+    if (!p)
+        return ret(cudaErrorInvalidValue);
+    CUDA_KERNEL_NODE_PARAMS k = {
+        .func = simcuda_function((simcuda_kernel_fn)p->func),
+        .gridDimX = p->gridDim.x,
+        .gridDimY = p->gridDim.y,
+        .gridDimZ = p->gridDim.z,
+        .blockDimX = p->blockDim.x,
+        .blockDimY = p->blockDim.y,
+        .blockDimZ = p->blockDim.z,
+        .sharedMemBytes = p->sharedMemBytes,
+        .kernelParams = p->kernelParams,
+        .extra = p->extra,
+    };
+    if (!k.func)
+        return ret(cudaErrorInvalidDeviceFunction);
+    return ret_cu(cuGraphExecKernelNodeSetParams((CUgraphExec)exec, (CUgraphNode)node, &k));
+}
+
+SIM_EXPORT cudaError_t cudaGraphExecMemsetNodeSetParams(cudaGraphExec_t exec, cudaGraphNode_t node,
+                                                        const struct cudaMemsetParams *p)
+{
+    ENTER();
+    if (!p)
+        return ret(cudaErrorInvalidValue);
+    CUDA_MEMSET_NODE_PARAMS m = {
+        (CUdeviceptr)(uintptr_t)p->dst, p->pitch, p->value, p->elementSize, p->width, p->height};
+    return ret_cu(cuGraphExecMemsetNodeSetParams((CUgraphExec)exec, (CUgraphNode)node, &m, NULL));
+}
+
+SIM_EXPORT cudaError_t cudaGraphExecMemcpyNodeSetParams(cudaGraphExec_t exec, cudaGraphNode_t node,
+                                                        const struct cudaMemcpy3DParms *p)
+{
+    ENTER();
+    if (!p)
+        return ret(cudaErrorInvalidValue);
+    if (p->srcArray || p->dstArray)
+        return ret(cudaErrorNotSupported); /* no arrays on the simulated GPU */
+    /* Pointers of either kind: the driver tells them apart (unified). */
+    CUDA_MEMCPY3D c = {
+        .srcXInBytes = p->srcPos.x,
+        .srcY = p->srcPos.y,
+        .srcZ = p->srcPos.z,
+        .srcMemoryType = CU_MEMORYTYPE_UNIFIED,
+        .srcDevice = (CUdeviceptr)(uintptr_t)p->srcPtr.ptr,
+        .srcPitch = p->srcPtr.pitch,
+        .srcHeight = p->srcPtr.ysize,
+        .dstXInBytes = p->dstPos.x,
+        .dstY = p->dstPos.y,
+        .dstZ = p->dstPos.z,
+        .dstMemoryType = CU_MEMORYTYPE_UNIFIED,
+        .dstDevice = (CUdeviceptr)(uintptr_t)p->dstPtr.ptr,
+        .dstPitch = p->dstPtr.pitch,
+        .dstHeight = p->dstPtr.ysize,
+        .WidthInBytes = p->extent.width,
+        .Height = p->extent.height,
+        .Depth = p->extent.depth,
+    };
+    return ret_cu(cuGraphExecMemcpyNodeSetParams((CUgraphExec)exec, (CUgraphNode)node, &c, NULL));
+}
+
+SIM_EXPORT cudaError_t cudaGraphExecUpdate(cudaGraphExec_t exec, cudaGraph_t graph,
+                                           cudaGraphExecUpdateResultInfo *info)
+{
+    ENTER();
+    return ret_cu(
+        cuGraphExecUpdate((CUgraphExec)exec, (CUgraph)graph, (CUgraphExecUpdateResultInfo *)info));
 }
 
 SIM_EXPORT cudaError_t cudaGraphDestroy(cudaGraph_t graph)

@@ -249,8 +249,13 @@ CUresult sim_copy(const char *api, void *dst, const void *src, size_t n, CUstrea
     struct copy_op *op = calloc(1, sizeof *op);
     if (!op)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    *op =
-        (struct copy_op){.op = {.run = copy_run, .fini = op_free}, .dst = dst, .src = src, .n = n};
+    *op = (struct copy_op){.op = {.run = copy_run,
+                                  .fini = op_free,
+                                  .size = sizeof *op,
+                                  .node_type = CU_GRAPH_NODE_TYPE_MEMCPY},
+                           .dst = dst,
+                           .src = src,
+                           .n = n};
     op->us = account_copy(dst, src, n);
     return submit_and_maybe_wait(s, &op->op, sync);
 }
@@ -517,6 +522,26 @@ bool sim_launch_info(const struct sim_op *op, CUfunction *f, void ***params)
     return true;
 }
 
+/* A launch of k with the parameter values params point at, copied. */
+static struct launch_op *launch_op_new(struct sim_kernel *k, void **params)
+{
+    struct launch_op *op = calloc(1, sizeof *op + k->total);
+    if (!op)
+        return NULL;
+    op->op.run = launch_run;
+    op->op.fini = op_free;
+    op->op.size = sizeof *op + k->total;
+    op->op.node_type = CU_GRAPH_NODE_TYPE_KERNEL;
+    op->op.relocate = launch_relocate;
+    op->k = k;
+    op->us = k->duration_us ? k->duration_us : sim_cfg.kernel_us;
+    for (int i = 0; i < k->nparams; i++) {
+        memcpy(op->buf + k->offsets[i], params[i], k->sizes[i]);
+        op->args[i] = op->buf + k->offsets[i];
+    }
+    return op;
+}
+
 static CUresult launch(struct sim_kernel *k, CUstream hs, void **params, void **extra, unsigned gx,
                        unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz)
 {
@@ -531,20 +556,9 @@ static CUresult launch(struct sim_kernel *k, CUstream hs, void **params, void **
     struct sim_stream *s = sim_stream_get(hs);
     if (!s)
         return CUDA_ERROR_INVALID_HANDLE;
-    struct launch_op *op = calloc(1, sizeof *op + k->total);
+    struct launch_op *op = launch_op_new(k, params);
     if (!op)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    op->op.run = launch_run;
-    op->op.fini = op_free;
-    op->op.size = sizeof *op + k->total;
-    op->op.node_type = CU_GRAPH_NODE_TYPE_KERNEL;
-    op->op.relocate = launch_relocate;
-    op->k = k;
-    op->us = k->duration_us ? k->duration_us : sim_cfg.kernel_us;
-    for (int i = 0; i < k->nparams; i++) {
-        memcpy(op->buf + k->offsets[i], params[i], k->sizes[i]);
-        op->args[i] = op->buf + k->offsets[i];
-    }
     atomic_fetch_add(&sim_stats.launches, 1);
     return sim_stream_submit(s, &op->op, NULL);
 }
@@ -611,4 +625,131 @@ SIM_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDim
               : CUDA_ERROR_INVALID_HANDLE;
     sim_api_exit(&call, &r);
     return r;
+}
+
+/* ---- graph node parameters: what a node does, and a new node to replace
+ * it in an executable graph. Copies and memsets are one-dimensional here:
+ * 2D/3D shapes and arrays are refused with CUDA_ERROR_NOT_SUPPORTED. ---- */
+
+bool sim_fill_info(const struct sim_op *op, CUDA_MEMSET_NODE_PARAMS *p)
+{
+    if (op->run != fill_run)
+        return false;
+    const struct fill_op *f = (const struct fill_op *)op;
+    *p = (CUDA_MEMSET_NODE_PARAMS){.dst = (CUdeviceptr)(uintptr_t)f->dst,
+                                   .value = f->value,
+                                   .elementSize = (unsigned)f->elem,
+                                   .width = f->count,
+                                   .height = 1};
+    return true;
+}
+
+static void side(const void *ptr, CUmemorytype *type, const void **host, CUdeviceptr *dev)
+{
+    bool d = sim_mem_kind((uintptr_t)ptr) == SIM_MEM_DEVICE;
+    *type = d ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
+    *host = d ? NULL : ptr;
+    *dev = d ? (CUdeviceptr)(uintptr_t)ptr : 0;
+}
+
+bool sim_copy_info(const struct sim_op *op, CUDA_MEMCPY3D *p)
+{
+    if (op->run != copy_run)
+        return false;
+    const struct copy_op *c = (const struct copy_op *)op;
+    const void *dst_host;
+    memset(p, 0, sizeof *p);
+    side(c->src, &p->srcMemoryType, &p->srcHost, &p->srcDevice);
+    side(c->dst, &p->dstMemoryType, &dst_host, &p->dstDevice);
+    p->dstHost = (void *)(uintptr_t)dst_host;
+    p->WidthInBytes = c->n;
+    p->Height = p->Depth = 1;
+    return true;
+}
+
+struct sim_op *sim_fill_op(const CUDA_MEMSET_NODE_PARAMS *p, CUresult *r)
+{
+    *r = CUDA_ERROR_INVALID_VALUE;
+    if (!p || !p->dst || p->width == 0 || p->height == 0 ||
+        (p->elementSize != 1 && p->elementSize != 2 && p->elementSize != 4) ||
+        p->dst & (p->elementSize - 1))
+        return NULL;
+    if (p->height > 1 && p->pitch != p->width * p->elementSize) {
+        *r = CUDA_ERROR_NOT_SUPPORTED;
+        return NULL;
+    }
+    struct fill_op *op = calloc(1, sizeof *op);
+    if (!op) {
+        *r = CUDA_ERROR_OUT_OF_MEMORY;
+        return NULL;
+    }
+    *op = (struct fill_op){.op = {.run = fill_run,
+                                  .fini = op_free,
+                                  .size = sizeof *op,
+                                  .node_type = CU_GRAPH_NODE_TYPE_MEMSET},
+                           .dst = (void *)(uintptr_t)p->dst,
+                           .value = p->value,
+                           .elem = p->elementSize,
+                           .count = p->width * p->height};
+    *r = CUDA_SUCCESS;
+    return &op->op;
+}
+
+/* The address one side of a 1D CUDA_MEMCPY3D names, or NULL. */
+static const void *endpoint(CUmemorytype type, const void *host, CUdeviceptr dev, size_t x)
+{
+    switch (type) {
+    case CU_MEMORYTYPE_HOST:
+        return host ? (const char *)host + x : NULL;
+    case CU_MEMORYTYPE_DEVICE:
+    case CU_MEMORYTYPE_UNIFIED:
+        return dev ? (const char *)(uintptr_t)dev + x : NULL;
+    default:
+        return NULL;
+    }
+}
+
+struct sim_op *sim_copy_op(const CUDA_MEMCPY3D *p, CUresult *r)
+{
+    *r = CUDA_ERROR_INVALID_VALUE;
+    if (!p || p->WidthInBytes == 0)
+        return NULL;
+    if (p->Height > 1 || p->Depth > 1 || p->srcY || p->srcZ || p->dstY || p->dstZ ||
+        p->srcMemoryType == CU_MEMORYTYPE_ARRAY || p->dstMemoryType == CU_MEMORYTYPE_ARRAY) {
+        *r = CUDA_ERROR_NOT_SUPPORTED;
+        return NULL;
+    }
+    const void *src = endpoint(p->srcMemoryType, p->srcHost, p->srcDevice, p->srcXInBytes);
+    const void *dst = endpoint(p->dstMemoryType, p->dstHost, p->dstDevice, p->dstXInBytes);
+    if (!src || !dst)
+        return NULL;
+    struct copy_op *op = calloc(1, sizeof *op);
+    if (!op) {
+        *r = CUDA_ERROR_OUT_OF_MEMORY;
+        return NULL;
+    }
+    *op = (struct copy_op){.op = {.run = copy_run,
+                                  .fini = op_free,
+                                  .size = sizeof *op,
+                                  .node_type = CU_GRAPH_NODE_TYPE_MEMCPY},
+                           .dst = (void *)(uintptr_t)dst,
+                           .src = src,
+                           .n = p->WidthInBytes};
+    op->us = account_copy(op->dst, src, op->n);
+    *r = CUDA_SUCCESS;
+    return &op->op;
+}
+
+struct sim_op *sim_kernel_op(const CUDA_KERNEL_NODE_PARAMS *p, CUresult *r)
+{
+    *r = CUDA_ERROR_INVALID_VALUE;
+    if (!p || p->extra || !p->gridDimX || !p->gridDimY || !p->gridDimZ || !p->blockDimX ||
+        !p->blockDimY || !p->blockDimZ)
+        return NULL;
+    struct sim_kernel *k = kernel_get(p->func ? (const void *)p->func : (const void *)p->kern);
+    if (!k || (k->nparams > 0 && !p->kernelParams))
+        return NULL;
+    struct launch_op *op = launch_op_new(k, p->kernelParams);
+    *r = op ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    return op ? &op->op : NULL;
 }

@@ -25,6 +25,9 @@ struct sim_graph {
     unsigned magic;
     struct sim_op **nodes;
     size_t n, cap;
+    /* An executable graph: the template node each node was made from (the
+     * handle an update names it by; compared, never read). */
+    const void **origin;
     struct sim_graph *next; /* on the handed-out list */
 };
 
@@ -123,6 +126,13 @@ static struct sim_graph *copy_graph(const struct sim_graph *g, unsigned magic)
         return NULL;
     e->magic = magic;
     e->nodes = calloc(g->n ? g->n : 1, sizeof *e->nodes);
+    e->origin = calloc(g->n ? g->n : 1, sizeof *e->origin);
+    for (size_t i = 0; e->origin && i < g->n; i++)
+        e->origin[i] = g->nodes[i];
+    if (!e->origin) {
+        free(e->nodes);
+        e->nodes = NULL;
+    }
     for (size_t i = 0; e->nodes && i < g->n; i++) {
         if (!(e->nodes[i] = sim_op_clone(g->nodes[i]))) {
             free_nodes(e->nodes, i);
@@ -131,6 +141,7 @@ static struct sim_graph *copy_graph(const struct sim_graph *g, unsigned magic)
         e->n = i + 1;
     }
     if (!e->nodes) {
+        free(e->origin);
         free(e);
         return NULL;
     }
@@ -292,6 +303,7 @@ static CUresult destroy(void *h, unsigned magic)
         return CUDA_ERROR_INVALID_VALUE;
     g->magic = 0;
     free_nodes(g->nodes, g->n);
+    free(g->origin);
     free(g);
     return CUDA_SUCCESS;
 }
@@ -304,4 +316,147 @@ SIM_EXPORT CUresult cuGraphDestroy(CUgraph h)
 SIM_EXPORT CUresult cuGraphExecDestroy(CUgraphExec h)
 {
     return destroy(h, EXEC_MAGIC);
+}
+
+/* ---- node parameters, and updating an executable graph ---- */
+
+SIM_EXPORT CUresult cuGraphMemsetNodeGetParams(CUgraphNode node, CUDA_MEMSET_NODE_PARAMS *p)
+{
+    CUresult r = sim_enter(__func__, false);
+    if (r)
+        return r;
+    if (!node || !p || !sim_fill_info((struct sim_op *)node, p))
+        return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuGraphMemcpyNodeGetParams(CUgraphNode node, CUDA_MEMCPY3D *p)
+{
+    CUresult r = sim_enter(__func__, false);
+    if (r)
+        return r;
+    if (!node || !p || !sim_copy_info((struct sim_op *)node, p))
+        return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
+/* Puts op in place of the exec's node made from template node tmpl, which
+ * must be of the same type; op is freed if it is refused. */
+static CUresult exec_set(CUgraphExec h, CUgraphNode tmpl, struct sim_op *op)
+{
+    struct sim_op *old = NULL;
+    pthread_mutex_lock(&graph_mu);
+    struct sim_graph *e = lookup(h, EXEC_MAGIC, false);
+    for (size_t i = 0; e && tmpl && i < e->n; i++)
+        if (e->origin[i] == (const void *)tmpl && e->nodes[i]->node_type == op->node_type) {
+            old = e->nodes[i];
+            e->nodes[i] = op;
+            break;
+        }
+    pthread_mutex_unlock(&graph_mu);
+    struct sim_op *gone = old ? old : op;
+    if (gone->fini)
+        gone->fini(gone);
+    return old ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+SIM_EXPORT CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec h, CUgraphNode node,
+                                                      const CUDA_KERNEL_NODE_PARAMS *p)
+{
+    CUresult r = sim_enter(__func__, false);
+    if (r)
+        return r;
+    struct sim_op *op = sim_kernel_op(p, &r);
+    return op ? exec_set(h, node, op) : r;
+}
+
+SIM_EXPORT CUresult cuGraphExecMemsetNodeSetParams(CUgraphExec h, CUgraphNode node,
+                                                   const CUDA_MEMSET_NODE_PARAMS *p, CUcontext ctx)
+{
+    (void)ctx; /* one context */
+    CUresult r = sim_enter(__func__, false);
+    if (r)
+        return r;
+    struct sim_op *op = sim_fill_op(p, &r);
+    return op ? exec_set(h, node, op) : r;
+}
+
+SIM_EXPORT CUresult cuGraphExecMemcpyNodeSetParams(CUgraphExec h, CUgraphNode node,
+                                                   const CUDA_MEMCPY3D *p, CUcontext ctx)
+{
+    (void)ctx;
+    CUresult r = sim_enter(__func__, false);
+    if (r)
+        return r;
+    struct sim_op *op = sim_copy_op(p, &r);
+    return op ? exec_set(h, node, op) : r;
+}
+
+/* Why g cannot replace e's nodes: CU_GRAPH_EXEC_UPDATE_SUCCESS if it can
+ * (same nodes, in order, of the same types, kernels of the same function,
+ * memory nodes the same allocations). graph_mu held. */
+static CUgraphExecUpdateResult update_check(const struct sim_graph *e, const struct sim_graph *g,
+                                            size_t *bad)
+{
+    if (e->n != g->n) {
+        *bad = 0;
+        return CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED;
+    }
+    for (size_t i = 0; i < e->n; i++) {
+        *bad = i;
+        const struct sim_op *a = e->nodes[i], *b = g->nodes[i];
+        if (a->node_type != b->node_type)
+            return CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED;
+        CUfunction fa, fb;
+        void **pa, **pb;
+        if (sim_launch_info(a, &fa, &pa) && sim_launch_info(b, &fb, &pb) && fa != fb)
+            return CU_GRAPH_EXEC_UPDATE_ERROR_FUNCTION_CHANGED;
+        if ((a->node_type == CU_GRAPH_NODE_TYPE_MEM_ALLOC ||
+             a->node_type == CU_GRAPH_NODE_TYPE_MEM_FREE) &&
+            e->origin[i] != (const void *)b)
+            return CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED;
+    }
+    return CU_GRAPH_EXEC_UPDATE_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec h, CUgraph hg,
+                                         CUgraphExecUpdateResultInfo *info)
+{
+    CUresult r = sim_enter(__func__, false);
+    if (r)
+        return r;
+    if (!info)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&graph_mu);
+    struct sim_graph *e = lookup(h, EXEC_MAGIC, false), *g = lookup(hg, GRAPH_MAGIC, false);
+    if (!e || !g) {
+        pthread_mutex_unlock(&graph_mu);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    size_t bad = 0;
+    CUgraphExecUpdateResult res = update_check(e, g, &bad);
+    *info = (CUgraphExecUpdateResultInfo){res, NULL, NULL};
+    if (res != CU_GRAPH_EXEC_UPDATE_SUCCESS) {
+        info->errorNode = bad < g->n ? (CUgraphNode)g->nodes[bad] : NULL;
+        info->errorFromNode = bad < e->n ? (CUgraphNode)e->origin[bad] : NULL;
+        pthread_mutex_unlock(&graph_mu);
+        return CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+    }
+    struct sim_op **fresh = calloc(g->n ? g->n : 1, sizeof *fresh);
+    for (size_t i = 0; fresh && i < g->n; i++)
+        if (!(fresh[i] = sim_op_clone(g->nodes[i]))) {
+            free_nodes(fresh, i);
+            fresh = NULL;
+        }
+    if (!fresh) {
+        pthread_mutex_unlock(&graph_mu);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    struct sim_op **old = e->nodes;
+    e->nodes = fresh;
+    for (size_t i = 0; i < g->n; i++)
+        e->origin[i] = g->nodes[i];
+    pthread_mutex_unlock(&graph_mu);
+    free_nodes(old, g->n);
+    return CUDA_SUCCESS;
 }

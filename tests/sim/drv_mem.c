@@ -55,6 +55,7 @@ struct alloc_entry {
     uintptr_t va;
     size_t size, mapped;
     unsigned long long handle;
+    bool graph; /* a graph allocation: the graph's until its last node goes */
 };
 
 struct vec {
@@ -681,7 +682,7 @@ static CUresult alloc_device(uintptr_t *out, size_t size)
     unsigned long long h = 0;
     CUresult r = handle_create(mapped, CU_MEM_LOCATION_TYPE_DEVICE, &h);
     if (r == CUDA_SUCCESS) {
-        struct alloc_entry a = {va, size, mapped, h};
+        struct alloc_entry a = {va, size, mapped, h, false};
         struct map_entry m = {.va = va,
                               .size = mapped,
                               .handle = h,
@@ -736,6 +737,8 @@ static CUresult free_device(uintptr_t va)
     return CUDA_SUCCESS;
 }
 
+static bool graph_alloc(uintptr_t va);
+
 SIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
     CUresult r = sim_enter(__func__, true);
@@ -746,10 +749,109 @@ SIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
     /* Like the real driver, freeing waits for the device. */
     if ((r = sim_ctx_synchronize()))
         return r;
+    if (graph_alloc(dptr))
+        return CUDA_SUCCESS; /* the graph gives it back when it goes */
     pthread_mutex_lock(&mem_mu);
     r = free_device(dptr);
     pthread_mutex_unlock(&mem_mu);
     return r;
+}
+
+/* ---- graph memory nodes ----
+ * cuMemAllocAsync inside a capture makes an allocation node: the address is
+ * fixed when it is captured and belongs to the graph (and every executable
+ * graph made from it) until the last of them is destroyed. Every copy of
+ * the node holds a reference; the last one frees the memory. A free of a
+ * graph allocation (a free node in the capture, or a plain free outside
+ * it) leaves the memory to the graph. */
+
+struct gmem {
+    _Atomic int refs;
+    uintptr_t va;
+};
+
+struct gmem_op {
+    struct sim_op op;
+    struct gmem *g;
+};
+
+static void gmem_run(struct sim_op *op)
+{
+    (void)op; /* the memory is there from capture to destruction */
+}
+
+static void gmem_ref(struct sim_op *op)
+{
+    struct gmem *g = ((struct gmem_op *)op)->g;
+    if (g)
+        atomic_fetch_add(&g->refs, 1);
+}
+
+static void gmem_fini(struct sim_op *op)
+{
+    struct gmem *g = ((struct gmem_op *)op)->g;
+    if (g && atomic_fetch_sub(&g->refs, 1) == 1) {
+        pthread_mutex_lock(&mem_mu);
+        struct alloc_entry *a = find(&allocs, g->va);
+        if (a && a->va == g->va)
+            a->graph = false;
+        free_device(g->va);
+        pthread_mutex_unlock(&mem_mu);
+        free(g);
+    }
+    free(op->waits);
+    free(op);
+}
+
+/* 1 when va is the start of a graph allocation. */
+static bool graph_alloc(uintptr_t va)
+{
+    pthread_mutex_lock(&mem_mu);
+    struct alloc_entry *a = find(&allocs, va);
+    bool g = a && a->va == va && a->graph;
+    pthread_mutex_unlock(&mem_mu);
+    return g;
+}
+
+static CUresult capture_alloc(CUdeviceptr *dptr, size_t bytesize, struct sim_stream *s)
+{
+    uintptr_t va = 0;
+    struct gmem_op *op = calloc(1, sizeof *op);
+    struct gmem *g = calloc(1, sizeof *g);
+    CUresult r = op && g ? alloc_device(&va, bytesize) : CUDA_ERROR_OUT_OF_MEMORY;
+    if (r) {
+        free(op);
+        free(g);
+        return r;
+    }
+    pthread_mutex_lock(&mem_mu);
+    ((struct alloc_entry *)find(&allocs, va))->graph = true;
+    pthread_mutex_unlock(&mem_mu);
+    *g = (struct gmem){1, va};
+    *op = (struct gmem_op){.op = {.run = gmem_run,
+                                  .fini = gmem_fini,
+                                  .size = sizeof *op,
+                                  .node_type = CU_GRAPH_NODE_TYPE_MEM_ALLOC,
+                                  .relocate = gmem_ref},
+                           .g = g};
+    if ((r = sim_stream_submit(s, &op->op, NULL))) /* op->fini has freed it */
+        return r;
+    *dptr = va;
+    return CUDA_SUCCESS;
+}
+
+static CUresult capture_free(CUdeviceptr dptr, struct sim_stream *s)
+{
+    if (!graph_alloc(dptr)) /* a free node must free a graph allocation */
+        return CUDA_ERROR_INVALID_VALUE;
+    struct gmem_op *op = calloc(1, sizeof *op);
+    if (!op)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *op = (struct gmem_op){.op = {.run = gmem_run,
+                                  .fini = gmem_fini,
+                                  .size = sizeof *op,
+                                  .node_type = CU_GRAPH_NODE_TYPE_MEM_FREE}};
+    return sim_stream_submit(s, &op->op, NULL);
 }
 
 /* Stream-ordered allocation: memory is usable at once; the free runs when
@@ -764,9 +866,14 @@ SIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream
         return CUDA_ERROR_INVALID_HANDLE;
     if (!dptr || bytesize == 0)
         return CUDA_ERROR_INVALID_VALUE;
+    CUstreamCaptureStatus cs;
+    if ((r = sim_capture_query(s, &cs)))
+        return r; /* the legacy stream while another captures */
+    if (cs != CU_STREAM_CAPTURE_STATUS_NONE)
+        return capture_alloc(dptr, bytesize, s);
     uintptr_t va = 0;
     r = alloc_device(&va, bytesize);
-    if (r == CUDA_ERROR_OUT_OF_MEMORY && sim_capture_status(s) == CU_STREAM_CAPTURE_STATUS_NONE) {
+    if (r == CUDA_ERROR_OUT_OF_MEMORY) {
         /* Memory freed earlier on this stream is this allocation's to
          * reuse, in stream order: let those frees happen, then retry. */
         sim_stream_drain(s);
@@ -809,13 +916,20 @@ SIM_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
     pthread_mutex_unlock(&mem_mu);
     if (!ok)
         return CUDA_ERROR_INVALID_VALUE;
+    CUstreamCaptureStatus cs;
+    if ((r = sim_capture_query(s, &cs)))
+        return r;
+    if (cs != CU_STREAM_CAPTURE_STATUS_NONE)
+        return capture_free(dptr, s);
+    if (graph_alloc(dptr))
+        return CUDA_SUCCESS; /* the graph gives it back when it goes */
     struct free_op *op = calloc(1, sizeof *op);
     if (!op)
         return CUDA_ERROR_OUT_OF_MEMORY;
     op->op.run = free_op_run;
     op->op.fini = op_free;
     op->op.size = sizeof *op;
-    op->op.capture = SIM_CAP_REFUSE; /* memory nodes are not simulated */
+    op->op.capture = SIM_CAP_REFUSE; /* a free node frees only graph memory */
     op->va = dptr;
     return sim_stream_submit(s, &op->op, NULL);
 }

@@ -411,6 +411,17 @@ CUstreamCaptureStatus sim_capture_status(struct sim_stream *s)
     return st;
 }
 
+CUresult sim_capture_query(struct sim_stream *s, CUstreamCaptureStatus *status)
+{
+    pthread_mutex_lock(&submit_mu);
+    bool implicit = s->legacy && capturing > 0;
+    pthread_mutex_unlock(&submit_mu);
+    if (implicit) /* the legacy stream would join another stream's capture */
+        return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+    *status = sim_capture_status(s);
+    return CUDA_SUCCESS;
+}
+
 /* ---- the stream API ---- */
 
 static CUresult create_stream(const char *api, CUstream *ph, unsigned flags, int priority)
@@ -559,7 +570,7 @@ SIM_EXPORT CUresult cuStreamIsCapturing(CUstream h, CUstreamCaptureStatus *statu
         return CUDA_ERROR_INVALID_HANDLE;
     if (!status)
         return CUDA_ERROR_INVALID_VALUE;
-    *status = sim_capture_status(sim_stream_get(h));
+    return sim_capture_query(sim_stream_get(h), status);
     return CUDA_SUCCESS;
 }
 

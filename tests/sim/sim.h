@@ -127,6 +127,9 @@ struct sim_graph;
 CUresult sim_capture_begin(struct sim_stream *s);
 CUresult sim_capture_end(struct sim_stream *s, struct sim_graph **out, bool *invalid);
 CUstreamCaptureStatus sim_capture_status(struct sim_stream *s);
+/* cuStreamIsCapturing's answer: CUDA_ERROR_STREAM_CAPTURE_IMPLICIT for the
+ * legacy stream while any stream captures. */
+CUresult sim_capture_query(struct sim_stream *s, CUstreamCaptureStatus *status);
 /* Appends a captured op to a graph (the graph owns it from then on). */
 CUresult sim_graph_append(struct sim_graph *g, struct sim_op *op);
 struct sim_graph *sim_graph_new(void);
@@ -134,6 +137,14 @@ struct sim_graph *sim_graph_new(void);
 struct sim_op *sim_op_clone(const struct sim_op *op);
 /* The kernel and parameters of a captured launch (false for other ops). */
 bool sim_launch_info(const struct sim_op *op, CUfunction *f, void ***params);
+/* What a memset or copy node does (false for another kind of op). */
+bool sim_fill_info(const struct sim_op *op, CUDA_MEMSET_NODE_PARAMS *p);
+bool sim_copy_info(const struct sim_op *op, CUDA_MEMCPY3D *p);
+/* New nodes from node parameters (NULL with *r set when they are refused),
+ * for executable-graph updates. */
+struct sim_op *sim_fill_op(const CUDA_MEMSET_NODE_PARAMS *p, CUresult *r);
+struct sim_op *sim_copy_op(const CUDA_MEMCPY3D *p, CUresult *r);
+struct sim_op *sim_kernel_op(const CUDA_KERNEL_NODE_PARAMS *p, CUresult *r);
 /* Adds a dependency to an op before it is submitted. */
 CUresult sim_op_add_wait(struct sim_op *op, struct sim_stream *s, uint64_t ticket);
 
