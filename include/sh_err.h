@@ -15,6 +15,7 @@ enum {
     SH_ENOTFOUND = -5, /* no such region, key or entry */
     SH_EBUSY = -6,     /* resource temporarily unavailable (caps, capture) */
     SH_ERANGE = -7,    /* value out of range */
+    SH_ELOST = -8,     /* a range could not be mapped again: a kernel touching it faults */
 };
 
 /* A short, static description of an SH_E* code. */

@@ -169,10 +169,16 @@ static int fence_done(void *ctx, uint64_t fence)
     return 1;
 }
 
+/* The memory is unmapped after this returns: a failed event wait falls
+ * back to waiting for the whole context, retried once. */
 static void fence_wait(void *ctx, uint64_t fence)
 {
     struct sh_driver *drv = ctx;
-    drv->cuEventSynchronize((CUevent)(uintptr_t)fence);
+    if (drv->cuEventSynchronize((CUevent)(uintptr_t)fence) == CUDA_SUCCESS ||
+        drv->cuCtxSynchronize() == CUDA_SUCCESS || drv->cuCtxSynchronize() == CUDA_SUCCESS)
+        return;
+    sh_log(SH_LOG_ERROR, "cannot wait for the work before a free (%s); the context has failed",
+           sh_driver_error(drv, drv->cuCtxSynchronize()));
 }
 
 static void fence_drop(void *ctx, uint64_t fence)

@@ -170,20 +170,49 @@ static uint32_t crc_of(const struct chunk *c)
 
 /* ---- eviction ---- */
 
-/* Swaps one chunk's mapping at the region address; on failure puts the old
- * handle back, so the range is never left unmapped. */
+#define REMAP_TRIES 3
+
+/* Swaps one chunk's mapping at va from handle `from` to handle `to`,
+ * retrying transient failures: 0 when `to` is mapped, SH_EDRIVER when
+ * `from` is mapped (as before, or again), SH_ELOST when neither could be
+ * mapped back after the unmap (logged: a kernel touching it will fault). */
 static int remap(struct sh_pool *pool, uintptr_t va, size_t size, uint64_t from, uint64_t to)
 {
-    int rc = pool->vmm.unmap(pool->vmm.ctx, va, size);
+    int rc = SH_EDRIVER;
+    for (int t = 0; t < REMAP_TRIES && rc; t++)
+        rc = pool->vmm.unmap(pool->vmm.ctx, va, size);
     if (rc)
-        return rc;
-    rc = pool->vmm.map(pool->vmm.ctx, va, size, to);
-    if (rc && pool->vmm.map(pool->vmm.ctx, va, size, from) != 0)
-        sh_log(SH_LOG_ERROR, "cannot map 0x%llx back after a failed remap: its contents are lost",
-               (unsigned long long)va);
+        return SH_EDRIVER; /* still mapped to `from` */
     __atomic_add_fetch(&pool->st.vmm_unmaps, 1, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&pool->st.vmm_maps, 1, __ATOMIC_RELAXED);
-    return rc;
+    /* Forward, then back and forth: two failures in a row are survived. */
+    const uint64_t order[2 * REMAP_TRIES] = {to, from, to, from, to, from};
+    for (int t = 0; t < 2 * REMAP_TRIES; t++)
+        if (pool->vmm.map(pool->vmm.ctx, va, size, order[t]) == 0) {
+            __atomic_add_fetch(&pool->st.vmm_maps, 1, __ATOMIC_RELAXED);
+            return order[t] == to ? 0 : SH_EDRIVER;
+        }
+    sh_log(SH_LOG_ERROR,
+           "cannot map 0x%llx (%zu bytes) again after a failed remap: a kernel "
+           "that touches it will fault",
+           (unsigned long long)va, size);
+    return SH_ELOST;
+}
+
+/* A move that failed and could not be rolled back whole: the region keeps
+ * every handle and slab it has, whichever is mapped where, and never moves
+ * again. Its bytes are where its mappings say (the caller checked). */
+static void make_stuck(struct sh_pool *pool, struct region *r, const char *what)
+{
+    r->stuck = 1;
+    pthread_mutex_lock(&pool->mu);
+    if (r->state == SH_RS_EVICTING) /* a restore's region counts as host already */
+        pool->st.host_bytes += r->mapped;
+    pthread_mutex_unlock(&pool->mu);
+    sh_log(SH_LOG_ERROR,
+           "region %llu (0x%llx, %zu bytes): a failed %s could not be undone; it stays where it "
+           "is and is not moved again",
+           (unsigned long long)r->id, (unsigned long long)r->va, r->size, what);
+    finish_state(pool, r, SH_RS_HOST);
 }
 
 /* Waits for the work that may touch the regions of a window: the whole
@@ -249,12 +278,16 @@ static size_t evict_window(struct sh_pool *pool, struct region **v, size_t n)
             struct chunk *c = &v[k]->chunks[i];
             if (pool->mover.checksums)
                 c->crc = crc_of(c);
-            if (remap(pool, v[k]->va + c->off, c->size, c->handle, c->slab->handle) != 0) {
-                /* The device handles still hold the bytes: nothing ran since the copy. */
+            int rc = remap(pool, v[k]->va + c->off, c->size, c->handle, c->slab->handle);
+            if (rc != 0) {
+                /* Both copies hold the bytes: nothing ran since the copy. A
+                 * chunk that cannot go back leaves the region stuck. */
                 while (i-- > 0) {
                     c = &v[k]->chunks[i];
-                    remap(pool, v[k]->va + c->off, c->size, c->slab->handle, c->handle);
+                    if (remap(pool, v[k]->va + c->off, c->size, c->slab->handle, c->handle))
+                        rc = SH_ELOST;
                 }
+                v[k]->stuck = rc == SH_ELOST;
                 return k;
             }
         }
@@ -304,6 +337,8 @@ static void evict_batch(struct sh_pool *pool, struct candidates *c, size_t n, si
             if (evicted)
                 evicted[(*nevicted)++] = c->r[k]->va;
             evicted_one(pool, c->r[k], released);
+        } else if (c->r[k]->stuck) {
+            make_stuck(pool, c->r[k], "eviction");
         } else {
             give_back_slabs(pool, c->r[k]);
             finish_state(pool, c->r[k], SH_RS_RESIDENT);
@@ -400,7 +435,7 @@ void sh_pool_touch(struct sh_pool *pool, const uintptr_t *addrs, size_t n, size_
             continue;
         __atomic_store_n(&r->last_use, now, __ATOMIC_RELAXED);
         __atomic_store_n(&r->last_use_us, now_us, __ATOMIC_RELAXED);
-        if (__atomic_load_n(&r->state, __ATOMIC_RELAXED) == SH_RS_HOST)
+        if (__atomic_load_n(&r->state, __ATOMIC_RELAXED) == SH_RS_HOST && !r->stuck)
             *host_bytes += r->mapped;
     }
     pthread_rwlock_unlock(&pool->index_lock);
@@ -415,7 +450,8 @@ static size_t pick_restores(struct sh_pool *pool, const uintptr_t *addrs, size_t
     pthread_rwlock_rdlock(&pool->index_lock);
     for (size_t i = 0; i < n; i++) {
         struct region *r = sh_rindex_lookup(pool->index, addrs[i]);
-        if (r && r->state == SH_RS_HOST && sh_state_move(&r->state, SH_RS_RESTORING, r->id) == 0) {
+        if (r && r->state == SH_RS_HOST && !r->stuck &&
+            sh_state_move(&r->state, SH_RS_RESTORING, r->id) == 0) {
             pool->st.regions[SH_RS_HOST]--;
             pool->st.regions[SH_RS_RESTORING]++;
             out[m++] = r;
@@ -457,12 +493,23 @@ static void verify(struct sh_pool *pool, struct region *r, const struct chunk *c
            (unsigned long long)r->id, (unsigned long long)r->va, r->size, c->off);
 }
 
-/* Puts chunks [0, n) of r back on their slabs, which still hold the bytes. */
+/* Puts chunks [0, n) of r back on their slabs, which still hold the
+ * bytes. A chunk that cannot go back stays on its device chunk, filled
+ * again from its slab (its copy may not have landed), and r is stuck. */
 static void unrestore(struct sh_pool *pool, struct region *r, unsigned n)
 {
+    struct sh_xfer *x = pool->mover.xfer;
     for (unsigned i = 0; i < n; i++) {
         struct chunk *c = &r->chunks[i];
-        remap(pool, r->va + c->off, c->size, c->handle, c->slab->handle);
+        int rc = remap(pool, r->va + c->off, c->size, c->handle, c->slab->handle);
+        if (rc == 0)
+            continue;
+        r->stuck = 1;
+        if (rc == SH_ELOST ||
+            sh_xfer_copy(x, SH_H2D, r->va + c->off, c->slab->staging, c->size) != 0 ||
+            sh_xfer_flush(x, SH_H2D) != 0)
+            sh_log(SH_LOG_ERROR, "region %llu (0x%llx): %zu bytes at +%zu are lost",
+                   (unsigned long long)r->id, (unsigned long long)r->va, c->size, c->off);
     }
 }
 
@@ -548,6 +595,8 @@ int sh_pool_restore(struct sh_pool *pool, const uintptr_t *addrs, size_t n)
     for (size_t k = 0; k < ready; k++) {
         if (k < done) {
             restored(pool, v[k]);
+        } else if (v[k]->stuck) {
+            make_stuck(pool, v[k], "restore");
         } else {
             put_chunks(pool, v[k], v[k]->nchunks);
             finish_state(pool, v[k], SH_RS_HOST);
@@ -627,13 +676,18 @@ int sh_pool_move_take(struct sh_pool *pool, struct region *r)
 }
 
 static void pf_abandon(struct sh_pool *pool, struct region *r, unsigned mapped);
+static void drop_scratch(struct sh_pool *pool, struct region *r, unsigned mapped);
 static void ev_abandon(struct sh_pool *pool, struct region *r);
 
 void sh_pool_move_cancel(struct sh_pool *pool, struct region *r)
 {
     int dir = r->state == SH_RS_RESTORING ? SH_H2D : SH_D2H;
     sh_xfer_wait_seq(pool->mover.xfer, dir, r->mv_first, r->mv_last);
-    if (dir == SH_H2D)
+    if (r->stuck) {
+        if (dir == SH_H2D)
+            drop_scratch(pool, r, r->nchunks);
+        make_stuck(pool, r, dir == SH_H2D ? "prefetch" : "early eviction");
+    } else if (dir == SH_H2D)
         pf_abandon(pool, r, r->nchunks);
     else
         ev_abandon(pool, r);
@@ -841,7 +895,7 @@ static int move_start(struct sh_pool *pool, const uintptr_t *vas, size_t n, uint
 /* A HOST region can be prefetched; mu held. */
 static int pf_pick(struct sh_pool *pool, struct region *r)
 {
-    if (sh_state_move_from(&r->state, SH_RS_HOST, SH_RS_RESTORING, r->id) != 0)
+    if (r->stuck || sh_state_move_from(&r->state, SH_RS_HOST, SH_RS_RESTORING, r->id) != 0)
         return 0;
     pool->st.regions[SH_RS_HOST]--;
     pool->st.regions[SH_RS_RESTORING]++;
@@ -1068,11 +1122,14 @@ static int ev_switch(struct sh_pool *pool, struct region *r)
         struct chunk *c = &r->chunks[i];
         if (pool->mover.checksums)
             c->crc = crc_of(c);
-        if (remap(pool, r->va + c->off, c->size, c->handle, c->slab->handle) != 0) {
+        int rc = remap(pool, r->va + c->off, c->size, c->handle, c->slab->handle);
+        if (rc != 0) {
             while (i-- > 0) {
                 c = &r->chunks[i];
-                remap(pool, r->va + c->off, c->size, c->slab->handle, c->handle);
+                if (remap(pool, r->va + c->off, c->size, c->slab->handle, c->handle))
+                    rc = SH_ELOST;
             }
+            r->stuck = rc == SH_ELOST;
             return SH_EDRIVER;
         }
     }

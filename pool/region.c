@@ -102,18 +102,37 @@ static struct region *freed_take(struct sh_pool *pool, size_t mapped, uint64_t s
 
 /* ---- building and tearing down ---- */
 
+static int unmap_chunk(struct sh_pool *pool, uintptr_t va, size_t size)
+{
+    for (int t = 0; t < 3; t++) /* a transient failure must not strand the chunk */
+        if (pool->vmm.unmap(pool->vmm.ctx, va, size) == 0) {
+            __atomic_add_fetch(&pool->st.vmm_unmaps, 1, __ATOMIC_RELAXED);
+            return 0;
+        }
+    return SH_EDRIVER;
+}
+
+/* A chunk that cannot be unmapped keeps its backing, and the region its VA:
+ * handing either to a cache while mapped would give it to two owners. */
 static void unbuild(struct sh_pool *pool, struct region *r, unsigned mapped_chunks)
 {
+    size_t kept = 0;
     for (unsigned i = 0; i < r->nchunks; i++) {
         struct chunk *c = &r->chunks[i];
-        if (i < mapped_chunks && pool->vmm.unmap(pool->vmm.ctx, r->va + c->off, c->size) == 0)
-            __atomic_add_fetch(&pool->st.vmm_unmaps, 1, __ATOMIC_RELAXED);
+        if (i < mapped_chunks && unmap_chunk(pool, r->va + c->off, c->size) != 0) {
+            kept += c->size;
+            continue;
+        }
         if (c->handle)
             sh_chunkcache_put(pool->cc, c->handle, c->size);
         if (c->slab) /* an evicted region freed by the program */
             sh_hostpool_put(pool->mover.host, c->slab);
     }
-    sh_vaarena_free(pool->va, r->va, r->mapped);
+    if (kept)
+        sh_log(SH_LOG_ERROR, "cannot unmap %zu bytes of 0x%llx: they stay reserved and mapped",
+               kept, (unsigned long long)r->va);
+    else
+        sh_vaarena_free(pool->va, r->va, r->mapped);
     free(r);
 }
 

@@ -57,6 +57,10 @@ struct region {
     struct move_list *mv_on;            /* the list it is on; NULL when none */
     struct region *lru_prev, *lru_next; /* all freed regions, oldest first */
     struct region *bucket_next;         /* freed regions of similar size */
+    /* Set when a failed move could not be rolled back whole: its chunks keep
+     * both their device handles and their slabs, whichever is mapped, and
+     * it is never moved again (HOST, so freeing it tears it down). */
+    int stuck;
     unsigned nchunks;
     struct chunk chunks[];
 };

@@ -76,6 +76,8 @@ const char *sh_strerror(int err)
         return "busy";
     case SH_ERANGE:
         return "out of range";
+    case SH_ELOST:
+        return "mapping lost";
     default:
         return "unknown error";
     }

@@ -46,7 +46,10 @@ struct fake {
     struct resv r[MAXR];
     int nr;
     long map_calls, unmap_calls;
-    long fail_map_at; /* this map call fails; 0: none */
+    long fail_map_at;   /* this map call fails; 0: none */
+    long fail_map_n;    /* and so many after it in a row (0 or 1: just that one) */
+    long fail_unmap_at; /* likewise for unmap */
+    long fail_unmap_n;
     int bad;
     /* copies */
     int copies[2];
@@ -175,7 +178,8 @@ static int f_map(void *ctx, uintptr_t va, size_t size, uint64_t h)
     fk.map_calls++;
     if (fk.checking && atomic_load(&launching))
         fk.remaps_during_launch++;
-    if (fk.fail_map_at && fk.map_calls == fk.fail_map_at) {
+    if (fk.fail_map_at && fk.map_calls >= fk.fail_map_at &&
+        fk.map_calls < fk.fail_map_at + (fk.fail_map_n > 1 ? fk.fail_map_n : 1)) {
         pthread_mutex_unlock(&fk.mu);
         return SH_EDRIVER;
     }
@@ -206,6 +210,11 @@ static int f_unmap(void *ctx, uintptr_t va, size_t size)
     fk.unmap_calls++;
     if (fk.checking && atomic_load(&launching))
         fk.remaps_during_launch++;
+    if (fk.fail_unmap_at && fk.unmap_calls >= fk.fail_unmap_at &&
+        fk.unmap_calls < fk.fail_unmap_at + (fk.fail_unmap_n > 1 ? fk.fail_unmap_n : 1)) {
+        pthread_mutex_unlock(&fk.mu);
+        return SH_EDRIVER; /* nothing changed: still mapped */
+    }
     int i = find_mapping(va);
     if (i < 0 || fk.m[i].va != va || fk.m[i].size != size) {
         fk.bad++;

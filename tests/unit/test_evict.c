@@ -620,6 +620,72 @@ static void test_restore_remap_failure(void **state)
 
 /* A thread that is issuing work (holds the gate's read side) cannot open a
  * window: nothing moves, nothing is lost, and it does not deadlock. */
+/* Two map failures in a row inside one remap are survived: the eviction
+ * completes and no range is ever left unmapped. */
+static void test_double_map_failure_recovered(void **state)
+{
+    (void)state;
+    start(&plain);
+    uintptr_t a = alloc(2 * CH), b = alloc(2 * CH);
+    fill(a, 2 * CH, 61);
+    fill(b, 2 * CH, 62);
+    touch(a);
+    touch(b);
+    fk.fail_map_at = fk.map_calls + 2; /* the second chunk's map and the map back */
+    fk.fail_map_n = 2;
+    size_t released;
+    assert_int_equal(evict(2 * CH, NULL, 0, &released), 0);
+    fk.fail_map_at = 0;
+    assert_int_equal(state_of(a), SH_RS_HOST);
+    assert_true(all_at(a, 2 * CH, SH_LOC_HOST));
+    assert_int_equal(bad_words(a, 2 * CH, 61), 0);
+    assert_int_equal(restore1(a), 0);
+    assert_true(all_at(a, 2 * CH, SH_LOC_DEVICE));
+    assert_int_equal(bad_words(a, 2 * CH, 61), 0);
+    stop();
+}
+
+/* A restore that fails and whose rollback fails too (the driver refuses to
+ * unmap from then on): the region keeps every handle and slab it holds, its
+ * bytes stay right where its mappings say, nobody else is given its memory,
+ * and freeing it releases everything. */
+static void test_restore_rollback_failure(void **state)
+{
+    (void)state;
+    start(&plain);
+    uintptr_t a = alloc(2 * CH), b = alloc(2 * CH);
+    fill(a, 2 * CH, 71);
+    fill(b, 2 * CH, 72);
+    touch(a);
+    touch(b);
+    size_t released;
+    assert_int_equal(evict(2 * CH, NULL, 0, &released), 0);
+    assert_int_equal(state_of(a), SH_RS_HOST);
+    fk.fail_unmap_at = fk.unmap_calls + 2; /* the second chunk's, and every one after */
+    fk.fail_unmap_n = 1000000;
+    struct restore_arg ra = {a, 0};
+    char buf[2048];
+    capture_stderr(do_restore, &ra, buf, sizeof buf);
+    fk.fail_unmap_at = 0;
+    assert_int_equal(ra.rc, SH_EDRIVER);
+    assert_non_null(strstr(buf, "could not be undone"));
+    assert_null(strstr(buf, "are lost"));
+    assert_int_equal(state_of(a), SH_RS_HOST);
+    assert_int_equal(bad_words(a, 2 * CH, 71), 0);
+    /* It is never moved again, and nobody shares its memory. */
+    assert_int_equal(restore1(a), 0);
+    touch(a);
+    touch(b);
+    assert_int_equal(evict(2 * CH, NULL, 0, &released), 0);
+    assert_int_equal(state_of(b), SH_RS_HOST);
+    memset((void *)b, 0xee, 2 * CH);
+    uintptr_t c = alloc(2 * CH);
+    memset((void *)c, 0xdd, 2 * CH);
+    assert_int_equal(bad_words(a, 2 * CH, 71), 0);
+    assert_int_equal(sh_pool_free(sys.pool, a, ANY, 0), 0);
+    stop();
+}
+
 static void test_gate_held_by_caller(void **state)
 {
     (void)state;
@@ -734,6 +800,8 @@ int main(void)
         cmocka_unit_test_teardown(test_restore_without_device_memory, teardown),
         cmocka_unit_test_teardown(test_evict_remap_failure, teardown),
         cmocka_unit_test_teardown(test_restore_remap_failure, teardown),
+        cmocka_unit_test_teardown(test_double_map_failure_recovered, teardown),
+        cmocka_unit_test_teardown(test_restore_rollback_failure, teardown),
         cmocka_unit_test_teardown(test_gate_held_by_caller, teardown),
         cmocka_unit_test_teardown(test_no_remap_during_launch, teardown),
     };
