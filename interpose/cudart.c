@@ -112,20 +112,32 @@ EXPORT cudaError_t cudaMalloc(void **ptr, size_t size)
     return e == cudaErrorUnknown ? (passthrough(), real->cudaMalloc(ptr, size)) : e;
 }
 
+/* The program freed what it does not hold: its error, said as such. */
+static cudaError_t bad_free(const char *what, void *ptr)
+{
+    sh_log(SH_LOG_ERROR, "%s(%p): not a live allocation (freed twice?)", what, ptr);
+    return cudaErrorInvalidValue;
+}
+
 EXPORT cudaError_t cudaFree(void *ptr)
 {
     const struct sh_real *real = sh_real();
     struct sh_region_info info;
+    /* A small block lies anywhere in its slab; a region is freed by its start. */
     if (!ptr || !sh_managed() || sh_pool_lookup(sh_rt.pool, (uintptr_t)ptr, &info) != SH_OK ||
-        info.va != (uintptr_t)ptr)
+        (info.va != (uintptr_t)ptr && info.path != SH_PATH_SLAB))
         return real->cudaFree(ptr);
+    if (info.state == SH_RS_FREED)
+        return bad_free("cudaFree", ptr);
     /* cudaFree synchronises the device; so do we, so the memory is idle. */
     CUresult r = sh_rt.drv.cuCtxSynchronize();
     if (r != CUDA_SUCCESS)
         return (cudaError_t)r;
-    sh_sched_free((uintptr_t)ptr);
-    return sh_pool_free(sh_rt.pool, (uintptr_t)ptr, UINT64_MAX, 0) == SH_OK ? cudaSuccess
-                                                                            : cudaErrorInvalidValue;
+    if (info.path != SH_PATH_SLAB)
+        sh_sched_free((uintptr_t)ptr);
+    return sh_pool_free(sh_rt.pool, (uintptr_t)ptr, UINT64_MAX, 0) == SH_OK
+               ? cudaSuccess
+               : bad_free("cudaFree", ptr);
 }
 
 /* Inside a stream capture an allocation is a graph memory node: its address
@@ -164,12 +176,18 @@ static int managed_free_async(void *ptr, cudaStream_t stream, const char *what)
                what, ptr);
         return SH_EINVAL;
     }
+    if (info.state == SH_RS_FREED) {
+        bad_free(what, ptr);
+        return SH_EINVAL;
+    }
     if (info.va == (uintptr_t)ptr && info.path != SH_PATH_SLAB)
         sh_sched_free((uintptr_t)ptr);
     uint64_t fence = sh_driver_fence_record(&sh_rt.drv, (CUstream)stream);
     if (!fence)
         sh_rt.drv.cuCtxSynchronize(); /* no event: fall back to a full wait */
     int rc = sh_pool_free(sh_rt.pool, (uintptr_t)ptr, sh_stream_key((CUstream)stream), fence);
+    if (rc != SH_OK)
+        bad_free(what, ptr); /* a small block freed twice */
     if (rc != SH_OK && fence) {
         struct sh_fence_ops f;
         sh_driver_fence_ops(&sh_rt.drv, &f);

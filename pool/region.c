@@ -463,6 +463,10 @@ int sh_pool_free(struct sh_pool *pool, uintptr_t va, uint64_t stream, uint64_t f
         pthread_mutex_unlock(&pool->move_mu);
         pthread_mutex_lock(&pool->mu);
     }
+    if (r->state == SH_RS_FREED) { /* the caller's double free, not our bug */
+        pthread_mutex_unlock(&pool->mu);
+        return SH_EINVAL;
+    }
     int from = r->state;
     int rc = sh_state_move(&r->state, SH_RS_FREED, r->id);
     if (rc == 0) {

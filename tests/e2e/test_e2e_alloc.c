@@ -209,13 +209,39 @@ static void test_mem_get_info(void **state)
     }
 }
 
+/* cudaFree takes any pointer cudaMallocAsync returned, small blocks in the
+ * middle of a slab included; freeing one twice is the program's error. */
+static void test_free_small_blocks(void **state)
+{
+    (void)state;
+    void *p[3];
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(cudaMallocAsync(&p[i], 4096, 0), cudaSuccess);
+        launch_fill(p[i], 4096, 700 + (uint32_t)i, 0);
+    }
+    assert_int_equal(cudaStreamSynchronize(0), cudaSuccess);
+    assert_int_equal(cudaFree(p[1]), cudaSuccess);
+    assert_int_not_equal(cudaFree(p[1]), cudaSuccess);
+    cudaGetLastError();
+    check_bytes(p[0], 4096, 700, 0);
+    check_bytes(p[2], 4096, 702, 0);
+    void *q;
+    assert_int_equal(cudaMallocAsync(&q, 4096, 0), cudaSuccess);
+    launch_fill(q, 4096, 710, 0);
+    check_bytes(q, 4096, 710, 0);
+    check_bytes(p[0], 4096, 700, 0);
+    check_bytes(p[2], 4096, 702, 0);
+    assert_int_equal(cudaFree(q), cudaSuccess);
+    assert_int_equal(cudaFree(p[2]), cudaSuccess);
+    assert_int_equal(cudaFree(p[0]), cudaSuccess);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_malloc_path),
-        cmocka_unit_test(test_reuse_after_free),
-        cmocka_unit_test(test_threads_streams_async),
-        cmocka_unit_test(test_mem_get_info),
+        cmocka_unit_test(test_malloc_path),           cmocka_unit_test(test_reuse_after_free),
+        cmocka_unit_test(test_threads_streams_async), cmocka_unit_test(test_mem_get_info),
+        cmocka_unit_test(test_free_small_blocks),
     };
     return cmocka_run_group_tests_name(getenv("STAGEHAND_DISABLE") ? "e2e_alloc (disabled)"
                                                                    : "e2e_alloc (preloaded)",
