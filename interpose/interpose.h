@@ -23,6 +23,7 @@ struct sh_real {
     __typeof__(cudaFreeAsync) *cudaFreeAsync;
     __typeof__(cudaMemGetInfo) *cudaMemGetInfo;
     __typeof__(cudaGetDevice) *cudaGetDevice;
+    __typeof__(cudaGetLastError) *cudaGetLastError;
 };
 
 enum sh_track_mode { SH_TRACK_NONE = 0, SH_TRACK_CUPTI = 1, SH_TRACK_HOOKS = 2 };
@@ -40,7 +41,8 @@ struct sh_runtime {
     CUcontext ctx;
     size_t card_bytes, gran;
     atomic_ullong passthrough, oom, launches, deferred;
-    atomic_int captures; /* streams capturing now */
+    atomic_ullong pressure; /* bumped around every eviction sh_make_room makes */
+    atomic_int captures;    /* streams capturing now */
     atomic_llong step;
     atomic_int phase;
 };
@@ -58,6 +60,8 @@ int sh_managed(void);
 
 /* cudaErrorMemoryAllocation, with one stderr line saying why. */
 cudaError_t sh_oom(size_t size, const char *what);
+/* The same for a request larger than the pool could ever hold. */
+cudaError_t sh_oom_too_big(size_t size, const char *what);
 
 /* Makes room for need more device bytes: above the high watermark, evicts
  * until below the low one, never a region containing protect[0..np).
