@@ -61,8 +61,9 @@ static size_t evict_by_policy(size_t need, const uintptr_t *protect, size_t np)
 /* The most device memory the pool may hold now. With the high watermark
  * set, that. With it auto, the budget less what the process holds outside
  * the pool (pass-through allocations, libraries' own, the driver's), as the
- * driver counts it now: eviction starts only when an allocation would not
- * fit beside them. */
+ * driver counts it now, less one granule more, so that the next small
+ * pass-through allocation does not fail first: eviction starts only when
+ * an allocation would not fit beside them. */
 static size_t room_limit(size_t dev)
 {
     const struct sh_config *c = &sh_rt.cfg;
@@ -72,11 +73,9 @@ static size_t room_limit(size_t dev)
     if (!sh_rt.drv.cuMemGetInfo || sh_rt.drv.cuMemGetInfo(&free_b, &total) != CUDA_SUCCESS ||
         free_b > total)
         return budget;
-    /* What is held outside stays reserved, and one granule beyond it, so
-     * that the next small pass-through allocation does not fail first. */
     size_t used = total - free_b, outside = (used > dev ? used - dev : 0) + sh_rt.gran;
-    size_t cap = total > outside ? total - outside : 0;
-    return cap < budget ? cap : budget;
+    size_t cap = budget < total ? budget : total;
+    return cap > outside ? cap - outside : 0;
 }
 
 /* Where eviction stops: the low watermark, or with it auto no lower than
