@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define REGION_MB 2
 #define LAYERS    38 /* weights and activations: 76 regions, 152 MB at the peak */
@@ -39,7 +40,7 @@
 #define OVER_MB   101 /* ... and 150% of this */
 #define WORDS     (((size_t)REGION_MB << 20) / 4)
 
-static int preloaded, over;
+static int preloaded, over, marks;
 static char **saved_argv;
 
 static uint32_t init_word(uint32_t seed, size_t i)
@@ -163,8 +164,12 @@ static cudaError_t train(void)
         if (e == cudaSuccess)
             e = init(w[l], 1000u + (uint32_t)l);
     }
-    for (int s = 0; s < STEPS && e == cudaSuccess; s++)
+    int64_t (*mark)(void) = (int64_t(*)(void))dlsym(RTLD_DEFAULT, "stagehand_step");
+    for (int s = 0; s < STEPS && e == cudaSuccess; s++) {
         e = step(w, s);
+        if (marks && mark) /* a JSONL line per step */
+            mark();
+    }
     if (e == cudaSuccess) {
         uint32_t *h = malloc((size_t)LAYERS * WORDS * 4), ref[LAYERS];
         assert_non_null(h);
@@ -267,11 +272,57 @@ static void test_pass_through_after_the_pool_filled_the_card(void **state)
         assert_int_equal(cudaFree(w[l]), cudaSuccess);
 }
 
+/* The Conductor hints in the last JSONL line: a planner that never ran
+ * never set them, and the prefetch window shows 0. */
+static long last_prefetch_window(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    static char buf[1 << 20];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *key = "\"prefetch_window\":", *at = NULL;
+    for (const char *p = strstr(buf, key); p; p = strstr(p + 1, key))
+        at = p;
+    assert_non_null(at);
+    return strtol(at + strlen(key), NULL, 10);
+}
+
+/* Runs the training loop in a child, marking steps and writing JSONL;
+ * returns the prefetch window its last line shows. */
+static long child_window(int on_over_card)
+{
+    char path[64], tf[128];
+    snprintf(path, sizeof path, "/tmp/e2e_fits_%d_%d.jsonl", (int)getpid(), on_over_card);
+    snprintf(tf, sizeof tf, "STAGEHAND_TELEMETRY_TELEMETRY_FILE=%s", path);
+    unlink(path);
+    const char *env[] = {"E2E_FITS_MARKS=1", tf, "SIMCUDA_VRAM_MB=101", "E2E_FITS_OVER=1", NULL};
+    if (!on_over_card)
+        env[2] = NULL; /* the card this one runs on */
+    assert_int_equal(e2e_rerun(saved_argv, env), 0);
+    long w = last_prefetch_window(path);
+    unlink(path);
+    return w;
+}
+
+/* While everything fits, the launch path never plans: the planner's first
+ * act (publishing the hints in force) never happens. On the smaller card
+ * it does, so the check can fail. */
+static void test_no_planning_while_it_fits(void **state)
+{
+    (void)state;
+    if (!preloaded || marks || over)
+        skip();
+    assert_int_equal(child_window(0), 0);
+    assert_true(child_window(1) > 0);
+}
+
 /* The same program on the smaller card, in a child. */
 static void test_oversubscribed(void **state)
 {
     (void)state;
-    if (over)
+    if (over || marks)
         skip();
     static const char *const env[] = {"E2E_FITS_OVER=1", "SIMCUDA_VRAM_MB=101", NULL};
     assert_int_equal(e2e_rerun(saved_argv, env), 0);
@@ -302,11 +353,13 @@ int main(int argc, char **argv)
     }
     preloaded = dlsym(RTLD_DEFAULT, "stagehand_get_stats") && !getenv("STAGEHAND_DISABLE");
     over = getenv("E2E_FITS_OVER") != NULL;
+    marks = getenv("E2E_FITS_MARKS") != NULL;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_training_loop),
         cmocka_unit_test(test_too_big_evicts_nothing),
         cmocka_unit_test(test_pass_through_after_the_pool_filled_the_card),
         cmocka_unit_test(test_oversubscribed),
+        cmocka_unit_test(test_no_planning_while_it_fits),
     };
     char name[64];
     snprintf(name, sizeof name, "e2e_fits %s (%s)", over ? "150%" : "95%",
