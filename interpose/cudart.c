@@ -78,6 +78,12 @@ static size_t room_limit(size_t dev)
     return cap > outside ? cap - outside : 0;
 }
 
+size_t sh_room_reserve(size_t dev)
+{
+    size_t budget = sh_rt.cfg.budget.vram_budget.bytes, limit = room_limit(dev);
+    return sh_rt.cfg.budget.vram_high_watermark.is_auto && limit < budget ? budget - limit : 0;
+}
+
 /* Where eviction stops: the low watermark, or with it auto no lower than
  * the request needs. */
 static size_t evict_floor(size_t high)

@@ -64,12 +64,17 @@ cudaError_t sh_oom(size_t size, const char *what);
 cudaError_t sh_oom_too_big(size_t size, const char *what);
 
 /* Makes room for need more device bytes: above the high watermark, evicts
- * until below the low one, never a region containing protect[0..np).
- * SH_ENOMEM if the budget cannot take need bytes even then. */
+ * until below the low one, never a region containing protect[0..np) (auto
+ * watermarks: above what fits beside the memory held outside the pool, only
+ * as much as need). SH_ENOMEM if the budget cannot take need bytes even
+ * then; SH_ERANGE, evicting nothing, if it never could. */
 int sh_make_room(size_t need, const uintptr_t *protect, size_t np);
 /* Held around making room and taking it (allocation, restore, prefetch). */
 void sh_room_lock(void);
 void sh_room_unlock(void);
+/* With auto watermarks, the device bytes the pool must leave free for
+ * memory held outside it (measured now, plus a granule); 0 otherwise. */
+size_t sh_room_reserve(size_t dev);
 
 /* Launch tracking (launch.c). begin/end bracket the issue of one launch:
  * begin restores what it points into and enters the remap gate. */

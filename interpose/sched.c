@@ -463,7 +463,9 @@ void sh_sched_plan(const uintptr_t *bases, size_t nb)
     size_t inflight = 0, evicting = 0, ready = sh_pool_prefetch_ready(sh_rt.pool, &inflight);
     sh_pool_evict_ready(sh_rt.pool, &evicting);
     sh_pool_stats(sh_rt.pool, &st);
-    size_t dev = st.device_bytes;
+    /* The policy plans against the budget: memory held outside the pool
+     * counts as used, so that prefetches leave it room. */
+    size_t dev = st.device_bytes + sh_room_reserve(st.device_bytes);
     note_quiet(pressure, &st, inflight, evicting);
     pthread_mutex_lock(&sched_mu);
     sh_policy_pressure(policy, dev);
