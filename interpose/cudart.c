@@ -54,17 +54,55 @@ static size_t evict_by_policy(size_t need, const uintptr_t *protect, size_t np)
     return released;
 }
 
+/* The most device memory the pool may hold now. With the high watermark
+ * set, that. With it auto, the budget less what the process holds outside
+ * the pool (pass-through allocations, libraries' own, the driver's), as the
+ * driver counts it now, less one granule more, so that the next small
+ * pass-through allocation does not fail first: eviction starts only when
+ * an allocation would not fit beside them. */
+static size_t room_limit(size_t dev)
+{
+    const struct sh_config *c = &sh_rt.cfg;
+    size_t budget = c->budget.vram_budget.bytes, free_b = 0, total = 0;
+    if (!c->budget.vram_high_watermark.is_auto)
+        return c->budget.vram_high_watermark.bytes;
+    if (!sh_rt.drv.cuMemGetInfo || sh_rt.drv.cuMemGetInfo(&free_b, &total) != CUDA_SUCCESS ||
+        free_b > total)
+        return budget;
+    size_t used = total - free_b, outside = (used > dev ? used - dev : 0) + sh_rt.gran;
+    size_t cap = budget < total ? budget : total;
+    return cap > outside ? cap - outside : 0;
+}
+
+size_t sh_room_reserve(size_t dev)
+{
+    size_t budget = sh_rt.cfg.budget.vram_budget.bytes, limit = room_limit(dev);
+    return sh_rt.cfg.budget.vram_high_watermark.is_auto && limit < budget ? budget - limit : 0;
+}
+
+/* Where eviction stops: the low watermark, or with it auto no lower than
+ * the request needs. */
+static size_t evict_floor(size_t high)
+{
+    const struct sh_size_opt *low = &sh_rt.cfg.budget.vram_low_watermark;
+    return low->is_auto || low->bytes > high ? high : low->bytes;
+}
+
 int sh_make_room(size_t need, const uintptr_t *protect, size_t np)
 {
     const struct sh_config *c = &sh_rt.cfg;
-    size_t dev = device_bytes();
-    if (dev + need <= c->budget.vram_high_watermark.bytes)
+    size_t dev = device_bytes(), high = room_limit(dev);
+    size_t cap = c->budget.vram_high_watermark.is_auto ? high : c->budget.vram_budget.bytes;
+    if (dev + need <= high)
         return SH_OK;
-    if (sh_capturing()) { /* eviction waits for the capture to end */
+    if (need > cap) /* would not fit with everything evicted: evict nothing */
+        return SH_ERANGE;
+    atomic_fetch_add(&sh_rt.pressure, 1); /* the planner runs from now on */
+    if (sh_capturing()) {                 /* eviction waits for the capture to end */
         atomic_fetch_add(&sh_rt.deferred, 1);
-        return dev + need <= c->budget.vram_budget.bytes ? SH_OK : SH_ENOMEM;
+        return dev + need <= cap ? SH_OK : SH_ENOMEM;
     }
-    size_t target = dev + need - c->budget.vram_low_watermark.bytes;
+    size_t target = dev + need - evict_floor(high);
     size_t released = sh_pool_trim(sh_rt.pool, target); /* freed regions first, uncopied */
     if (released < target) /* then early evictions: their copies are under way */
         released += sh_sched_evict_commit(1);
@@ -74,7 +112,8 @@ int sh_make_room(size_t need, const uintptr_t *protect, size_t np)
         size_t more = 0;
         sh_pool_evict(sh_rt.pool, target - released, protect, np, &more);
     }
-    return device_bytes() + need <= c->budget.vram_budget.bytes ? SH_OK : SH_ENOMEM;
+    atomic_fetch_add(&sh_rt.pressure, 1);
+    return device_bytes() + need <= cap ? SH_OK : SH_ENOMEM;
 }
 
 static cudaError_t managed_alloc(void **ptr, size_t size, int path, cudaStream_t stream,
@@ -87,9 +126,9 @@ static cudaError_t managed_alloc(void **ptr, size_t size, int path, cudaStream_t
     if (rc == SH_OK)
         rc = sh_pool_alloc(sh_rt.pool, size, path, sh_stream_key((CUstream)stream), &va);
     sh_room_unlock();
-    if (rc == SH_ENOMEM) {
+    if (rc == SH_ENOMEM || rc == SH_ERANGE) {
         *ptr = NULL;
-        return sh_oom(size, what);
+        return rc == SH_ERANGE ? sh_oom_too_big(size, what) : sh_oom(size, what);
     }
     if (rc != SH_OK)
         return cudaErrorUnknown; /* the caller falls back to the real call */
@@ -101,13 +140,31 @@ static cudaError_t managed_alloc(void **ptr, size_t size, int path, cudaStream_t
     return cudaSuccess;
 }
 
+/* An allocation the pool does not manage. If the card is full, the pool
+ * gives back room for it (that is what the auto reserve could not foresee)
+ * and the call is made again, its first error cleared. */
+static cudaError_t passthrough_malloc(void **ptr, size_t size)
+{
+    const struct sh_real *real = sh_real();
+    passthrough();
+    cudaError_t e = real->cudaMalloc(ptr, size);
+    if (e != cudaErrorMemoryAllocation || !ptr || !sh_managed())
+        return e;
+    sh_room_lock();
+    int rc = sh_make_room((size + sh_rt.gran - 1) / sh_rt.gran * sh_rt.gran, NULL, 0);
+    sh_room_unlock();
+    if (rc != SH_OK)
+        return e;
+    if (real->cudaGetLastError)
+        real->cudaGetLastError();
+    return real->cudaMalloc(ptr, size);
+}
+
 EXPORT cudaError_t cudaMalloc(void **ptr, size_t size)
 {
     const struct sh_real *real = sh_real();
-    if (!ptr || size < sh_rt.cfg.regions.min_region.bytes || !sh_managed_here()) {
-        passthrough();
-        return real->cudaMalloc(ptr, size);
-    }
+    if (!ptr || size < sh_rt.cfg.regions.min_region.bytes || !sh_managed_here())
+        return passthrough_malloc(ptr, size);
     cudaError_t e = managed_alloc(ptr, size, SH_PATH_MALLOC, NULL, "cudaMalloc");
     return e == cudaErrorUnknown ? (passthrough(), real->cudaMalloc(ptr, size)) : e;
 }

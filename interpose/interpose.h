@@ -23,6 +23,7 @@ struct sh_real {
     __typeof__(cudaFreeAsync) *cudaFreeAsync;
     __typeof__(cudaMemGetInfo) *cudaMemGetInfo;
     __typeof__(cudaGetDevice) *cudaGetDevice;
+    __typeof__(cudaGetLastError) *cudaGetLastError;
 };
 
 enum sh_track_mode { SH_TRACK_NONE = 0, SH_TRACK_CUPTI = 1, SH_TRACK_HOOKS = 2 };
@@ -40,7 +41,8 @@ struct sh_runtime {
     CUcontext ctx;
     size_t card_bytes, gran;
     atomic_ullong passthrough, oom, launches, deferred;
-    atomic_int captures; /* streams capturing now */
+    atomic_ullong pressure; /* bumped around every eviction sh_make_room makes */
+    atomic_int captures;    /* streams capturing now */
     atomic_llong step;
     atomic_int phase;
 };
@@ -62,14 +64,21 @@ int sh_managed_here(void);
 
 /* cudaErrorMemoryAllocation, with one stderr line saying why. */
 cudaError_t sh_oom(size_t size, const char *what);
+/* The same for a request larger than the pool could ever hold. */
+cudaError_t sh_oom_too_big(size_t size, const char *what);
 
 /* Makes room for need more device bytes: above the high watermark, evicts
- * until below the low one, never a region containing protect[0..np).
- * SH_ENOMEM if the budget cannot take need bytes even then. */
+ * until below the low one, never a region containing protect[0..np) (auto
+ * watermarks: above what fits beside the memory held outside the pool, only
+ * as much as need). SH_ENOMEM if the budget cannot take need bytes even
+ * then; SH_ERANGE, evicting nothing, if it never could. */
 int sh_make_room(size_t need, const uintptr_t *protect, size_t np);
 /* Held around making room and taking it (allocation, restore, prefetch). */
 void sh_room_lock(void);
 void sh_room_unlock(void);
+/* With auto watermarks, the device bytes the pool must leave free for
+ * memory held outside it (measured now, plus a granule); 0 otherwise. */
+size_t sh_room_reserve(size_t dev);
 
 /* Stream identity (streams.c). sh_stream_key: one id per stream CUDA
  * orders work on, the calling thread's own for its per-thread stream.

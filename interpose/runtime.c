@@ -64,6 +64,7 @@ static void resolve_real(void)
     REAL(cudaFreeAsync);
     REAL(cudaMemGetInfo);
     REAL(cudaGetDevice);
+    REAL(cudaGetLastError);
 #undef REAL
 }
 
@@ -237,6 +238,17 @@ static const char *host_side(char *buf, size_t len)
              hs.budget_bytes >> 20,
              hs.pinned_bytes + (2u << 20) > hs.budget_bytes ? ", exhausted" : "");
     return buf;
+}
+
+cudaError_t sh_oom_too_big(size_t size, const char *what)
+{
+    atomic_fetch_add(&sh_rt.oom, 1);
+    sh_monitor_event(SH_TM_EV_OOM, 0, size);
+    sh_log(SH_LOG_WARN,
+           "%s(%zu bytes): out of memory: larger than the %llu MB budget less memory held "
+           "outside stagehand; nothing evicted",
+           what, size, (unsigned long long)(sh_rt.cfg.budget.vram_budget.bytes >> 20));
+    return cudaErrorMemoryAllocation;
 }
 
 cudaError_t sh_oom(size_t size, const char *what)

@@ -13,6 +13,9 @@
  * writer (neither is thread-safe). No CUDA call is made
  * under it: the pool's moves run between two sections. timing_mu guards the
  * ring of launch timings; the event calls made under it never block.
+ * quiet_at is atomic: sh_rt.pressure as it was when the planner last found
+ * nothing on the host, nothing in flight. While the two are equal (so no
+ * eviction since), a program that fits pays for no planning at all.
  */
 #include "interpose/interpose.h"
 
@@ -32,6 +35,7 @@ static pthread_mutex_t sched_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct sh_policy *policy;
 static struct sh_trace_writer *trace;
 static uint64_t t0_ns;
+static atomic_ullong quiet_at;
 static _Thread_local uint64_t last_seq = UINT64_MAX; /* this thread's last launch in the trace */
 
 static uint64_t now_us(void)
@@ -339,16 +343,25 @@ int sh_sched_class(uintptr_t va)
 
 #define MAX_PLAN 64
 
-static size_t device_bytes(void)
-{
-    struct sh_pool_stats st;
-    sh_pool_stats(sh_rt.pool, &st);
-    return st.device_bytes;
-}
-
 static int prefetching(void)
 {
     return policy && sh_rt.xfer && sh_rt.cfg.policy.prefetch_enabled;
+}
+
+/* 1 while nothing has been evicted since the planner last saw the pool all
+ * on the device: there is nothing to fetch, commit or make room for. */
+static int quiet(void)
+{
+    return atomic_load_explicit(&quiet_at, memory_order_acquire) ==
+           atomic_load_explicit(&sh_rt.pressure, memory_order_acquire);
+}
+
+/* Records that the pool was all on the device, nothing in flight, as of
+ * pressure count p (read before the pool was). */
+static void note_quiet(uint64_t p, const struct sh_pool_stats *st, size_t inflight, size_t evicting)
+{
+    if (st->host_bytes == 0 && inflight == 0 && evicting == 0)
+        atomic_store_explicit(&quiet_at, p, memory_order_release);
 }
 
 static void tell(const uintptr_t *bases, size_t n, int residency)
@@ -390,7 +403,7 @@ static size_t commit_all(void)
 
 size_t sh_sched_prefetch_wait(const uintptr_t *bases, size_t n)
 {
-    if (!sh_rt.xfer || sh_pool_prefetch_needed(sh_rt.pool, bases, n) == 0)
+    if (!sh_rt.xfer || quiet() || sh_pool_prefetch_needed(sh_rt.pool, bases, n) == 0)
         return 0;
     return commit_all();
 }
@@ -438,17 +451,23 @@ static void plan_limits(struct sh_policy_plan *plan, size_t h2d_busy, size_t d2h
 
 void sh_sched_plan(const uintptr_t *bases, size_t nb)
 {
-    if (!prefetching() || sh_capturing())
+    if (!prefetching() || sh_capturing() || quiet())
         return;
+    uint64_t pressure = atomic_load_explicit(&sh_rt.pressure, memory_order_acquire);
     /* Finished early evictions first: the room they free is the plan's. */
     if (sh_pool_evict_ready(sh_rt.pool, NULL) > 0)
         sh_sched_evict_commit(0);
     uint64_t fetch[MAX_PLAN], evict[MAX_PLAN];
     uintptr_t moved[MAX_PLAN];
     struct sh_policy_plan plan = {.fetch = fetch, .evict = evict};
-    size_t inflight = 0, evicting = 0, ready = sh_pool_prefetch_ready(sh_rt.pool, &inflight),
-           dev = device_bytes();
+    struct sh_pool_stats st;
+    size_t inflight = 0, evicting = 0, ready = sh_pool_prefetch_ready(sh_rt.pool, &inflight);
     sh_pool_evict_ready(sh_rt.pool, &evicting);
+    sh_pool_stats(sh_rt.pool, &st);
+    /* The policy plans against the budget: memory held outside the pool
+     * counts as used, so that prefetches leave it room. */
+    size_t dev = st.device_bytes + sh_room_reserve(st.device_bytes);
+    note_quiet(pressure, &st, inflight, evicting);
     pthread_mutex_lock(&sched_mu);
     sh_policy_pressure(policy, dev);
     sh_policy_slots(policy, (int)inflight, (int)evicting);
@@ -459,9 +478,11 @@ void sh_sched_plan(const uintptr_t *bases, size_t nb)
     if (rc != 0)
         return;
     size_t n = 0;
-    if (plan.nevict &&
-        sh_pool_evict_start(sh_rt.pool, (const uintptr_t *)evict, plan.nevict, moved, &n) == SH_OK)
+    if (plan.nevict && sh_pool_evict_start(sh_rt.pool, (const uintptr_t *)evict, plan.nevict, moved,
+                                           &n) == SH_OK) {
+        atomic_fetch_add(&sh_rt.pressure, 1); /* not quiet while they fly */
         tell(moved, n, SH_RES_TO_HOST);
+    }
     sh_room_lock();
     int started = plan.nfetch && sh_pool_prefetch_start(sh_rt.pool, (const uintptr_t *)fetch,
                                                         plan.nfetch, moved, &n) == SH_OK;

@@ -34,7 +34,8 @@
 
 enum type { T_BOOL, T_INT, T_ENUM, T_SIZE, T_LIST, T_STR };
 enum pct_base { PCT_NONE, PCT_CARD, PCT_BUDGET, PCT_HOST, PCT_HOST_BUDGET };
-enum { F_POW2 = 1, F_INCREASING = 2, F_AUTO = 4 }; /* F_AUTO: an int may be "auto" (-1) */
+/* F_AUTO: the value may be "auto" (an int: -1; a size: decided at run time) */
+enum { F_POW2 = 1, F_INCREASING = 2, F_AUTO = 4 };
 enum { SRC_DEFAULT = -1, SRC_ENV = -2 };
 
 struct key {
@@ -116,9 +117,10 @@ static const struct key keys[] = {
     SIZE("budget", "vram_budget_mb", budget.vram_budget, MB, PCT_CARD, MB, ANY_SIZE, 0, "100%",
          "budget", "device memory stagehand may use; % of the card"),
     SIZE("budget", "vram_high_watermark_mb", budget.vram_high_watermark, MB, PCT_BUDGET, MB,
-         ANY_SIZE, 0, "80%", "high", "above this, evict; % of the budget"),
+         ANY_SIZE, F_AUTO, "auto", "high",
+         "above this, evict; % of the budget, or auto: only what would not fit"),
     SIZE("budget", "vram_low_watermark_mb", budget.vram_low_watermark, MB, PCT_BUDGET, 0, ANY_SIZE,
-         0, "60%", "low", "evict until below this; % of the budget"),
+         F_AUTO, "auto", "low", "evict until below this; % of the budget, or auto: no lower"),
     SIZE("budget", "host_ram_budget_mb", budget.host_ram_budget, MB, PCT_HOST, MB, ANY_SIZE, 0,
          "50%", "host", "pinned host memory for evicted data; % of the machine's RAM"),
 
@@ -431,6 +433,10 @@ static int size_text(const struct key *k, const char *v, struct sh_size_opt *s, 
 {
     uint64_t ip, frac, scale;
     const char *p = v;
+    if ((k->flags & F_AUTO) && strcmp(v, "auto") == 0) {
+        s->is_auto = 1;
+        return 0;
+    }
     if (start_of_number(v, msg, len))
         return SH_EINVAL;
     int rc = size_number(&p, &ip, &frac, &scale);
@@ -453,10 +459,10 @@ static int size_text(const struct key *k, const char *v, struct sh_size_opt *s, 
 
 static int parse_size(const struct key *k, const char *v, void *field, char *msg, size_t len)
 {
-    struct sh_size_opt s = {0, 0.0, 0};
+    struct sh_size_opt s = {0, 0.0, 0, 0};
     if (size_text(k, v, &s, msg, len))
         return SH_EINVAL;
-    if (!s.is_pct && check_range(k, s.bytes, msg, len))
+    if (!s.is_pct && !s.is_auto && check_range(k, s.bytes, msg, len))
         return SH_EINVAL;
     *(struct sh_size_opt *)field = s;
     return 0;
@@ -968,6 +974,10 @@ static int resolve_size(struct sh_config *cfg, int k, uint64_t card, uint64_t ho
                                             "the machine's RAM size", "host_ram_budget_mb"};
     struct sh_size_opt *s = field_of(cfg, &keys[k]);
     char msg[MSG_MAX];
+    if (s->is_auto) { /* decided at run time, never above the budget */
+        s->bytes = pct_base(cfg, keys[k].pct, card, host);
+        return 0;
+    }
     if (s->is_pct) {
         uint64_t base = pct_base(cfg, keys[k].pct, card, host);
         if (!base)
@@ -1005,6 +1015,12 @@ static int blame_a(const struct sh_config *cfg, int a, int b)
     return !(cfg->origin_[a].src == SRC_DEFAULT && cfg->origin_[b].src != SRC_DEFAULT);
 }
 
+static int is_auto(const struct sh_config *cfg, int k)
+{
+    return keys[k].type == T_SIZE &&
+           ((const struct sh_size_opt *)cfield_of(cfg, &keys[k]))->is_auto;
+}
+
 struct rel {
     size_t a, b; /* offsets of the keys: a < b (strict) or a <= b */
     int strict;
@@ -1013,6 +1029,8 @@ struct rel {
 static int check_rel(const struct sh_config *cfg, const struct rel *r, char *err, size_t errlen)
 {
     int a = key_at(r->a), b = key_at(r->b);
+    if (is_auto(cfg, a) || is_auto(cfg, b))
+        return 0; /* an auto value keeps every relation by construction */
     uint64_t ua, ub, va = key_number(cfg, a, &ua), vb = key_number(cfg, b, &ub);
     char sa[40], sb[40];
     if (r->strict ? va < vb : va <= vb)
@@ -1194,6 +1212,10 @@ static void fmt_value(const struct sh_config *cfg, const struct key *k, char *bu
         snprintf(buf, len, "%s", k->choices[*(const int *)f]);
         break;
     case T_SIZE:
+        if (s->is_auto) {
+            snprintf(buf, len, "auto");
+            break;
+        }
         if (s->is_pct && !cfg->resolved) {
             snprintf(buf, len, "%g%%", s->pct);
             break;

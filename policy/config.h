@@ -36,6 +36,7 @@ struct sh_size_opt {
     uint64_t bytes; /* as written when !is_pct; after sh_config_resolve() always the bytes */
     double pct;     /* the percentage as written when is_pct (0..100) */
     int is_pct;
+    int is_auto; /* "auto": the library decides at run time; bytes then hold the budget */
 };
 
 struct sh_config_list {

@@ -25,3 +25,23 @@ awk -v line="$out" 'BEGIN {
     printf "reactive %.4f  lru %.4f  learned %.4f  learned/reactive %.3f\n",
         v["reactive_step_s"], v["lru_step_s"], v["learned_step_s"], v["ratio"];
     printf "stagehand-sim predicts learned %.4f (%s off)\n", v["sim_learned_step_s"], v["sim_error"] }'
+echo
+# A program that fits must run as if the library were not there: the demo's
+# training program on a card it fills to about 93%, with and without it.
+vram=416
+fit_env=(env SIMCUDA_VRAM_MB=$vram STAGEHAND_CONFIG=/dev/null TRAIN_STEPS=3)
+plain=$("${fit_env[@]}" STAGEHAND_DISABLE=1 "$build/demo/train" | sed -n 's/^summary //p')
+with=$("${fit_env[@]}" LD_PRELOAD="$PWD/$build/libstagehand.so" "$build/demo/train" |
+    sed -n 's/^summary //p')
+[ -n "$plain" ] && [ -n "$with" ] || { echo "bench: the demo program did not finish" >&2; exit 1; }
+echo "a program that fits (demo training, ${vram} MB card)   without   stagehand"
+awk -v a="$plain" -v b="$with" -v vram="$vram" 'BEGIN {
+    n = split(a, kv, " "); for (i = 1; i <= n; i++) { split(kv[i], p, "="); x[p[1]] = p[2] }
+    n = split(b, kv, " "); for (i = 1; i <= n; i++) { split(kv[i], p, "="); y[p[1]] = p[2] }
+    printf "peak device memory (%% of the card)            %6.1f   %9.1f\n",
+        100 * x["peak_device_mb"] / vram, 100 * y["peak_device_mb"] / vram;
+    printf "bytes moved d2h + h2d (MB)                     %6d   %9d\n", 0, y["d2h_mb"] + y["h2d_mb"];
+    printf "step time (s)                                  %6.2f   %9.2f   ratio %.2fx\n",
+        x["step_s"], y["step_s"], y["step_s"] / x["step_s"];
+    if (y["d2h_mb"] + y["h2d_mb"] + y["evictions"] + y["restores"] > 0) {
+        print "bench: stagehand moved memory for a program that fits" > "/dev/stderr"; exit 1 } }'

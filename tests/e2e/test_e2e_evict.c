@@ -322,6 +322,10 @@ int main(int argc, char **argv)
         setenv("STAGEHAND_BUDGET_VRAM_BUDGET_MB", "256", 1);
         setenv("STAGEHAND_POOL_SLABS_PER_CLASS", "0", 1);
         setenv("STAGEHAND_POOL_PREPIN_MB", "0", 1);
+        /* Fixed watermarks, as these checks were written against: the
+         * stress asserts the device never went above the budget. */
+        setenv("STAGEHAND_BUDGET_VRAM_HIGH_WATERMARK_MB", "80%", 1);
+        setenv("STAGEHAND_BUDGET_VRAM_LOW_WATERMARK_MB", "60%", 1);
         e2e_reexec(argv);
         return 1;
     }

@@ -161,6 +161,10 @@ int main(int argc, char **argv)
         setenv("E2E_GRAPH_CONFIGURED", "1", 1);
         setenv("SIMCUDA_VRAM_MB", "512", 1);
         setenv("STAGEHAND_BUDGET_VRAM_BUDGET_MB", "256", 1);
+        /* Headroom below the budget: the allocation made during the capture
+         * cannot evict, so it needs room that auto watermarks do not keep. */
+        setenv("STAGEHAND_BUDGET_VRAM_HIGH_WATERMARK_MB", "80%", 1);
+        setenv("STAGEHAND_BUDGET_VRAM_LOW_WATERMARK_MB", "60%", 1);
         e2e_reexec(argv);
         return 1;
     }

@@ -375,9 +375,14 @@ static void between(const struct child *c, const char *from, const char *to, cha
 static void test_host_side_exhausted(void **state)
 {
     (void)state;
+    /* Watermarks set: the pool may then fill the whole budget (auto ones
+     * keep what the process holds outside the pool free). */
     static const char *const env[] = {"SIMCUDA_VRAM_MB=256",
                                       "STAGEHAND_BUDGET_HOST_RAM_BUDGET_MB=128",
-                                      "STAGEHAND_POOL_PREPIN_MB=128", NULL};
+                                      "STAGEHAND_POOL_PREPIN_MB=128",
+                                      "STAGEHAND_BUDGET_VRAM_HIGH_WATERMARK_MB=80%",
+                                      "STAGEHAND_BUDGET_VRAM_LOW_WATERMARK_MB=60%",
+                                      NULL};
     static struct child c;
     run_child("exhausted", env, &c);
     long n = value(&c, "allocated");
@@ -414,8 +419,12 @@ static void test_host_side_exhausted(void **state)
 static void test_no_host_vmm(void **state)
 {
     (void)state;
-    static const char *const env[] = {"SIMCUDA_VRAM_MB=512", "SIMCUDA_NO_HOST_VMM=1",
-                                      "STAGEHAND_BUDGET_VRAM_BUDGET_MB=256", NULL};
+    static const char *const env[] = {"SIMCUDA_VRAM_MB=512",
+                                      "SIMCUDA_NO_HOST_VMM=1",
+                                      "STAGEHAND_BUDGET_VRAM_BUDGET_MB=256",
+                                      "STAGEHAND_BUDGET_VRAM_HIGH_WATERMARK_MB=80%",
+                                      "STAGEHAND_BUDGET_VRAM_LOW_WATERMARK_MB=60%",
+                                      NULL};
     static struct child c;
     run_child("nohostvmm", env, &c);
     long n = value(&c, "allocated");

@@ -143,6 +143,8 @@ int main(int argc, char **argv)
         setenv("E2E_TOP_CONFIGURED", "1", 1);
         setenv("SIMCUDA_VRAM_MB", "256", 1);
         setenv("STAGEHAND_BUDGET_VRAM_BUDGET_MB", "96", 1);
+        setenv("STAGEHAND_BUDGET_VRAM_HIGH_WATERMARK_MB", "80%", 1); /* shown below the budget */
+        setenv("STAGEHAND_BUDGET_VRAM_LOW_WATERMARK_MB", "60%", 1);
         setenv("STAGEHAND_POOL_PREPIN_MB", "64", 1);
         e2e_reexec(argv);
         return 1;

@@ -73,8 +73,11 @@ static void assert_defaults(const struct sh_config *c)
     assert_int_equal(c->budget.vram_budget.bytes, CARD);
     assert_int_equal(c->budget.vram_budget.is_pct, 1);
     assert_true(c->budget.vram_budget.pct == 100.0);
-    assert_int_equal(c->budget.vram_high_watermark.bytes, UINT64_C(13743895347)); /* 80% */
-    assert_int_equal(c->budget.vram_low_watermark.bytes, UINT64_C(10307921510));  /* 60% */
+    /* auto: decided at run time, the budget until then */
+    assert_int_equal(c->budget.vram_high_watermark.is_auto, 1);
+    assert_int_equal(c->budget.vram_low_watermark.is_auto, 1);
+    assert_int_equal(c->budget.vram_high_watermark.bytes, CARD);
+    assert_int_equal(c->budget.vram_low_watermark.bytes, CARD);
     assert_int_equal(c->budget.host_ram_budget.bytes, 32 * GiB);
     assert_int_equal(c->regions.min_region.bytes, 1024 * 1024);
     assert_int_equal(c->regions.max_chunk.bytes, 64 * MiB);
@@ -266,13 +269,13 @@ static void test_summary(void **state)
     (void)state;
     sh_config_defaults(&c);
     sh_config_summary(&c, buf, sizeof buf);
-    assert_string_equal(buf, "budget=100% high=80% low=60% host=50% min_region=1024KB chunk=64MB "
+    assert_string_equal(buf, "budget=100% high=auto low=auto host=50% min_region=1024KB chunk=64MB "
                              "classes=1,4,16,64,256 slabs=64,16,8,4,2 d2h=2 h2d=2 drain=device "
                              "eviction=learned window=64 prefetch=on conductor=on tracking=auto "
                              "telemetry=on checksums=off");
     resolve_ok(&c);
     sh_config_summary(&c, buf, sizeof buf);
-    assert_string_equal(buf, "budget=16384MB high=13107.2MB low=9830.4MB host=32768MB "
+    assert_string_equal(buf, "budget=16384MB high=auto low=auto host=32768MB "
                              "min_region=1024KB chunk=64MB classes=1,4,16,64,256 "
                              "slabs=64,16,8,4,2 d2h=2 h2d=2 drain=device eviction=learned "
                              "window=64 prefetch=on conductor=on tracking=auto telemetry=on "
@@ -428,9 +431,14 @@ static void test_bad_combinations(void **state)
 {
     (void)state;
     /* Only the user's key is blamed when the other one is a default. */
-    expect_resolve_error("[budget]\nvram_high_watermark_mb = 50%\n", CARD,
-                         "x.ini:2: vram_high_watermark_mb: must be above vram_low_watermark_mb "
-                         "(8192 <= 9830.4)");
+    expect_resolve_error("[budget]\nvram_high_watermark_mb = 20GB\n", CARD,
+                         "x.ini:2: vram_high_watermark_mb: must not exceed vram_budget_mb "
+                         "(20480 > 16384)");
+    /* Both set: the low one is blamed; an auto one is never in the way. */
+    expect_resolve_error("[budget]\nvram_high_watermark_mb = 50%\nvram_low_watermark_mb = 60%\n",
+                         CARD,
+                         "x.ini:3: vram_low_watermark_mb: must be below vram_high_watermark_mb "
+                         "(9830.4 >= 8192)");
     expect_resolve_error("[pool]\npinned_pool_classes_mb = 64,128\n", CARD,
                          "x.ini:2: pinned_pool_classes_mb: has 2 classes but slabs_per_class has "
                          "5 values (give one value, or one per class)");
@@ -456,6 +464,31 @@ static void test_bad_combinations(void **state)
     expect_resolve_error("", 0,
                          "defaults: vram_budget_mb: a percentage needs the card's memory size, "
                          "which is unknown");
+}
+
+/* "auto" is a value of the watermarks only; an explicit value replaces it
+ * (file or environment) and "auto" from the environment restores it. */
+static void test_auto_watermarks(void **state)
+{
+    struct sh_config c;
+    char used[256];
+    char *envp[] = {"STAGEHAND_CONFIG=" DIR "good_percent.ini",
+                    "STAGEHAND_BUDGET_VRAM_HIGH_WATERMARK_MB=auto", NULL};
+    (void)state;
+    sh_config_defaults(&c);
+    load_ok(&c, DIR "good_percent.ini");
+    resolve_ok(&c);
+    assert_int_equal(c.budget.vram_high_watermark.is_auto, 0);
+    assert_int_equal(c.budget.vram_low_watermark.is_auto, 0);
+    assert_int_equal(sh_config_init(&c, envp, CARD, HOST, used, sizeof used, err, sizeof err), 0);
+    assert_int_equal(c.budget.vram_high_watermark.is_auto, 1);
+    assert_int_equal(c.budget.vram_high_watermark.bytes, 8 * GiB); /* the file's budget */
+    assert_int_equal(c.budget.vram_low_watermark.is_auto, 0);      /* still the file's 12.5% */
+    assert_int_equal(c.budget.vram_low_watermark.bytes, 1 * GiB);
+    expect_string_error("[budget]\nvram_budget_mb = auto\n",
+                        "x.ini:2: vram_budget_mb: not a size: \"auto\"");
+    expect_string_error("[budget]\nvram_high_watermark_mb = automatic\n",
+                        "x.ini:2: vram_high_watermark_mb: not a size: \"automatic\"");
 }
 
 /* ---- environment and start-up --------------------------------------------- */
@@ -506,7 +539,8 @@ static void test_env_errors(void **state)
 {
     char *bad_value[] = {"STAGEHAND_POLICY_PREFETCH_WINDOW=12x", NULL};
     char *bad_key[] = {"STAGEHAND_POLICY_PREFETCH_WINDW=3", NULL};
-    char *bad_combo[] = {"STAGEHAND_BUDGET_VRAM_LOW_WATERMARK_MB=90%", NULL};
+    char *bad_combo[] = {"STAGEHAND_BUDGET_VRAM_HIGH_WATERMARK_MB=80%",
+                         "STAGEHAND_BUDGET_VRAM_LOW_WATERMARK_MB=90%", NULL};
     char *bad_bool[] = {"STAGEHAND_DEBUG_DEBUG_CHECKSUMS=sometimes", NULL};
     char *missing[] = {"STAGEHAND_CONFIG=" DIR "no_such_file.ini", NULL};
     char *bad_file[] = {"STAGEHAND_CONFIG=" DIR "bad_enum.ini", NULL};
@@ -608,16 +642,19 @@ static void test_missing_file(void **state)
 int main(void)
 {
     struct CMUnitTest tests[64] = {
-        cmocka_unit_test(test_builtin_defaults),  cmocka_unit_test(test_shipped_ini),
-        cmocka_unit_test(test_good_percent),      cmocka_unit_test(test_good_suffix),
-        cmocka_unit_test(test_good_lists),        cmocka_unit_test(test_syntax_details),
-        cmocka_unit_test(test_summary),           cmocka_unit_test(test_bad_strings),
-        cmocka_unit_test(test_bad_combinations),  cmocka_unit_test(test_env_overrides_file),
-        cmocka_unit_test(test_env_errors),        cmocka_unit_test(test_apply_env_atomic),
-        cmocka_unit_test(test_init_search_order), cmocka_unit_test(test_disabled),
-        cmocka_unit_test(test_missing_file),      cmocka_unit_test(test_device_values),
+        cmocka_unit_test(test_builtin_defaults),   cmocka_unit_test(test_shipped_ini),
+        cmocka_unit_test(test_auto_watermarks),    cmocka_unit_test(test_good_percent),
+        cmocka_unit_test(test_good_suffix),        cmocka_unit_test(test_good_lists),
+        cmocka_unit_test(test_syntax_details),     cmocka_unit_test(test_summary),
+        cmocka_unit_test(test_bad_strings),        cmocka_unit_test(test_bad_combinations),
+        cmocka_unit_test(test_env_overrides_file), cmocka_unit_test(test_env_errors),
+        cmocka_unit_test(test_apply_env_atomic),   cmocka_unit_test(test_init_search_order),
+        cmocka_unit_test(test_disabled),           cmocka_unit_test(test_missing_file),
+        cmocka_unit_test(test_device_values),
     };
-    size_t n = 15, nbad = sizeof bads / sizeof bads[0];
+    size_t n = 0, nbad = sizeof bads / sizeof bads[0];
+    while (tests[n].test_func) /* the named tests above, however many */
+        n++;
     for (size_t i = 0; i < nbad; i++) {
         struct CMUnitTest t = cmocka_unit_test_prestate(test_bad_file, (void *)&bads[i]);
         t.name = bads[i].file;
