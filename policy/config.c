@@ -23,6 +23,7 @@
 #include <strings.h>
 #include <sys/auxv.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #define KB       (UINT64_C(1) << 10)
@@ -761,9 +762,14 @@ __attribute__((weak)) int sh_config_secure(void)
  * name a library to load and files to truncate, so only its reader's own user or
  * root may own it, nobody else may write it, and under secure execution only
  * root may own it. */
+static int null_device(const struct stat *st)
+{
+    return S_ISCHR(st->st_mode) && major(st->st_rdev) == 1 && minor(st->st_rdev) == 3;
+}
+
 static const char *distrust_type(const struct stat *st)
 {
-    if (S_ISREG(st->st_mode))
+    if (S_ISREG(st->st_mode) || null_device(st)) /* /dev/null: no settings, the defaults */
         return NULL;
     return S_ISDIR(st->st_mode) ? "is a directory, not a configuration file" : "not a regular file";
 }
@@ -772,7 +778,7 @@ static const char *distrust(const struct stat *st, int secure, char *buf, size_t
 {
     uid_t me = geteuid();
     if (!S_ISREG(st->st_mode))
-        return distrust_type(st);
+        return distrust_type(st); /* the null device is trusted: it says nothing */
     if (secure && st->st_uid != 0)
         snprintf(buf, len, "owned by uid %u, not root, in secure-execution mode",
                  (unsigned)st->st_uid);

@@ -149,6 +149,10 @@ static void test_symlink_dir_fifo_refused(void **state)
     assert_int_equal(load(&c, NULL), SH_EINVAL);
     alarm(0);
     assert_string_equal(err, "stagehand.ini: refused: not a regular file");
+    /* The null device is the usual way to say "no file, the built-in defaults". */
+    char *null_env[] = {"STAGEHAND_CONFIG=/dev/null", NULL};
+    assert_int_equal(load(&c, null_env), 0);
+    assert_string_equal(c.tracking.cupti_path, "libcupti.so.13");
     /* A tool's explicit file is not an ownership question, but a FIFO still is refused. */
     assert_int_equal(sh_config_load_file(&c, "stagehand.ini", err, sizeof err), SH_EINVAL);
     assert_string_equal(err, "stagehand.ini: refused: not a regular file");
