@@ -170,19 +170,63 @@ static uint32_t crc_of(const struct chunk *c)
 
 /* ---- eviction ---- */
 
-/* Swaps one chunk's mapping at the region address; on failure puts the old
- * handle back, so the range is never left unmapped. */
+/* Each driver call of a remap is tried this often: a transient failure
+ * (one or two in a row) costs a retry, never a rollback. */
+enum { REMAP_TRIES = 3 };
+
+static int try_unmap(struct sh_pool *pool, uintptr_t va, size_t size)
+{
+    int rc = SH_EDRIVER;
+    for (int t = 0; t < REMAP_TRIES && rc; t++)
+        rc = pool->vmm.unmap(pool->vmm.ctx, va, size);
+    if (rc == 0)
+        __atomic_add_fetch(&pool->st.vmm_unmaps, 1, __ATOMIC_RELAXED);
+    return rc;
+}
+
+static int try_map(struct sh_pool *pool, uintptr_t va, size_t size, uint64_t h)
+{
+    int rc = SH_EDRIVER;
+    for (int t = 0; t < REMAP_TRIES && rc; t++)
+        rc = pool->vmm.map(pool->vmm.ctx, va, size, h);
+    if (rc == 0)
+        __atomic_add_fetch(&pool->st.vmm_maps, 1, __ATOMIC_RELAXED);
+    return rc;
+}
+
+/* Swaps one chunk's mapping at the region address. On failure the old
+ * handle is mapped there again (a failed unmap leaves it mapped), so the
+ * caller can roll back; only when even that fails is the range left
+ * unmapped, and then its bytes are still in `from`. */
 static int remap(struct sh_pool *pool, uintptr_t va, size_t size, uint64_t from, uint64_t to)
 {
-    int rc = pool->vmm.unmap(pool->vmm.ctx, va, size);
+    int rc = try_unmap(pool, va, size);
     if (rc)
         return rc;
-    rc = pool->vmm.map(pool->vmm.ctx, va, size, to);
-    if (rc && pool->vmm.map(pool->vmm.ctx, va, size, from) != 0)
-        sh_log(SH_LOG_ERROR, "cannot map 0x%llx back after a failed remap: its contents are lost",
-               (unsigned long long)va);
-    __atomic_add_fetch(&pool->st.vmm_unmaps, 1, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&pool->st.vmm_maps, 1, __ATOMIC_RELAXED);
+    rc = try_map(pool, va, size, to);
+    if (rc && try_map(pool, va, size, from) != 0)
+        sh_log(SH_LOG_ERROR,
+               "cannot map 0x%llx (%zu bytes) back after a failed remap: the range is unmapped "
+               "and any access to it faults",
+               (unsigned long long)va, size);
+    return rc;
+}
+
+/* Puts chunks [0, n) of r back on their device handles after a failed
+ * eviction; reported like unrestore. */
+static int unevict(struct sh_pool *pool, struct region *r, unsigned n)
+{
+    int rc = 0;
+    for (unsigned i = 0; i < n; i++) {
+        struct chunk *c = &r->chunks[i];
+        if (remap(pool, r->va + c->off, c->size, c->slab->handle, c->handle) != 0) {
+            sh_log(SH_LOG_ERROR,
+                   "region %llu (0x%llx): chunk at +%zu cannot go back to the device after a "
+                   "failed eviction",
+                   (unsigned long long)r->id, (unsigned long long)r->va, c->off);
+            rc = SH_EDRIVER;
+        }
+    }
     return rc;
 }
 
@@ -251,10 +295,7 @@ static size_t evict_window(struct sh_pool *pool, struct region **v, size_t n)
                 c->crc = crc_of(c);
             if (remap(pool, v[k]->va + c->off, c->size, c->handle, c->slab->handle) != 0) {
                 /* The device handles still hold the bytes: nothing ran since the copy. */
-                while (i-- > 0) {
-                    c = &v[k]->chunks[i];
-                    remap(pool, v[k]->va + c->off, c->size, c->slab->handle, c->handle);
-                }
+                unevict(pool, v[k], i);
                 return k;
             }
         }
@@ -457,13 +498,23 @@ static void verify(struct sh_pool *pool, struct region *r, const struct chunk *c
            (unsigned long long)r->id, (unsigned long long)r->va, r->size, c->off);
 }
 
-/* Puts chunks [0, n) of r back on their slabs, which still hold the bytes. */
-static void unrestore(struct sh_pool *pool, struct region *r, unsigned n)
+/* Puts chunks [0, n) of r back on their slabs, which still hold the bytes.
+ * Each remap is retried (remap); one that still fails leaves its device
+ * chunk at the address and is reported: the caller's result says so. */
+static int unrestore(struct sh_pool *pool, struct region *r, unsigned n)
 {
+    int rc = 0;
     for (unsigned i = 0; i < n; i++) {
         struct chunk *c = &r->chunks[i];
-        remap(pool, r->va + c->off, c->size, c->handle, c->slab->handle);
+        if (remap(pool, r->va + c->off, c->size, c->handle, c->slab->handle) != 0) {
+            sh_log(SH_LOG_ERROR,
+                   "region %llu (0x%llx): chunk at +%zu cannot go back to the host after a "
+                   "failed restore",
+                   (unsigned long long)r->id, (unsigned long long)r->va, c->off);
+            rc = SH_EDRIVER;
+        }
     }
+    return rc;
 }
 
 /* Remaps and fills a batch of RESTORING regions; the gate is held. Returns
@@ -1069,10 +1120,7 @@ static int ev_switch(struct sh_pool *pool, struct region *r)
         if (pool->mover.checksums)
             c->crc = crc_of(c);
         if (remap(pool, r->va + c->off, c->size, c->handle, c->slab->handle) != 0) {
-            while (i-- > 0) {
-                c = &r->chunks[i];
-                remap(pool, r->va + c->off, c->size, c->slab->handle, c->handle);
-            }
+            unevict(pool, r, i);
             return SH_EDRIVER;
         }
     }

@@ -6,15 +6,16 @@
 #ifndef SH_TESTS_FAKE_VMM_H
 #define SH_TESTS_FAKE_VMM_H
 
-#define K    ((size_t)1 << 10)
-#define M    ((size_t)1 << 20)
-#define G    (64 * K) /* granularity */
-#define CH   (4 * G)  /* largest chunk */
-#define MAXH 4096
-#define MAXM 1024
-#define MAXR 1024
-#define MAXC 4096
-#define ANY  UINT64_MAX /* the stream of a cudaFree */
+#define K           ((size_t)1 << 10)
+#define M           ((size_t)1 << 20)
+#define G           (64 * K) /* granularity */
+#define CH          (4 * G)  /* largest chunk */
+#define MAXH        4096
+#define MAXM        1024
+#define MAXR        1024
+#define MAXC        4096
+#define ANY         UINT64_MAX /* the stream of a cudaFree */
+#define REMAP_TRIES 3          /* pool/evict.c tries each map of a remap this often */
 
 /* ---- fake VMM over real memory ----------------------------------------------------- */
 
@@ -46,7 +47,9 @@ struct fake {
     struct resv r[MAXR];
     int nr;
     long map_calls, unmap_calls;
-    long fail_map_at; /* this map call fails; 0: none */
+    long fail_map_at;              /* this map call fails; 0: none */
+    long fail_maps;                /* ... and so many from it in a row (0: just that one) */
+    long fail_map_at2, fail_maps2; /* a second such run */
     int bad;
     /* copies */
     int copies[2];
@@ -175,7 +178,12 @@ static int f_map(void *ctx, uintptr_t va, size_t size, uint64_t h)
     fk.map_calls++;
     if (fk.checking && atomic_load(&launching))
         fk.remaps_during_launch++;
-    if (fk.fail_map_at && fk.map_calls == fk.fail_map_at) {
+    long n1 = fk.fail_maps ? fk.fail_maps : 1, n2 = fk.fail_maps2 ? fk.fail_maps2 : 1;
+    int fail1 =
+        fk.fail_map_at && fk.map_calls >= fk.fail_map_at && fk.map_calls < fk.fail_map_at + n1;
+    int fail2 =
+        fk.fail_map_at2 && fk.map_calls >= fk.fail_map_at2 && fk.map_calls < fk.fail_map_at2 + n2;
+    if (fail1 || fail2) {
         pthread_mutex_unlock(&fk.mu);
         return SH_EDRIVER;
     }

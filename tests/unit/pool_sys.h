@@ -94,7 +94,7 @@ static void stop(void)
 /* After a test that failed midway: tear down without checking. */
 static void sys_teardown(void)
 {
-    fk.fail_map_at = 0;
+    fk.fail_map_at = fk.fail_maps = fk.fail_map_at2 = fk.fail_maps2 = 0;
     fk.device_limit = 0;
     if (sys.pool)
         sh_pool_destroy(sys.pool);

@@ -558,7 +558,8 @@ static void test_evict_remap_failure(void **state)
     fill(b, 2 * CH, 42);
     touch(a);
     touch(b);
-    fk.fail_map_at = fk.map_calls + 2; /* the second chunk's */
+    fk.fail_map_at = fk.map_calls + 2; /* the second chunk's, every try */
+    fk.fail_maps = REMAP_TRIES;
     size_t released;
     assert_int_equal(evict(2 * CH, NULL, 0, &released), SH_ENOMEM);
     assert_int_equal(released, 0);
@@ -595,6 +596,7 @@ static void test_restore_remap_failure(void **state)
     assert_int_equal(evict(2 * CH, NULL, 0, &released), 0);
     assert_int_equal(state_of(a), SH_RS_HOST);
     fk.fail_map_at = fk.map_calls + 2;
+    fk.fail_maps = REMAP_TRIES;
     struct restore_arg ra = {a, 0};
     char buf[1024];
     capture_stderr(do_restore, &ra, buf, sizeof buf);
@@ -615,6 +617,97 @@ static void test_restore_remap_failure(void **state)
     assert_int_equal(restore1(a), 0);
     assert_int_equal(state_of(a), SH_RS_RESIDENT);
     assert_int_equal(bad_words(a, 2 * CH, 51), 0);
+    stop();
+}
+
+/* Two map failures in a row inside one remap (the new handle, then the old
+ * one) are transient: they are retried, the move completes, nothing is
+ * left unmapped. */
+static void test_double_map_failure_recovered(void **state)
+{
+    (void)state;
+    start(&plain);
+    uintptr_t a = alloc(2 * CH), b = alloc(2 * CH);
+    fill(a, 2 * CH, 61);
+    fill(b, 2 * CH, 62);
+    touch(a);
+    touch(b);
+    fk.fail_map_at = fk.map_calls + 2; /* the second chunk's, twice */
+    fk.fail_maps = 2;
+    size_t released;
+    assert_int_equal(evict(2 * CH, NULL, 0, &released), 0);
+    assert_int_equal(state_of(a), SH_RS_HOST);
+    assert_true(all_at(a, 2 * CH, SH_LOC_HOST));
+    assert_int_equal(bad_words(a, 2 * CH, 61), 0);
+    fk.fail_map_at = fk.map_calls + 2;
+    assert_int_equal(restore1(a), 0);
+    assert_int_equal(state_of(a), SH_RS_RESIDENT);
+    assert_true(all_at(a, 2 * CH, SH_LOC_DEVICE));
+    assert_int_equal(bad_words(a, 2 * CH, 61), 0);
+    assert_int_equal(fk.bad, 0);
+    stop();
+}
+
+/* A restore that fails for good on its second chunk is rolled back; the
+ * rollback's own remap of the first chunk then fails twice. It is retried:
+ * the region ends on its slabs, whole, never on a device chunk that was
+ * not filled, and that chunk is not handed to anyone while mapped. */
+static void test_restore_rollback_failure(void **state)
+{
+    (void)state;
+    start(&plain);
+    uintptr_t a = alloc(2 * CH), b = alloc(2 * CH);
+    fill(a, 2 * CH, 71);
+    fill(b, 2 * CH, 72);
+    touch(a);
+    touch(b);
+    size_t released;
+    assert_int_equal(evict(2 * CH, NULL, 0, &released), 0);
+    assert_int_equal(state_of(a), SH_RS_HOST);
+    long m = fk.map_calls;
+    fk.fail_map_at = m + 2; /* the second chunk's device map, every try */
+    fk.fail_maps = REMAP_TRIES;
+    /* then its slab goes back (+1), then the first chunk's slab: twice */
+    fk.fail_map_at2 = m + 2 + REMAP_TRIES + 1;
+    fk.fail_maps2 = 2;
+    struct restore_arg ra = {a, 0};
+    char buf[1024];
+    capture_stderr(do_restore, &ra, buf, sizeof buf);
+    assert_int_equal(ra.rc, SH_EDRIVER);
+    assert_true(fk.map_calls >= fk.fail_map_at2 + 2); /* the failures were hit */
+    assert_null(strstr(buf, "cannot go back"));
+    assert_int_equal(state_of(a), SH_RS_HOST);
+    assert_true(all_at(a, 2 * CH, SH_LOC_HOST));
+    assert_int_equal(bad_words(a, 2 * CH, 71), 0);
+    assert_int_equal(fk.bad, 0);
+    assert_int_equal(restore1(a), 0);
+    assert_int_equal(bad_words(a, 2 * CH, 71), 0);
+    stop();
+}
+
+/* Likewise for an eviction whose rollback remap fails twice: the region
+ * stays on its device chunks, whole. */
+static void test_evict_rollback_failure(void **state)
+{
+    (void)state;
+    start(&plain);
+    uintptr_t a = alloc(2 * CH), b = alloc(2 * CH);
+    fill(a, 2 * CH, 81);
+    fill(b, 2 * CH, 82);
+    touch(a);
+    touch(b);
+    long m = fk.map_calls;
+    fk.fail_map_at = m + 2;
+    fk.fail_maps = REMAP_TRIES;
+    fk.fail_map_at2 = m + 2 + REMAP_TRIES + 1;
+    fk.fail_maps2 = 2;
+    size_t released;
+    assert_int_equal(evict(2 * CH, NULL, 0, &released), SH_ENOMEM);
+    assert_true(fk.map_calls >= fk.fail_map_at2 + 2);
+    assert_int_equal(state_of(a), SH_RS_RESIDENT);
+    assert_true(all_at(a, 2 * CH, SH_LOC_DEVICE));
+    assert_int_equal(bad_words(a, 2 * CH, 81), 0);
+    assert_int_equal(fk.bad, 0);
     stop();
 }
 
@@ -734,6 +827,9 @@ int main(void)
         cmocka_unit_test_teardown(test_restore_without_device_memory, teardown),
         cmocka_unit_test_teardown(test_evict_remap_failure, teardown),
         cmocka_unit_test_teardown(test_restore_remap_failure, teardown),
+        cmocka_unit_test_teardown(test_double_map_failure_recovered, teardown),
+        cmocka_unit_test_teardown(test_restore_rollback_failure, teardown),
+        cmocka_unit_test_teardown(test_evict_rollback_failure, teardown),
         cmocka_unit_test_teardown(test_gate_held_by_caller, teardown),
         cmocka_unit_test_teardown(test_no_remap_during_launch, teardown),
     };

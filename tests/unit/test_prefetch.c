@@ -512,6 +512,7 @@ static void test_fail_window_map(void **state)
     assert_int_equal(start_prefetch(a), 1);
     complete_copies();
     fk.fail_map_at = fk.map_calls + 2; /* the second chunk at the region address */
+    fk.fail_maps = REMAP_TRIES;        /* every try of it */
     assert_int_equal(commit(0), 0);
     fk.fail_map_at = 0;
     check_host_and_exact(a, 5);
