@@ -102,18 +102,38 @@ static struct region *freed_take(struct sh_pool *pool, size_t mapped, uint64_t s
 
 /* ---- building and tearing down ---- */
 
+/* Unmaps one chunk, trying a transient failure again. */
+static int unmap_chunk(struct sh_pool *pool, struct region *r, const struct chunk *c)
+{
+    int rc = SH_EDRIVER;
+    for (int t = 0; t < 3 && rc; t++)
+        rc = pool->vmm.unmap(pool->vmm.ctx, r->va + c->off, c->size);
+    if (rc == 0)
+        __atomic_add_fetch(&pool->st.vmm_unmaps, 1, __ATOMIC_RELAXED);
+    return rc;
+}
+
 static void unbuild(struct sh_pool *pool, struct region *r, unsigned mapped_chunks)
 {
+    int stuck = 0;
     for (unsigned i = 0; i < r->nchunks; i++) {
         struct chunk *c = &r->chunks[i];
-        if (i < mapped_chunks && pool->vmm.unmap(pool->vmm.ctx, r->va + c->off, c->size) == 0)
-            __atomic_add_fetch(&pool->st.vmm_unmaps, 1, __ATOMIC_RELAXED);
+        if (i < mapped_chunks && unmap_chunk(pool, r, c) != 0) {
+            /* Still mapped: neither the memory nor the address may be reused. */
+            sh_log(SH_LOG_ERROR,
+                   "cannot unmap 0x%llx (%zu bytes) of a freed region: its memory and "
+                   "address range are kept out of use",
+                   (unsigned long long)(r->va + c->off), c->size);
+            stuck = 1;
+            continue;
+        }
         if (c->handle)
             sh_chunkcache_put(pool->cc, c->handle, c->size);
         if (c->slab) /* an evicted region freed by the program */
             sh_hostpool_put(pool->mover.host, c->slab);
     }
-    sh_vaarena_free(pool->va, r->va, r->mapped);
+    if (!stuck)
+        sh_vaarena_free(pool->va, r->va, r->mapped);
     free(r);
 }
 
