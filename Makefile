@@ -45,7 +45,7 @@ TOOLS     := $(TOOL_DIRS:tools/%=$(BUILD)/%)
 
 PREREQ := $(BUILD)/.prereqs
 
-.PHONY: all test check format asan ubsan tsan install clean bench bench-policy demo valgrind
+.PHONY: all test check format asan ubsan tsan install clean bench bench-policy demo valgrind faults
 .DEFAULT_GOAL := all
 
 all: $(BUILD)/libstagehand.so $(SIM_LIBS) $(TOOLS)
@@ -195,6 +195,13 @@ valgrind: all $(E2E_BINS)
 	@mk/prereqs.sh valgrind
 	@BUILD=$(BUILD) TEST_TIMEOUT=$${TEST_TIMEOUT:-2400} WRAP="$(VALGRIND)" \
 	    E2E="$(filter-out %/test_e2e_learned %/test_e2e_faults,$(E2E_BINS))" tests/run.sh
+
+# The whole fault-injection sweep (make test runs a subset): every driver
+# call at early to late call numbers, once, twice, for good, and in pairs.
+# Not in CI: it runs for longer than CI allows (see docs/RELIABILITY.md).
+faults: all $(BUILD)/tests/e2e/test_e2e_faults
+	@BUILD=$(BUILD) TEST_TIMEOUT=$${TEST_TIMEOUT:-7200} FAULT_MATRIX=full \
+	    E2E=$(BUILD)/tests/e2e/test_e2e_faults tests/run.sh
 
 # ---- install -------------------------------------------------------------
 install: all

@@ -7,8 +7,12 @@
  * and every byte of every region it still holds is right. On top of that:
  * no device memory unaccounted for at the end (a leak), and no hang.
  *
- * FAULT_MATRIX=full widens the nth values; the summary line reads
- * "N injected, N recovered-or-propagated, N lost, N leaked, N hung".
+ * Failures are injected once, twice in a row, for good (cleared with
+ * simcuda_fail_clear before the check, so the bytes are still checked), and
+ * two calls together. FAULT_MATRIX=full (make faults) runs the whole sweep;
+ * the summary line reads "N injected, N recovered-or-propagated, N lost,
+ * N leaked, N hung, N contexts lost". A context lost is an illegal address
+ * the program did not cause.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -35,7 +39,7 @@
 #define WORDS  (REGION / 4)
 #define NREG   20 /* 160 MB against a 96 MB budget */
 
-enum { OK_RECOVERED = 0, OK_PROPAGATED = 3, LOST = 4, LEAKED = 5, SETUP = 6 };
+enum { OK_RECOVERED = 0, OK_PROPAGATED = 3, LOST = 4, LEAKED = 5, SETUP = 6, CTX_LOST = 7 };
 
 static char **saved_argv;
 static int preloaded;
@@ -80,13 +84,16 @@ static int workload(void)
             }
         }
     cudaError_t e = cudaDeviceSynchronize();
-    if (e == cudaErrorIllegalAddress)
-        return LOST;        /* a fault: the context is gone, and so are the bytes */
-    if (e != cudaSuccess) { /* the program's own call failed: it sees the error and retries */
+    if (e != cudaSuccess) /* the program's own call failed: it sees the error */
         errors++;
-        if (cudaDeviceSynchronize() != cudaSuccess)
-            return LOST;
-    }
+    /* The failure passes (persistent ones too): what is left must be whole. */
+    simcuda_fail_clear();
+    simcuda_stats_t sim;
+    simcuda_get_stats(&sim);
+    if (sim.faults)
+        return CTX_LOST; /* an access the program did not cause: the context is gone */
+    if (cudaDeviceSynchronize() != cudaSuccess)
+        return LOST;
     uint32_t *h = malloc(REGION);
     for (int i = 0; h && i < NREG; i++) {
         if (!r[i])
@@ -104,7 +111,6 @@ static int workload(void)
         if (r[i] && cudaFree(r[i]) != cudaSuccess)
             errors++;
     /* Leak check: what the device holds is what the library says it keeps. */
-    simcuda_stats_t sim;
     simcuda_get_stats(&sim);
     stagehand_stats_t st = {0};
     int (*get)(stagehand_stats_t *, size_t) =
@@ -158,45 +164,100 @@ static int run_one(const char *spec)
     return -1; /* hung */
 }
 
+enum { ONCE, TWICE, ALWAYS }; /* how a call fails from its nth on */
+
+struct tally {
+    int injected, fine, lost, leaked, hung, ctx;
+};
+
+/* SIMCUDA_FAIL for call failing at nth as mode says, and other (if any)
+ * failing once at its own nth call. */
+static void spec_of(char *b, size_t n, const char *call, int nth, int mode, const char *other)
+{
+    int k = mode == TWICE ? snprintf(b, n, "%s:%d,%s:%d", call, nth, call, nth + 1)
+                          : snprintf(b, n, "%s:%d%s", call, nth, mode == ALWAYS ? "+" : "");
+    if (other)
+        snprintf(b + k, n - (size_t)k, ",%s:%d", other, nth);
+}
+
+static void run_case(struct tally *t, const char *call, int nth, int mode, const char *other)
+{
+    char spec[160];
+    spec_of(spec, sizeof spec, call, nth, mode, other);
+    int rc = run_one(spec);
+    t->injected++;
+    const char *what = NULL;
+    if (rc == OK_RECOVERED || rc == OK_PROPAGATED)
+        t->fine++;
+    else if (rc == LEAKED)
+        t->leaked++, what = "leaked";
+    else if (rc == -1)
+        t->hung++, what = "hung";
+    else if (rc == CTX_LOST)
+        t->ctx++, what = "context lost";
+    else
+        t->lost++, what = "lost";
+    if (what)
+        fprintf(stderr, "faults: %s -> %s\n", spec, what);
+}
+
+#define NCALLS (sizeof calls / sizeof *calls)
+
+/* FAULT_MATRIX=full: every call at every nth, once, twice and for good,
+ * and every pair of calls failing together. */
+static void full_sweep(struct tally *t)
+{
+    static const int nth[] = {1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144};
+    static const int pair_nth[] = {3, 21};
+    for (size_t c = 0; c < NCALLS; c++)
+        for (size_t k = 0; k < sizeof nth / sizeof *nth; k++)
+            for (int mode = ONCE; mode <= ALWAYS; mode++)
+                run_case(t, calls[c], nth[k], mode, NULL);
+    for (size_t c = 0; c < NCALLS; c++)
+        for (size_t d = c + 1; d < NCALLS; d++)
+            for (size_t k = 0; k < sizeof pair_nth / sizeof *pair_nth; k++)
+                run_case(t, calls[c], pair_nth[k], ONCE, calls[d]);
+}
+
+/* make test: every call once at a few nth, and one of each other kind. */
+static void quick_sweep(struct tally *t, size_t nn)
+{
+    static const int nth[] = {1, 3, 10, 40};
+    static const struct {
+        const char *call;
+        int nth, mode;
+        const char *other;
+    } extra[] = {
+        {"cuMemMap", 3, TWICE, NULL},        {"cuMemUnmap", 3, TWICE, NULL},
+        {"cuMemMap", 10, ALWAYS, NULL},      {"cuEventSynchronize", 3, ALWAYS, NULL},
+        {"cuMemMap", 3, ONCE, "cuMemUnmap"}, {"cuMemcpyAsync", 10, ONCE, "cuEventQuery"},
+    };
+    for (size_t c = 0; c < NCALLS; c++)
+        for (size_t k = 0; k < nn; k++)
+            run_case(t, calls[c], nth[k], ONCE, NULL);
+    for (size_t i = 0; i < sizeof extra / sizeof *extra; i++)
+        run_case(t, extra[i].call, extra[i].nth, extra[i].mode, extra[i].other);
+}
+
 static void test_matrix(void **state)
 {
     (void)state;
     if (!preloaded) /* the matrix is about the library */
         skip();
-    static const int quick[] = {1, 3, 10, 40};
-    static const int full[] = {1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144};
     int wide = getenv("FAULT_MATRIX") && strcmp(getenv("FAULT_MATRIX"), "full") == 0;
-    const int *nth = wide ? full : quick;
-    size_t nn = wide ? sizeof full / sizeof *full : sizeof quick / sizeof *quick;
     const char *san = getenv("SAN"); /* under a sanitizer each run is slower: fewer */
-    if (!wide && san && *san)
-        nn = 2;
-    int injected = 0, fine = 0, lost = 0, leaked = 0, hung = 0;
-    for (size_t c = 0; c < sizeof calls / sizeof *calls; c++)
-        for (size_t k = 0; k < nn; k++) {
-            char spec[128];
-            snprintf(spec, sizeof spec, "%s:%d", calls[c], nth[k]);
-            int rc = run_one(spec);
-            injected++;
-            if (rc == OK_RECOVERED || rc == OK_PROPAGATED)
-                fine++;
-            else if (rc == LEAKED)
-                leaked++;
-            else if (rc == -1)
-                hung++;
-            else
-                lost++;
-            if (rc != OK_RECOVERED && rc != OK_PROPAGATED)
-                fprintf(stderr, "faults: %s -> %s\n", spec,
-                        rc == LEAKED ? "leaked"
-                        : rc == -1   ? "hung"
-                                     : "lost");
-        }
-    printf("fault matrix: %d injected, %d recovered-or-propagated, %d lost, %d leaked, %d hung\n",
-           injected, fine, lost, leaked, hung);
-    assert_int_equal(lost, 0);
-    assert_int_equal(leaked, 0);
-    assert_int_equal(hung, 0);
+    struct tally t = {0};
+    if (wide)
+        full_sweep(&t);
+    else
+        quick_sweep(&t, san && *san ? 2 : 4);
+    printf("fault matrix: %d injected, %d recovered-or-propagated, %d lost, %d leaked, %d hung, "
+           "%d contexts lost\n",
+           t.injected, t.fine, t.lost, t.leaked, t.hung, t.ctx);
+    assert_int_equal(t.lost, 0);
+    assert_int_equal(t.leaked, 0);
+    assert_int_equal(t.hung, 0);
+    assert_int_equal(t.ctx, 0);
 }
 
 int main(int argc, char **argv)

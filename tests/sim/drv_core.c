@@ -124,7 +124,7 @@ struct fail_rule {
 };
 
 static struct fail_rule rules[MAX_RULES];
-static int nrules;
+static atomic_int nrules; /* simcuda_fail_clear drops it to 0 */
 static pthread_once_t rules_once = PTHREAD_ONCE_INIT;
 
 static CUresult error_by_name(const char *name, bool *ok);
@@ -186,7 +186,8 @@ static struct fail_rule *count_call(const char *fn, unsigned long *nth)
     pthread_once(&rules_once, read_rules);
     size_t n = base_len(fn);
     struct fail_rule *fired = NULL;
-    for (int i = 0; i < nrules; i++) {
+    int n_rules = atomic_load(&nrules);
+    for (int i = 0; i < n_rules; i++) {
         struct fail_rule *r = &rules[i];
         if (strlen(r->call) != n || strncmp(r->call, fn, n) != 0)
             continue;
@@ -205,6 +206,12 @@ static CUresult injected(const struct fail_rule *r, unsigned long nth)
     fprintf(stderr, "simcuda: injected failure of %s (call %lu): %s\n", r->call, nth,
             name ? name : "?");
     return r->err;
+}
+
+SIM_EXPORT void simcuda_fail_clear(void)
+{
+    pthread_once(&rules_once, read_rules);
+    atomic_store(&nrules, 0);
 }
 
 CUresult sim_inject(const char *fn)

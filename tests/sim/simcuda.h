@@ -51,6 +51,11 @@ typedef struct {
 
 void simcuda_get_stats(simcuda_stats_t *out);
 
+/* Ends every SIMCUDA_FAIL rule, persistent ones included: from here on no
+ * call fails by injection (a fault sweep checks what is left once the
+ * failure has passed). */
+void simcuda_fail_clear(void);
+
 #ifdef __cplusplus
 }
 #endif

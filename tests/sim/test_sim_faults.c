@@ -485,6 +485,11 @@ static int s_injected_failures(void)
     CHECK(cuEventCreate(&ev, 0) == CUDA_ERROR_OUT_OF_MEMORY);
     CHECK(ev == NULL);
     CHECK(cuEventCreate(&ev, 0) == CUDA_SUCCESS);
+    /* simcuda_fail_clear ends every rule, persistent ones too. */
+    CHECK(cuMemAlloc(&d[2], 4096) == CUDA_ERROR_UNKNOWN);
+    simcuda_fail_clear();
+    CHECK(cuMemAlloc(&d[2], 4096) == CUDA_SUCCESS);
+    CHECK(cuMemFree(d[2]) == CUDA_SUCCESS);
     /* Injected failures are not sticky, and nothing faulted. */
     CHECK(cuCtxSynchronize() == CUDA_SUCCESS);
     CHECK(faults() == 0);

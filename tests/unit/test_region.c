@@ -66,6 +66,7 @@ struct vmm_fake {
     struct resv res[MAXRES];
     size_t nres;
     long fail_map_at; /* the map call with this number fails; 0: none */
+    long fail_unmaps; /* so many of the next unmap calls fail */
     long bad;         /* contract violations */
     struct {
         uintptr_t va;
@@ -211,6 +212,11 @@ static int v_unmap(void *ctx, uintptr_t va, size_t size)
     int err = 0;
     pthread_mutex_lock(&f->mu);
     f->n.unmap++;
+    if (f->fail_unmaps > 0) {
+        f->fail_unmaps--;
+        pthread_mutex_unlock(&f->mu);
+        return SH_EDRIVER;
+    }
     size_t i = 0;
     while (i < f->nmaps && f->maps[i].va != va)
         i++;
@@ -1177,6 +1183,39 @@ static void test_device_full(void **state)
     assert_books_balanced();
 }
 
+/* Unmapping a freed region: two failures in a row are tried again and
+ * nothing is left; an unmap that keeps failing leaves its memory and its
+ * address out of use (never released or handed out while mapped). */
+static void test_unmap_failures(void **state)
+{
+    (void)state;
+    struct sh_pool_params p = defaults();
+    p.max_chunk = 4 * M;
+    p.va_cache = 0;
+    struct sh_pool *pool = mkpool(&p);
+    uintptr_t a = xalloc(pool, 8 * M, SH_PATH_MALLOC, 0);
+    xfree(pool, a, 0, 0);
+    vf.fail_unmaps = 2;
+    sh_pool_trim(pool, SIZE_MAX);
+    assert_int_equal(vf.fail_unmaps, 0); /* the failures were hit */
+    assert_int_equal(vf.nmaps, 0);
+    assert_int_equal(vf.bad, 0);
+    assert_int_equal(pstats(pool).vmm_unmaps, 2);
+
+    uintptr_t b = xalloc(pool, 4 * M, SH_PATH_MALLOC, 0);
+    xfree(pool, b, 0, 0);
+    vf.fail_unmaps = 3; /* every try */
+    sh_pool_trim(pool, SIZE_MAX);
+    assert_int_equal(vf.fail_unmaps, 0);
+    assert_int_equal(vf.nmaps, 1);
+    assert_int_equal(vf.bad, 0); /* its handle was not released while mapped */
+    uintptr_t c = xalloc(pool, 4 * M, SH_PATH_MALLOC, 0);
+    assert_true(c != b); /* nor its address handed out again */
+    assert_int_equal(vf.bad, 0);
+    xfree(pool, c, 0, 0);
+    sh_pool_destroy(pool);
+}
+
 static void test_build_failures_leak_nothing(void **state)
 {
     (void)state;
@@ -1585,6 +1624,7 @@ int main(void)
         cmocka_unit_test_setup(test_split_limits, setup),
         cmocka_unit_test_setup(test_create_args, setup),
         cmocka_unit_test_setup(test_build_region, setup),
+        cmocka_unit_test_setup(test_unmap_failures, setup),
         cmocka_unit_test_setup(test_reuse_same_size, setup),
         cmocka_unit_test_setup(test_other_size_builds, setup),
         cmocka_unit_test_setup(test_churn_no_vmm, setup),
