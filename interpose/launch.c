@@ -6,8 +6,8 @@
  * missing or another subscriber (a profiler) owns it: the exported hooks
  * on the same calls do the work (they are thin pass-throughs otherwise).
  *
- * Each launch's parameter buffer is scanned at 8-byte stride against the
- * region index, using parameter offsets and sizes from cuFuncGetParamInfo /
+ * Each launch's parameter buffer is scanned at every 4-byte-aligned
+ * position against the region index, using parameter offsets and sizes from cuFuncGetParamInfo /
  * cuKernelGetParamInfo, cached per function. Evicted regions it touches are
  * restored before the launch proceeds; the launch then holds the remap
  * gate's read side until it has been issued.
@@ -141,12 +141,14 @@ static int get_layout(const void *key, int kind, struct layout *out)
 
 /* ---- the scan ---- */
 
+/* Every 4-byte-aligned position of each parameter that can hold an 8-byte
+ * pointer: a packed struct argument may keep one at offset 4. */
 static size_t scan(const struct layout *l, void **args, uintptr_t *addrs)
 {
     size_t n = 0;
     for (int i = 0; i < l->nparams && args; i++) {
         const unsigned char *p = args[i];
-        for (size_t off = 0; p && off + 8 <= l->size[i] && n < MAX_ADDRS; off += 8) {
+        for (size_t off = 0; p && off + 8 <= l->size[i] && n < MAX_ADDRS; off += 4) {
             uintptr_t v;
             memcpy(&v, p + off, sizeof v);
             if (v && sh_pool_lookup(sh_rt.pool, v, NULL) == 0)
