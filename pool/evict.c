@@ -212,7 +212,6 @@ void sh_pool_issued(struct sh_pool *pool, const uintptr_t *bases, size_t n, uint
     if (n == 0)
         return;
     uint64_t now = __atomic_add_fetch(&pool->clock, 1, __ATOMIC_RELAXED);
-    int opaque = 0;
     pthread_rwlock_rdlock(&pool->index_lock);
     for (size_t i = 0; i < n; i++) {
         struct region *r = sh_rindex_lookup(pool->index, bases[i]);
@@ -222,12 +221,8 @@ void sh_pool_issued(struct sh_pool *pool, const uintptr_t *bases, size_t n, uint
         if (streams)
             __atomic_or_fetch(&r->use_streams, streams, __ATOMIC_RELAXED);
         __atomic_store_n(&r->issued, now, __ATOMIC_RELEASE);
-        opaque |= __atomic_load_n(&r->holds_ptrs, __ATOMIC_RELAXED);
     }
     pthread_rwlock_unlock(&pool->index_lock);
-    /* The work may follow the pointers it reads there to any region. */
-    if (opaque)
-        sh_pool_issued_opaque(pool, streams);
 }
 
 void sh_pool_issued_opaque(struct sh_pool *pool, uint64_t streams)
@@ -269,17 +264,14 @@ size_t sh_pool_find_pointers(struct sh_pool *pool, const void *bytes, size_t n, 
     const unsigned char *p = bytes;
     size_t found = 0;
     pthread_rwlock_rdlock(&pool->index_lock);
-    struct region *dst = sh_rindex_lookup(pool->index, into);
     /* Every 4-byte-aligned position: a packed struct may hold one there. */
-    for (size_t off = 0; dst && p && off + 8 <= n; off += 4) {
+    for (size_t off = 0; p && off + 8 <= n && !found; off += 4) {
         uintptr_t v;
         memcpy(&v, p + off, sizeof v);
-        if (v - lo < hi - lo && sh_rindex_lookup(pool->index, v)) {
-            found++;
-            break; /* one is enough: the whole region counts */
-        }
+        found = v - lo < hi - lo && sh_rindex_lookup(pool->index, v); /* one is enough */
     }
-    if (found)
+    struct region *dst = found ? sh_rindex_lookup(pool->index, into) : NULL;
+    if (dst)
         __atomic_store_n(&dst->holds_ptrs, 1, __ATOMIC_RELAXED);
     pthread_rwlock_unlock(&pool->index_lock);
     return found;
@@ -431,10 +423,18 @@ int sh_pool_evict_these(struct sh_pool *pool, const uintptr_t *vas, size_t n, si
 
 size_t sh_pool_bases(struct sh_pool *pool, const uintptr_t *addrs, size_t n, uintptr_t *bases)
 {
+    return sh_pool_bases_ptrs(pool, addrs, n, bases, NULL);
+}
+
+size_t sh_pool_bases_ptrs(struct sh_pool *pool, const uintptr_t *addrs, size_t n, uintptr_t *bases,
+                          int *ptrs)
+{
     size_t m = 0;
     pthread_rwlock_rdlock(&pool->index_lock);
     for (size_t i = 0; i < n; i++) {
         struct region *r = sh_rindex_lookup(pool->index, addrs[i]);
+        if (r && ptrs && __atomic_load_n(&r->holds_ptrs, __ATOMIC_RELAXED))
+            *ptrs = 1; /* sub-allocator slabs too: small tables live there */
         if (!r || r->path == SH_PATH_SLAB)
             continue;
         size_t k = 0;

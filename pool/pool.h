@@ -180,6 +180,10 @@ int sh_pool_evict_these(struct sh_pool *pool, const uintptr_t *vas, size_t n, si
 /* The distinct bases of the regions containing addrs[0..n), sub-allocator
  * slabs left out; returns the count (at most n). */
 size_t sh_pool_bases(struct sh_pool *pool, const uintptr_t *addrs, size_t n, uintptr_t *bases);
+/* The same; *ptrs (may be NULL) is set to 1 when one of the regions,
+ * sub-allocator slabs included, holds pointers (sh_pool_find_pointers). */
+size_t sh_pool_bases_ptrs(struct sh_pool *pool, const uintptr_t *addrs, size_t n, uintptr_t *bases,
+                          int *ptrs);
 /* Work using the regions starting at bases[0..n) is being issued; the
  * caller is inside the remap gate. Prefetches of those regions in flight
  * will redo their copies, and with drain_mode = tracked the regions
@@ -189,12 +193,12 @@ void sh_pool_issued(struct sh_pool *pool, const uintptr_t *bases, size_t n, uint
  * the gate, on the streams in mask: it counts as using every region, so
  * every prefetch in flight redoes its copy, every early eviction in flight
  * stays resident, and a tracked drain waits for those streams. Work using
- * a region that holds pointers is opaque (sh_pool_issued does this). */
+ * a region that holds pointers is opaque (sh_pool_bases_ptrs tells). */
 void sh_pool_issued_opaque(struct sh_pool *pool, uint64_t streams);
-/* The n bytes at bytes are about to land in the region containing into (a
- * host-to-device copy's source): if any 4-byte-aligned 8 bytes of them is
- * an address inside a region, that region is marked as holding pointers.
- * Returns 1 when marked, else 0. */
+/* The n bytes at bytes are about to land at into (a host-to-device copy's
+ * source): 1 if any 4-byte-aligned 8 bytes of them is an address inside a
+ * region, and then the region containing into, if any, is marked as
+ * holding pointers; else 0. */
 size_t sh_pool_find_pointers(struct sh_pool *pool, const void *bytes, size_t n, uintptr_t into);
 /* Records a use of the regions containing addrs[0..n) (a launch) and
  * returns, through *host_bytes, the device memory it takes to bring back

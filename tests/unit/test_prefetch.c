@@ -727,7 +727,13 @@ static void test_pointer_table_prefetch(void **state)
     evict_one(a);
     assert_int_equal(start_prefetch(a), 1);
     complete_copies();
-    issue(t);          /* the launch's parameters name only the table ... */
+    /* The launch's parameters name only the table: it is opaque ... */
+    int ptrs = 0;
+    uintptr_t base;
+    assert_int_equal(sh_pool_bases_ptrs(sys.pool, &t, 1, &base, &ptrs), 1);
+    assert_int_equal(ptrs, 1);
+    issue(t);
+    sh_pool_issued_opaque(sys.pool, 0);
     fill(a, RSIZE, 3); /* ... and it wrote a through it */
     assert_int_equal(commit(0), 1);
     assert_int_equal(bad_words(a, RSIZE, 3), 0);
@@ -756,7 +762,7 @@ static void test_pointer_table_early_tracked(void **state)
     assert_int_equal(sh_pool_find_pointers(sys.pool, table, sizeof table, t), 1);
     fill(a, RSIZE, 5);
     assert_int_equal(start_early(a), 1);
-    sh_pool_issued(sys.pool, &t, 1, 1u << 4); /* opaque work on stream slot 4 */
+    sh_pool_issued_opaque(sys.pool, 1u << 4); /* opaque work on stream slot 4 */
     fill(a, RSIZE, 6);
     busy_mask = 1u << 4;
     size_t back = 0;
@@ -766,7 +772,7 @@ static void test_pointer_table_early_tracked(void **state)
     assert_int_equal(bad_words(a, RSIZE, 6), 0);
     assert_int_equal(lost_writes(), 0);
     /* a was never named, but the opaque work may still be writing it. */
-    sh_pool_issued(sys.pool, &t, 1, 1u << 4);
+    sh_pool_issued_opaque(sys.pool, 1u << 4);
     busy_mask = 1u << 4;
     assert_int_equal(start_early(a), 0);
     busy_mask = 0;
