@@ -12,7 +12,11 @@
  *           with cudaMemcpy, as grouped GEMMs do) holding the weight's and
  *           the state's addresses;
  *   packed  the optimizer gets a 4-byte-aligned packed struct argument
- *           whose weight pointer sits at offset 4.
+ *           whose weight pointer sits at offset 4;
+ *   nccl    the optimizer is a kernel named like NCCL's that gets the
+ *           gradient and a block number and finds the weight and state in
+ *           its own work queue, as NCCL's kernels find their buffers (here
+ *           a host array, invisible to the scan).
  *
  * Each pattern runs in a child with the default configuration (eviction =
  * learned, prefetch on), with drain_mode = tracked, and with the move
@@ -84,6 +88,17 @@ static void k_opt_packed(void **a) /* (rec = {tag, weight}, grad, state) */
     touch(r.w, r.tag == 7 ? g[0] : 0); /* a wrong layout writes nothing */
 }
 
+/* The "work queue": weight, gradient and state of each block. */
+static uint32_t *queue[BLOCKS][3];
+
+static void k_nccl(void **a) /* (grad, block) */
+{
+    const uint32_t *g = *(uint32_t **)a[0];
+    int b = *(const int *)a[1];
+    touch(queue[b][2], 1);
+    touch(queue[b][0], g[0]);
+}
+
 static dim3 one = {1, 1, 1};
 static int failures;
 
@@ -120,7 +135,7 @@ static int child_main(const char *pattern)
 {
     void *w[BLOCKS], *g[BLOCKS], *s[BLOCKS], *tab[BLOCKS], *x;
     size_t bytes = (size_t)REGION_MB << 20;
-    int table = strcmp(pattern, "table") == 0;
+    int table = strcmp(pattern, "table") == 0, nccl = strcmp(pattern, "nccl") == 0;
     for (int i = 0; i < BLOCKS; i++) {
         if (cudaMalloc(&w[i], bytes) || cudaMalloc(&g[i], bytes) || cudaMalloc(&s[i], bytes) ||
             cudaMalloc(&tab[i], 2 * sizeof(void *)))
@@ -134,6 +149,11 @@ static int child_main(const char *pattern)
     }
     if (cudaMalloc(&x, 2u << 20) || cudaMemset(x, 0, 2u << 20))
         return 2;
+    for (int i = 0; i < BLOCKS; i++) {
+        queue[i][0] = w[i];
+        queue[i][1] = g[i];
+        queue[i][2] = s[i];
+    }
     cudaDeviceSynchronize();
     for (int step = 0; step < STEPS; step++) {
         mark_step();
@@ -149,7 +169,11 @@ static int child_main(const char *pattern)
             struct rec r = {7, w[i]};
             void *targs[] = {&tab[i], &g[i]};
             void *pargs[] = {&r, &g[i], &s[i]};
-            launch(table ? k_opt_table : k_opt_packed, table ? targs : pargs);
+            void *nargs[] = {&g[i], &i};
+            if (nccl)
+                launch(k_nccl, nargs);
+            else
+                launch(table ? k_opt_table : k_opt_packed, table ? targs : pargs);
         }
         cudaDeviceSynchronize();
     }
@@ -161,8 +185,8 @@ static int child_main(const char *pattern)
             size_t at = k == 0 ? 0 : k == 1 ? WORDS / 2 : WORDS - 1;
             uint32_t gw = word(g[i], at), sw = word(s[i], at), ww = word(w[i], at);
             if (gw != STEPS || sw != STEPS || ww != want_w) {
-                fprintf(stderr, "%s: block %d word %zu: g %u s %u w %u, want %u %u %u\n",
-                        pattern, i, at, gw, sw, ww, STEPS, STEPS, want_w);
+                fprintf(stderr, "%s: block %d word %zu: g %u s %u w %u, want %u %u %u\n", pattern,
+                        i, at, gw, sw, ww, STEPS, STEPS, want_w);
                 bad = 1;
             }
         }
@@ -212,8 +236,17 @@ static void test_packed(void **state)
     run(args, "packed", tracked_verified);
 }
 
+static void test_nccl(void **state)
+{
+    (void)state;
+    run(args, "nccl", NULL);
+    run(args, "nccl", tracked);
+    run(args, "nccl", verified);
+}
+
 static int register_kernels(void)
 {
+    size_t block[] = {sizeof(void *), sizeof(int)};
     size_t two[] = {sizeof(void *), sizeof(void *)};
     size_t packed[] = {sizeof(struct rec), sizeof(void *), sizeof(void *)};
     size_t aligns[] = {_Alignof(struct rec), 0, 0};
@@ -221,7 +254,9 @@ static int register_kernels(void)
            simcuda_register_kernel(k_bwd, "bwd", 2, two, KERNEL_US) ||
            simcuda_register_kernel(k_opt_table, "opt_table", 2, two, KERNEL_US) ||
            simcuda_register_kernel_aligned(k_opt_packed, "opt_packed", 3, packed, aligns,
-                                           KERNEL_US);
+                                           KERNEL_US) ||
+           simcuda_register_kernel(k_nccl, "ncclDevKernel_AllReduce_Sum_u32_RING_LL", 2, block,
+                                   KERNEL_US);
 }
 
 int main(int argc, char **argv)
@@ -246,6 +281,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table),
         cmocka_unit_test(test_packed),
+        cmocka_unit_test(test_nccl),
     };
     return cmocka_run_group_tests_name("e2e_opaque", tests, NULL, NULL);
 }
