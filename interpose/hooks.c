@@ -163,6 +163,8 @@ EXPORT cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMem
     if (!gating())
         return real.cudaMemcpy(dst, src, n, kind);
     sh_gate_enter(sh_rt.gate);
+    if (kind == cudaMemcpyHostToDevice)
+        sh_launch_mark_upload(dst, src, n);
     cudaError_t e = real.cudaMemcpy(dst, src, n, kind);
     sh_launch_mark_copy(NULL, dst, src, n); /* device-to-device copies may still run */
     sh_gate_leave(sh_rt.gate);
@@ -175,6 +177,8 @@ EXPORT cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cu
     if (!gating())
         return real.cudaMemcpyAsync(dst, src, n, kind, s);
     sh_gate_enter(sh_rt.gate);
+    if (kind == cudaMemcpyHostToDevice)
+        sh_launch_mark_upload(dst, src, n);
     cudaError_t e = real.cudaMemcpyAsync(dst, src, n, kind, s);
     sh_launch_mark_copy((CUstream)s, dst, src, n);
     sh_gate_leave(sh_rt.gate);

@@ -100,6 +100,10 @@ void sh_launch_begin_addrs(uint64_t key, const uintptr_t *addrs, size_t n, CUstr
 /* With drain_mode = tracked: a copy or memset just issued on stream, so the
  * regions it touches remember the stream (src may be NULL). */
 void sh_launch_mark_copy(CUstream stream, const void *dst, const void *src, size_t n);
+/* A host-to-device copy of n bytes from src to dst is being issued: if the
+ * bytes hold pointers into regions, dst's region becomes a pointer table
+ * and work using it is opaque. */
+void sh_launch_mark_upload(const void *dst, const void *src, size_t n);
 /* With drain_mode = tracked, the drain that waits for given stream slots
  * and the poll that says whether they are idle; NULL otherwise. */
 void sh_launch_tracked_drain(int (**drain)(void *, uint64_t), int (**idle)(void *, uint64_t));

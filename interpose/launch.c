@@ -6,13 +6,14 @@
  * missing or another subscriber (a profiler) owns it: the exported hooks
  * on the same calls do the work (they are thin pass-throughs otherwise).
  *
- * Each launch's parameter buffer is scanned at 8-byte stride against the
- * region index, using parameter offsets and sizes from cuFuncGetParamInfo /
+ * Each launch's parameter buffer is scanned at every 4-byte-aligned
+ * position against the region index, using parameter offsets and sizes from cuFuncGetParamInfo /
  * cuKernelGetParamInfo, cached per function. Evicted regions it touches are
  * restored before the launch proceeds; the launch then holds the remap
  * gate's read side until it has been issued.
  *
- * Locking: layout_mu guards the layout cache; the mode is written once at
+ * Locking: layout_mu guards the layout cache; ranges_mu the pointer-table
+ * ranges (ranges_min/max are read without it); the mode is written once at
  * start. The depth counter is thread-local.
  */
 #include "interpose/cubin.h"
@@ -34,12 +35,19 @@
 struct layout {
     const void *key;
     int kind, nparams;
+    int opaque; /* a kernel of a library known to keep pointers in memory */
     uint16_t off[MAX_PARAMS], size[MAX_PARAMS];
 };
 
 static pthread_mutex_t layout_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct layout *layouts; /* open addressing on key */
 static _Thread_local int depth;
+static _Thread_local struct {
+    uintptr_t bases[MAX_ADDRS];
+    size_t n;
+    CUstream stream;
+    int opaque; /* its accesses cannot be bounded: it counts as using every region */
+} pending;      /* the launch being issued on this thread */
 static int mode = SH_TRACK_NONE;
 
 static __typeof__(cudaGetFuncBySymbol) *real_get_func;
@@ -87,6 +95,13 @@ static void fill_from_images(struct layout *l, CUfunction f)
     }
 }
 
+/* NCCL's kernels take their buffers from work queues in device memory:
+ * no parameter names them. */
+static int keeps_pointers(const char *name)
+{
+    return name && (strstr(name, "ncclKernel") || strstr(name, "ncclDevKernel"));
+}
+
 static void fill_layout(struct layout *l)
 {
     CUfunction f = NULL;
@@ -104,7 +119,7 @@ static void fill_layout(struct layout *l)
         if (i == 0 && (r == CUDA_ERROR_NOT_SUPPORTED || (!func_param_info && !kernel_param_info))) {
             driver_lacks_layouts = 1; /* keep images loaded from now on */
             fill_from_images(l, f);
-            return;
+            break;
         }
         if (r != CUDA_SUCCESS || off > UINT16_MAX || size > UINT16_MAX)
             break;
@@ -112,6 +127,7 @@ static void fill_layout(struct layout *l)
         l->size[i] = (uint16_t)size;
         l->nparams = i + 1;
     }
+    l->opaque = keeps_pointers(kernel_name(l, f));
 }
 
 /* The cached layout of a function; a copy, so the caller needs no lock. */
@@ -139,18 +155,71 @@ static int get_layout(const void *key, int kind, struct layout *out)
     return 0; /* table full: the launch goes unseen, which costs speed, not data */
 }
 
+/* ---- device memory the library does not manage that holds pointers ----
+ *
+ * A small allocation goes to the driver untouched, so a pointer table the
+ * program uploads there is no region. Its range is kept here when a
+ * host-to-device copy put pointers into regions in it; a launch whose
+ * parameters point into one is opaque. When the table is full, its ranges
+ * fold into one that covers them all: more launches count as opaque, none
+ * fewer. A range outlives the memory (frees are not followed): speed, not
+ * data. */
+
+#define PTR_RANGES 64
+
+static pthread_mutex_t ranges_mu = PTHREAD_MUTEX_INITIALIZER;
+static uintptr_t range_lo[PTR_RANGES], range_hi[PTR_RANGES];
+static int nranges;
+static uintptr_t ranges_min = UINTPTR_MAX, ranges_max; /* atomics, for the quick test */
+
+static void add_ptr_range(uintptr_t lo, uintptr_t hi)
+{
+    pthread_mutex_lock(&ranges_mu);
+    if (nranges == PTR_RANGES) {
+        for (int i = 1; i < nranges; i++) {
+            range_lo[0] = range_lo[i] < range_lo[0] ? range_lo[i] : range_lo[0];
+            range_hi[0] = range_hi[i] > range_hi[0] ? range_hi[i] : range_hi[0];
+        }
+        nranges = 1;
+    }
+    range_lo[nranges] = lo;
+    range_hi[nranges++] = hi;
+    if (lo < ranges_min)
+        __atomic_store_n(&ranges_min, lo, __ATOMIC_RELAXED);
+    if (hi > ranges_max)
+        __atomic_store_n(&ranges_max, hi, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&ranges_mu);
+}
+
+static int in_ptr_range(uintptr_t v)
+{
+    if (v < __atomic_load_n(&ranges_min, __ATOMIC_RELAXED) ||
+        v >= __atomic_load_n(&ranges_max, __ATOMIC_RELAXED))
+        return 0;
+    int hit = 0;
+    pthread_mutex_lock(&ranges_mu);
+    for (int i = 0; i < nranges && !hit; i++)
+        hit = v - range_lo[i] < range_hi[i] - range_lo[i];
+    pthread_mutex_unlock(&ranges_mu);
+    return hit;
+}
+
 /* ---- the scan ---- */
 
+/* Every 4-byte-aligned position of each parameter that can hold an 8-byte
+ * pointer: a packed struct argument may keep one at offset 4. */
 static size_t scan(const struct layout *l, void **args, uintptr_t *addrs)
 {
     size_t n = 0;
     for (int i = 0; i < l->nparams && args; i++) {
         const unsigned char *p = args[i];
-        for (size_t off = 0; p && off + 8 <= l->size[i] && n < MAX_ADDRS; off += 8) {
+        for (size_t off = 0; p && off + 8 <= l->size[i] && n < MAX_ADDRS; off += 4) {
             uintptr_t v;
             memcpy(&v, p + off, sizeof v);
             if (v && sh_pool_lookup(sh_rt.pool, v, NULL) == 0)
                 addrs[n++] = v;
+            else if (v && in_ptr_range(v))
+                pending.opaque = 1; /* a pointer table outside the regions */
         }
     }
     return n;
@@ -161,6 +230,7 @@ size_t sh_launch_scan(const void *key, int kind, void **args, uintptr_t *addrs, 
     struct layout l;
     if (!key || !get_layout(key, kind, &l))
         return 0;
+    pending.opaque |= l.opaque;
     uintptr_t found[MAX_ADDRS];
     size_t n = scan(&l, args, found);
     n = n < max ? n : max;
@@ -202,11 +272,6 @@ static pthread_mutex_t slots_mu = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t slot_key[STREAM_SLOTS]; /* sh_stream_key of the slot's stream */
 static CUevent slot_event[STREAM_SLOTS];
 static int nslots;
-static _Thread_local struct {
-    uintptr_t bases[MAX_ADDRS];
-    size_t n;
-    CUstream stream;
-} pending; /* the launch being issued on this thread */
 
 static int tracked(void)
 {
@@ -239,7 +304,7 @@ static int stream_slot(CUstream s)
  * recorded for real: it marks nothing (the graph's launch does). */
 static void mark_issued(void)
 {
-    if (pending.n == 0)
+    if (pending.n == 0 && !pending.opaque)
         return;
     uint64_t streams = 0;
     if (tracked()) {
@@ -254,7 +319,19 @@ static void mark_issued(void)
         streams = 1ull << slot;
     }
     sh_pool_issued(sh_rt.pool, pending.bases, pending.n, streams);
+    if (pending.opaque)
+        sh_pool_issued_opaque(sh_rt.pool, streams);
     pending.n = 0;
+    pending.opaque = 0;
+}
+
+void sh_launch_mark_upload(const void *dst, const void *src, size_t n)
+{
+    if (!sh_managed() || n == 0 || !src ||
+        !sh_pool_find_pointers(sh_rt.pool, src, n, (uintptr_t)dst))
+        return;
+    if (sh_pool_lookup(sh_rt.pool, (uintptr_t)dst, NULL) != 0)
+        add_ptr_range((uintptr_t)dst, (uintptr_t)dst + n);
 }
 
 void sh_launch_mark_copy(CUstream stream, const void *dst, const void *src, size_t n)
@@ -304,7 +381,8 @@ void sh_launch_prepare(uint64_t kernel, const uintptr_t *addrs, size_t n)
     atomic_fetch_add(&sh_rt.launches, 1);
     sh_sched_timing_begin();
     uintptr_t bases[MAX_ADDRS];
-    size_t nb = sh_pool_bases(sh_rt.pool, addrs, n < MAX_ADDRS ? n : MAX_ADDRS, bases);
+    int ptrs = 0; /* a region of pointers: the kernel may follow them anywhere */
+    size_t nb = sh_pool_bases_ptrs(sh_rt.pool, addrs, n < MAX_ADDRS ? n : MAX_ADDRS, bases, &ptrs);
     if (n > 0 && sh_capturing()) {
         /* A remap would drain the device and break the capture: the
          * captured launch will find the region where it is when it runs. */
@@ -317,6 +395,7 @@ void sh_launch_prepare(uint64_t kernel, const uintptr_t *addrs, size_t n)
     }
     memcpy(pending.bases, bases, nb * sizeof *bases);
     pending.n = nb;
+    pending.opaque |= ptrs;
     uint64_t waited = n > 0 ? make_resident(addrs, n, bases, nb) : 0;
     sh_sched_launch(kernel, 0, bases, nb);
     if (waited)
@@ -356,6 +435,7 @@ void sh_launch_begin(const void *key, int kind, void **args, CUstream stream)
     if (depth++ == 0) {
         pending.stream = stream;
         pending.n = 0;
+        pending.opaque = 0;
         prepare(key, kind, args);
         sh_gate_enter(sh_rt.gate);
     }
@@ -366,6 +446,7 @@ void sh_launch_begin_addrs(uint64_t key, const uintptr_t *addrs, size_t n, CUstr
     if (depth++ == 0) {
         pending.stream = stream;
         pending.n = 0;
+        pending.opaque = 0;
         sh_launch_prepare(key, addrs, n);
         sh_gate_enter(sh_rt.gate);
     }

@@ -169,6 +169,7 @@ static void open_mover(void)
                               .xfer = sh_rt.xfer,
                               .gate = sh_rt.gate,
                               .checksums = c->debug.debug_checksums,
+                              .verify_moves = c->debug.debug_verify_moves,
                               .slab_wait_ms = 2000};
     sh_launch_tracked_drain(&m.drain_streams, &m.streams_idle);
     sh_pool_set_mover(sh_rt.pool, &m);

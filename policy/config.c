@@ -186,7 +186,9 @@ static const struct key keys[] = {
          "publish live state for stagehand-top"),
 
     BOOL("debug", "debug_checksums", debug.debug_checksums, "false", "checksums",
-         "checksum regions on evict and verify on restore"),
+         "checksum evicted regions; report bytes changed with no work issued against them"),
+    BOOL("debug", "debug_verify_moves", debug.debug_verify_moves, "false", NULL,
+         "compare both sides of every committed prefetch and early eviction; report lost writes"),
     STR("debug", "trace_file", debug.trace_file, "", "record the access trace here; empty = none"),
 };
 #define NKEYS (sizeof keys / sizeof keys[0])

@@ -105,6 +105,7 @@ struct sh_config {
     } telemetry;
     struct {
         int debug_checksums;
+        int debug_verify_moves;
         char trace_file[SH_CONFIG_STR_MAX]; /* "" = none */
     } debug;
 

@@ -22,6 +22,8 @@
  * else reads them meanwhile. Prefetches and early evictions in flight are
  * on pool->pf and pool->ev (pool->mu); the thread that takes one off owns
  * it until it leaves RESTORING or EVICTING (commit, or cancel by a free).
+ * Issue stamps, pool->opaque, pool->opaque_streams, pool->lo/hi and
+ * region->holds_ptrs are atomics; windows read them under move_mu.
  *
  * Early eviction: an eviction split in two like a prefetch. Start (no
  * window): D2H copies into the slabs while the region stays on its device
@@ -227,7 +229,8 @@ static int drain(struct sh_pool *pool, struct region **v, size_t n)
             __atomic_store_n(&pool->drained, now, __ATOMIC_RELAXED);
         return rc;
     }
-    uint64_t mask = 0;
+    /* Opaque work may use any region: its streams are drained too. */
+    uint64_t mask = __atomic_exchange_n(&pool->opaque_streams, 0, __ATOMIC_RELAXED);
     for (size_t k = 0; k < n; k++)
         mask |= __atomic_exchange_n(&v[k]->use_streams, 0, __ATOMIC_RELAXED);
     return mask ? pool->mover.drain_streams(pool->mover.drain_ctx, mask) : 0;
@@ -249,6 +252,58 @@ void sh_pool_issued(struct sh_pool *pool, const uintptr_t *bases, size_t n, uint
         __atomic_store_n(&r->issued, now, __ATOMIC_RELEASE);
     }
     pthread_rwlock_unlock(&pool->index_lock);
+}
+
+void sh_pool_issued_opaque(struct sh_pool *pool, uint64_t streams)
+{
+    uint64_t now = __atomic_add_fetch(&pool->clock, 1, __ATOMIC_RELAXED);
+    if (streams)
+        __atomic_or_fetch(&pool->opaque_streams, streams, __ATOMIC_RELAXED);
+    __atomic_store_n(&pool->opaque, now, __ATOMIC_RELEASE);
+    __atomic_add_fetch(&pool->st.opaque, 1, __ATOMIC_RELAXED);
+}
+
+/* The latest issue stamp of work that may have used r: its own, or that of
+ * opaque work, which may use any region. */
+static uint64_t issued_at(const struct sh_pool *pool, const struct region *r)
+{
+    uint64_t own = __atomic_load_n(&r->issued, __ATOMIC_ACQUIRE);
+    uint64_t any = __atomic_load_n(&pool->opaque, __ATOMIC_ACQUIRE);
+    return own > any ? own : any;
+}
+
+void sh_pool_note_bounds(struct sh_pool *pool, const struct region *r)
+{
+    uintptr_t lo = __atomic_load_n(&pool->lo, __ATOMIC_RELAXED);
+    while (
+        (lo == 0 || r->va < lo) &&
+        !__atomic_compare_exchange_n(&pool->lo, &lo, r->va, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        ;
+    uintptr_t hi = __atomic_load_n(&pool->hi, __ATOMIC_RELAXED);
+    while (r->va + r->mapped > hi &&
+           !__atomic_compare_exchange_n(&pool->hi, &hi, r->va + r->mapped, 1, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED))
+        ;
+}
+
+size_t sh_pool_find_pointers(struct sh_pool *pool, const void *bytes, size_t n, uintptr_t into)
+{
+    uintptr_t lo = __atomic_load_n(&pool->lo, __ATOMIC_RELAXED);
+    uintptr_t hi = __atomic_load_n(&pool->hi, __ATOMIC_RELAXED);
+    const unsigned char *p = bytes;
+    size_t found = 0;
+    pthread_rwlock_rdlock(&pool->index_lock);
+    /* Every 4-byte-aligned position: a packed struct may hold one there. */
+    for (size_t off = 0; p && off + 8 <= n && !found; off += 4) {
+        uintptr_t v;
+        memcpy(&v, p + off, sizeof v);
+        found = v - lo < hi - lo && sh_rindex_lookup(pool->index, v); /* one is enough */
+    }
+    struct region *dst = found ? sh_rindex_lookup(pool->index, into) : NULL;
+    if (dst)
+        __atomic_store_n(&dst->holds_ptrs, 1, __ATOMIC_RELAXED);
+    pthread_rwlock_unlock(&pool->index_lock);
+    return found;
 }
 
 /* Copies and remaps a batch of EVICTING regions; the gate is held. Returns
@@ -403,10 +458,18 @@ int sh_pool_evict_these(struct sh_pool *pool, const uintptr_t *vas, size_t n, si
 
 size_t sh_pool_bases(struct sh_pool *pool, const uintptr_t *addrs, size_t n, uintptr_t *bases)
 {
+    return sh_pool_bases_ptrs(pool, addrs, n, bases, NULL);
+}
+
+size_t sh_pool_bases_ptrs(struct sh_pool *pool, const uintptr_t *addrs, size_t n, uintptr_t *bases,
+                          int *ptrs)
+{
     size_t m = 0;
     pthread_rwlock_rdlock(&pool->index_lock);
     for (size_t i = 0; i < n; i++) {
         struct region *r = sh_rindex_lookup(pool->index, addrs[i]);
+        if (r && ptrs && __atomic_load_n(&r->holds_ptrs, __ATOMIC_RELAXED))
+            *ptrs = 1; /* sub-allocator slabs too: small tables live there */
         if (!r || r->path == SH_PATH_SLAB)
             continue;
         size_t k = 0;
@@ -482,15 +545,61 @@ static int get_chunks(struct sh_pool *pool, struct region *r)
     return 0;
 }
 
+/* Checks a chunk's slab against its CRC from the eviction window. Work
+ * issued against the region since then may have written it legitimately:
+ * then there is nothing to compare, and a mismatch is always a real one
+ * (bytes changed that no work seen by the library could change). */
 static void verify(struct sh_pool *pool, struct region *r, const struct chunk *c)
 {
-    if (!pool->mover.checksums || crc_of(c) == c->crc)
+    if (!pool->mover.checksums || issued_at(pool, r) > r->evict_clock || crc_of(c) == c->crc)
         return;
     __atomic_add_fetch(&pool->st.checksum_mismatches, 1, __ATOMIC_RELAXED);
     sh_log(SH_LOG_ERROR,
            "checksum mismatch: region %llu (0x%llx, %zu bytes) chunk at +%zu changed while "
-           "evicted (written by a kernel the launch scan could not see, or corrupted)",
+           "evicted, with no work issued against it (written through a pointer the library "
+           "could not see, or corrupted)",
            (unsigned long long)r->id, (unsigned long long)r->va, r->size, c->off);
+}
+
+/* ---- the move verifier (verify_moves) ---- */
+
+/* 1 when the n device bytes at dev differ from the host bytes at host, 0
+ * when equal, negative when they could not be read. The device side is
+ * read back by a copy: device memory need not be readable from the host.
+ * Only inside a window, where nothing writes either side. */
+static int differs(struct sh_pool *pool, uintptr_t dev, uintptr_t host, size_t n)
+{
+    unsigned char *tmp = malloc(n);
+    if (!tmp)
+        return SH_ENOMEM;
+    int rc = sh_xfer_copy(pool->mover.xfer, SH_D2H, (uintptr_t)tmp, dev, n);
+    int flushed = sh_xfer_flush(pool->mover.xfer, SH_D2H);
+    rc = rc ? rc : flushed ? flushed : memcmp(tmp, (const void *)host, n) != 0;
+    free(tmp);
+    return rc;
+}
+
+/* Compares each chunk of r as committing would leave it (the device side
+ * at dev) with the side the program used until now (its slab), and reports
+ * the bytes the commit would lose. */
+static void check_move(struct sh_pool *pool, struct region *r, uintptr_t dev, const char *kind)
+{
+    if (!pool->mover.verify_moves)
+        return;
+    for (unsigned i = 0; i < r->nchunks; i++) {
+        const struct chunk *c = &r->chunks[i];
+        int d = differs(pool, dev + c->off, c->slab->staging, c->size);
+        if (d < 0)
+            sh_log(SH_LOG_WARN, "verify_moves: cannot read back region 0x%llx: not checked",
+                   (unsigned long long)r->va);
+        if (d <= 0)
+            continue;
+        __atomic_add_fetch(&pool->st.lost_writes, 1, __ATOMIC_RELAXED);
+        sh_log(SH_LOG_ERROR,
+               "LOST WRITE: %s of region %llu (0x%llx, %zu bytes), chunk at +%zu: the device "
+               "and host copies differ at commit; a write the library did not see is lost",
+               kind, (unsigned long long)r->id, (unsigned long long)r->va, r->size, c->off);
+    }
 }
 
 /* Puts chunks [0, n) of r back on their slabs, which still hold the
@@ -912,9 +1021,9 @@ int sh_pool_prefetch_start(struct sh_pool *pool, const uintptr_t *vas, size_t n,
  * written a slab while the prefetch copy read it. Both stamps are taken
  * with the gate held (issue on the read side, the window on the write
  * side), so the order between them is exact. */
-static int pf_stale(const struct region *r)
+static int pf_stale(const struct sh_pool *pool, const struct region *r)
 {
-    return __atomic_load_n(&r->issued, __ATOMIC_RELAXED) > r->evict_clock;
+    return issued_at(pool, r) > r->evict_clock && !pool->mover.plant_lost_write;
 }
 
 /* Maps r's device chunks at its address; on failure its slabs are mapped
@@ -974,12 +1083,16 @@ static void pf_window(struct sh_pool *pool, struct region **v, size_t n, char *s
     for (size_t k = 0; k < n; k++) {
         /* Drained: the copies are done; a failed one is redone from the slab. */
         int bad = sh_xfer_wait_seq(x, SH_H2D, v[k]->mv_first, v[k]->mv_last) != 0;
-        st[k] = bad || pf_stale(v[k]) ? PF_REDO : PF_OK;
+        st[k] = bad || pf_stale(pool, v[k]) ? PF_REDO : PF_OK;
     }
     pf_redo(pool, v, n, st);
-    for (size_t k = 0; k < n; k++)
-        if (st[k] == PF_OK && pf_switch(pool, v[k]) != 0)
+    for (size_t k = 0; k < n; k++) {
+        if (st[k] != PF_OK)
+            continue;
+        check_move(pool, v[k], v[k]->scratch, "prefetch");
+        if (pf_switch(pool, v[k]) != 0)
             st[k] = PF_FAIL;
+    }
 }
 
 /* r is on its device chunks: the scratch side and the slabs go. */
@@ -1090,7 +1203,8 @@ static int ev_idle(struct sh_pool *pool, const struct region *r, uint64_t issued
         return 1;
     if (!pool->mover.drain_streams || !pool->mover.streams_idle)
         return 0;
-    uint64_t mask = __atomic_load_n(&r->use_streams, __ATOMIC_RELAXED);
+    uint64_t mask = __atomic_load_n(&r->use_streams, __ATOMIC_RELAXED) |
+                    __atomic_load_n(&pool->opaque_streams, __ATOMIC_RELAXED);
     return mask == 0 || pool->mover.streams_idle(pool->mover.drain_ctx, mask);
 }
 
@@ -1098,7 +1212,7 @@ static int ev_idle(struct sh_pool *pool, const struct region *r, uint64_t issued
  * finished. Its issue stamp is kept: any later issue changes it. mu held. */
 static int ev_startable(struct sh_pool *pool, struct region *r)
 {
-    uint64_t issued = __atomic_load_n(&r->issued, __ATOMIC_ACQUIRE);
+    uint64_t issued = issued_at(pool, r);
     if (!ev_idle(pool, r, issued) ||
         sh_state_move_from(&r->state, SH_RS_RESIDENT, SH_RS_EVICTING, r->id) != 0)
         return 0;
@@ -1150,7 +1264,9 @@ static void ev_window(struct sh_pool *pool, struct region **v, size_t n, char *o
         /* Drained: the copies are done. Work issued since they began may
          * have written the device chunks under them: that region stays. */
         int copied = sh_xfer_wait_seq(x, SH_D2H, r->mv_first, r->mv_last) == 0;
-        int unused = __atomic_load_n(&r->issued, __ATOMIC_RELAXED) == r->ev_issued;
+        int unused = issued_at(pool, r) == r->ev_issued || pool->mover.plant_lost_write;
+        if (copied && unused)
+            check_move(pool, r, r->va, "early eviction");
         if (copied && unused && ev_switch(pool, r) == 0) {
             r->evict_clock = now; /* work issued from here on runs on the slabs */
             ok[k] = 1;

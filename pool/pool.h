@@ -59,7 +59,9 @@ struct sh_pool_stats {
     uint64_t evictions, restores;           /* regions moved */
     uint64_t evicted_bytes, restored_bytes; /* bytes copied each way (prefetches included) */
     uint64_t checksum_mismatches;
-    size_t host_bytes; /* bytes of regions living in host slabs */
+    uint64_t lost_writes; /* moves whose two sides differed in the window (verify_moves) */
+    uint64_t opaque;      /* pieces of opaque work issued */
+    size_t host_bytes;    /* bytes of regions living in host slabs */
     /* prefetch (evict.c) */
     uint64_t prefetches;       /* regions whose prefetch copy was started */
     uint64_t prefetch_commits; /* ... and committed */
@@ -143,6 +145,12 @@ struct sh_pool_mover {
     struct sh_xfer *xfer;
     struct sh_gate *gate;
     int checksums; /* CRC32 each chunk at eviction, verify at restore */
+    /* Compare both sides of every committed prefetch and early eviction
+     * in its window, and report the bytes a commit would lose. */
+    int verify_moves;
+    /* Tests only: commit in-flight moves without the redo/drop rule, so
+     * that the verifier has a lost write to catch. */
+    int plant_lost_write;
     /* drain_mode = tracked: a window waits only for the streams that used
      * the regions it moves (bit i of the mask: stream slot i), instead of
      * the whole device. NULL: always drain the device. */
@@ -172,11 +180,26 @@ int sh_pool_evict_these(struct sh_pool *pool, const uintptr_t *vas, size_t n, si
 /* The distinct bases of the regions containing addrs[0..n), sub-allocator
  * slabs left out; returns the count (at most n). */
 size_t sh_pool_bases(struct sh_pool *pool, const uintptr_t *addrs, size_t n, uintptr_t *bases);
+/* The same; *ptrs (may be NULL) is set to 1 when one of the regions,
+ * sub-allocator slabs included, holds pointers (sh_pool_find_pointers). */
+size_t sh_pool_bases_ptrs(struct sh_pool *pool, const uintptr_t *addrs, size_t n, uintptr_t *bases,
+                          int *ptrs);
 /* Work using the regions starting at bases[0..n) is being issued; the
  * caller is inside the remap gate. Prefetches of those regions in flight
  * will redo their copies, and with drain_mode = tracked the regions
  * remember the streams in mask (0: none). */
 void sh_pool_issued(struct sh_pool *pool, const uintptr_t *bases, size_t n, uint64_t streams);
+/* Opaque work (accesses the library cannot bound) is being issued, inside
+ * the gate, on the streams in mask: it counts as using every region, so
+ * every prefetch in flight redoes its copy, every early eviction in flight
+ * stays resident, and a tracked drain waits for those streams. Work using
+ * a region that holds pointers is opaque (sh_pool_bases_ptrs tells). */
+void sh_pool_issued_opaque(struct sh_pool *pool, uint64_t streams);
+/* The n bytes at bytes are about to land at into (a host-to-device copy's
+ * source): 1 if any 4-byte-aligned 8 bytes of them is an address inside a
+ * region, and then the region containing into, if any, is marked as
+ * holding pointers; else 0. */
+size_t sh_pool_find_pointers(struct sh_pool *pool, const void *bytes, size_t n, uintptr_t into);
 /* Records a use of the regions containing addrs[0..n) (a launch) and
  * returns, through *host_bytes, the device memory it takes to bring back
  * those of them that are evicted. */
@@ -235,9 +258,10 @@ void sh_pool_prefetch_cancel_all(struct sh_pool *pool);
  * sh_pool_evict_ready: early evictions whose copies have finished;
  * *inflight (may be NULL) gets all of them not yet committed.
  *
- * They rely on the issue stamps (sh_pool_issued): a kernel that writes a
- * region through a pointer the launch scan cannot see while its copy runs
- * is not noticed. */
+ * They rely on the issue stamps (sh_pool_issued, sh_pool_issued_opaque): a
+ * kernel that writes a region through a pointer the library saw neither in
+ * its parameters nor in the bytes it copied to the device, while its copy
+ * runs, is not noticed (verify_moves reports it). */
 int sh_pool_evict_start(struct sh_pool *pool, const uintptr_t *vas, size_t n, uintptr_t *started,
                         size_t *nstarted);
 int sh_pool_evict_commit(struct sh_pool *pool, int all, uintptr_t *out, uintptr_t *back, size_t max,

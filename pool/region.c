@@ -383,6 +383,7 @@ static int region_alloc(struct sh_pool *pool, size_t size, int path, uint64_t st
     rc = sh_rindex_insert(pool->index, r->va, r->mapped, r);
     pthread_rwlock_unlock(&pool->index_lock);
     if (rc == 0) {
+        sh_pool_note_bounds(pool, r); /* for sh_pool_find_pointers' quick test */
         pool->st.regions[SH_RS_RESIDENT]++;
         pool->st.slabs += path == SH_PATH_SLAB;
         pool->st.live_bytes += size;

@@ -47,6 +47,7 @@ struct region {
     uint32_t evictions, restores; /* times its backing moved each way */
     uint32_t evictions_at_alloc, restores_at_alloc; /* the counts when last allocated */
     uint64_t use_streams; /* streams that used it since it last moved (tracked drain) */
+    int holds_ptrs;       /* bytes seen in it look like pointers into regions */
     /* While a prefetch or an early eviction is in flight (evict.c): its
      * copies, numbered mv_first..mv_last in their direction, and its place
      * on the pool's list of them. A prefetch's device chunks are mapped at
@@ -84,6 +85,12 @@ struct sh_pool {
     /* Work issued at or before this clock has finished: the last window
      * that drained the whole device read it. */
     uint64_t drained;
+    /* Opaque work (accesses unbounded) counts as using every region: the
+     * clock when it was last issued, and (tracked drain) its streams. */
+    uint64_t opaque, opaque_streams;
+    /* Every region ever indexed lies in [lo, hi) (atomic): a value outside
+     * is no pointer into one, without a lookup. */
+    uintptr_t lo, hi;
     struct sh_pool_stats st;
 };
 
@@ -93,5 +100,7 @@ struct sh_pool {
  * for, and it is back where it was, HOST on its slabs or RESIDENT. */
 int sh_pool_move_take(struct sh_pool *pool, struct region *r);
 void sh_pool_move_cancel(struct sh_pool *pool, struct region *r);
+/* evict.c, for region.c: widens [pool->lo, pool->hi) to cover r. */
+void sh_pool_note_bounds(struct sh_pool *pool, const struct region *r);
 
 #endif

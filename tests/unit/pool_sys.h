@@ -37,6 +37,7 @@ static struct {
 struct opts {
     size_t device_cache;
     int checksums;
+    int verify_moves, plant_lost_write;
     unsigned slabs[3]; /* slabs of 64K, 128K, 256K pinned at start */
     /* drain_mode = tracked, when set */
     int (*drain_streams)(void *ctx, uint64_t mask);
@@ -70,6 +71,8 @@ static void sys_start(const struct opts *o, const struct sh_copy_ops *copy)
                               .xfer = sys.xfer,
                               .gate = sys.gate,
                               .checksums = o->checksums,
+                              .verify_moves = o->verify_moves,
+                              .plant_lost_write = o->plant_lost_write,
                               .drain_streams = o->drain_streams,
                               .streams_idle = o->streams_idle,
                               .slab_wait_ms = 100};

@@ -107,6 +107,7 @@ static void assert_defaults(const struct sh_config *c)
     assert_int_equal(c->telemetry.telemetry_interval, 1);
     assert_int_equal(c->telemetry.shm_enabled, 1);
     assert_int_equal(c->debug.debug_checksums, 0);
+    assert_int_equal(c->debug.debug_verify_moves, 0);
     assert_string_equal(c->debug.trace_file, "");
 }
 
@@ -154,7 +155,7 @@ static void test_shipped_ini(void **state)
         assert_non_null(ki.unit);
         assert_non_null(ki.help);
     }
-    assert_int_equal(i, 36);
+    assert_int_equal(i, 37);
     assert_int_equal(sh_config_key_at(i, &ki), SH_ENOTFOUND);
     assert_origin(&c, "budget", "vram_budget_mb", "stagehand.ini:62");
 }

@@ -15,6 +15,7 @@
 #include "pool/pool.h"
 #include "sh_err.h"
 
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -594,6 +595,193 @@ static void test_threads(void **state)
     stop();
 }
 
+/* ---- the move verifier and opaque work ---- */
+
+/* Runs fn with stderr going to buf (NUL-terminated). */
+static void with_stderr(void (*fn)(void), char *buf, size_t len)
+{
+    fflush(stderr);
+    FILE *tmp = tmpfile();
+    assert_non_null(tmp);
+    int saved = dup(2);
+    dup2(fileno(tmp), 2);
+    fn();
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    rewind(tmp);
+    size_t n = fread(buf, 1, len - 1, tmp);
+    buf[n] = 0;
+    fclose(tmp);
+}
+
+static size_t n_committed;
+static void commit_pf(void)
+{
+    n_committed = commit(0);
+}
+static void commit_ev(void)
+{
+    n_committed = commit_early(1, NULL);
+}
+
+static uint64_t lost_writes(void)
+{
+    struct sh_pool_stats st;
+    sh_pool_stats(sys.pool, &st);
+    return st.lost_writes;
+}
+
+/* A launch writes the slab under a prefetch's copy. With the redo rule the
+ * verifier finds both sides equal; with the rule planted away the commit
+ * loses the write, and the verifier says so, naming the region and move. */
+static void prefetch_write_under_copy(int plant, char *buf, size_t len)
+{
+    const struct opts o = {
+        .device_cache = 4 * M, .slabs = {8, 8, 8}, .verify_moves = 1, .plant_lost_write = plant};
+    start(&o);
+    uintptr_t a = alloc(RSIZE);
+    fill(a, RSIZE, 1);
+    evict_one(a);
+    assert_int_equal(start_prefetch(a), 1);
+    complete_copies();
+    issue(a);
+    fill(a, RSIZE, 7);
+    with_stderr(commit_pf, buf, len);
+    assert_int_equal(n_committed, 1);
+    assert_int_equal(state_of(a), SH_RS_RESIDENT);
+}
+
+static void test_verifier_prefetch(void **state)
+{
+    (void)state;
+    char buf[4096];
+    prefetch_write_under_copy(0, buf, sizeof buf);
+    assert_string_equal(buf, "");
+    assert_int_equal(lost_writes(), 0);
+    stop();
+
+    prefetch_write_under_copy(1, buf, sizeof buf);
+    assert_int_equal(lost_writes(), 2); /* both chunks were rewritten */
+    assert_non_null(strstr(buf, "LOST WRITE: prefetch of region"));
+    assert_non_null(strstr(buf, "+262144")); /* the second chunk */
+    uintptr_t a = 0;
+    assert_int_equal(sscanf(strstr(buf, "(0x"), "(0x%" SCNxPTR, &a), 1);
+    assert_true(bad_words(a, RSIZE, 7) > 0); /* the loss it reported is real */
+    stop();
+}
+
+/* The same for an early eviction: a write to the device chunks under the
+ * copy is dropped with the eviction; planted away, it is lost and reported. */
+static void early_write_under_copy(int plant, uintptr_t *a, char *buf, size_t len)
+{
+    const struct opts o = {
+        .device_cache = 4 * M, .slabs = {8, 8, 8}, .verify_moves = 1, .plant_lost_write = plant};
+    start(&o);
+    *a = alloc(RSIZE);
+    evict_one(alloc(RSIZE));
+    fill(*a, RSIZE, 5);
+    assert_int_equal(start_early(*a), 1);
+    issue(*a);
+    fill(*a, RSIZE, 6);
+    with_stderr(commit_ev, buf, len);
+}
+
+static void test_verifier_early_eviction(void **state)
+{
+    (void)state;
+    char buf[4096];
+    uintptr_t a;
+    early_write_under_copy(0, &a, buf, sizeof buf);
+    assert_int_equal(n_committed, 0);
+    assert_string_equal(buf, "");
+    assert_int_equal(lost_writes(), 0);
+    assert_int_equal(bad_words(a, RSIZE, 6), 0);
+    stop();
+
+    early_write_under_copy(1, &a, buf, sizeof buf);
+    assert_int_equal(n_committed, 1);
+    assert_int_equal(lost_writes(), 2);
+    assert_non_null(strstr(buf, "LOST WRITE: early eviction of region"));
+    assert_true(bad_words(a, RSIZE, 6) > 0);
+    stop();
+}
+
+/* A region whose bytes (a host-to-device copy's source) hold a pointer into
+ * another region is a pointer table: work using it is opaque. A kernel that
+ * writes a through the table, while a's prefetch is in flight, makes the
+ * commit redo the copy; the verifier finds nothing lost. */
+static void test_pointer_table_prefetch(void **state)
+{
+    (void)state;
+    const struct opts o = {.device_cache = 4 * M, .slabs = {8, 8, 8}, .verify_moves = 1};
+    start(&o);
+    uintptr_t a = alloc(RSIZE), t = alloc(G);
+    /* No pointer: not a table. A pointer 4 bytes into a packed record: one. */
+    uint32_t host[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    assert_int_equal(sh_pool_find_pointers(sys.pool, host, sizeof host, t), 0);
+    uintptr_t inside = a + 4096;
+    memcpy(&host[3], &inside, sizeof inside);
+    assert_int_equal(sh_pool_find_pointers(sys.pool, host, sizeof host, t), 1);
+    fill(a, RSIZE, 1);
+    evict_one(a);
+    assert_int_equal(start_prefetch(a), 1);
+    complete_copies();
+    /* The launch's parameters name only the table: it is opaque ... */
+    int ptrs = 0;
+    uintptr_t base;
+    assert_int_equal(sh_pool_bases_ptrs(sys.pool, &t, 1, &base, &ptrs), 1);
+    assert_int_equal(ptrs, 1);
+    issue(t);
+    sh_pool_issued_opaque(sys.pool, 0);
+    fill(a, RSIZE, 3); /* ... and it wrote a through it */
+    assert_int_equal(commit(0), 1);
+    assert_int_equal(bad_words(a, RSIZE, 3), 0);
+    struct sh_pool_stats st;
+    sh_pool_stats(sys.pool, &st);
+    assert_int_equal(st.prefetch_redos, 1);
+    assert_int_equal(st.opaque, 1);
+    assert_int_equal(st.lost_writes, 0);
+    stop();
+}
+
+/* The same for an early eviction (it stays resident, with the new bytes),
+ * and with a tracked drain: opaque work's stream keeps any early eviction
+ * from starting until it is idle, and a window waits for it. */
+static void test_pointer_table_early_tracked(void **state)
+{
+    (void)state;
+    const struct opts o = {.device_cache = 4 * M,
+                           .slabs = {8, 8, 8},
+                           .verify_moves = 1,
+                           .drain_streams = t_drain,
+                           .streams_idle = t_idle};
+    start(&o);
+    uintptr_t a = alloc(RSIZE), t = alloc(G);
+    uintptr_t table[2] = {a, a + G};
+    assert_int_equal(sh_pool_find_pointers(sys.pool, table, sizeof table, t), 1);
+    fill(a, RSIZE, 5);
+    assert_int_equal(start_early(a), 1);
+    sh_pool_issued_opaque(sys.pool, 1u << 4); /* opaque work on stream slot 4 */
+    fill(a, RSIZE, 6);
+    busy_mask = 1u << 4;
+    size_t back = 0;
+    assert_int_equal(commit_early(1, &back), 0);
+    assert_int_equal(back, 1);
+    assert_true(drained_mask & 1u << 4);
+    assert_int_equal(bad_words(a, RSIZE, 6), 0);
+    assert_int_equal(lost_writes(), 0);
+    /* a was never named, but the opaque work may still be writing it. */
+    sh_pool_issued_opaque(sys.pool, 1u << 4);
+    busy_mask = 1u << 4;
+    assert_int_equal(start_early(a), 0);
+    busy_mask = 0;
+    assert_int_equal(start_early(a), 1);
+    assert_int_equal(commit_early(1, NULL), 1);
+    assert_int_equal(bad_words(a, RSIZE, 6), 0);
+    stop();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -613,6 +801,10 @@ int main(void)
         cmocka_unit_test_teardown(test_fail_copy_issue, teardown),
         cmocka_unit_test_teardown(test_fail_copy_wait, teardown),
         cmocka_unit_test_teardown(test_threads, teardown),
+        cmocka_unit_test_teardown(test_verifier_prefetch, teardown),
+        cmocka_unit_test_teardown(test_verifier_early_eviction, teardown),
+        cmocka_unit_test_teardown(test_pointer_table_prefetch, teardown),
+        cmocka_unit_test_teardown(test_pointer_table_early_tracked, teardown),
     };
     return cmocka_run_group_tests_name("prefetch", tests, NULL, NULL);
 }
