@@ -186,7 +186,7 @@ static int child_main(const char *pattern)
             uint32_t gw = word(g[i], at), sw = word(s[i], at), ww = word(w[i], at);
             if (gw != STEPS || sw != STEPS || ww != want_w) {
                 fprintf(stderr, "%s: block %d word %zu: g %u s %u w %u, want %u %u %u\n", pattern,
-                        i, at, gw, sw, ww, STEPS, STEPS, want_w);
+                        i, at, gw, sw, ww, (unsigned)STEPS, (unsigned)STEPS, want_w);
                 bad = 1;
             }
         }
