@@ -22,7 +22,12 @@ LDFLAGS_ALL := -pthread $(if $(SAN),-fsanitize=$(SAN)) $(LDFLAGS)
 
 MODULES  := interpose pool transfer policy telemetry
 LIB_SRCS := $(foreach m,$(MODULES),$(wildcard $(m)/*.c))
-LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o)
+# The interception table's wrappers, generated from the CUDA headers; they
+# and the lookup hooks (dlsym above all) go into the shared library only,
+# never into the archive that tests and tools link.
+ICEPT_C    := $(BUILD)/gen/intercept.c
+ICEPT_OBJS := $(BUILD)/obj/gen/intercept.o $(BUILD)/obj/interpose/intercept.o
+LIB_OBJS := $(filter-out $(ICEPT_OBJS),$(LIB_SRCS:%.c=$(BUILD)/obj/%.o))
 LIB_LIBS := -ldl -linih -lm -lz -lelf
 
 SIM_DRV_SRCS := $(wildcard tests/sim/drv_*.c)
@@ -60,8 +65,22 @@ $(BUILD)/obj/%.o: %.c $(PREREQ)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
-$(BUILD)/libstagehand.so: $(LIB_OBJS) interpose/exports.map
-	$(CC) -shared -o $@ $(LIB_OBJS) -Wl,--version-script=interpose/exports.map \
+$(ICEPT_C): mk/gen_intercept.py interpose/intercept.def interpose/exports.map $(PREREQ)
+	@mkdir -p $(@D)
+	python3 mk/gen_intercept.py $(CC) $(CUDA_INC) interpose/intercept.def $@.tmp $(@D)/intercept.syms \
+	    interpose/exports.map && mv $@.tmp $@
+
+$(BUILD)/gen/exports.map: interpose/exports.map $(ICEPT_C)
+	sed -e '/@INTERCEPT@/r $(BUILD)/gen/intercept.syms' -e '/@INTERCEPT@/d' $< > $@
+
+# Every versioned name of the driver, declared as itself (cuda.h renames
+# cuMemcpy2D to cuMemcpy2D_v2 and so on otherwise).
+$(BUILD)/obj/gen/intercept.o: $(ICEPT_C)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -D__CUDA_API_VERSION_INTERNAL -MMD -MP -c $< -o $@
+
+$(BUILD)/libstagehand.so: $(LIB_OBJS) $(ICEPT_OBJS) $(BUILD)/gen/exports.map
+	$(CC) -shared -o $@ $(LIB_OBJS) $(ICEPT_OBJS) -Wl,--version-script=$(BUILD)/gen/exports.map \
 	    -Wl,-soname,libstagehand.so $(LDFLAGS_ALL) $(LIB_LIBS)
 
 $(BUILD)/libstagehand.a: $(LIB_OBJS)

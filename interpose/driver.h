@@ -44,6 +44,7 @@
     X(cuStreamCreateWithPriority)                                                                  \
     X(cuCtxGetStreamPriorityRange)                                                                 \
     X(cuMemcpyAsync)                                                                               \
+    X(cuPointerGetAttribute)                                                                       \
     X(cuLaunchKernel)                                                                              \
     X(cuLaunchKernelEx)                                                                            \
     X(cuLaunchCooperativeKernel)                                                                   \

@@ -35,19 +35,13 @@ struct learned {
 
 static pthread_mutex_t graphs_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct learned *graphs;
-static _Thread_local int cap_depth, inst_depth, destroy_depth, update_depth;
+static _Thread_local int inst_depth, destroy_depth, update_depth;
 
 static struct {
-    __typeof__(cudaStreamBeginCapture) *cudaStreamBeginCapture;
-    __typeof__(cudaStreamEndCapture) *cudaStreamEndCapture;
     __typeof__(cudaGraphInstantiate) *cudaGraphInstantiate;
     __typeof__(cudaGraphInstantiateWithFlags) *cudaGraphInstantiateWithFlags;
-    __typeof__(cudaGraphLaunch) *cudaGraphLaunch;
     __typeof__(cudaGraphExecDestroy) *cudaGraphExecDestroy;
-    __typeof__(cuStreamBeginCapture_v2) *cuStreamBeginCapture;
-    __typeof__(cuStreamEndCapture) *cuStreamEndCapture;
     __typeof__(cuGraphInstantiateWithFlags) *cuGraphInstantiate;
-    __typeof__(cuGraphLaunch) *cuGraphLaunch;
     __typeof__(cuGraphExecDestroy) *cuGraphExecDestroy;
     __typeof__(cudaGraphExecKernelNodeSetParams) *cudaGraphExecKernelNodeSetParams;
     __typeof__(cudaGraphExecMemsetNodeSetParams) *cudaGraphExecMemsetNodeSetParams;
@@ -67,16 +61,10 @@ static pthread_once_t real_once = PTHREAD_ONCE_INIT;
 static void resolve(void)
 {
 #define R(field, name) real.field = (__typeof__(real.field))dlsym(RTLD_NEXT, name)
-    R(cudaStreamBeginCapture, "cudaStreamBeginCapture");
-    R(cudaStreamEndCapture, "cudaStreamEndCapture");
     R(cudaGraphInstantiate, "cudaGraphInstantiate");
     R(cudaGraphInstantiateWithFlags, "cudaGraphInstantiateWithFlags");
-    R(cudaGraphLaunch, "cudaGraphLaunch");
     R(cudaGraphExecDestroy, "cudaGraphExecDestroy");
-    R(cuStreamBeginCapture, "cuStreamBeginCapture_v2");
-    R(cuStreamEndCapture, "cuStreamEndCapture");
     R(cuGraphInstantiate, "cuGraphInstantiateWithFlags");
-    R(cuGraphLaunch, "cuGraphLaunch");
     R(cuGraphExecDestroy, "cuGraphExecDestroy");
     R(cudaGraphExecKernelNodeSetParams, "cudaGraphExecKernelNodeSetParams");
     R(cudaGraphExecMemsetNodeSetParams, "cudaGraphExecMemsetNodeSetParams");
@@ -103,58 +91,23 @@ int sh_capturing(void)
 
 /* ---- capture ---- */
 
-static void capture_began(int ok)
+/* Counted once per capture, by the outermost intercepted call: the
+ * interception table's depth keeps the runtime's own call into the driver
+ * from counting it twice. */
+void sh_graph_capture(int begin, int result)
 {
-    if (ok && cap_depth == 1 && sh_managed())
-        atomic_fetch_add(&sh_rt.captures, 1);
-}
-
-static void capture_ended(int ended)
-{
-    if (!ended || cap_depth != 1 || !sh_managed())
+    if (!sh_managed())
         return;
-    if (atomic_fetch_sub(&sh_rt.captures, 1) == 1)
+    if (begin) {
+        if (result == 0)
+            atomic_fetch_add(&sh_rt.captures, 1);
+        return;
+    }
+    /* An invalidated capture has ended too (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+     * and cudaErrorStreamCaptureInvalidated are both 901). */
+    if ((result == 0 || result == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED) &&
+        atomic_fetch_sub(&sh_rt.captures, 1) == 1)
         sh_make_room(0, NULL, 0); /* the evictions that waited for it */
-}
-
-EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode)
-{
-    ready();
-    cap_depth++;
-    cudaError_t e = real.cudaStreamBeginCapture(s, mode);
-    capture_began(e == cudaSuccess);
-    cap_depth--;
-    return e;
-}
-
-EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph)
-{
-    ready();
-    cap_depth++;
-    cudaError_t e = real.cudaStreamEndCapture(s, graph);
-    capture_ended(e == cudaSuccess || e == cudaErrorStreamCaptureInvalidated);
-    cap_depth--;
-    return e;
-}
-
-EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode)
-{
-    ready();
-    cap_depth++;
-    CUresult r = real.cuStreamBeginCapture(s, mode);
-    capture_began(r == CUDA_SUCCESS);
-    cap_depth--;
-    return r;
-}
-
-EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *graph)
-{
-    ready();
-    cap_depth++;
-    CUresult r = real.cuStreamEndCapture(s, graph);
-    capture_ended(r == CUDA_SUCCESS || r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
-    cap_depth--;
-    return r;
 }
 
 /* ---- learning a graph's regions at instantiation ---- */
@@ -346,32 +299,6 @@ void sh_graph_launch_begin(CUgraphExec exec, CUstream stream)
     pthread_mutex_unlock(&graphs_mu);
     sh_launch_begin_addrs((uint64_t)(uintptr_t)exec, addrs, n, stream);
     free(addrs);
-}
-
-static int hooking(void)
-{
-    ready();
-    return sh_managed() && sh_launch_mode() == SH_TRACK_HOOKS;
-}
-
-EXPORT cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s)
-{
-    if (!hooking())
-        return real.cudaGraphLaunch(exec, s);
-    sh_graph_launch_begin((CUgraphExec)exec, (CUstream)s);
-    cudaError_t e = real.cudaGraphLaunch(exec, s);
-    sh_launch_end();
-    return e;
-}
-
-EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream s)
-{
-    if (!hooking())
-        return real.cuGraphLaunch(exec, s);
-    sh_graph_launch_begin(exec, s);
-    CUresult r = real.cuGraphLaunch(exec, s);
-    sh_launch_end();
-    return r;
 }
 
 EXPORT cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec)

@@ -58,6 +58,10 @@ const struct sh_real *sh_real(void);
  * current on the calling thread. */
 int sh_managed(void);
 
+/* 1 when allocations are managed already; unlike sh_managed(), never
+ * initialises (before the first managed allocation no region exists). */
+int sh_active(void);
+
 /* sh_managed(), and the calling thread's current device is the managed one
  * ([general] device): an allocation for any other device passes through. */
 int sh_managed_here(void);
@@ -100,6 +104,17 @@ void sh_launch_begin_addrs(uint64_t key, const uintptr_t *addrs, size_t n, CUstr
 /* With drain_mode = tracked: a copy or memset just issued on stream, so the
  * regions it touches remember the stream (src may be NULL). */
 void sh_launch_mark_copy(CUstream stream, const void *dst, const void *src, size_t n);
+/* Work other than a launch (a copy, a memset, a stream memory operation)
+ * was just issued on stream, inside the gate: the regions containing
+ * ends[0..n) take the issue stamp and, with a tracked drain, the stream.
+ * any: its streams cannot be named (a drain waits for the whole device);
+ * opaque: it counts as touching every region. */
+void sh_launch_mark_work(CUstream stream, int any, const uintptr_t *ends, size_t n, int opaque);
+/* Between sh_launch_begin and sh_launch_end: the launch is opaque. */
+void sh_launch_set_opaque(void);
+/* Region pointers were copied where no scan can read them: from now on
+ * every launch and copy is opaque. */
+void sh_launch_hide_pointers(void);
 /* A host-to-device copy of n bytes from src to dst is being issued: if the
  * bytes hold pointers into regions, dst's region becomes a pointer table
  * and work using it is opaque. */
@@ -170,8 +185,10 @@ void sh_monitor_event(int kind, uint64_t id, uint64_t bytes);
 int sh_sched_class(uintptr_t va);
 
 /* Stream capture and graphs (graph.c). While any stream captures, nothing
- * is remapped or drained: it would break the capture. */
+ * is remapped or drained: it would break the capture. sh_graph_capture:
+ * a capture began (begin = 1) or ended, with the call's result. */
 int sh_capturing(void);
+void sh_graph_capture(int begin, int result);
 void sh_graph_launch_begin(CUgraphExec exec, CUstream stream);
 
 #endif

@@ -42,11 +42,15 @@ struct layout {
 static pthread_mutex_t layout_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct layout *layouts; /* open addressing on key */
 static _Thread_local int depth;
+/* Region pointers went where no scan reads them (a module's globals): any
+ * kernel may follow them, so all work is opaque from then on. */
+static atomic_int hidden_pointers;
 static _Thread_local struct {
     uintptr_t bases[MAX_ADDRS];
     size_t n;
     CUstream stream;
     int opaque; /* its accesses cannot be bounded: it counts as using every region */
+    int any;    /* on streams the library cannot name: a drain waits for the device */
 } pending;      /* the launch being issued on this thread */
 static int mode = SH_TRACK_NONE;
 
@@ -312,17 +316,42 @@ static void mark_issued(void)
             pending.n = 0;
             return;
         }
-        int slot = stream_slot(pending.stream);
+        int slot = pending.any ? STREAM_SLOTS : stream_slot(pending.stream);
         if (slot < STREAM_SLOTS &&
             sh_rt.drv.cuEventRecord(slot_event[slot], pending.stream) != CUDA_SUCCESS)
             slot = STREAM_SLOTS;
         streams = 1ull << slot;
     }
     sh_pool_issued(sh_rt.pool, pending.bases, pending.n, streams);
-    if (pending.opaque)
+    if (pending.opaque || atomic_load_explicit(&hidden_pointers, memory_order_relaxed))
         sh_pool_issued_opaque(sh_rt.pool, streams);
     pending.n = 0;
     pending.opaque = 0;
+    pending.any = 0;
+}
+
+void sh_launch_mark_work(CUstream stream, int any, const uintptr_t *ends, size_t n, int opaque)
+{
+    if (!sh_managed())
+        return;
+    pending.n = sh_pool_bases(sh_rt.pool, ends, n < MAX_ADDRS ? n : MAX_ADDRS, pending.bases);
+    pending.stream = stream;
+    pending.any = any;
+    pending.opaque = opaque || hidden_pointers;
+    mark_issued();
+}
+
+void sh_launch_set_opaque(void)
+{
+    if (depth > 0)
+        pending.opaque = 1;
+}
+
+void sh_launch_hide_pointers(void)
+{
+    if (!atomic_exchange(&hidden_pointers, 1))
+        sh_log(SH_LOG_WARN, "device pointers were copied into a module's global variable: "
+                            "every launch now counts as touching every region (slower, safe)");
 }
 
 void sh_launch_mark_upload(const void *dst, const void *src, size_t n)

@@ -24,7 +24,7 @@ struct sh_runtime sh_rt;
 static int disabled; /* STAGEHAND_DISABLE or enabled=false */
 static pthread_once_t real_once = PTHREAD_ONCE_INIT;
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
-static int managed; /* set once, inside init_once */
+static atomic_int managed; /* set once, inside init_once */
 static _Thread_local int ctx_ready;
 
 __attribute__((constructor)) static void load_config(void)
@@ -217,6 +217,11 @@ int sh_managed(void)
         ctx_ready = 1;
     }
     return 1;
+}
+
+int sh_active(void)
+{
+    return atomic_load_explicit(&managed, memory_order_acquire);
 }
 
 int sh_managed_here(void)

@@ -1,0 +1,490 @@
+/* intercept.c — what the generated wrappers do (see intercept.h), and the
+ * three ways a program can reach the driver's functions past the
+ * exported symbols: cuGetProcAddress, cudaGetDriverEntryPoint[ByVersion]
+ * and dlsym. Each hands out the library's export of the same name in place
+ * of a CUDA library's own function.
+ *
+ * Shared state: the real entry points (atomic pointers, resolved lazily
+ * because the driver may be loaded after the library) and our own handle.
+ * The depth counter is per thread.
+ */
+#include "interpose/intercept.h"
+
+#include "sh_log.h"
+
+#include <dlfcn.h>
+#include <link.h>
+#include <pthread.h>
+#include <string.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+static _Thread_local int depth; /* inside an intercepted call */
+static _Atomic(void *) reals[1024];
+
+/* ---- real functions ---- */
+
+static void *(*real_dlsym)(void *, const char *);
+static pthread_once_t dlsym_once = PTHREAD_ONCE_INIT;
+
+static void find_dlsym(void)
+{
+    static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"};
+    for (size_t i = 0; !real_dlsym && i < sizeof versions / sizeof *versions; i++)
+        real_dlsym = (void *(*)(void *, const char *))dlvsym(RTLD_NEXT, "dlsym", versions[i]);
+}
+
+static void *lookup(void *handle, const char *name)
+{
+    pthread_once(&dlsym_once, find_dlsym);
+    return real_dlsym ? real_dlsym(handle, name) : NULL;
+}
+
+/* name in the loaded CUDA library of one kind (the driver, the runtime),
+ * else the next definition after ours. */
+static void *cuda_fn(int runtime, const char *name)
+{
+    static const char *const driver[] = {"libcuda.so.1", NULL};
+    static const char *const rt[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so", NULL};
+    for (const char *const *n = runtime ? rt : driver; *n; n++) {
+        void *h = dlopen(*n, RTLD_LAZY | RTLD_NOLOAD);
+        void *f = h ? lookup(h, name) : NULL;
+        if (h)
+            dlclose(h); /* only our reference: someone else loaded it */
+        if (f)
+            return f;
+    }
+    return lookup(RTLD_NEXT, name);
+}
+
+void *sh_icept_real(size_t i)
+{
+    if (i >= sh_icept_count || i >= sizeof reals / sizeof *reals)
+        return NULL;
+    void *f = atomic_load_explicit(&reals[i], memory_order_acquire);
+    if (f)
+        return f;
+    const struct sh_icept_entry *e = &sh_icept_table[i];
+    f = cuda_fn(e->runtime, e->name);
+    if (f == sh_icept_wrappers[i]) /* never ourselves */
+        f = NULL;
+    if (f)
+        atomic_store_explicit(&reals[i], f, memory_order_release);
+    return f;
+}
+
+/* ---- handing out wrappers ---- */
+
+static struct link_map *object_of(const void *addr)
+{
+    Dl_info info;
+    struct link_map *lm = NULL;
+    if (!addr || !dladdr1(addr, &info, (void **)&lm, RTLD_DL_LINKMAP))
+        return NULL;
+    return lm;
+}
+
+static struct link_map *self(void)
+{
+    static struct link_map *me;
+    if (!me)
+        me = object_of((const void *)self);
+    return me;
+}
+
+static int is_cuda_lib(const struct link_map *lm)
+{
+    const char *slash = lm && lm->l_name ? strrchr(lm->l_name, '/') : NULL;
+    const char *base = slash ? slash + 1 : lm ? lm->l_name : NULL;
+    return base && (strncmp(base, "libcuda.so", 10) == 0 || strncmp(base, "libcudart.so", 12) == 0);
+}
+
+/* Our export named as f is, if f is a CUDA library's exported function and
+ * we export that name; else f. */
+void *sh_icept_wrap(void *f)
+{
+    Dl_info info;
+    struct link_map *lm = NULL;
+    if (!f || !dladdr1(f, &info, (void **)&lm, RTLD_DL_LINKMAP) || !is_cuda_lib(lm) ||
+        !info.dli_sname || info.dli_saddr != f)
+        return f;
+    void *mine = dlopen(self()->l_name, RTLD_LAZY | RTLD_NOLOAD);
+    void *g = mine ? lookup(mine, info.dli_sname) : NULL;
+    if (mine)
+        dlclose(mine);
+    return g && object_of(g) == self() ? g : f;
+}
+
+/* Where dlsym(RTLD_NEXT) called from caller would look: the objects after
+ * the caller's, in load order. */
+static void *next_after(const void *caller, const char *name)
+{
+    struct link_map *from = object_of(caller);
+    for (struct link_map *l = from ? from->l_next : NULL; l; l = l->l_next) {
+        void *h = l->l_name && l->l_name[0] ? dlopen(l->l_name, RTLD_LAZY | RTLD_NOLOAD) : NULL;
+        void *f = h ? lookup(h, name) : NULL;
+        if (h)
+            dlclose(h);
+        if (f && object_of(f) == l)
+            return f;
+    }
+    return NULL;
+}
+
+/* A program that opens libcuda and looks its functions up by name gets
+ * the wrappers, as one that links it does (and so does the CUDA runtime,
+ * which finds the driver's cuGetProcAddress this way). Lookups by the
+ * library itself, or by a CUDA library of its own functions, get the
+ * real ones. */
+EXPORT void *dlsym(void *handle, const char *name)
+{
+    const void *caller = __builtin_return_address(0);
+    struct link_map *from = object_of(caller);
+    if (from == self())
+        return lookup(handle, name); /* RTLD_NEXT is relative to us: right */
+    void *f = handle == RTLD_NEXT ? next_after(caller, name) : lookup(handle, name);
+    if (!f || object_of(f) == from)
+        return f;
+    return sh_icept_wrap(f);
+}
+
+typedef CUresult (*get_proc_v2_fn)(const char *, void **, int, cuuint64_t,
+                                   CUdriverProcAddressQueryResult *);
+typedef CUresult (*get_proc_v1_fn)(const char *, void **, int, cuuint64_t);
+
+static void *driver_fn(const char *name)
+{
+    return cuda_fn(0, name);
+}
+
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                                    CUdriverProcAddressQueryResult *status)
+{
+    get_proc_v2_fn real = (get_proc_v2_fn)driver_fn("cuGetProcAddress_v2");
+    if (!real)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = real(symbol, pfn, version, flags, status);
+    if (r == CUDA_SUCCESS && pfn)
+        *pfn = sh_icept_wrap(*pfn);
+    return r;
+}
+
+/* The CUDA 11.3 entry point, which cuda.h now renames to the _v2 one. */
+#undef cuGetProcAddress
+EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags);
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags)
+{
+    get_proc_v1_fn real = (get_proc_v1_fn)driver_fn("cuGetProcAddress");
+    if (!real)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = real(symbol, pfn, version, flags);
+    if (r == CUDA_SUCCESS && pfn)
+        *pfn = sh_icept_wrap(*pfn);
+    return r;
+}
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations" /* still what CUDA 12 programs call */
+EXPORT cudaError_t cudaGetDriverEntryPoint(const char *symbol, void **pfn, unsigned long long flags,
+                                           enum cudaDriverEntryPointQueryResult *status)
+{
+    __typeof__(cudaGetDriverEntryPoint) *real =
+        (__typeof__(cudaGetDriverEntryPoint) *)cuda_fn(1, "cudaGetDriverEntryPoint");
+    if (!real)
+        return cudaErrorSymbolNotFound;
+    cudaError_t e = real(symbol, pfn, flags, status);
+    if (e == cudaSuccess && pfn)
+        *pfn = sh_icept_wrap(*pfn);
+    return e;
+}
+#pragma GCC diagnostic pop
+
+EXPORT cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **pfn,
+                                                    unsigned int version, unsigned long long flags,
+                                                    enum cudaDriverEntryPointQueryResult *status)
+{
+    __typeof__(cudaGetDriverEntryPointByVersion) *real =
+        (__typeof__(cudaGetDriverEntryPointByVersion) *)cuda_fn(1, "cudaGetDriverEntryPointByVersion");
+    if (!real)
+        return cudaErrorSymbolNotFound;
+    cudaError_t e = real(symbol, pfn, version, flags, status);
+    if (e == cudaSuccess && pfn)
+        *pfn = sh_icept_wrap(*pfn);
+    return e;
+}
+
+/* ---- the work of one call ---- */
+
+int sh_work_begin(struct sh_work *w, CUstream stream, int per_thread)
+{
+    if (depth > 0 || !sh_active() || !sh_managed())
+        return 0;
+    depth++;
+    memset(w, 0, offsetof(struct sh_work, ends));
+    w->per_thread = per_thread;
+    w->stream = per_thread ? sh_stream_ptsz(stream) : stream;
+    return 1;
+}
+
+void sh_work_issue(struct sh_work *w)
+{
+    switch (w->kind) {
+    case SH_WORK_LAUNCH:
+        if (w->pass)
+            return;
+        sh_launch_begin(w->key, w->key_kind, w->params, w->stream);
+        if (w->opaque)
+            sh_launch_set_opaque();
+        return;
+    case SH_WORK_GRAPH:
+        if (!w->pass)
+            sh_graph_launch_begin((CUgraphExec)(uintptr_t)w->key, w->stream);
+        return;
+    default:
+        sh_gate_enter(sh_rt.gate);
+    }
+}
+
+void sh_work_end(struct sh_work *w, int result)
+{
+    switch (w->kind) {
+    case SH_WORK_LAUNCH:
+    case SH_WORK_GRAPH:
+        if (!w->pass)
+            sh_launch_end();
+        break;
+    case SH_WORK_CAPTURE:
+        sh_graph_capture(w->begin, result);
+        sh_gate_leave(sh_rt.gate);
+        break;
+    default:
+        /* Still inside the gate: no window between the issue and the mark. */
+        sh_launch_mark_work(w->stream, w->any_stream, w->ends, w->n, w->opaque);
+        sh_gate_leave(sh_rt.gate);
+    }
+    depth--;
+}
+
+/* ---- verbs ---- */
+
+void sh_work_range(struct sh_work *w, uintptr_t p, size_t n)
+{
+    if (!p || !n)
+        return;
+    if (w->n + 2 > SH_WORK_ENDS) {
+        w->opaque = 1; /* more than one call can name: counts as everything */
+        return;
+    }
+    w->ends[w->n++] = p;
+    w->ends[w->n++] = p + n - 1;
+}
+
+void sh_work_up(struct sh_work *w, uintptr_t dst, const void *src, size_t n)
+{
+    sh_work_range(w, dst, n);
+    sh_launch_mark_upload((const void *)dst, src, n);
+}
+
+/* 1 when p is host memory the library may read (pageable, pinned or
+ * managed), not device memory. */
+static int host_readable(uintptr_t p)
+{
+    if (sh_pool_lookup(sh_rt.pool, p, NULL) != 0)
+        return 0;
+    unsigned type = 0;
+    CUresult r = sh_rt.drv.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p);
+    return r != CUDA_SUCCESS || type == CU_MEMORYTYPE_HOST;
+}
+
+void sh_work_copy(struct sh_work *w, uintptr_t dst, uintptr_t src, size_t n)
+{
+    sh_work_range(w, dst, n);
+    sh_work_range(w, src, n);
+    if (n && src && sh_pool_lookup(sh_rt.pool, dst, NULL) != 0 && host_readable(src))
+        sh_launch_mark_upload((const void *)dst, (const void *)src, n);
+}
+
+void sh_work_rcopy(struct sh_work *w, uintptr_t dst, uintptr_t src, size_t n, int kind)
+{
+    switch (kind) {
+    case cudaMemcpyHostToHost:
+        return;
+    case cudaMemcpyHostToDevice:
+        sh_work_up(w, dst, (const void *)src, n);
+        return;
+    case cudaMemcpyDeviceToHost:
+        sh_work_range(w, src, n);
+        return;
+    case cudaMemcpyDeviceToDevice:
+        sh_work_range(w, dst, n);
+        sh_work_range(w, src, n);
+        return;
+    default:
+        sh_work_copy(w, dst, src, n);
+    }
+}
+
+void sh_work_pitch(struct sh_work *w, uintptr_t p, size_t pitch, size_t width, size_t height)
+{
+    if (width && height)
+        sh_work_range(w, p, pitch * (height - 1) + width);
+}
+
+/* One side of a copy descriptor: origin (x bytes, y rows, z slices) in a
+ * pitched block of rows rows per slice. */
+static void side(struct sh_work *w, uintptr_t base, size_t x, size_t y, size_t z, size_t pitch,
+                 size_t rows, size_t width, size_t height, size_t depth_)
+{
+    if (!base || !width || !height || !depth_)
+        return;
+    size_t at = z * pitch * rows + y * pitch + x;
+    sh_work_pitch(w, base + at, pitch, width, rows * (depth_ - 1) + height);
+}
+
+#define DEVICE_SIDE(t) ((t) == CU_MEMORYTYPE_DEVICE || (t) == CU_MEMORYTYPE_UNIFIED)
+
+void sh_work_copy2d(struct sh_work *w, const CUDA_MEMCPY2D *p)
+{
+    if (!p)
+        return;
+    if (DEVICE_SIDE(p->srcMemoryType))
+        side(w, p->srcDevice, p->srcXInBytes, p->srcY, 0, p->srcPitch, 0, p->WidthInBytes,
+             p->Height, 1);
+    if (DEVICE_SIDE(p->dstMemoryType))
+        side(w, p->dstDevice, p->dstXInBytes, p->dstY, 0, p->dstPitch, 0, p->WidthInBytes,
+             p->Height, 1);
+}
+
+#define COPY3D(w, p)                                                                               \
+    do {                                                                                           \
+        if (DEVICE_SIDE((p)->srcMemoryType))                                                       \
+            side(w, (p)->srcDevice, (p)->srcXInBytes, (p)->srcY, (p)->srcZ, (p)->srcPitch,         \
+                 (p)->srcHeight, (p)->WidthInBytes, (p)->Height, (p)->Depth);                      \
+        if (DEVICE_SIDE((p)->dstMemoryType))                                                       \
+            side(w, (p)->dstDevice, (p)->dstXInBytes, (p)->dstY, (p)->dstZ, (p)->dstPitch,         \
+                 (p)->dstHeight, (p)->WidthInBytes, (p)->Height, (p)->Depth);                      \
+    } while (0)
+
+void sh_work_copy3d(struct sh_work *w, const CUDA_MEMCPY3D *p)
+{
+    if (p)
+        COPY3D(w, p);
+}
+
+void sh_work_copy3dpeer(struct sh_work *w, const CUDA_MEMCPY3D_PEER *p)
+{
+    if (p)
+        COPY3D(w, p);
+}
+
+#define RCOPY3D(w, p)                                                                              \
+    do {                                                                                           \
+        if (!(p)->srcArray)                                                                        \
+            side(w, (uintptr_t)(p)->srcPtr.ptr, (p)->srcPos.x, (p)->srcPos.y, (p)->srcPos.z,       \
+                 (p)->srcPtr.pitch, (p)->srcPtr.ysize, (p)->extent.width, (p)->extent.height,      \
+                 (p)->extent.depth);                                                               \
+        if (!(p)->dstArray)                                                                        \
+            side(w, (uintptr_t)(p)->dstPtr.ptr, (p)->dstPos.x, (p)->dstPos.y, (p)->dstPos.z,       \
+                 (p)->dstPtr.pitch, (p)->dstPtr.ysize, (p)->extent.width, (p)->extent.height,      \
+                 (p)->extent.depth);                                                               \
+    } while (0)
+
+void sh_work_rcopy3d(struct sh_work *w, const struct cudaMemcpy3DParms *p)
+{
+    if (p)
+        RCOPY3D(w, p);
+}
+
+void sh_work_rcopy3dpeer(struct sh_work *w, const struct cudaMemcpy3DPeerParms *p)
+{
+    if (p)
+        RCOPY3D(w, p);
+}
+
+void sh_work_batch(struct sh_work *w, const void *dsts, const void *srcs, const size_t *sizes,
+                   size_t count)
+{
+    const uintptr_t *d = dsts, *s = srcs;
+    for (size_t i = 0; d && s && sizes && i < count && !w->opaque; i++) {
+        sh_work_range(w, d[i], sizes[i]);
+        sh_work_range(w, s[i], sizes[i]);
+    }
+}
+
+void sh_work_memops(struct sh_work *w, const CUstreamBatchMemOpParams *ops, unsigned count)
+{
+    for (unsigned i = 0; ops && i < count; i++) {
+        const CUstreamBatchMemOpParams *o = &ops[i];
+        switch (o->operation) {
+        case CU_STREAM_MEM_OP_WAIT_VALUE_32:
+        case CU_STREAM_MEM_OP_WAIT_VALUE_64:
+            sh_work_range(w, o->waitValue.address,
+                          o->operation == CU_STREAM_MEM_OP_WAIT_VALUE_32 ? 4 : 8);
+            break;
+        case CU_STREAM_MEM_OP_WRITE_VALUE_32:
+        case CU_STREAM_MEM_OP_WRITE_VALUE_64:
+            sh_work_range(w, o->writeValue.address,
+                          o->operation == CU_STREAM_MEM_OP_WRITE_VALUE_32 ? 4 : 8);
+            break;
+        case CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES:
+        case CU_STREAM_MEM_OP_BARRIER:
+            break;
+        default:
+            w->opaque = 1; /* an operation this build does not know */
+        }
+    }
+}
+
+void sh_work_symbol_up(struct sh_work *w, const void *src, size_t n, int kind)
+{
+    uintptr_t s = (uintptr_t)src;
+    if (kind == cudaMemcpyHostToDevice || (kind == cudaMemcpyDefault && host_readable(s))) {
+        if (n && src && sh_pool_find_pointers(sh_rt.pool, src, n, 0))
+            sh_launch_hide_pointers();
+        return;
+    }
+    sh_work_range(w, s, n);
+}
+
+void sh_work_launch(struct sh_work *w, const void *key, int kind, void **params)
+{
+    w->kind = SH_WORK_LAUNCH;
+    w->key = key;
+    w->key_kind = kind;
+    w->params = params;
+    w->pass = sh_launch_mode() != SH_TRACK_HOOKS; /* CUPTI's callbacks see it */
+}
+
+void sh_work_extra_params(struct sh_work *w, void **params, void **extra)
+{
+    if (!params && extra)
+        w->opaque = 1; /* a packed parameter buffer: the scan cannot read it */
+}
+
+void sh_work_graph(struct sh_work *w, CUgraphExec exec)
+{
+    w->kind = SH_WORK_GRAPH;
+    w->key = (const void *)exec;
+    w->pass = sh_launch_mode() != SH_TRACK_HOOKS;
+}
+
+void sh_work_capture(struct sh_work *w, int begin)
+{
+    w->kind = SH_WORK_CAPTURE;
+    w->begin = begin;
+}
+
+void sh_work_stream(struct sh_work *w, CUstream s)
+{
+    w->stream = w->per_thread ? sh_stream_ptsz(s) : s;
+}
+
+void sh_work_any_stream(struct sh_work *w)
+{
+    w->any_stream = 1;
+}
+
+void sh_work_opaque(struct sh_work *w)
+{
+    w->opaque = 1;
+}

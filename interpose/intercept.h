@@ -1,0 +1,122 @@
+/* intercept.h — the interception table: one wrapper for every CUDA entry
+ * point that enqueues device work or reads or writes device memory.
+ *
+ * mk/gen_intercept.py writes the wrappers from the CUDA headers and
+ * interpose/intercept.def. Each one is
+ *
+ *     if (!sh_work_begin(&w, stream, per_thread)) return real(...);
+ *     <the entry's access, from intercept.def: the verbs below>;
+ *     sh_work_issue(&w);         enters the remap gate
+ *     r = real(...);
+ *     sh_work_end(&w, r);        marks what it touched, leaves the gate
+ *
+ * so no work is issued into a range inside a remap window, and the regions
+ * it touches take the issue stamp and, with drain_mode = tracked, the
+ * stream. Work whose reach the verbs cannot bound is opaque: it counts as
+ * touching every region. Nested calls (a runtime copy reaching the driver's
+ * through the table) pass straight through: the outermost one is the work.
+ *
+ * cuGetProcAddress, cudaGetDriverEntryPoint[ByVersion] and dlsym hand out
+ * the wrappers in place of the driver's own functions (intercept.c).
+ */
+#ifndef SH_INTERCEPT_H
+#define SH_INTERCEPT_H
+
+#include "interpose/interpose.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define SH_WORK_ENDS 16 /* range endpoints one call records */
+
+enum sh_work_kind { SH_WORK_ACCESS, SH_WORK_LAUNCH, SH_WORK_GRAPH, SH_WORK_CAPTURE };
+
+struct sh_work {
+    enum sh_work_kind kind;
+    CUstream stream;
+    int per_thread;  /* a _ptsz/_ptds entry: the default stream is the thread's */
+    int any_stream;  /* work on streams the library cannot name */
+    int opaque;      /* its reach cannot be bounded */
+    int pass;        /* seen elsewhere (CUPTI): only the gate applies */
+    int begin;       /* SH_WORK_CAPTURE: 1 begins, 0 ends */
+    const void *key; /* SH_WORK_LAUNCH, SH_WORK_GRAPH */
+    int key_kind;
+    void **params;
+    size_t n;        /* endpoints used */
+    uintptr_t ends[SH_WORK_ENDS];
+};
+
+struct sh_icept_entry {
+    const char *name;
+    int runtime; /* 1: a cudart entry point, 0: the driver's */
+};
+
+/* Generated: the table, in name order, and the wrappers, in table order. */
+extern const struct sh_icept_entry sh_icept_table[];
+extern const size_t sh_icept_count;
+extern void *const sh_icept_wrappers[];
+
+/* The real entry point of table entry i, resolved on first use; NULL when
+ * the loaded driver or runtime lacks it. */
+void *sh_icept_real(size_t i);
+/* The wrapper standing for the real function f, or f itself. */
+void *sh_icept_wrap(void *f);
+
+/* 0: pass the call straight through (the library manages nothing yet, or
+ * this thread is inside an intercepted call already). per_thread: the
+ * entry is a _ptsz/_ptds variant, so a default stream is the thread's. */
+int sh_work_begin(struct sh_work *w, CUstream stream, int per_thread);
+void sh_work_issue(struct sh_work *w);
+void sh_work_end(struct sh_work *w, int result);
+
+/* The verbs intercept.def writes accesses in. */
+void sh_work_range(struct sh_work *w, uintptr_t p, size_t n);
+void sh_work_up(struct sh_work *w, uintptr_t dst, const void *src, size_t n);
+void sh_work_copy(struct sh_work *w, uintptr_t dst, uintptr_t src, size_t n);
+void sh_work_rcopy(struct sh_work *w, uintptr_t dst, uintptr_t src, size_t n, int kind);
+void sh_work_pitch(struct sh_work *w, uintptr_t p, size_t pitch, size_t width, size_t height);
+void sh_work_copy2d(struct sh_work *w, const CUDA_MEMCPY2D *p);
+void sh_work_copy3d(struct sh_work *w, const CUDA_MEMCPY3D *p);
+void sh_work_copy3dpeer(struct sh_work *w, const CUDA_MEMCPY3D_PEER *p);
+void sh_work_rcopy3d(struct sh_work *w, const struct cudaMemcpy3DParms *p);
+void sh_work_rcopy3dpeer(struct sh_work *w, const struct cudaMemcpy3DPeerParms *p);
+void sh_work_batch(struct sh_work *w, const void *dsts, const void *srcs, const size_t *sizes,
+                   size_t count);
+void sh_work_memops(struct sh_work *w, const CUstreamBatchMemOpParams *ops, unsigned count);
+void sh_work_symbol_up(struct sh_work *w, const void *src, size_t n, int kind);
+void sh_work_launch(struct sh_work *w, const void *key, int kind, void **params);
+void sh_work_extra_params(struct sh_work *w, void **params, void **extra);
+void sh_work_graph(struct sh_work *w, CUgraphExec exec);
+void sh_work_capture(struct sh_work *w, int begin);
+void sh_work_stream(struct sh_work *w, CUstream s);
+void sh_work_any_stream(struct sh_work *w);
+void sh_work_opaque(struct sh_work *w);
+
+#ifdef SH_ICEPT_VERBS /* the generated file only */
+#define range(p, n) sh_work_range(&w, (uintptr_t)(p), (size_t)(n))
+#define up(d, s, n) sh_work_up(&w, (uintptr_t)(d), (const void *)(s), (size_t)(n))
+#define down(d, s, n) sh_work_range(&w, (uintptr_t)(s), (size_t)(n))
+#define copy(d, s, n) sh_work_copy(&w, (uintptr_t)(d), (uintptr_t)(s), (size_t)(n))
+#define rcopy(d, s, n, k) sh_work_rcopy(&w, (uintptr_t)(d), (uintptr_t)(s), (size_t)(n), (int)(k))
+#define pitch(p, pi, wd, h) sh_work_pitch(&w, (uintptr_t)(p), (pi), (wd), (h))
+#define set(p, n) sh_work_range(&w, (uintptr_t)(p), (size_t)(n))
+#define copy2d(p) sh_work_copy2d(&w, (const CUDA_MEMCPY2D *)(p))
+#define copy3d(p) sh_work_copy3d(&w, (const CUDA_MEMCPY3D *)(p))
+#define copy3dpeer(p) sh_work_copy3dpeer(&w, (p))
+#define rcopy3d(p) sh_work_rcopy3d(&w, (p))
+#define rcopy3dpeer(p) sh_work_rcopy3dpeer(&w, (p))
+#define batch(d, s, z, c) sh_work_batch(&w, (d), (s), (z), (size_t)(c))
+#define value(p, n) sh_work_range(&w, (uintptr_t)(p), (n))
+#define memops(o, c) sh_work_memops(&w, (o), (c))
+#define symbol_up(s, n, k) sh_work_symbol_up(&w, (s), (size_t)(n), (int)(k))
+#define launch(k, kind, pa) sh_work_launch(&w, (const void *)(k), (kind), (pa))
+#define extra_params(pa, ex) sh_work_extra_params(&w, (pa), (ex))
+#define graph(e) sh_work_graph(&w, (CUgraphExec)(e))
+#define capture(b) sh_work_capture(&w, (b))
+#define stream(s) sh_work_stream(&w, (CUstream)(s))
+#define any_stream() sh_work_any_stream(&w)
+#define opaque() sh_work_opaque(&w)
+#define none() ((void)0)
+#endif
+
+#endif
