@@ -90,10 +90,12 @@ $(BUILD)/libstagehand.a: $(LIB_OBJS)
 # ---- the simulated GPU ---------------------------------------------------
 $(BUILD)/obj/sim/stubs_cuda.c: tests/sim/gen_stubs.sh $(PREREQ)
 	@mkdir -p $(@D)
-	tests/sim/gen_stubs.sh $(CC) $(CUDA_INC) cuda.h cu CUresult sim_refuse_driver 801 > $@
+	tests/sim/gen_stubs.sh $(CC) $(CUDA_INC) cuda.h cu CUresult sim_refuse_driver 801 \
+	    -D__CUDA_API_VERSION_INTERNAL > $@
 $(BUILD)/obj/sim/stubs_cudart.c: tests/sim/gen_stubs.sh $(PREREQ)
 	@mkdir -p $(@D)
-	tests/sim/gen_stubs.sh $(CC) $(CUDA_INC) cuda_runtime_api.h cuda cudaError_t sim_refuse_runtime 801 > $@
+	tests/sim/gen_stubs.sh $(CC) $(CUDA_INC) cuda_runtime_api.h cuda cudaError_t sim_refuse_runtime 801 \
+	    '|-DCUDA_API_PER_THREAD_DEFAULT_STREAM' > $@
 $(BUILD)/obj/sim/stubs_cupti.c: tests/sim/gen_stubs.sh $(PREREQ)
 	@mkdir -p $(@D)
 	tests/sim/gen_stubs.sh $(CC) $(CUDA_INC) cupti.h cupti CUptiResult sim_refuse_cupti 27 > $@
@@ -133,6 +135,17 @@ SIM_LINK := -L$(BUILD)/sim -l:libcudart.so.13 -l:libcuda.so.1 \
 $(BUILD)/tests/sim/%: $(BUILD)/obj/tests/sim/%.o $(SIM_LIBS)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< $(LDFLAGS_ALL) $(SIM_LINK) -l:libcupti.so.13 -lcmocka
+
+# The gating test holds the gate itself: the wrappers and the library are
+# linked in, over the simulated GPU.
+$(BUILD)/obj/tests/unit/test_intercept.o: tests/unit/test_intercept.c $(ICEPT_C)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -I $(BUILD) -D__CUDA_API_VERSION_INTERNAL -MMD -MP -c $< -o $@
+$(BUILD)/tests/unit/test_intercept: $(BUILD)/obj/tests/unit/test_intercept.o \
+        $(BUILD)/obj/interpose/intercept.o $(BUILD)/libstagehand.a $(SIM_LIBS)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $(filter %.o,$^) $(BUILD)/libstagehand.a $(LDFLAGS_ALL) -Wl,--no-as-needed $(SIM_LINK) $(LIB_LIBS) \
+	    -lcmocka -ljson-c
 
 $(BUILD)/tests/unit/%: $(BUILD)/obj/tests/unit/%.o $(BUILD)/libstagehand.a
 	@mkdir -p $(@D)

@@ -14,6 +14,7 @@
 struct sh_gate {
     pthread_rwlock_t rw;
     uint64_t windows;
+    unsigned waiting; /* readers blocked on the read side now */
 };
 
 static _Thread_local const struct sh_gate *held_gate;
@@ -44,7 +45,9 @@ void sh_gate_destroy(struct sh_gate *g)
 void sh_gate_enter(struct sh_gate *g)
 {
     if (depth++ == 0) {
+        __atomic_add_fetch(&g->waiting, 1, __ATOMIC_RELAXED);
         pthread_rwlock_rdlock(&g->rw);
+        __atomic_sub_fetch(&g->waiting, 1, __ATOMIC_RELAXED);
         held_gate = g;
     }
 }
@@ -80,4 +83,9 @@ void sh_gate_unlock(struct sh_gate *g)
 uint64_t sh_gate_windows(const struct sh_gate *g)
 {
     return __atomic_load_n(&g->windows, __ATOMIC_RELAXED);
+}
+
+unsigned sh_gate_waiting(const struct sh_gate *g)
+{
+    return __atomic_load_n(&g->waiting, __ATOMIC_RELAXED);
 }
