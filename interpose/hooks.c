@@ -1,8 +1,8 @@
-/* hooks.c — the launch entry point the CUDA headers do not declare.
+/* hooks.c — the launch entry points the CUDA headers do not declare.
  *
- * CUDA 13's runtime launch stubs call __cudaLaunchKernel, which no public
- * header declares, so the interception table (intercept.def) cannot list
- * it. In hook mode (no CUPTI) it does what the CUPTI callbacks would:
+ * CUDA 13's runtime launch stubs call __cudaLaunchKernel (_ptsz with
+ * per-thread default streams), which no public header declares, so the interception table
+ * (intercept.def) cannot list it. In hook mode (no CUPTI) it does what the CUPTI callbacks would:
  * scan, restore, hold the gate while issuing; in CUPTI mode it passes
  * through.
  *
@@ -16,12 +16,26 @@
 #define EXPORT __attribute__((visibility("default")))
 
 typedef cudaError_t (*launch13_fn)(cudaKernel_t, dim3, dim3, void **, size_t, cudaStream_t);
-static launch13_fn real_launch13;
+static launch13_fn real_launch13, real_launch13_ptsz;
 static pthread_once_t real_once = PTHREAD_ONCE_INIT;
 
 static void resolve(void)
 {
     real_launch13 = (launch13_fn)dlsym(RTLD_NEXT, "__cudaLaunchKernel");
+    real_launch13_ptsz = (launch13_fn)dlsym(RTLD_NEXT, "__cudaLaunchKernel_ptsz");
+}
+
+static cudaError_t launch13(launch13_fn real, cudaKernel_t k, dim3 g, dim3 b, void **args,
+                            size_t shmem, cudaStream_t s, CUstream tracked)
+{
+    if (!real)
+        return cudaErrorSymbolNotFound;
+    if (!sh_managed() || sh_launch_mode() != SH_TRACK_HOOKS)
+        return real(k, g, b, args, shmem, s);
+    sh_launch_begin(k, SH_KEY_KERNEL, args, tracked);
+    cudaError_t e = real(k, g, b, args, shmem, s);
+    sh_launch_end();
+    return e;
 }
 
 EXPORT cudaError_t __cudaLaunchKernel(cudaKernel_t k, dim3 g, dim3 b, void **args, size_t shmem,
@@ -30,12 +44,15 @@ cudaError_t __cudaLaunchKernel(cudaKernel_t k, dim3 g, dim3 b, void **args, size
                                cudaStream_t s)
 {
     pthread_once(&real_once, resolve);
-    if (!real_launch13)
-        return cudaErrorSymbolNotFound;
-    if (!sh_managed() || sh_launch_mode() != SH_TRACK_HOOKS)
-        return real_launch13(k, g, b, args, shmem, s);
-    sh_launch_begin(k, SH_KEY_KERNEL, args, (CUstream)s);
-    cudaError_t e = real_launch13(k, g, b, args, shmem, s);
-    sh_launch_end();
-    return e;
+    return launch13(real_launch13, k, g, b, args, shmem, s, (CUstream)s);
+}
+
+/* Programs built with --default-stream per-thread launch through this one. */
+EXPORT cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t k, dim3 g, dim3 b, void **args,
+                                           size_t shmem, cudaStream_t s);
+cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t k, dim3 g, dim3 b, void **args, size_t shmem,
+                                    cudaStream_t s)
+{
+    pthread_once(&real_once, resolve);
+    return launch13(real_launch13_ptsz, k, g, b, args, shmem, s, sh_stream_ptsz((CUstream)s));
 }

@@ -204,7 +204,8 @@ EXPORT cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **p
                                                     enum cudaDriverEntryPointQueryResult *status)
 {
     __typeof__(cudaGetDriverEntryPointByVersion) *real =
-        (__typeof__(cudaGetDriverEntryPointByVersion) *)cuda_fn(1, "cudaGetDriverEntryPointByVersion");
+        (__typeof__(cudaGetDriverEntryPointByVersion) *)cuda_fn(1,
+                                                                "cudaGetDriverEntryPointByVersion");
     if (!real)
         return cudaErrorSymbolNotFound;
     cudaError_t e = real(symbol, pfn, version, flags, status);

@@ -42,7 +42,7 @@ struct sh_work {
     const void *key; /* SH_WORK_LAUNCH, SH_WORK_GRAPH */
     int key_kind;
     void **params;
-    size_t n;        /* endpoints used */
+    size_t n; /* endpoints used */
     uintptr_t ends[SH_WORK_ENDS];
 };
 
@@ -93,30 +93,30 @@ void sh_work_any_stream(struct sh_work *w);
 void sh_work_opaque(struct sh_work *w);
 
 #ifdef SH_ICEPT_VERBS /* the generated file only */
-#define range(p, n) sh_work_range(&w, (uintptr_t)(p), (size_t)(n))
-#define up(d, s, n) sh_work_up(&w, (uintptr_t)(d), (const void *)(s), (size_t)(n))
-#define down(d, s, n) sh_work_range(&w, (uintptr_t)(s), (size_t)(n))
-#define copy(d, s, n) sh_work_copy(&w, (uintptr_t)(d), (uintptr_t)(s), (size_t)(n))
-#define rcopy(d, s, n, k) sh_work_rcopy(&w, (uintptr_t)(d), (uintptr_t)(s), (size_t)(n), (int)(k))
-#define pitch(p, pi, wd, h) sh_work_pitch(&w, (uintptr_t)(p), (pi), (wd), (h))
-#define set(p, n) sh_work_range(&w, (uintptr_t)(p), (size_t)(n))
-#define copy2d(p) sh_work_copy2d(&w, (const CUDA_MEMCPY2D *)(p))
-#define copy3d(p) sh_work_copy3d(&w, (const CUDA_MEMCPY3D *)(p))
-#define copy3dpeer(p) sh_work_copy3dpeer(&w, (p))
-#define rcopy3d(p) sh_work_rcopy3d(&w, (p))
-#define rcopy3dpeer(p) sh_work_rcopy3dpeer(&w, (p))
-#define batch(d, s, z, c) sh_work_batch(&w, (d), (s), (z), (size_t)(c))
-#define value(p, n) sh_work_range(&w, (uintptr_t)(p), (n))
-#define memops(o, c) sh_work_memops(&w, (o), (c))
-#define symbol_up(s, n, k) sh_work_symbol_up(&w, (s), (size_t)(n), (int)(k))
-#define launch(k, kind, pa) sh_work_launch(&w, (const void *)(k), (kind), (pa))
+#define range(p, n)          sh_work_range(&w, (uintptr_t)(p), (size_t)(n))
+#define up(d, s, n)          sh_work_up(&w, (uintptr_t)(d), (const void *)(s), (size_t)(n))
+#define down(d, s, n)        sh_work_range(&w, (uintptr_t)(s), (size_t)(n))
+#define copy(d, s, n)        sh_work_copy(&w, (uintptr_t)(d), (uintptr_t)(s), (size_t)(n))
+#define rcopy(d, s, n, k)    sh_work_rcopy(&w, (uintptr_t)(d), (uintptr_t)(s), (size_t)(n), (int)(k))
+#define pitch(p, pi, wd, h)  sh_work_pitch(&w, (uintptr_t)(p), (pi), (wd), (h))
+#define set(p, n)            sh_work_range(&w, (uintptr_t)(p), (size_t)(n))
+#define copy2d(p)            sh_work_copy2d(&w, (const CUDA_MEMCPY2D *)(p))
+#define copy3d(p)            sh_work_copy3d(&w, (const CUDA_MEMCPY3D *)(p))
+#define copy3dpeer(p)        sh_work_copy3dpeer(&w, (p))
+#define rcopy3d(p)           sh_work_rcopy3d(&w, (p))
+#define rcopy3dpeer(p)       sh_work_rcopy3dpeer(&w, (p))
+#define batch(d, s, z, c)    sh_work_batch(&w, (d), (s), (z), (size_t)(c))
+#define value(p, n)          sh_work_range(&w, (uintptr_t)(p), (n))
+#define memops(o, c)         sh_work_memops(&w, (o), (c))
+#define symbol_up(s, n, k)   sh_work_symbol_up(&w, (s), (size_t)(n), (int)(k))
+#define launch(k, kind, pa)  sh_work_launch(&w, (const void *)(k), (kind), (pa))
 #define extra_params(pa, ex) sh_work_extra_params(&w, (pa), (ex))
-#define graph(e) sh_work_graph(&w, (CUgraphExec)(e))
-#define capture(b) sh_work_capture(&w, (b))
-#define stream(s) sh_work_stream(&w, (CUstream)(s))
-#define any_stream() sh_work_any_stream(&w)
-#define opaque() sh_work_opaque(&w)
-#define none() ((void)0)
+#define graph(e)             sh_work_graph(&w, (CUgraphExec)(e))
+#define capture(b)           sh_work_capture(&w, (b))
+#define stream(s)            sh_work_stream(&w, (CUstream)(s))
+#define any_stream()         sh_work_any_stream(&w)
+#define opaque()             sh_work_opaque(&w)
+#define none()               ((void)0)
 #endif
 
 #endif

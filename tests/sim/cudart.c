@@ -867,3 +867,30 @@ SIM_EXPORT cudaError_t cudaGetFuncBySymbol(cudaFunction_t *functionPtr, const vo
     *functionPtr = (cudaFunction_t)simcuda_function((simcuda_kernel_fn)symbolPtr);
     return *functionPtr ? cudaSuccess : ret(cudaErrorInvalidDeviceFunction);
 }
+
+/* ---- driver entry points: through the driver's cuGetProcAddress, as the
+ * real runtime does (the flags have the same values in both APIs). ---- */
+
+SIM_EXPORT cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **pfn,
+                                                        unsigned int version,
+                                                        unsigned long long flags,
+                                                        enum cudaDriverEntryPointQueryResult *st)
+{
+    CUdriverProcAddressQueryResult q = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    CUresult r = cuGetProcAddress_v2(symbol, pfn, (int)version, flags, &q);
+    if (st)
+        *st = q == CU_GET_PROC_ADDRESS_SUCCESS            ? cudaDriverEntryPointSuccess
+              : q == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND ? cudaDriverEntryPointSymbolNotFound
+                                                          : cudaDriverEntryPointVersionNotSufficent;
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations" /* CUDA 12 programs still call it */
+SIM_EXPORT cudaError_t cudaGetDriverEntryPoint(const char *symbol, void **pfn,
+                                               unsigned long long flags,
+                                               enum cudaDriverEntryPointQueryResult *st)
+{
+    return cudaGetDriverEntryPointByVersion(symbol, pfn, CUDART_VERSION, flags, st);
+}
+#pragma GCC diagnostic pop

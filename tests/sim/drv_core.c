@@ -659,7 +659,6 @@ static void *self_handle(void)
 SIM_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
                                         cuuint64_t flags, CUdriverProcAddressQueryResult *status)
 {
-    (void)flags;
     CUresult r = sim_inject(__func__);
     if (r)
         return r;
@@ -671,9 +670,15 @@ SIM_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda
     void *self = self_handle(), *stub = NULL;
     char name[256], stub_name[300];
     static const char *const suffixes[] = {"_v4", "_v3", "_v2", ""};
+    /* With the per-thread flag, the _ptsz/_ptds variant where there is one. */
+    static const char *const threads[] = {"_ptsz", "_ptds", ""};
+    int per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
     /* The newest implemented version; a stub only if nothing is implemented. */
-    for (size_t i = 0; self && i < sizeof suffixes / sizeof *suffixes; i++) {
-        snprintf(name, sizeof name, "%s%s", symbol, suffixes[i]);
+    for (size_t i = 0; self && i < 3 * sizeof suffixes / sizeof *suffixes; i++) {
+        size_t t = per_thread ? i % 3 : 2;
+        if (!per_thread && i % 3 != 2)
+            continue;
+        snprintf(name, sizeof name, "%s%s%s", symbol, suffixes[i / 3], threads[t]);
         snprintf(stub_name, sizeof stub_name, "simcuda_stub_%s", name);
         void *f = dlsym(self, name);
         if (f && f == dlsym(self, stub_name)) {

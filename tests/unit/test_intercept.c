@@ -69,11 +69,11 @@ static void test_table_names_the_variants(void **state)
 {
     (void)state;
     static const char *const want[] = {
-        "cuMemsetD32Async",      "cuMemsetD32Async_ptsz",   "cuMemcpyHtoD_v2",
-        "cuMemcpyHtoD_v2_ptds",  "cuMemcpy3DPeerAsync",     "cuMemcpyBatchAsync_v2",
-        "cuStreamWriteValue32",  "cuStreamBatchMemOp_v2",   "cuLaunchKernelEx_ptsz",
-        "cuGraphLaunch_ptsz",    "cudaMemcpy2DAsync_ptsz",  "cudaMemset3D_ptds",
-        "cudaLaunchKernelExC",   "cudaStreamBeginCapture_ptsz", "cuStreamBeginCaptureToGraph",
+        "cuMemsetD32Async",     "cuMemsetD32Async_ptsz",       "cuMemcpyHtoD_v2",
+        "cuMemcpyHtoD_v2_ptds", "cuMemcpy3DPeerAsync",         "cuMemcpyBatchAsync_v2",
+        "cuStreamWriteValue32", "cuStreamBatchMemOp_v2",       "cuLaunchKernelEx_ptsz",
+        "cuGraphLaunch_ptsz",   "cudaMemcpy2DAsync_ptsz",      "cudaMemset3D_ptds",
+        "cudaLaunchKernelExC",  "cudaStreamBeginCapture_ptsz", "cuStreamBeginCaptureToGraph",
     };
     for (size_t w = 0; w < sizeof want / sizeof *want; w++) {
         size_t i = 0;
