@@ -167,7 +167,7 @@ TEST_BINS := $(SIM_TESTS) $(UNIT_TESTS) $(E2E_BINS)
 
 test: all $(TEST_BINS)
 	@BUILD=$(BUILD) SAN=$(SAN) E2E="$(E2E_BINS)" tests/run.sh $(SIM_TESTS) $(UNIT_TESTS) \
-	    "tests/tools/top_tmux.sh $(BUILD)"
+	    "tests/tools/top_tmux.sh $(BUILD)" tests/tools/intercept_check.sh
 
 # ---- the demo: the README's main job ----------------------------------------
 $(BUILD)/demo/train: $(BUILD)/obj/tests/demo/train.o $(SIM_LIBS)
