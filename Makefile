@@ -26,7 +26,8 @@ LIB_SRCS := $(foreach m,$(MODULES),$(wildcard $(m)/*.c))
 # and the lookup hooks (dlsym above all) go into the shared library only,
 # never into the archive that tests and tools link.
 ICEPT_C    := $(BUILD)/gen/intercept.c
-ICEPT_OBJS := $(BUILD)/obj/gen/intercept.o $(BUILD)/obj/interpose/intercept.o
+ICEPT_OBJS := $(BUILD)/obj/gen/intercept.o $(BUILD)/obj/interpose/intercept.o \
+              $(BUILD)/obj/interpose/dlsym.o
 LIB_OBJS := $(filter-out $(ICEPT_OBJS),$(LIB_SRCS:%.c=$(BUILD)/obj/%.o))
 LIB_LIBS := -ldl -linih -lm -lz -lelf
 
@@ -72,6 +73,11 @@ $(ICEPT_C): mk/gen_intercept.py interpose/intercept.def interpose/exports.map $(
 
 $(BUILD)/gen/exports.map: interpose/exports.map $(ICEPT_C)
 	sed -e '/@INTERCEPT@/r $(BUILD)/gen/intercept.syms' -e '/@INTERCEPT@/d' $< > $@
+
+# Sanitizer runtimes call dlsym as they start, before instrumented code can
+# run; and dlsym passes caller-relative lookups on as a tail call.
+$(BUILD)/obj/interpose/dlsym.o: CFLAGS_ALL := $(filter-out -fsanitize=%,$(CFLAGS_ALL)) \
+    -O2 -foptimize-sibling-calls
 
 # Every versioned name of the driver, declared as itself (cuda.h renames
 # cuMemcpy2D to cuMemcpy2D_v2 and so on otherwise).
@@ -142,7 +148,8 @@ $(BUILD)/obj/tests/unit/test_intercept.o: tests/unit/test_intercept.c $(ICEPT_C)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_ALL) -I $(BUILD) -D__CUDA_API_VERSION_INTERNAL -MMD -MP -c $< -o $@
 $(BUILD)/tests/unit/test_intercept: $(BUILD)/obj/tests/unit/test_intercept.o \
-        $(BUILD)/obj/interpose/intercept.o $(BUILD)/libstagehand.a $(SIM_LIBS)
+        $(BUILD)/obj/interpose/intercept.o $(BUILD)/obj/interpose/dlsym.o $(BUILD)/libstagehand.a \
+        $(SIM_LIBS)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $(filter %.o,$^) $(BUILD)/libstagehand.a $(LDFLAGS_ALL) -Wl,--no-as-needed $(SIM_LINK) $(LIB_LIBS) \
 	    -lcmocka -ljson-c
@@ -150,6 +157,20 @@ $(BUILD)/tests/unit/test_intercept: $(BUILD)/obj/tests/unit/test_intercept.o \
 $(BUILD)/tests/unit/%: $(BUILD)/obj/tests/unit/%.o $(BUILD)/libstagehand.a
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< $(BUILD)/libstagehand.a $(LDFLAGS_ALL) $(LIB_LIBS) -lcmocka -ljson-c
+
+# test_e2e_dlsym's objects: A and B linked in, C opened locally with D.
+DLSYM_OBJS := $(foreach o,a b c d,$(BUILD)/tests/e2e/libshdl_$(o).so)
+DLSYM_C_LINK = -L$(@D) -Wl,--no-as-needed -lshdl_d -Wl,--disable-new-dtags -Wl,-rpath,'$$ORIGIN'
+$(BUILD)/tests/e2e/libshdl_%.so: tests/e2e/dlsym_objs.c $(BUILD)/tests/e2e/libshdl_d.so
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -DOBJ_$(shell echo $* | tr a-z A-Z) -shared -o $@ $< $(LDFLAGS_ALL) \
+	    $(if $(filter c,$*),$(DLSYM_C_LINK)) -ldl
+$(BUILD)/tests/e2e/libshdl_d.so: tests/e2e/dlsym_objs.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -DOBJ_D -shared -o $@ $< $(LDFLAGS_ALL)
+$(BUILD)/tests/e2e/test_e2e_dlsym: $(BUILD)/obj/tests/e2e/test_e2e_dlsym.o $(DLSYM_OBJS) $(SIM_LIBS)
+	$(CC) -o $@ $< $(LDFLAGS_ALL) -L$(@D) -Wl,--no-as-needed -lshdl_a -lshdl_b -Wl,--as-needed \
+	    -Wl,--disable-new-dtags -Wl,-rpath,'$$ORIGIN' -lcmocka -ldl
 
 $(BUILD)/tests/e2e/%: $(BUILD)/obj/tests/e2e/%.o $(SIM_LIBS)
 	@mkdir -p $(@D)

@@ -1,8 +1,8 @@
 /* intercept.c — what the generated wrappers do (see intercept.h), and the
- * three ways a program can reach the driver's functions past the
- * exported symbols: cuGetProcAddress, cudaGetDriverEntryPoint[ByVersion]
- * and dlsym. Each hands out the library's export of the same name in place
- * of a CUDA library's own function.
+ * ways a program can reach the driver's functions past the exported
+ * symbols: cuGetProcAddress and cudaGetDriverEntryPoint[ByVersion] (dlsym
+ * is in dlsym.c). Each hands out the library's export of the same name in
+ * place of a CUDA library's own function.
  *
  * Shared state: the real entry points (atomic pointers, resolved lazily
  * because the driver may be loaded after the library) and our own handle.
@@ -24,22 +24,6 @@ static _Atomic(void *) reals[1024];
 
 /* ---- real functions ---- */
 
-static void *(*real_dlsym)(void *, const char *);
-static pthread_once_t dlsym_once = PTHREAD_ONCE_INIT;
-
-static void find_dlsym(void)
-{
-    static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"};
-    for (size_t i = 0; !real_dlsym && i < sizeof versions / sizeof *versions; i++)
-        real_dlsym = (void *(*)(void *, const char *))dlvsym(RTLD_NEXT, "dlsym", versions[i]);
-}
-
-static void *lookup(void *handle, const char *name)
-{
-    pthread_once(&dlsym_once, find_dlsym);
-    return real_dlsym ? real_dlsym(handle, name) : NULL;
-}
-
 /* name in the loaded CUDA library of one kind (the driver, the runtime),
  * else the next definition after ours. */
 static void *cuda_fn(int runtime, const char *name)
@@ -48,13 +32,13 @@ static void *cuda_fn(int runtime, const char *name)
     static const char *const rt[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so", NULL};
     for (const char *const *n = runtime ? rt : driver; *n; n++) {
         void *h = dlopen(*n, RTLD_LAZY | RTLD_NOLOAD);
-        void *f = h ? lookup(h, name) : NULL;
+        void *f = h ? sh_dl_lookup(h, name) : NULL;
         if (h)
             dlclose(h); /* only our reference: someone else loaded it */
         if (f)
             return f;
     }
-    return lookup(RTLD_NEXT, name);
+    return sh_dl_lookup(RTLD_NEXT, name);
 }
 
 void *sh_icept_real(size_t i)
@@ -75,77 +59,20 @@ void *sh_icept_real(size_t i)
 
 /* ---- handing out wrappers ---- */
 
-static struct link_map *object_of(const void *addr)
-{
-    Dl_info info;
-    struct link_map *lm = NULL;
-    if (!addr || !dladdr1(addr, &info, (void **)&lm, RTLD_DL_LINKMAP))
-        return NULL;
-    return lm;
-}
-
-static struct link_map *self(void)
-{
-    static struct link_map *me;
-    if (!me)
-        me = object_of((const void *)self);
-    return me;
-}
-
-static int is_cuda_lib(const struct link_map *lm)
-{
-    const char *slash = lm && lm->l_name ? strrchr(lm->l_name, '/') : NULL;
-    const char *base = slash ? slash + 1 : lm ? lm->l_name : NULL;
-    return base && (strncmp(base, "libcuda.so", 10) == 0 || strncmp(base, "libcudart.so", 12) == 0);
-}
-
 /* Our export named as f is, if f is a CUDA library's exported function and
  * we export that name; else f. */
 void *sh_icept_wrap(void *f)
 {
     Dl_info info;
     struct link_map *lm = NULL;
-    if (!f || !dladdr1(f, &info, (void **)&lm, RTLD_DL_LINKMAP) || !is_cuda_lib(lm) ||
+    if (!f || !dladdr1(f, &info, (void **)&lm, RTLD_DL_LINKMAP) || !sh_dl_is_cuda(lm) ||
         !info.dli_sname || info.dli_saddr != f)
         return f;
-    void *mine = dlopen(self()->l_name, RTLD_LAZY | RTLD_NOLOAD);
-    void *g = mine ? lookup(mine, info.dli_sname) : NULL;
+    void *mine = dlopen(sh_dl_self()->l_name, RTLD_LAZY | RTLD_NOLOAD);
+    void *g = mine ? sh_dl_lookup(mine, info.dli_sname) : NULL;
     if (mine)
         dlclose(mine);
-    return g && object_of(g) == self() ? g : f;
-}
-
-/* Where dlsym(RTLD_NEXT) called from caller would look: the objects after
- * the caller's, in load order. */
-static void *next_after(const void *caller, const char *name)
-{
-    struct link_map *from = object_of(caller);
-    for (struct link_map *l = from ? from->l_next : NULL; l; l = l->l_next) {
-        void *h = l->l_name && l->l_name[0] ? dlopen(l->l_name, RTLD_LAZY | RTLD_NOLOAD) : NULL;
-        void *f = h ? lookup(h, name) : NULL;
-        if (h)
-            dlclose(h);
-        if (f && object_of(f) == l)
-            return f;
-    }
-    return NULL;
-}
-
-/* A program that opens libcuda and looks its functions up by name gets
- * the wrappers, as one that links it does (and so does the CUDA runtime,
- * which finds the driver's cuGetProcAddress this way). Lookups by the
- * library itself, or by a CUDA library of its own functions, get the
- * real ones. */
-EXPORT void *dlsym(void *handle, const char *name)
-{
-    const void *caller = __builtin_return_address(0);
-    struct link_map *from = object_of(caller);
-    if (from == self())
-        return lookup(handle, name); /* RTLD_NEXT is relative to us: right */
-    void *f = handle == RTLD_NEXT ? next_after(caller, name) : lookup(handle, name);
-    if (!f || object_of(f) == from)
-        return f;
-    return sh_icept_wrap(f);
+    return g && sh_dl_object(g) == sh_dl_self() ? g : f;
 }
 
 typedef CUresult (*get_proc_v2_fn)(const char *, void **, int, cuuint64_t,

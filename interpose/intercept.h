@@ -62,6 +62,15 @@ void *sh_icept_real(size_t i);
 /* The wrapper standing for the real function f, or f itself. */
 void *sh_icept_wrap(void *f);
 
+/* dlsym.c, built without sanitizers (their runtimes call dlsym before they
+ * are set up): the real dlsym, the loaded object containing addr, ours, and
+ * whether an object is libcuda or libcudart. */
+struct link_map;
+void *sh_dl_lookup(void *handle, const char *name);
+struct link_map *sh_dl_object(const void *addr);
+struct link_map *sh_dl_self(void);
+int sh_dl_is_cuda(const struct link_map *lm);
+
 /* 0: pass the call straight through (the library manages nothing yet, or
  * this thread is inside an intercepted call already). per_thread: the
  * entry is a _ptsz/_ptds variant, so a default stream is the thread's. */

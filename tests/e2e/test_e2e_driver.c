@@ -74,9 +74,9 @@ static void test_lookups_hand_out_the_wrappers(void **state)
     assert_true(from_stagehand(p));
 
     enum cudaDriverEntryPointQueryResult st;
-    assert_int_equal(cudaGetDriverEntryPointByVersion("cuMemcpyHtoDAsync", &p, 12000,
-                                                      cudaEnableDefault, &st),
-                     cudaSuccess);
+    assert_int_equal(
+        cudaGetDriverEntryPointByVersion("cuMemcpyHtoDAsync", &p, 12000, cudaEnableDefault, &st),
+        cudaSuccess);
     assert_int_equal(st, cudaDriverEntryPointSuccess);
     assert_true(from_stagehand(p));
     htod = (htod_fn)p;
