@@ -132,7 +132,9 @@ static const struct key keys[] = {
     SIZE("regions", "va_cache_mb", regions.va_cache, MB, PCT_NONE, 0, ANY_SIZE, 0, "4096", NULL,
          "virtual address space kept reserved for reuse"),
     SIZE("regions", "device_cache_mb", regions.device_cache, MB, PCT_BUDGET, 0, ANY_SIZE, 0, "1024",
-         NULL, "device chunks kept for reuse; % of the budget"),
+         NULL,
+         "device memory kept for reuse, freed regions and spare chunks together; % of "
+         "the budget"),
     SIZE("regions", "suballoc_max_kb", regions.suballoc_max, KB, PCT_NONE, 0, GB, 0, "1024", NULL,
          "async/pluggable sizes up to this come from the sub-allocator"),
 

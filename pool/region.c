@@ -413,7 +413,9 @@ int sh_pool_alloc(struct sh_pool *pool, size_t size, int path, uint64_t stream, 
     return region_alloc(pool, size, path, stream, va);
 }
 
-/* Keeps the freed cache within its budget: the oldest go first. */
+/* Keeps freed regions and spare chunks together within device_cache:
+ * the oldest freed regions go first (their chunks join the spares), then
+ * the spares, which only save a cuMemCreate. */
 static void enforce_cache_limit(struct sh_pool *pool)
 {
     for (;;) {
@@ -423,9 +425,15 @@ static void enforce_cache_limit(struct sh_pool *pool)
             freed_unlink(pool, r);
             pool->st.regions[SH_RS_FREED]--;
         }
+        size_t freed = pool->st.freed_bytes;
         pthread_mutex_unlock(&pool->mu);
-        if (!r)
+        if (!r) {
+            struct sh_chunkcache_stats cs;
+            sh_chunkcache_stats(pool->cc, &cs);
+            if (freed + cs.cached_bytes > pool->p.device_cache)
+                sh_chunkcache_trim(pool->cc, freed + cs.cached_bytes - pool->p.device_cache);
             return;
+        }
         teardown(pool, r);
     }
 }
