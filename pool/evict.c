@@ -23,7 +23,8 @@
  * on pool->pf and pool->ev (pool->mu); the thread that takes one off owns
  * it until it leaves RESTORING or EVICTING (commit, or cancel by a free).
  * Issue stamps, pool->opaque, pool->opaque_streams, pool->lo/hi and
- * region->holds_ptrs are atomics; windows read them under move_mu.
+ * region->holds_ptrs are atomics; windows read them under move_mu. Which
+ * regions hold pointers is ptrscan.c's.
  *
  * Early eviction: an eviction split in two like a prefetch. Start (no
  * window): D2H copies into the slabs while the region stays on its device
@@ -272,40 +273,6 @@ static uint64_t issued_at(const struct sh_pool *pool, const struct region *r)
     return own > any ? own : any;
 }
 
-void sh_pool_note_bounds(struct sh_pool *pool, const struct region *r)
-{
-    uintptr_t lo = __atomic_load_n(&pool->lo, __ATOMIC_RELAXED);
-    while (
-        (lo == 0 || r->va < lo) &&
-        !__atomic_compare_exchange_n(&pool->lo, &lo, r->va, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-        ;
-    uintptr_t hi = __atomic_load_n(&pool->hi, __ATOMIC_RELAXED);
-    while (r->va + r->mapped > hi &&
-           !__atomic_compare_exchange_n(&pool->hi, &hi, r->va + r->mapped, 1, __ATOMIC_RELAXED,
-                                        __ATOMIC_RELAXED))
-        ;
-}
-
-size_t sh_pool_find_pointers(struct sh_pool *pool, const void *bytes, size_t n, uintptr_t into)
-{
-    uintptr_t lo = __atomic_load_n(&pool->lo, __ATOMIC_RELAXED);
-    uintptr_t hi = __atomic_load_n(&pool->hi, __ATOMIC_RELAXED);
-    const unsigned char *p = bytes;
-    size_t found = 0;
-    pthread_rwlock_rdlock(&pool->index_lock);
-    /* Every 4-byte-aligned position: a packed struct may hold one there. */
-    for (size_t off = 0; p && off + 8 <= n && !found; off += 4) {
-        uintptr_t v;
-        memcpy(&v, p + off, sizeof v);
-        found = v - lo < hi - lo && sh_rindex_lookup(pool->index, v); /* one is enough */
-    }
-    struct region *dst = found ? sh_rindex_lookup(pool->index, into) : NULL;
-    if (dst)
-        __atomic_store_n(&dst->holds_ptrs, 1, __ATOMIC_RELAXED);
-    pthread_rwlock_unlock(&pool->index_lock);
-    return found;
-}
-
 /* Copies and remaps a batch of EVICTING regions; the gate is held. Returns
  * how many of them (a prefix) completed; the rest are left device-mapped,
  * whole: their slabs go back to the pool, so none may stay mapped. */
@@ -357,6 +324,7 @@ static void evicted_one(struct sh_pool *pool, struct region *r, size_t *released
     }
     *released += r->mapped;
     __atomic_add_fetch(&r->evictions, 1, __ATOMIC_RELAXED);
+    sh_pool_scan_landed(pool, r); /* outside the window: launches go on */
     pthread_mutex_lock(&pool->mu);
     pool->st.evictions++;
     pool->st.evicted_bytes += r->mapped;

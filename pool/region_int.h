@@ -100,7 +100,10 @@ struct sh_pool {
  * for, and it is back where it was, HOST on its slabs or RESIDENT. */
 int sh_pool_move_take(struct sh_pool *pool, struct region *r);
 void sh_pool_move_cancel(struct sh_pool *pool, struct region *r);
-/* evict.c, for region.c: widens [pool->lo, pool->hi) to cover r. */
+/* ptrscan.c: widens [pool->lo, pool->hi) to cover r (region.c, as it
+ * indexes r); marks r as holding pointers if the bytes that landed in its
+ * slabs hold one (evict.c, as r goes to the host). */
 void sh_pool_note_bounds(struct sh_pool *pool, const struct region *r);
+void sh_pool_scan_landed(struct sh_pool *pool, struct region *r);
 
 #endif

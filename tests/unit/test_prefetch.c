@@ -745,6 +745,43 @@ static void test_pointer_table_prefetch(void **state)
     stop();
 }
 
+static int holds_ptrs(uintptr_t va)
+{
+    int ptrs = 0;
+    uintptr_t base;
+    assert_int_equal(sh_pool_bases_ptrs(sys.pool, &va, 1, &base, &ptrs), 1);
+    return ptrs;
+}
+
+/* A table a kernel wrote on the device, where no copy showed it, is known
+ * by its bytes once they land on the host: an eviction, a plain one or an
+ * early one. A value that only looks like one in its high half (just past
+ * the last region) is not a pointer. */
+static void test_landed_bytes_mark_pointer_tables(void **state)
+{
+    (void)state;
+    start(&std_opts);
+    uintptr_t a = alloc(RSIZE), t = alloc(RSIZE), u = alloc(RSIZE), e = alloc(RSIZE);
+    uintptr_t inside = a + 100, past = e + RSIZE + 64;
+    fill(t, RSIZE, 1);
+    memcpy((void *)(t + RSIZE - 12), &inside, sizeof inside); /* 4-aligned, last chunk */
+    fill(u, RSIZE, 2);
+    memcpy((void *)(u + 40), &past, sizeof past);
+    fill(e, RSIZE, 3);
+    memcpy((void *)(e + CH + 4), &inside, sizeof inside);
+    assert_false(holds_ptrs(t)); /* nothing seen yet */
+    evict_one(t);
+    evict_one(u);
+    assert_true(holds_ptrs(t));
+    assert_false(holds_ptrs(u));
+    assert_int_equal(start_early(e), 1);
+    size_t back = 0;
+    assert_int_equal(commit_early(1, &back), 1);
+    assert_true(holds_ptrs(e));
+    assert_false(holds_ptrs(a));
+    stop();
+}
+
 /* The same for an early eviction (it stays resident, with the new bytes),
  * and with a tracked drain: opaque work's stream keeps any early eviction
  * from starting until it is idle, and a window waits for it. */
@@ -805,6 +842,7 @@ int main(void)
         cmocka_unit_test_teardown(test_verifier_early_eviction, teardown),
         cmocka_unit_test_teardown(test_pointer_table_prefetch, teardown),
         cmocka_unit_test_teardown(test_pointer_table_early_tracked, teardown),
+        cmocka_unit_test_teardown(test_landed_bytes_mark_pointer_tables, teardown),
     };
     return cmocka_run_group_tests_name("prefetch", tests, NULL, NULL);
 }
