@@ -4,6 +4,7 @@
 #   make test       build and run every test (simulated GPU)
 #   make check      format, cppcheck and a -Werror build
 #   make asan|ubsan|tsan   the test suite under a sanitizer
+#   make stress     the data-loss programs 20 times over (STRESS_RUNS=N)
 #   make install PREFIX=/usr/local
 
 CUDA_HOME ?= /usr/local/cuda
@@ -51,7 +52,8 @@ TOOLS     := $(TOOL_DIRS:tools/%=$(BUILD)/%)
 
 PREREQ := $(BUILD)/.prereqs
 
-.PHONY: all test check format asan ubsan tsan install clean bench bench-policy demo valgrind faults
+.PHONY: all test check format asan ubsan tsan install clean bench bench-policy demo valgrind faults \
+        stress
 .DEFAULT_GOAL := all
 
 all: $(BUILD)/libstagehand.so $(SIM_LIBS) $(TOOLS)
@@ -193,6 +195,13 @@ TEST_BINS := $(SIM_TESTS) $(UNIT_TESTS) $(E2E_BINS)
 test: all $(TEST_BINS)
 	@BUILD=$(BUILD) SAN=$(SAN) E2E="$(E2E_BINS)" tests/run.sh $(SIM_TESTS) $(UNIT_TESTS) \
 	    "tests/tools/top_tmux.sh $(BUILD)" tests/tools/intercept_check.sh
+
+# The data-loss programs, STRESS_RUNS times over (not part of make test).
+STRESS_RUNS ?= 20
+STRESS_E2E  := $(addprefix $(BUILD)/tests/e2e/test_e2e_,alloc capture driver opaque evict graph process)
+
+stress: all $(STRESS_E2E)
+	@tests/stress.sh $(STRESS_RUNS) $(BUILD) $(STRESS_E2E)
 
 # ---- the demo: the README's main job ----------------------------------------
 $(BUILD)/demo/train: $(BUILD)/obj/tests/demo/train.o $(SIM_LIBS)

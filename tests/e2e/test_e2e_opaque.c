@@ -16,7 +16,10 @@
  *   nccl    the optimizer is a kernel named like NCCL's that gets the
  *           gradient and a block number and finds the weight and state in
  *           its own work queue, as NCCL's kernels find their buffers (here
- *           a host array, invisible to the scan).
+ *           a host array, invisible to the scan);
+ *   memset  the optimizer sets the whole weight with the driver's
+ *           cuMemsetD32Async on the launches' own stream (no kernel names
+ *           it there).
  *
  * Each pattern runs in a child with the default configuration (eviction =
  * learned, prefetch on), with drain_mode = tracked, and with the move
@@ -33,6 +36,7 @@
 #include "simcuda.h"
 #include "stagehand.h"
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <stdio.h>
@@ -63,6 +67,11 @@ static void k_bwd(void **a) /* (weight, grad) */
 {
     uint32_t *g = *(uint32_t **)a[1];
     touch(g, 1);
+}
+
+static void k_state(void **a) /* (state) */
+{
+    touch(*(uint32_t **)a[0], 1);
 }
 
 static void k_opt_table(void **a) /* (table = {weight, state}, grad) */
@@ -136,6 +145,7 @@ static int child_main(const char *pattern)
     void *w[BLOCKS], *g[BLOCKS], *s[BLOCKS], *tab[BLOCKS], *x;
     size_t bytes = (size_t)REGION_MB << 20;
     int table = strcmp(pattern, "table") == 0, nccl = strcmp(pattern, "nccl") == 0;
+    int mset = strcmp(pattern, "memset") == 0;
     for (int i = 0; i < BLOCKS; i++) {
         if (cudaMalloc(&w[i], bytes) || cudaMalloc(&g[i], bytes) || cudaMalloc(&s[i], bytes) ||
             cudaMalloc(&tab[i], 2 * sizeof(void *)))
@@ -170,7 +180,13 @@ static int child_main(const char *pattern)
             void *targs[] = {&tab[i], &g[i]};
             void *pargs[] = {&r, &g[i], &s[i]};
             void *nargs[] = {&g[i], &i};
-            if (nccl)
+            void *sargs[] = {&s[i]};
+            uint32_t sum = (uint32_t)((step + 1) * (step + 2) / 2); /* 1 + ... + step + 1 */
+            if (mset) {
+                launch(k_state, sargs);
+                failures += cuMemsetD32Async((CUdeviceptr)(uintptr_t)w[i], sum, WORDS, NULL) !=
+                            CUDA_SUCCESS;
+            } else if (nccl)
                 launch(k_nccl, nargs);
             else
                 launch(table ? k_opt_table : k_opt_packed, table ? targs : pargs);
@@ -244,13 +260,23 @@ static void test_nccl(void **state)
     run(args, "nccl", verified);
 }
 
+static void test_memset(void **state)
+{
+    (void)state;
+    run(args, "memset", NULL);
+    run(args, "memset", tracked);
+    run(args, "memset", verified);
+}
+
 static int register_kernels(void)
 {
     size_t block[] = {sizeof(void *), sizeof(int)};
     size_t two[] = {sizeof(void *), sizeof(void *)};
     size_t packed[] = {sizeof(struct rec), sizeof(void *), sizeof(void *)};
     size_t aligns[] = {_Alignof(struct rec), 0, 0};
+    size_t ptr[] = {sizeof(void *)};
     return simcuda_register_kernel(k_fwd, "fwd", 2, two, KERNEL_US) ||
+           simcuda_register_kernel(k_state, "state", 1, ptr, KERNEL_US) ||
            simcuda_register_kernel(k_bwd, "bwd", 2, two, KERNEL_US) ||
            simcuda_register_kernel(k_opt_table, "opt_table", 2, two, KERNEL_US) ||
            simcuda_register_kernel_aligned(k_opt_packed, "opt_packed", 3, packed, aligns,
@@ -282,6 +308,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_table),
         cmocka_unit_test(test_packed),
         cmocka_unit_test(test_nccl),
+        cmocka_unit_test(test_memset),
     };
     return cmocka_run_group_tests_name("e2e_opaque", tests, NULL, NULL);
 }
