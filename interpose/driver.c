@@ -252,10 +252,13 @@ int sh_driver_copy_ops(struct sh_driver *drv, struct sh_copy_ops *ops)
     int least = 0, greatest = 0;
     drv->cuCtxGetStreamPriorityRange(&least, &greatest);
     copier.drv = drv;
-    for (int d = 0; d < 2; d++)
-        if (drv->cuStreamCreateWithPriority(&copier.stream[d], CU_STREAM_NON_BLOCKING, greatest) !=
-            CUDA_SUCCESS)
+    for (int d = 0; d < 2; d++) /* a retry keeps the stream a failed try made */
+        if (!copier.stream[d] &&
+            drv->cuStreamCreateWithPriority(&copier.stream[d], CU_STREAM_NON_BLOCKING, greatest) !=
+                CUDA_SUCCESS) {
+            copier.stream[d] = NULL;
             return SH_EDRIVER;
+        }
     *ops = (struct sh_copy_ops){NULL, copy_issue, copy_done, copy_wait, copy_forget, copy_drain};
     return SH_OK;
 }

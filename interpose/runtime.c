@@ -80,6 +80,21 @@ static uint64_t host_ram(void)
     return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
 }
 
+/* Start-up calls are tried this often: one transient failure must not
+ * turn the library or eviction off for the whole run. */
+#define START_TRIES 3
+
+/* A device attribute, asked again if the driver fails to answer; 0 if it
+ * never does. */
+static int attribute(CUdevice_attribute what)
+{
+    int v = 0;
+    for (int i = 0; i < START_TRIES; i++)
+        if (sh_rt.drv.cuDeviceGetAttribute(&v, what, sh_rt.dev) == CUDA_SUCCESS)
+            return v;
+    return 0;
+}
+
 static int open_device(void)
 {
     struct sh_driver *d = &sh_rt.drv;
@@ -97,10 +112,7 @@ static int open_device(void)
     if (d->cuDevicePrimaryCtxRetain(&sh_rt.ctx, sh_rt.dev) != CUDA_SUCCESS ||
         d->cuDeviceTotalMem(&sh_rt.card_bytes, sh_rt.dev) != CUDA_SUCCESS)
         return SH_EDRIVER;
-    int vmm = 0;
-    d->cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-                            sh_rt.dev);
-    if (!vmm) {
+    if (!attribute(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)) {
         sh_log(SH_LOG_WARN, "device %d has no virtual memory management; passing through", dev);
         return SH_EDRIVER;
     }
@@ -113,7 +125,10 @@ static int open_pool(void)
     CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
                                 .location = {CU_MEM_LOCATION_TYPE_DEVICE, sh_rt.dev}};
     size_t gran = 0;
-    if (d->cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+    for (int i = 0; !gran && i < START_TRIES; i++)
+        if (d->cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+            gran = 0;
+    if (!gran)
         return SH_EDRIVER;
     sh_rt.gran = gran;
     const struct sh_config *c = &sh_rt.cfg;
@@ -131,19 +146,10 @@ static int open_pool(void)
     return sh_pool_create(&p, &vmm, &fences, &sh_rt.pool);
 }
 
-/* Host slabs and the copy engine; without them the library still manages
- * allocations, it just cannot evict. */
-static void open_mover(void)
+/* Host slabs and copy streams, set up once; on failure nothing is kept. */
+static int try_mover(void)
 {
     const struct sh_config *c = &sh_rt.cfg;
-    int host_vmm = 0;
-    sh_rt.drv.cuDeviceGetAttribute(
-        &host_vmm, CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, sh_rt.dev);
-    if (!host_vmm) {
-        sh_log(SH_LOG_WARN, "the driver cannot map host memory into the device's address space; "
-                            "eviction is off");
-        return;
-    }
     struct sh_hostpool_params hp = {.granularity = sh_rt.gran,
                                     .ram_budget = c->budget.host_ram_budget.bytes,
                                     .prepin = c->pool.prepin.bytes,
@@ -160,9 +166,28 @@ static void open_mover(void)
         sh_driver_copy_ops(&sh_rt.drv, &copy) != SH_OK ||
         sh_xfer_create(&copy, (unsigned)c->transfer.max_inflight_d2h,
                        (unsigned)c->transfer.max_inflight_h2d, &sh_rt.xfer) != SH_OK) {
-        sh_log(SH_LOG_WARN, "cannot set up host slabs or copy streams; eviction is off");
         sh_hostpool_destroy(sh_rt.host);
         sh_rt.host = NULL;
+        return SH_EDRIVER;
+    }
+    return SH_OK;
+}
+
+/* Host slabs and the copy engine; without them the library still manages
+ * allocations, it just cannot evict. */
+static void open_mover(void)
+{
+    const struct sh_config *c = &sh_rt.cfg;
+    if (!attribute(CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)) {
+        sh_log(SH_LOG_WARN, "the driver cannot map host memory into the device's address space; "
+                            "eviction is off");
+        return;
+    }
+    int rc = SH_EDRIVER;
+    for (int i = 0; rc != SH_OK && i < START_TRIES; i++)
+        rc = try_mover();
+    if (rc != SH_OK) {
+        sh_log(SH_LOG_WARN, "cannot set up host slabs or copy streams; eviction is off");
         return;
     }
     struct sh_pool_mover m = {.host = sh_rt.host,

@@ -39,7 +39,15 @@
 #define WORDS  (REGION / 4)
 #define NREG   20 /* 160 MB against a 96 MB budget */
 
-enum { OK_RECOVERED = 0, OK_PROPAGATED = 3, LOST = 4, LEAKED = 5, SETUP = 6, CTX_LOST = 7 };
+enum {
+    OK_RECOVERED = 0,
+    OK_PROPAGATED = 3,
+    LOST = 4,
+    LEAKED = 5,
+    SETUP = 6,
+    CTX_LOST = 7,
+    NO_EVICTION = 8 /* E2E_FAULTS_MUST_EVICT: the library never evicted */
+};
 
 static char **saved_argv;
 static int preloaded;
@@ -122,6 +130,8 @@ static int workload(void)
                 sim.device_bytes_in_use - (size_t)st.device_bytes);
         return LEAKED;
     }
+    if (getenv("E2E_FAULTS_MUST_EVICT") && st.evictions == 0)
+        return NO_EVICTION;
     return errors ? OK_PROPAGATED : OK_RECOVERED;
 }
 
@@ -260,6 +270,37 @@ static void test_matrix(void **state)
     assert_int_equal(t.ctx, 0);
 }
 
+/* A call the library makes once, as it starts, failing once or twice: the
+ * library and eviction still come up, and the run is as without the fault. */
+static void test_startup_failures_recover(void **state)
+{
+    (void)state;
+    if (!preloaded)
+        skip();
+    static const char *const specs[] = {
+        "cuDeviceGetAttribute:1",
+        "cuDeviceGetAttribute:2",
+        "cuMemGetAllocationGranularity:1",
+        "cuStreamCreateWithPriority:1",
+        "cuStreamCreateWithPriority:2",
+        "cuMemCreate:1",
+        "cuMemCreate:1,cuMemCreate:2",
+        "cuMemAddressReserve:1",
+        "cuMemMap:1",
+    };
+    setenv("E2E_FAULTS_MUST_EVICT", "1", 1);
+    int bad = 0;
+    for (size_t i = 0; i < sizeof specs / sizeof *specs; i++) {
+        int rc = run_one(specs[i]);
+        if (rc != OK_RECOVERED) {
+            fprintf(stderr, "faults: %s at start-up -> %d\n", specs[i], rc);
+            bad++;
+        }
+    }
+    unsetenv("E2E_FAULTS_MUST_EVICT");
+    assert_int_equal(bad, 0);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -275,7 +316,8 @@ int main(int argc, char **argv)
         return 1;
     }
     preloaded = dlsym(RTLD_DEFAULT, "stagehand_get_stats") && !getenv("STAGEHAND_DISABLE");
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_matrix)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_matrix),
+                                       cmocka_unit_test(test_startup_failures_recover)};
     return cmocka_run_group_tests_name(
         preloaded ? "e2e_faults (preloaded)" : "e2e_faults (disabled)", tests, NULL, NULL);
 }
