@@ -30,10 +30,16 @@ int sh_driver_load(struct sh_driver *drv, const char *path)
                path);
         return SH_EDRIVER;
     }
+    int (*get_version)(int *) = (int (*)(int *))dlsym(drv->lib, "cuDriverGetVersion");
+    if (!get_version || get_version(&drv->version) != CUDA_SUCCESS || drv->version < 12000) {
+        sh_log(SH_LOG_ERROR, "%s is older than CUDA 12.0 (version %d): passing through", path,
+               drv->version);
+        return SH_EDRIVER;
+    }
     CUdriverProcAddressQueryResult status;
 #define SH_DRIVER_LOAD(name)                                                                       \
-    if (get_proc(#name, (void **)&drv->name, 13000, CU_GET_PROC_ADDRESS_DEFAULT, &status) !=       \
-            CUDA_SUCCESS ||                                                                        \
+    if (get_proc(#name, (void **)&drv->name, SH_DRIVER_ABI, CU_GET_PROC_ADDRESS_DEFAULT,           \
+                 &status) != CUDA_SUCCESS ||                                                       \
         !drv->name) {                                                                              \
         sh_log(SH_LOG_ERROR, "the CUDA driver lacks %s", #name);                                   \
         return SH_EDRIVER;                                                                         \
@@ -41,6 +47,17 @@ int sh_driver_load(struct sh_driver *drv, const char *path)
     SH_DRIVER_ENTRIES(SH_DRIVER_LOAD)
 #undef SH_DRIVER_LOAD
     return SH_OK;
+}
+
+void *sh_driver_optional(const struct sh_driver *drv, const char *name, int since)
+{
+    void *f = NULL;
+    CUdriverProcAddressQueryResult q;
+    if (drv->version < since ||
+        drv->cuGetProcAddress(name, &f, since, CU_GET_PROC_ADDRESS_DEFAULT, &q) != CUDA_SUCCESS ||
+        q != CU_GET_PROC_ADDRESS_SUCCESS)
+        return NULL;
+    return f;
 }
 
 const char *sh_driver_error(const struct sh_driver *drv, CUresult r)

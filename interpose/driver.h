@@ -59,10 +59,21 @@ struct sh_driver {
     SH_DRIVER_ENTRIES(SH_DRIVER_FIELD)
 #undef SH_DRIVER_FIELD
     void *lib;
+    int version;
 };
 
-/* Loads the driver; SH_EDRIVER with a log line naming what is missing. */
+/* Every entry in the table has had the signature cuda.h declares since
+ * CUDA 12.0, so they are asked for at that version, which every driver
+ * from 12.0 on answers (one older than the version asked refuses). */
+#define SH_DRIVER_ABI 12000
+
+/* Loads the driver; SH_EDRIVER with a log line naming what is missing.
+ * drv->version is the driver's CUDA version (12040 for 12.4). */
 int sh_driver_load(struct sh_driver *drv, const char *path);
+
+/* An entry point newer than CUDA 12.0, asked for at the version that
+ * brought it in (since, as 12040); NULL where this driver lacks it. */
+void *sh_driver_optional(const struct sh_driver *drv, const char *name, int since);
 
 /* The driver's name for r, for messages. */
 const char *sh_driver_error(const struct sh_driver *drv, CUresult r);

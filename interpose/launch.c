@@ -629,7 +629,7 @@ static const CUpti_CallbackId driver_ids[] = {
     CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz,
 };
 
-static const char *start_cupti(const char *path)
+static const char *start_cupti_at(const char *path)
 {
     static char why[SH_CONFIG_STR_MAX + 256]; /* start-up runs once */
     void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
@@ -643,19 +643,56 @@ static const char *start_cupti(const char *path)
         (__typeof__(cuptiSubscribe) *)dlsym(lib, "cuptiSubscribe");
     __typeof__(cuptiEnableCallback) *enable =
         (__typeof__(cuptiEnableCallback) *)dlsym(lib, "cuptiEnableCallback");
-    if (!subscribe || !enable)
-        return "libcupti lacks cuptiSubscribe";
     CUpti_SubscriberHandle sub;
-    CUptiResult r = subscribe(&sub, (CUpti_CallbackFunc)on_callback, NULL);
-    if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED)
-        return "another CUPTI subscriber (a profiler?) is active";
-    if (r != CUPTI_SUCCESS)
-        return "cuptiSubscribe failed";
+    CUptiResult r = subscribe && enable ? subscribe(&sub, (CUpti_CallbackFunc)on_callback, NULL)
+                                        : CUPTI_ERROR_NOT_INITIALIZED;
+    if (r != CUPTI_SUCCESS) {
+        dlclose(lib);
+        snprintf(why, sizeof why, "%s: %s", path,
+                 !subscribe || !enable ? "no cuptiSubscribe in it"
+                 : r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
+                     ? "another CUPTI subscriber (a profiler?) is active"
+                     : "cuptiSubscribe failed (a CUPTI for another CUDA version?)");
+        return why;
+    }
     for (size_t i = 0; i < sizeof runtime_ids / sizeof *runtime_ids; i++)
         enable(1, sub, CUPTI_CB_DOMAIN_RUNTIME_API, runtime_ids[i]);
     for (size_t i = 0; i < sizeof driver_ids / sizeof *driver_ids; i++)
         enable(1, sub, CUPTI_CB_DOMAIN_DRIVER_API, driver_ids[i]);
     return NULL;
+}
+
+/* cupti_path, or with "auto" the CUPTI of the CUDA runtime the program has
+ * loaded (12 or 13), then any: the first that subscribes. NULL on success,
+ * else why the first one tried did not. */
+static const char *start_cupti(const char *path)
+{
+    if (strcmp(path, "auto") != 0)
+        return start_cupti_at(path);
+    static const char *const rt[] = {"libcudart.so.13", "libcudart.so.12"};
+    static const char *const cupti[] = {"libcupti.so.13", "libcupti.so.12"};
+    const char *order[4], *first = NULL;
+    size_t n = 0;
+    for (size_t i = 0; i < 2; i++) {
+        void *h = dlopen(rt[i], RTLD_LAZY | RTLD_NOLOAD);
+        if (h) {
+            dlclose(h);
+            order[n++] = cupti[i];
+        }
+    }
+    order[n++] = cupti[0];
+    order[n++] = cupti[1];
+    for (size_t i = 0; i < n; i++) {
+        const char *why = start_cupti_at(order[i]);
+        if (!why)
+            return NULL;
+        if (!first) {
+            static char kept[SH_CONFIG_STR_MAX + 256];
+            snprintf(kept, sizeof kept, "%s", why);
+            first = kept;
+        }
+    }
+    return first;
 }
 
 int sh_launch_init(void)
@@ -664,11 +701,13 @@ int sh_launch_init(void)
     if (!layouts)
         return -1;
     real_get_func = (__typeof__(cudaGetFuncBySymbol) *)dlsym(RTLD_NEXT, "cudaGetFuncBySymbol");
-    CUdriverProcAddressQueryResult q;
-    sh_rt.drv.cuGetProcAddress("cuFuncGetParamInfo", (void **)&func_param_info, 13000, 0, &q);
-    sh_rt.drv.cuGetProcAddress("cuKernelGetParamInfo", (void **)&kernel_param_info, 13000, 0, &q);
-    sh_rt.drv.cuGetProcAddress("cuFuncGetName", (void **)&func_get_name, 13000, 0, &q);
-    sh_rt.drv.cuGetProcAddress("cuKernelGetName", (void **)&kernel_get_name, 13000, 0, &q);
+    const struct sh_driver *d = &sh_rt.drv;
+    func_param_info =
+        (__typeof__(func_param_info))sh_driver_optional(d, "cuFuncGetParamInfo", 12040);
+    kernel_param_info =
+        (__typeof__(kernel_param_info))sh_driver_optional(d, "cuKernelGetParamInfo", 12040);
+    func_get_name = (__typeof__(func_get_name))sh_driver_optional(d, "cuFuncGetName", 12030);
+    kernel_get_name = (__typeof__(kernel_get_name))sh_driver_optional(d, "cuKernelGetName", 12030);
     if (!func_param_info)
         sh_log(SH_LOG_INFO, "the driver has no cuFuncGetParamInfo: reading parameter layouts "
                             "from module images");

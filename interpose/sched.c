@@ -98,8 +98,8 @@ static int timing_on;
 static void timing_init(void)
 {
     CUdriverProcAddressQueryResult q;
-    if (!trace || sh_rt.drv.cuGetProcAddress("cuEventElapsedTime", (void **)&event_elapsed, 13000,
-                                             0, &q) != CUDA_SUCCESS)
+    if (!trace || sh_rt.drv.cuGetProcAddress("cuEventElapsedTime", (void **)&event_elapsed,
+                                             SH_DRIVER_ABI, 0, &q) != CUDA_SUCCESS)
         event_elapsed = NULL;
     timing_on = event_elapsed != NULL;
 }

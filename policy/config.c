@@ -176,7 +176,8 @@ static const struct key keys[] = {
 
     ENUM("tracking", "mode", tracking.mode, track_modes, "auto", "tracking",
          "how launches are seen: CUPTI callbacks, launch hooks, or auto"),
-    STR("tracking", "cupti_path", tracking.cupti_path, "libcupti.so.13", "CUPTI library to dlopen"),
+    STR("tracking", "cupti_path", tracking.cupti_path, "auto",
+        "CUPTI library to dlopen; auto: the one of the program's CUDA runtime (12 or 13)"),
 
     BOOL("telemetry", "telemetry_enabled", telemetry.telemetry_enabled, "true", "telemetry",
          "collect counters"),

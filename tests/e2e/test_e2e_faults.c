@@ -301,6 +301,38 @@ static void test_startup_failures_recover(void **state)
     assert_int_equal(bad, 0);
 }
 
+/* Drivers of the CUDA 12 era: the library comes up on each (it asks for
+ * entry points at 12.0, newer ones where the driver has them) and evicts
+ * from 12.2 (host-located VMM); on 12.0 it manages memory without eviction.
+ * Every byte is right on each. */
+static void test_cuda12_drivers(void **state)
+{
+    (void)state;
+    if (!preloaded)
+        skip();
+    static const struct {
+        const char *version;
+        int want;
+    } drivers[] = {
+        {"12000", NO_EVICTION},  {"12020", OK_RECOVERED}, {"12030", OK_RECOVERED},
+        {"12040", OK_RECOVERED}, {"12080", OK_RECOVERED},
+    };
+    setenv("E2E_FAULTS_MUST_EVICT", "1", 1);
+    int bad = 0;
+    for (size_t i = 0; i < sizeof drivers / sizeof *drivers; i++) {
+        setenv("SIMCUDA_DRIVER_VERSION", drivers[i].version, 1);
+        int rc = run_one("");
+        if (rc != drivers[i].want) {
+            fprintf(stderr, "faults: driver %s -> %d, want %d\n", drivers[i].version, rc,
+                    drivers[i].want);
+            bad++;
+        }
+    }
+    unsetenv("SIMCUDA_DRIVER_VERSION");
+    unsetenv("E2E_FAULTS_MUST_EVICT");
+    assert_int_equal(bad, 0);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -317,7 +349,8 @@ int main(int argc, char **argv)
     }
     preloaded = dlsym(RTLD_DEFAULT, "stagehand_get_stats") && !getenv("STAGEHAND_DISABLE");
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_matrix),
-                                       cmocka_unit_test(test_startup_failures_recover)};
+                                       cmocka_unit_test(test_startup_failures_recover),
+                                       cmocka_unit_test(test_cuda12_drivers)};
     return cmocka_run_group_tests_name(
         preloaded ? "e2e_faults (preloaded)" : "e2e_faults (disabled)", tests, NULL, NULL);
 }

@@ -18,7 +18,27 @@
 struct sim_cfg sim_cfg;
 struct sim_stats sim_stats;
 
-#define SIM_DRIVER_VERSION 13000
+/* The CUDA version the simulated driver claims: SIMCUDA_DRIVER_VERSION
+ * (12000 for 12.0), 13000 by default. It may be asked before cuInit. */
+static int driver_version(void)
+{
+    static atomic_int version;
+    int v = atomic_load(&version);
+    if (v)
+        return v;
+    const char *e = getenv("SIMCUDA_DRIVER_VERSION");
+    char *end = NULL;
+    long n = e && *e ? strtol(e, &end, 10) : 13000;
+    if (end && (*end || n < 11000 || n > 99000)) {
+        fprintf(stderr,
+                "simcuda: SIMCUDA_DRIVER_VERSION=%s: expected a version such as 12040; "
+                "using 13000\n",
+                e);
+        n = 13000;
+    }
+    atomic_store(&version, (int)n);
+    return (int)n;
+}
 
 static atomic_int initialised;
 static atomic_int sticky = CUDA_SUCCESS;
@@ -279,7 +299,7 @@ SIM_EXPORT CUresult cuDriverGetVersion(int *v)
         return r;
     if (!v)
         return CUDA_ERROR_INVALID_VALUE;
-    *v = SIM_DRIVER_VERSION;
+    *v = driver_version();
     return CUDA_SUCCESS;
 }
 
@@ -386,7 +406,7 @@ static int attribute(CUdevice_attribute a, int *known)
     case CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID:
         return 0;
     case CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
-        return !sim_cfg.no_host_vmm;
+        return !sim_cfg.no_host_vmm && driver_version() >= 12020; /* from CUDA 12.2 */
     case CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED:
         return 1;
     default:
@@ -653,6 +673,24 @@ static void *self_handle(void)
     return self;
 }
 
+/* The CUDA version that brought symbol in, for those newer than 12.0 that
+ * the library asks for; 0 for the rest. */
+static int introduced(const char *symbol)
+{
+    static const struct {
+        const char *name;
+        int since;
+    } newer[] = {
+        {"cuFuncGetName", 12030},      {"cuKernelGetName", 12030},
+        {"cuFuncGetParamInfo", 12040}, {"cuKernelGetParamInfo", 12040},
+        {"cuMemcpyBatchAsync", 12080}, {"cuMemcpy3DBatchAsync", 12080},
+    };
+    for (size_t i = 0; i < sizeof newer / sizeof *newer; i++)
+        if (strcmp(symbol, newer[i].name) == 0)
+            return newer[i].since;
+    return 0;
+}
+
 /* As cuda.h documents it: a cudaVersion newer than the driver is
  * CUDA_ERROR_INVALID_VALUE; a symbol the driver does not have is
  * CUDA_SUCCESS with *pfn NULL and CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND. */
@@ -665,8 +703,15 @@ SIM_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda
     if (!symbol || !pfn)
         return CUDA_ERROR_INVALID_VALUE;
     *pfn = NULL;
-    if (cudaVersion > SIM_DRIVER_VERSION)
+    if (cudaVersion > driver_version())
         return CUDA_ERROR_INVALID_VALUE;
+    int since = introduced(symbol);
+    if (since > driver_version() || since > cudaVersion) {
+        if (status)
+            *status = since > driver_version() ? CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND
+                                               : CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
+        return CUDA_SUCCESS;
+    }
     void *self = self_handle(), *stub = NULL;
     char name[256], stub_name[300];
     static const char *const suffixes[] = {"_v4", "_v3", "_v2", ""};

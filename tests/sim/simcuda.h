@@ -7,7 +7,8 @@
  *
  * Environment: SIMCUDA_VRAM_MB (1024), SIMCUDA_HOST_MB (8192),
  * SIMCUDA_GRANULARITY_KB (2048), SIMCUDA_PCIE_GBPS (0 = instant),
- * SIMCUDA_KERNEL_US (0), SIMCUDA_NO_HOST_VMM (0: host-located VMM supported).
+ * SIMCUDA_KERNEL_US (0), SIMCUDA_NO_HOST_VMM (0: host-located VMM supported),
+ * SIMCUDA_DRIVER_VERSION (13000; see README).
  */
 #ifndef SIMCUDA_H
 #define SIMCUDA_H

@@ -101,7 +101,7 @@ static void assert_defaults(const struct sh_config *c)
     assert_int_equal(c->conductor.optimizer_max_inflight_h2d, 1);
     assert_int_equal(c->conductor.contention_checks, 3);
     assert_int_equal(c->tracking.mode, SH_CONFIG_TRACK_AUTO);
-    assert_string_equal(c->tracking.cupti_path, "libcupti.so.13");
+    assert_string_equal(c->tracking.cupti_path, "auto");
     assert_int_equal(c->telemetry.telemetry_enabled, 1);
     assert_string_equal(c->telemetry.telemetry_file, "");
     assert_int_equal(c->telemetry.telemetry_interval, 1);
