@@ -242,13 +242,19 @@ static int copy_done(void *ctx, uint64_t token)
     return token == 0 || fence_done(copier.drv, token);
 }
 
+/* The caller unmaps or reuses the copy's memory once this returns, so a
+ * failed event wait falls back to waiting for the whole context (retried
+ * once): the copy is finished whenever this returns, even with an error. */
 static int copy_wait(void *ctx, uint64_t token)
 {
     (void)ctx;
-    if (token == 0)
+    struct sh_driver *drv = copier.drv;
+    if (token == 0 || drv->cuEventSynchronize((CUevent)(uintptr_t)token) == CUDA_SUCCESS)
         return SH_OK;
-    CUresult r = copier.drv->cuEventSynchronize((CUevent)(uintptr_t)token);
-    return result(copier.drv, r, "cuEventSynchronize");
+    CUresult r = drv->cuCtxSynchronize();
+    if (r != CUDA_SUCCESS)
+        r = drv->cuCtxSynchronize();
+    return result(drv, r, "waiting for a copy");
 }
 
 static void copy_forget(void *ctx, uint64_t token)

@@ -238,9 +238,15 @@ static void quick_sweep(struct tally *t, size_t nn)
         int nth, mode;
         const char *other;
     } extra[] = {
-        {"cuMemMap", 3, TWICE, NULL},        {"cuMemUnmap", 3, TWICE, NULL},
-        {"cuMemMap", 10, ALWAYS, NULL},      {"cuEventSynchronize", 3, ALWAYS, NULL},
-        {"cuMemMap", 3, ONCE, "cuMemUnmap"}, {"cuMemcpyAsync", 10, ONCE, "cuEventQuery"},
+        {"cuMemMap", 3, TWICE, NULL},
+        {"cuMemUnmap", 3, TWICE, NULL},
+        {"cuMemMap", 10, ALWAYS, NULL},
+        {"cuEventSynchronize", 3, ALWAYS, NULL},
+        {"cuMemMap", 3, ONCE, "cuMemUnmap"},
+        {"cuMemcpyAsync", 10, ONCE, "cuEventQuery"},
+        /* a copy's event wait failing mid-move (the full sweep found it) */
+        {"cuEventSynchronize", 13, ONCE, NULL},
+        {"cuEventSynchronize", 21, TWICE, NULL},
     };
     for (size_t c = 0; c < NCALLS; c++)
         for (size_t k = 0; k < nn; k++)
