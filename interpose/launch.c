@@ -663,36 +663,22 @@ static const char *start_cupti_at(const char *path)
 }
 
 /* cupti_path, or with "auto" the CUPTI of the CUDA runtime the program has
- * loaded (12 or 13), then any: the first that subscribes. NULL on success,
- * else why the first one tried did not. */
+ * loaded (12, else 13), then the other. NULL on success, else why the first
+ * one tried did not. */
 static const char *start_cupti(const char *path)
 {
     if (strcmp(path, "auto") != 0)
         return start_cupti_at(path);
-    static const char *const rt[] = {"libcudart.so.13", "libcudart.so.12"};
-    static const char *const cupti[] = {"libcupti.so.13", "libcupti.so.12"};
-    const char *order[4], *first = NULL;
-    size_t n = 0;
-    for (size_t i = 0; i < 2; i++) {
-        void *h = dlopen(rt[i], RTLD_LAZY | RTLD_NOLOAD);
-        if (h) {
-            dlclose(h);
-            order[n++] = cupti[i];
-        }
-    }
-    order[n++] = cupti[0];
-    order[n++] = cupti[1];
-    for (size_t i = 0; i < n; i++) {
-        const char *why = start_cupti_at(order[i]);
-        if (!why)
-            return NULL;
-        if (!first) {
-            static char kept[SH_CONFIG_STR_MAX + 256];
-            snprintf(kept, sizeof kept, "%s", why);
-            first = kept;
-        }
-    }
-    return first;
+    void *rt12 = dlopen("libcudart.so.12", RTLD_LAZY | RTLD_NOLOAD);
+    if (rt12)
+        dlclose(rt12);
+    const char *first = rt12 ? "libcupti.so.12" : "libcupti.so.13";
+    const char *why = start_cupti_at(first);
+    if (!why)
+        return NULL;
+    static char kept[SH_CONFIG_STR_MAX + 256]; /* the first reason: the one that matters */
+    snprintf(kept, sizeof kept, "%s", why);
+    return start_cupti_at(rt12 ? "libcupti.so.13" : "libcupti.so.12") ? kept : NULL;
 }
 
 int sh_launch_init(void)
