@@ -4,11 +4,12 @@
  * per-thread default streams), which no public header declares, so the interception table
  * (intercept.def) cannot list it. In hook mode (no CUPTI) it does what the CUPTI callbacks would:
  * scan, restore, hold the gate while issuing; in CUPTI mode it passes
- * through.
+ * through. In both it refuses a launch while memory the driver failed to
+ * map again cannot be mapped (pool/repair.c), as the table's wrappers do.
  *
  * Shared state: the real entry point, resolved once.
  */
-#include "interpose/interpose.h"
+#include "interpose/intercept.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -30,7 +31,12 @@ static cudaError_t launch13(launch13_fn real, cudaKernel_t k, dim3 g, dim3 b, vo
 {
     if (!real)
         return cudaErrorSymbolNotFound;
-    if (!sh_managed() || sh_launch_mode() != SH_TRACK_HOOKS)
+    if (!sh_managed())
+        return real(k, g, b, args, shmem, s);
+    struct sh_work w = {.kind = SH_WORK_LAUNCH};
+    if (sh_work_refused(&w))
+        return cudaErrorMemoryAllocation;
+    if (sh_launch_mode() != SH_TRACK_HOOKS)
         return real(k, g, b, args, shmem, s);
     sh_launch_begin(k, SH_KEY_KERNEL, args, tracked);
     cudaError_t e = real(k, g, b, args, shmem, s);

@@ -20,13 +20,12 @@
 #define EXPORT __attribute__((visibility("default")))
 
 static _Thread_local int depth; /* inside an intercepted call */
+static atomic_int told_refused;
 static _Atomic(void *) reals[1024];
 
 /* ---- real functions ---- */
 
-/* name in the loaded CUDA library of one kind (the driver, the runtime),
- * else the next definition after ours. */
-static void *cuda_fn(int runtime, const char *name)
+void *sh_icept_lookup(int runtime, const char *name)
 {
     static const char *const driver[] = {"libcuda.so.1", NULL};
     static const char *const rt[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so", NULL};
@@ -49,7 +48,7 @@ void *sh_icept_real(size_t i)
     if (f)
         return f;
     const struct sh_icept_entry *e = &sh_icept_table[i];
-    f = cuda_fn(e->runtime, e->name);
+    f = sh_icept_lookup(e->runtime, e->name);
     if (f == sh_icept_wrappers[i]) /* never ourselves */
         f = NULL;
     if (f)
@@ -81,7 +80,7 @@ typedef CUresult (*get_proc_v1_fn)(const char *, void **, int, cuuint64_t);
 
 static void *driver_fn(const char *name)
 {
-    return cuda_fn(0, name);
+    return sh_icept_lookup(0, name);
 }
 
 EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
@@ -116,7 +115,7 @@ EXPORT cudaError_t cudaGetDriverEntryPoint(const char *symbol, void **pfn, unsig
                                            enum cudaDriverEntryPointQueryResult *status)
 {
     __typeof__(cudaGetDriverEntryPoint) *real =
-        (__typeof__(cudaGetDriverEntryPoint) *)cuda_fn(1, "cudaGetDriverEntryPoint");
+        (__typeof__(cudaGetDriverEntryPoint) *)sh_icept_lookup(1, "cudaGetDriverEntryPoint");
     if (!real)
         return cudaErrorSymbolNotFound;
     cudaError_t e = real(symbol, pfn, flags, status);
@@ -131,8 +130,8 @@ EXPORT cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **p
                                                     enum cudaDriverEntryPointQueryResult *status)
 {
     __typeof__(cudaGetDriverEntryPointByVersion) *real =
-        (__typeof__(cudaGetDriverEntryPointByVersion) *)cuda_fn(1,
-                                                                "cudaGetDriverEntryPointByVersion");
+        (__typeof__(cudaGetDriverEntryPointByVersion) *)sh_icept_lookup(
+            1, "cudaGetDriverEntryPointByVersion");
     if (!real)
         return cudaErrorSymbolNotFound;
     cudaError_t e = real(symbol, pfn, version, flags, status);
@@ -154,28 +153,50 @@ int sh_work_begin(struct sh_work *w, CUstream stream, int per_thread)
     return 1;
 }
 
-void sh_work_issue(struct sh_work *w)
+/* 1 when a hole the pool cannot map again (pool/repair.c) might be reached:
+ * by any kernel (it may follow pointers anywhere), by opaque work, or by a
+ * range that meets it. The program gets an ordinary error for that call
+ * instead of a fault that would end its context. */
+int sh_work_refused(const struct sh_work *w)
 {
+    if (w->kind == SH_WORK_CAPTURE || sh_pool_heal(sh_rt.pool) == 0)
+        return 0;
+    int hit = w->kind != SH_WORK_ACCESS || w->opaque;
+    for (size_t i = 0; i + 1 < w->n && !hit; i += 2)
+        hit = sh_pool_hole_in(sh_rt.pool, w->ends[i], w->ends[i + 1]);
+    if (hit && !atomic_exchange(&told_refused, 1))
+        sh_log(SH_LOG_ERROR, "device work refused (out of memory) while memory the driver "
+                             "failed to map again cannot be mapped: its bytes are kept");
+    return hit;
+}
+
+int sh_work_issue(struct sh_work *w)
+{
+    if ((w->refused = sh_work_refused(w)))
+        return 1;
     switch (w->kind) {
     case SH_WORK_LAUNCH:
         if (w->pass)
-            return;
+            return 0;
         sh_launch_begin(w->key, w->key_kind, w->params, w->stream);
         if (w->opaque)
             sh_launch_set_opaque();
-        return;
+        return 0;
     case SH_WORK_GRAPH:
         if (!w->pass)
             sh_graph_launch_begin((CUgraphExec)(uintptr_t)w->key, w->stream);
-        return;
+        return 0;
     default:
         sh_gate_enter(sh_rt.gate);
+        return 0;
     }
 }
 
 void sh_work_end(struct sh_work *w, int result)
 {
-    switch (w->kind) {
+    switch (w->refused ? -1 : (int)w->kind) {
+    case -1:
+        break;
     case SH_WORK_LAUNCH:
     case SH_WORK_GRAPH:
         if (!w->pass)

@@ -6,8 +6,9 @@
  *
  *     if (!sh_work_begin(&w, stream, per_thread)) return real(...);
  *     <the entry's access, from intercept.def: the verbs below>;
- *     sh_work_issue(&w);         enters the remap gate
- *     r = real(...);
+ *     r = sh_work_issue(&w)      enters the remap gate, or refuses:
+ *         ? <out of memory>      (a hole it might reach, pool/repair.c)
+ *         : real(...);
  *     sh_work_end(&w, r);        marks what it touched, leaves the gate
  *
  * so no work is issued into a range inside a remap window, and the regions
@@ -39,6 +40,7 @@ struct sh_work {
     int opaque;      /* its reach cannot be bounded */
     int pass;        /* seen elsewhere (CUPTI): only the gate applies */
     int begin;       /* SH_WORK_CAPTURE: 1 begins, 0 ends */
+    int refused;     /* sh_work_issue refused it: nothing to end */
     const void *key; /* SH_WORK_LAUNCH, SH_WORK_GRAPH */
     int key_kind;
     void **params;
@@ -56,6 +58,11 @@ extern const struct sh_icept_entry sh_icept_table[];
 extern const size_t sh_icept_count;
 extern void *const sh_icept_wrappers[];
 
+/* name in the loaded CUDA library of one kind (0: the driver, 1: the
+ * runtime), else the next definition after ours. A library loaded
+ * RTLD_LOCAL (as a Python extension's dependencies are) is found by name,
+ * where dlsym(RTLD_NEXT) would miss it. Not cached. */
+void *sh_icept_lookup(int runtime, const char *name);
 /* The real entry point of table entry i, resolved on first use; NULL when
  * the loaded driver or runtime lacks it. */
 void *sh_icept_real(size_t i);
@@ -75,7 +82,10 @@ int sh_dl_is_cuda(const struct link_map *lm);
  * this thread is inside an intercepted call already). per_thread: the
  * entry is a _ptsz/_ptds variant, so a default stream is the thread's. */
 int sh_work_begin(struct sh_work *w, CUstream stream, int per_thread);
-void sh_work_issue(struct sh_work *w);
+int sh_work_issue(struct sh_work *w); /* nonzero: refused, do not issue */
+/* 1 when w might reach memory the pool cannot map again (pool/repair.c);
+ * it is said once. */
+int sh_work_refused(const struct sh_work *w);
 void sh_work_end(struct sh_work *w, int result);
 
 /* The verbs intercept.def writes accesses in. */

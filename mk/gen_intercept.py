@@ -165,6 +165,8 @@ def wrapper(idx, name, rtype, plist, access):
     # $N in an access is the N-th parameter, whatever this variant calls it.
     access = re.sub(r"\$(\d+)", lambda m: plist[int(m.group(1)) - 1][1], access)
     missing = "CUDA_ERROR_NOT_FOUND" if rtype == "CUresult" else "cudaErrorSymbolNotFound"
+    # Work that might reach memory the library cannot map again (sh_work_issue).
+    refused = "CUDA_ERROR_OUT_OF_MEMORY" if rtype == "CUresult" else "cudaErrorMemoryAllocation"
     real = "((%s(*)(%s))sh_icept_real(%d))" % (rtype, types, idx)
     return """
 EXPORT %(rtype)s %(name)s(%(decl)s);
@@ -176,13 +178,12 @@ EXPORT %(rtype)s %(name)s(%(decl)s);
     if (!sh_work_begin(&w, (CUstream)%(stream)s, %(ptsz)d))
         return %(real)s(%(args)s);
     %(access)s;
-    sh_work_issue(&w);
-    %(rtype)s r = %(real)s(%(args)s);
+    %(rtype)s r = sh_work_issue(&w) ? %(refused)s : %(real)s(%(args)s);
     sh_work_end(&w, (int)r);
     return r;
 }
 """ % dict(rtype=rtype, name=name, decl=decl, idx=idx, missing=missing, stream=stream, ptsz=ptsz,
-           real=real, args=args, access=access)
+           real=real, args=args, access=access, refused=refused)
 
 
 def zero_call(idx, name, rtype, plist):

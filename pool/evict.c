@@ -173,34 +173,6 @@ static uint32_t crc_of(const struct chunk *c)
 
 /* ---- eviction ---- */
 
-#define REMAP_TRIES 3
-
-/* Swaps one chunk's mapping at va from handle `from` to handle `to`,
- * retrying transient failures: 0 when `to` is mapped, SH_EDRIVER when
- * `from` is mapped (as before, or again), SH_ELOST when neither could be
- * mapped back after the unmap (logged: a kernel touching it will fault). */
-static int remap(struct sh_pool *pool, uintptr_t va, size_t size, uint64_t from, uint64_t to)
-{
-    int rc = SH_EDRIVER;
-    for (int t = 0; t < REMAP_TRIES && rc; t++)
-        rc = pool->vmm.unmap(pool->vmm.ctx, va, size);
-    if (rc)
-        return SH_EDRIVER; /* still mapped to `from` */
-    __atomic_add_fetch(&pool->st.vmm_unmaps, 1, __ATOMIC_RELAXED);
-    /* Forward, then back and forth: two failures in a row are survived. */
-    const uint64_t order[2 * REMAP_TRIES] = {to, from, to, from, to, from};
-    for (int t = 0; t < 2 * REMAP_TRIES; t++)
-        if (pool->vmm.map(pool->vmm.ctx, va, size, order[t]) == 0) {
-            __atomic_add_fetch(&pool->st.vmm_maps, 1, __ATOMIC_RELAXED);
-            return order[t] == to ? 0 : SH_EDRIVER;
-        }
-    sh_log(SH_LOG_ERROR,
-           "cannot map 0x%llx (%zu bytes) again after a failed remap: a kernel "
-           "that touches it will fault",
-           (unsigned long long)va, size);
-    return SH_ELOST;
-}
-
 /* A move that failed and could not be rolled back whole: the region keeps
  * every handle and slab it has, whichever is mapped where, and never moves
  * again. Its bytes are where its mappings say (the caller checked). */
@@ -300,16 +272,14 @@ static size_t evict_window(struct sh_pool *pool, struct region **v, size_t n)
             struct chunk *c = &v[k]->chunks[i];
             if (pool->mover.checksums)
                 c->crc = crc_of(c);
-            int rc = remap(pool, v[k]->va + c->off, c->size, c->handle, c->slab->handle);
-            if (rc != 0) {
+            if (sh_pool_remap(pool, v[k], c, c->handle, c->slab->handle, c->handle) != 0) {
                 /* Both copies hold the bytes: nothing ran since the copy. A
                  * chunk that cannot go back leaves the region stuck. */
                 while (i-- > 0) {
                     c = &v[k]->chunks[i];
-                    if (remap(pool, v[k]->va + c->off, c->size, c->slab->handle, c->handle))
-                        rc = SH_ELOST;
+                    if (sh_pool_remap(pool, v[k], c, c->slab->handle, c->handle, c->handle))
+                        v[k]->stuck = 1;
                 }
-                v[k]->stuck = rc == SH_ELOST;
                 return k;
             }
         }
@@ -371,10 +341,11 @@ static void evict_batch(struct sh_pool *pool, struct candidates *c, size_t n, si
 
 /* 1 when this caller may open a remap window now. A caller issuing work
  * (holding the gate) cannot; it must not wait for move_mu either: its
- * holder may be waiting for the gate. */
+ * holder may be waiting for the gate. While a hole stays open (repair.c)
+ * the driver maps nothing: no move starts that would make another. */
 static int can_move(struct sh_pool *pool)
 {
-    return pool->mover.xfer && !sh_gate_held(pool->mover.gate);
+    return pool->mover.xfer && !sh_gate_held(pool->mover.gate) && sh_pool_heal(pool) == 0;
 }
 
 int sh_pool_evict(struct sh_pool *pool, size_t need, const uintptr_t *protect, size_t np,
@@ -578,12 +549,12 @@ static void unrestore(struct sh_pool *pool, struct region *r, unsigned n)
     struct sh_xfer *x = pool->mover.xfer;
     for (unsigned i = 0; i < n; i++) {
         struct chunk *c = &r->chunks[i];
-        int rc = remap(pool, r->va + c->off, c->size, c->handle, c->slab->handle);
-        if (rc == 0)
+        /* The slab holds the bytes: the copy to the device may not have landed. */
+        int rc = sh_pool_remap(pool, r, c, c->handle, c->slab->handle, c->slab->handle);
+        if (rc == 0 || rc == SH_ELOST) /* a hole is filled from the slab */
             continue;
         r->stuck = 1;
-        if (rc == SH_ELOST ||
-            sh_xfer_copy(x, SH_H2D, r->va + c->off, c->slab->staging, c->size) != 0 ||
+        if (sh_xfer_copy(x, SH_H2D, r->va + c->off, c->slab->staging, c->size) != 0 ||
             sh_xfer_flush(x, SH_H2D) != 0)
             sh_log(SH_LOG_ERROR, "region %llu (0x%llx): %zu bytes at +%zu are lost",
                    (unsigned long long)r->id, (unsigned long long)r->va, c->size, c->off);
@@ -605,7 +576,7 @@ static size_t restore_window(struct sh_pool *pool, struct region **v, size_t n)
         for (moved = 0; moved < v[k]->nchunks; moved++) {
             struct chunk *c = &v[k]->chunks[moved];
             verify(pool, v[k], c);
-            if (remap(pool, v[k]->va + c->off, c->size, c->slab->handle, c->handle) != 0) {
+            if (sh_pool_remap(pool, v[k], c, c->slab->handle, c->handle, c->slab->handle) != 0) {
                 failed = 1;
                 break;
             }
@@ -647,6 +618,8 @@ int sh_pool_restore(struct sh_pool *pool, const uintptr_t *addrs, size_t n)
         return 0;
     if (sh_gate_held(pool->mover.gate))
         return SH_EBUSY; /* as in sh_pool_evict */
+    if (sh_pool_heal(pool) != 0)
+        return SH_ELOST;
     struct region **v = malloc(n * sizeof *v);
     if (!v)
         return SH_ENOMEM;
@@ -831,19 +804,18 @@ static int move_commit(struct sh_pool *pool, struct move_list *l, int all, size_
 
 /* ---- prefetch ---- */
 
-static void unmap_scratch(struct sh_pool *pool, struct region *r, unsigned n)
-{
-    for (unsigned i = 0; i < n; i++)
-        if (pool->vmm.unmap(pool->vmm.ctx, r->scratch + r->chunks[i].off, r->chunks[i].size) == 0)
-            __atomic_add_fetch(&pool->st.vmm_unmaps, 1, __ATOMIC_RELAXED);
-}
-
 /* Drops the scratch side of a prefetch whose copies have finished (or were
- * never queued): scratch mappings, scratch VA, device chunks. */
+ * never queued): scratch mappings of chunks [0, mapped), and the scratch VA
+ * unless one of them is stranded (repair.c) and must keep it. */
 static void drop_scratch(struct sh_pool *pool, struct region *r, unsigned mapped)
 {
-    unmap_scratch(pool, r, mapped);
-    sh_vaarena_free(pool->va, r->scratch, r->mapped);
+    int stranded = 0;
+    for (unsigned i = 0; i < mapped; i++) {
+        const struct chunk *c = &r->chunks[i];
+        stranded |= sh_pool_unmap_or_strand(pool, r->scratch + c->off, c->size, c->handle) != 0;
+    }
+    if (!stranded)
+        sh_vaarena_free(pool->va, r->scratch, r->mapped);
     r->scratch = 0;
 }
 
@@ -1001,8 +973,8 @@ static int pf_switch(struct sh_pool *pool, struct region *r)
     for (unsigned i = 0; i < r->nchunks; i++)
         verify(pool, r, &r->chunks[i]);
     for (unsigned i = 0; i < r->nchunks; i++) {
-        const struct chunk *c = &r->chunks[i];
-        if (remap(pool, r->va + c->off, c->size, c->slab->handle, c->handle) != 0) {
+        struct chunk *c = &r->chunks[i];
+        if (sh_pool_remap(pool, r, c, c->slab->handle, c->handle, c->slab->handle) != 0) {
             unrestore(pool, r, i);
             return SH_EDRIVER;
         }
@@ -1204,14 +1176,12 @@ static int ev_switch(struct sh_pool *pool, struct region *r)
         struct chunk *c = &r->chunks[i];
         if (pool->mover.checksums)
             c->crc = crc_of(c);
-        int rc = remap(pool, r->va + c->off, c->size, c->handle, c->slab->handle);
-        if (rc != 0) {
+        if (sh_pool_remap(pool, r, c, c->handle, c->slab->handle, c->handle) != 0) {
             while (i-- > 0) {
                 c = &r->chunks[i];
-                if (remap(pool, r->va + c->off, c->size, c->slab->handle, c->handle))
-                    rc = SH_ELOST;
+                if (sh_pool_remap(pool, r, c, c->slab->handle, c->handle, c->handle))
+                    r->stuck = 1;
             }
-            r->stuck = rc == SH_ELOST;
             return SH_EDRIVER;
         }
     }

@@ -90,6 +90,10 @@ int sh_pool_alloc(struct sh_pool *pool, size_t size, int path, uint64_t stream, 
 int sh_pool_free(struct sh_pool *pool, uintptr_t va, uint64_t stream, uint64_t fence);
 /* The region containing addr (interior pointers too); SH_ENOTFOUND if none. */
 int sh_pool_lookup(struct sh_pool *pool, uintptr_t addr, struct sh_region_info *out);
+/* The allocation the program holds at addr, as the driver would name it:
+ * a live region's [va, va + size) or a sub-allocated block; SH_ENOTFOUND
+ * for anything else (freed, a sub-allocator slab's unused space). */
+int sh_pool_range(struct sh_pool *pool, uintptr_t addr, uintptr_t *base, size_t *size);
 /* Releases cached device memory (freed regions, spare chunks) until at least
  * bytes are returned or nothing is left; returns the bytes released. */
 size_t sh_pool_trim(struct sh_pool *pool, size_t bytes);
@@ -207,6 +211,13 @@ void sh_pool_touch(struct sh_pool *pool, const uintptr_t *addrs, size_t n, size_
 /* Brings the evicted regions containing addrs[0..n) back to the device. The
  * caller makes room first. SH_ENOMEM if device memory ran out. */
 int sh_pool_restore(struct sh_pool *pool, const uintptr_t *addrs, size_t n);
+/* A move the driver failed both ways can leave a chunk's address unmapped
+ * (its bytes kept on the handle that held them). sh_pool_heal maps such
+ * holes again: 0 when none is left (at once when there never was one),
+ * else SH_ELOST. sh_pool_hole_in: 1 if [lo, hi] (inclusive) meets one;
+ * work that would must not be issued. */
+int sh_pool_heal(struct sh_pool *pool);
+int sh_pool_hole_in(struct sh_pool *pool, uintptr_t lo, uintptr_t hi);
 
 /* ---- prefetch: restores whose copy overlaps compute (evict.c) -------------
  *

@@ -218,6 +218,9 @@ int sh_suballoc_free(struct sh_suballoc *sa, uintptr_t ptr, uint64_t stream, uin
 int sh_suballoc_owns(struct sh_suballoc *sa, uintptr_t ptr);
 /* Class size of the block in use starting at ptr; errors as for free. */
 int sh_suballoc_block_size(struct sh_suballoc *sa, uintptr_t ptr, size_t *size);
+/* The block in use that contains ptr (interior pointers too); SH_ENOTFOUND
+ * if none. */
+int sh_suballoc_block_of(struct sh_suballoc *sa, uintptr_t ptr, uintptr_t *base, size_t *size);
 /* Polls every pending fence and returns every empty slab; bytes returned. */
 size_t sh_suballoc_trim(struct sh_suballoc *sa);
 void sh_suballoc_stats(struct sh_suballoc *sa, struct sh_suballoc_stats *st);

@@ -102,16 +102,6 @@ static struct region *freed_take(struct sh_pool *pool, size_t mapped, uint64_t s
 
 /* ---- building and tearing down ---- */
 
-static int unmap_chunk(struct sh_pool *pool, uintptr_t va, size_t size)
-{
-    for (int t = 0; t < 3; t++) /* a transient failure must not strand the chunk */
-        if (pool->vmm.unmap(pool->vmm.ctx, va, size) == 0) {
-            __atomic_add_fetch(&pool->st.vmm_unmaps, 1, __ATOMIC_RELAXED);
-            return 0;
-        }
-    return SH_EDRIVER;
-}
-
 /* A chunk that cannot be unmapped keeps its backing, and the region its VA:
  * handing either to a cache while mapped would give it to two owners. */
 static void unbuild(struct sh_pool *pool, struct region *r, unsigned mapped_chunks)
@@ -119,7 +109,9 @@ static void unbuild(struct sh_pool *pool, struct region *r, unsigned mapped_chun
     size_t kept = 0;
     for (unsigned i = 0; i < r->nchunks; i++) {
         struct chunk *c = &r->chunks[i];
-        if (i < mapped_chunks && unmap_chunk(pool, r->va + c->off, c->size) != 0) {
+        if (__atomic_load_n(&c->hole, __ATOMIC_ACQUIRE)) {
+            sh_pool_hole_close(pool, c); /* nothing is mapped there */
+        } else if (i < mapped_chunks && sh_pool_unmap(pool, r->va + c->off, c->size) != 0) {
             kept += c->size;
             continue;
         }
@@ -276,6 +268,9 @@ int sh_pool_create(const struct sh_pool_params *p, const struct sh_vmm_ops *vmm,
     pthread_mutex_init(&pool->mu, NULL);
     pthread_mutex_init(&pool->move_mu, NULL);
     pthread_rwlock_init(&pool->index_lock, NULL);
+    pthread_mutex_init(&pool->strand_mu, NULL);
+    struct sh_vmm_ops chunk_ops;
+    sh_pool_chunk_ops(pool, &chunk_ops);
     struct sh_suballoc_ops sops = {pool, slab_get, slab_put, sa_fence_done, sa_fence_drop};
     /* One empty slab kept per class: a block freed and allocated again
      * must not cost a slab (VMM calls) each time. */
@@ -284,7 +279,7 @@ int sh_pool_create(const struct sh_pool_params *p, const struct sh_vmm_ops *vmm,
     if (!rc)
         rc = sh_vaarena_create(&pool->vmm, p->granularity, p->va_block, p->va_cache, &pool->va);
     if (!rc)
-        rc = sh_chunkcache_create(&pool->vmm, p->granularity, p->device_cache, &pool->cc);
+        rc = sh_chunkcache_create(&chunk_ops, p->granularity, p->device_cache, &pool->cc);
     if (!rc && p->suballoc_max)
         rc = sh_suballoc_create(&sops, &scfg, &pool->sa);
     if (rc) {
@@ -340,6 +335,8 @@ void sh_pool_destroy(struct sh_pool *pool)
     if (pool->va)
         sh_vaarena_destroy(pool->va);
     pthread_rwlock_destroy(&pool->index_lock);
+    pthread_mutex_destroy(&pool->strand_mu);
+    free(pool->stranded);
     pthread_mutex_destroy(&pool->move_mu);
     pthread_mutex_destroy(&pool->mu);
     free(pool);
@@ -360,6 +357,8 @@ static int region_alloc(struct sh_pool *pool, size_t size, int path, uint64_t st
         r->evictions_at_alloc = r->evictions;
         r->restores_at_alloc = r->restores;
         pthread_rwlock_unlock(&pool->index_lock);
+        /* The old owner's pointer tables are not the new one's. */
+        __atomic_store_n(&r->holds_ptrs, 0, __ATOMIC_RELAXED);
         sh_state_move(&r->state, SH_RS_RESIDENT, r->id);
         pool->st.regions[SH_RS_FREED]--;
         pool->st.regions[SH_RS_RESIDENT]++;
@@ -436,6 +435,19 @@ static void enforce_cache_limit(struct sh_pool *pool)
         }
         teardown(pool, r);
     }
+}
+
+int sh_pool_range(struct sh_pool *pool, uintptr_t addr, uintptr_t *base, size_t *size)
+{
+    if (pool->sa && sh_suballoc_block_of(pool->sa, addr, base, size) == 0)
+        return 0;
+    struct sh_region_info ri;
+    if (sh_pool_lookup(pool, addr, &ri) != 0 || ri.path == SH_PATH_SLAB ||
+        ri.state == SH_RS_FREED || addr - ri.va >= ri.size)
+        return SH_ENOTFOUND;
+    *base = ri.va;
+    *size = ri.size;
+    return 0;
 }
 
 int sh_pool_free(struct sh_pool *pool, uintptr_t va, uint64_t stream, uint64_t fence)

@@ -24,6 +24,9 @@ struct chunk {
     uint64_t handle;      /* device handle while resident, else 0 */
     struct sh_slab *slab; /* host slab while evicted, else NULL */
     uint32_t crc;         /* of the slab at eviction, with debug_checksums */
+    /* Nonzero: nothing is mapped at the chunk's address (a remap failed
+     * both ways) and this handle holds its bytes (repair.c; atomic). */
+    uint64_t hole;
 };
 
 /* Moves in flight whose copies go one way (prefetches: H2D; early
@@ -91,6 +94,10 @@ struct sh_pool {
     /* Every region ever indexed lies in [lo, hi) (atomic): a value outside
      * is no pointer into one, without a lookup. */
     uintptr_t lo, hi;
+    size_t holes; /* chunks with a hole (repair.c; atomic) */
+    pthread_mutex_t strand_mu;
+    struct strand *stranded; /* scratch mappings that cannot be unmapped */
+    size_t nstranded;
     struct sh_pool_stats st;
 };
 
@@ -105,5 +112,23 @@ void sh_pool_move_cancel(struct sh_pool *pool, struct region *r);
  * slabs hold one (evict.c, as r goes to the host). */
 void sh_pool_note_bounds(struct sh_pool *pool, const struct region *r);
 void sh_pool_scan_landed(struct sh_pool *pool, struct region *r);
+
+/* repair.c: swaps the mapping at chunk c of r from handle `from` to `to`,
+ * retrying transient failures: 0 when `to` is mapped, SH_EDRIVER when
+ * `from` is (as before, or again), SH_ELOST when neither could be mapped
+ * back: c is then a hole that `whole` (the handle holding its bytes) fills
+ * when the driver maps again, and r is stuck. */
+int sh_pool_remap(struct sh_pool *pool, struct region *r, struct chunk *c, uint64_t from,
+                  uint64_t to, uint64_t whole);
+/* Unmaps [va, va+size), retrying transient failures; 0 or SH_EDRIVER. */
+int sh_pool_unmap(struct sh_pool *pool, uintptr_t va, size_t size);
+/* A chunk torn down with a hole: it no longer counts. */
+void sh_pool_hole_close(struct sh_pool *pool, struct chunk *c);
+/* Unmaps a scratch mapping of handle; if it cannot be, the mapping is
+ * stranded (its handle is not released until it is gone) and SH_EDRIVER
+ * says the address must not be reused. */
+int sh_pool_unmap_or_strand(struct sh_pool *pool, uintptr_t va, size_t size, uint64_t handle);
+/* The chunk cache's create and release, which know stranded mappings. */
+void sh_pool_chunk_ops(struct sh_pool *pool, struct sh_vmm_ops *ops);
 
 #endif

@@ -437,6 +437,24 @@ int sh_suballoc_block_size(struct sh_suballoc *sa, uintptr_t ptr, size_t *size)
     return err;
 }
 
+int sh_suballoc_block_of(struct sh_suballoc *sa, uintptr_t ptr, uintptr_t *base, size_t *size)
+{
+    int err = SH_ENOTFOUND;
+    pthread_mutex_lock(&sa->mu);
+    const struct slab *s = sh_rindex_lookup(sa->slabs, ptr);
+    if (s) {
+        const struct sclass *c = &sa->cls[s->cls];
+        uintptr_t idx = (ptr - s->base) >> c->shift;
+        if (idx < s->nblocks && s->b[idx].state == B_USED) {
+            *base = s->base + (idx << c->shift);
+            *size = c->bsize;
+            err = 0;
+        }
+    }
+    pthread_mutex_unlock(&sa->mu);
+    return err;
+}
+
 struct gather {
     struct slab *list;
     int all; /* every slab, not just the empty ones */

@@ -247,6 +247,13 @@ static void quick_sweep(struct tally *t, size_t nn)
         /* a copy's event wait failing mid-move (the full sweep found it) */
         {"cuEventSynchronize", 13, ONCE, NULL},
         {"cuEventSynchronize", 21, TWICE, NULL},
+        /* the driver mapping nothing more, late: a hole is left, work that
+         * might reach it is refused, and it is mapped again once it can be */
+        {"cuMemMap", 144, ALWAYS, NULL},
+        {"cuMemSetAccess", 144, ALWAYS, NULL},
+        /* unmapping nothing more: a prefetch's copy address is stranded */
+        {"cuMemUnmap", 55, ALWAYS, NULL},
+        {"cuMemUnmap", 89, ALWAYS, NULL},
     };
     for (size_t c = 0; c < NCALLS; c++)
         for (size_t k = 0; k < nn; k++)

@@ -417,6 +417,37 @@ SIM_EXPORT cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)
     return ret_cu(cuMemGetInfo(free_bytes, total));
 }
 
+/* As the runtime does since CUDA 11: memory the driver does not know is
+ * cudaMemoryTypeUnregistered, not an error; host memory has both
+ * pointers, device memory only its device pointer. */
+SIM_EXPORT cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, const void *ptr)
+{
+    ENTER();
+    if (!attr)
+        return ret(cudaErrorInvalidValue);
+    unsigned type = 0;
+    int ordinal = 0;
+    CUpointer_attribute what[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                  CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+    void *data[] = {&type, &ordinal};
+    CUresult r = cuPointerGetAttributes(2, what, data, (CUdeviceptr)(uintptr_t)ptr);
+    if (r != CUDA_SUCCESS)
+        return ret_cu(r);
+    memset(attr, 0, sizeof *attr);
+    attr->device = ordinal;
+    if (type == CU_MEMORYTYPE_DEVICE) {
+        attr->type = cudaMemoryTypeDevice;
+        attr->devicePointer = (void *)ptr;
+    } else if (type == CU_MEMORYTYPE_HOST) {
+        attr->type = cudaMemoryTypeHost;
+        attr->devicePointer = (void *)ptr;
+        attr->hostPointer = (void *)ptr;
+    } else {
+        attr->type = cudaMemoryTypeUnregistered;
+    }
+    return cudaSuccess;
+}
+
 SIM_EXPORT cudaError_t cudaHostAlloc(void **p, size_t size, unsigned int flags)
 {
     ENTER();

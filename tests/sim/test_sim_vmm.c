@@ -745,6 +745,84 @@ static void host_located_handles_count_as_host_in_copies(void **state)
     assert_int_equal(cuMemAddressFree(nv, GRAN), CUDA_SUCCESS);
 }
 
+static CUmemorytype type_at(CUdeviceptr p)
+{
+    CUmemorytype t = 0;
+    assert_int_equal(cuPointerGetAttribute(&t, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p), CUDA_SUCCESS);
+    return t;
+}
+
+/* Pointer queries: a cuMemAlloc allocation is one range of device memory;
+ * a VMM mapping is the range of the one handle mapped there, located where
+ * the handle lives (a host-located handle reads as host memory: what the
+ * library's hooks must correct for regions); pinned host memory is host
+ * memory with a host pointer; an address the driver never saw is an error
+ * to cuPointerGetAttribute and cuMemGetAddressRange, and zeros to
+ * cuPointerGetAttributes. */
+static void pointer_queries(void **state)
+{
+    (void)state;
+    need_ctx();
+    CUdeviceptr a = 0, base = 0;
+    size_t size = 0;
+    assert_int_equal(cuMemAlloc(&a, 10000), CUDA_SUCCESS);
+    assert_int_equal(type_at(a + 9999), CU_MEMORYTYPE_DEVICE);
+    assert_int_equal(cuMemGetAddressRange(&base, &size, a + 5000), CUDA_SUCCESS);
+    assert_int_equal(base, a);
+    assert_int_equal(size, 10000);
+    int ipc = 0;
+    assert_int_equal(
+        cuPointerGetAttribute(&ipc, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, a),
+        CUDA_SUCCESS);
+    assert_int_equal(ipc, 1);
+    void *host = NULL;
+    assert_int_equal(cuPointerGetAttribute(&host, CU_POINTER_ATTRIBUTE_HOST_POINTER, a),
+                     CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuMemFree(a), CUDA_SUCCESS);
+
+    CUdeviceptr va = reserve(2 * GRAN);
+    CUmemGenericAllocationHandle dh = create(CU_MEM_LOCATION_TYPE_DEVICE, GRAN);
+    CUmemGenericAllocationHandle hh = create(CU_MEM_LOCATION_TYPE_HOST_NUMA, GRAN);
+    assert_int_equal(cuMemMap(va, GRAN, 0, dh, 0), CUDA_SUCCESS);
+    assert_int_equal(cuMemMap(va + GRAN, GRAN, 0, hh, 0), CUDA_SUCCESS);
+    assert_int_equal(type_at(va + 1), CU_MEMORYTYPE_DEVICE);
+    assert_int_equal(type_at(va + GRAN + 1), CU_MEMORYTYPE_HOST);
+    assert_int_equal(cuMemGetAddressRange(&base, &size, va + GRAN + 7), CUDA_SUCCESS);
+    assert_int_equal(base, va + GRAN);
+    assert_int_equal(size, GRAN);
+    assert_int_equal(
+        cuPointerGetAttribute(&ipc, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, va),
+        CUDA_SUCCESS);
+    assert_int_equal(ipc, 0);
+    assert_int_equal(cuMemUnmap(va, 2 * GRAN), CUDA_SUCCESS);
+    assert_int_equal(cuMemRelease(dh), CUDA_SUCCESS);
+    assert_int_equal(cuMemRelease(hh), CUDA_SUCCESS);
+    assert_int_equal(cuMemAddressFree(va, 2 * GRAN), CUDA_SUCCESS);
+
+    void *pinned = NULL;
+    assert_int_equal(cuMemAllocHost(&pinned, 4096), CUDA_SUCCESS);
+    CUdeviceptr pp = (CUdeviceptr)(uintptr_t)pinned;
+    assert_int_equal(type_at(pp + 10), CU_MEMORYTYPE_HOST);
+    assert_int_equal(cuPointerGetAttribute(&host, CU_POINTER_ATTRIBUTE_HOST_POINTER, pp + 10),
+                     CUDA_SUCCESS);
+    assert_ptr_equal(host, (char *)pinned + 10);
+    assert_int_equal(cuMemFreeHost(pinned), CUDA_SUCCESS);
+
+    int local = 0;
+    CUdeviceptr lp = (CUdeviceptr)(uintptr_t)&local;
+    CUmemorytype t = 7;
+    assert_int_equal(cuPointerGetAttribute(&t, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, lp),
+                     CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuMemGetAddressRange(&base, &size, lp), CUDA_ERROR_NOT_FOUND);
+    CUpointer_attribute what[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                  CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+    size = 99;
+    void *data[] = {&t, &size};
+    assert_int_equal(cuPointerGetAttributes(2, what, data, lp), CUDA_SUCCESS);
+    assert_int_equal(t, 0);
+    assert_int_equal(size, 0);
+}
+
 /* cuda.h, cuMemSetAccess: "set the access flags for each location specified
  * in desc": a call that names only the host leaves the device's access as it
  * was, and cuMemGetAccess answers for the location it is asked about. */
@@ -825,6 +903,7 @@ int main(void)
         cmocka_unit_test(host_located_handles_count_as_host_in_copies),
         cmocka_unit_test(access_is_set_per_location),
         cmocka_unit_test(host_numa_access_to_device_memory_is_refused),
+        cmocka_unit_test(pointer_queries),
     };
     return cmocka_run_group_tests_name("sim_vmm", tests, NULL, NULL);
 }

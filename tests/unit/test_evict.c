@@ -696,6 +696,85 @@ static void test_restore_rollback_failure(void **state)
     stop();
 }
 
+struct evict_arg {
+    size_t need, released;
+    int rc;
+};
+
+static void do_evict(void *arg)
+{
+    struct evict_arg *e = arg;
+    e->rc = evict(e->need, NULL, 0, &e->released);
+}
+
+/* The driver maps nothing from the middle of an eviction on: both chunks of
+ * a are left unmapped (holes), with their bytes on their device handles.
+ * Nothing else moves while a hole stays (another move would make more),
+ * work is told which ranges meet one, and once the driver maps again the
+ * holes are filled with the bytes that were there. */
+static void test_hole_kept_and_healed(void **state)
+{
+    (void)state;
+    start(&plain);
+    uintptr_t a = alloc(2 * CH), b = alloc(2 * CH);
+    fill(a, 2 * CH, 81);
+    fill(b, 2 * CH, 82);
+    touch(a);
+    touch(b);
+    fk.fail_map_at = fk.map_calls + 2; /* the second chunk's map, and every one after */
+    fk.fail_map_n = 1000000;
+    struct evict_arg e = {.need = 2 * CH};
+    char buf[2048];
+    capture_stderr(do_evict, &e, buf, sizeof buf);
+    assert_int_equal(e.rc, SH_ENOMEM);
+    assert_non_null(strstr(buf, "cannot map"));
+    assert_int_equal(loc_at(a), -1);
+    assert_int_equal(loc_at(a + CH), -1);
+    assert_int_equal(sh_pool_heal(sys.pool), SH_ELOST);
+    assert_int_equal(sh_pool_hole_in(sys.pool, a + CH + 5, a + CH + 9), 1);
+    assert_int_equal(sh_pool_hole_in(sys.pool, b, b + 2 * CH - 1), 0);
+    assert_int_equal(sh_pool_hole_in(sys.pool, b + 2 * CH - 1, a), 1); /* either order */
+    /* No move while the hole stays. */
+    long maps = fk.map_calls;
+    assert_int_equal(evict(2 * CH, &a, 1, &e.released), SH_ENOMEM);
+    assert_int_equal(e.released, 0);
+    assert_int_equal(state_of(b), SH_RS_RESIDENT);
+    assert_int_equal(fk.map_calls - maps, 2); /* only heal's tries */
+    fk.fail_map_at = 0;
+    assert_int_equal(sh_pool_heal(sys.pool), 0);
+    assert_int_equal(sh_pool_hole_in(sys.pool, a, a + 2 * CH - 1), 0);
+    assert_true(all_at(a, 2 * CH, SH_LOC_DEVICE));
+    assert_int_equal(bad_words(a, 2 * CH, 81), 0);
+    /* Stuck, a never moves again; the others do, and freeing a releases all. */
+    assert_int_equal(evict(2 * CH, NULL, 0, &e.released), 0);
+    assert_int_equal(state_of(b), SH_RS_HOST);
+    assert_int_equal(bad_words(b, 2 * CH, 82), 0);
+    assert_int_equal(sh_pool_free(sys.pool, a, ANY, 0), 0);
+    stop();
+}
+
+/* Freed while a hole stays: its handles and slabs are released all the
+ * same, and nothing is left unmapped behind. */
+static void test_hole_freed(void **state)
+{
+    (void)state;
+    start(&plain);
+    uintptr_t a = alloc(2 * CH);
+    fill(a, 2 * CH, 91);
+    touch(a);
+    fk.fail_map_at = fk.map_calls + 1;
+    fk.fail_map_n = 1000000;
+    struct evict_arg e = {.need = 2 * CH};
+    char buf[2048];
+    capture_stderr(do_evict, &e, buf, sizeof buf);
+    assert_int_equal(sh_pool_heal(sys.pool), SH_ELOST);
+    assert_int_equal(sh_pool_free(sys.pool, a, ANY, 0), 0);
+    sh_pool_trim(sys.pool, 64 * M);
+    assert_int_equal(sh_pool_heal(sys.pool), 0);
+    fk.fail_map_at = 0;
+    stop();
+}
+
 static void test_gate_held_by_caller(void **state)
 {
     (void)state;
@@ -812,6 +891,8 @@ int main(void)
         cmocka_unit_test_teardown(test_restore_remap_failure, teardown),
         cmocka_unit_test_teardown(test_double_map_failure_recovered, teardown),
         cmocka_unit_test_teardown(test_restore_rollback_failure, teardown),
+        cmocka_unit_test_teardown(test_hole_kept_and_healed, teardown),
+        cmocka_unit_test_teardown(test_hole_freed, teardown),
         cmocka_unit_test_teardown(test_gate_held_by_caller, teardown),
         cmocka_unit_test_teardown(test_no_remap_during_launch, teardown),
     };

@@ -552,6 +552,44 @@ static void test_fail_copy_wait(void **state)
     stop();
 }
 
+/* A committed prefetch whose copy address cannot be unmapped: its memory
+ * stays on the device, so the handle is not released while mapped there
+ * (it stays counted), and goes once the address can be unmapped. */
+static void test_stranded_scratch(void **state)
+{
+    (void)state;
+    start(&std_opts);
+    uintptr_t a = alloc(RSIZE);
+    fill(a, RSIZE, 10);
+    evict_one(a);
+    assert_int_equal(start_prefetch(a), 1);
+    complete_copies();
+    /* The window unmaps both slabs; then the first scratch chunk fails (3 tries). */
+    fk.fail_unmap_at = fk.unmap_calls + 3;
+    fk.fail_unmap_n = 3;
+    int mappings = fk.nm; /* slabs and scratch at a's addresses, staging */
+    assert_int_equal(commit(1), 1);
+    assert_int_equal(state_of(a), SH_RS_RESIDENT);
+    assert_int_equal(bad_words(a, RSIZE, 10), 0);
+    assert_int_equal(fk.nm, mappings - 1); /* the scratch chunk that stays */
+    /* Freed and trimmed while the address still cannot be unmapped. */
+    fk.fail_unmap_at = fk.unmap_calls + 3; /* after the two at a */
+    fk.fail_unmap_n = 3;
+    assert_int_equal(sh_pool_free(sys.pool, a, ANY, 0), 0);
+    sh_pool_trim(sys.pool, 64 * M);
+    struct sh_pool_stats st;
+    sh_pool_stats(sys.pool, &st);
+    assert_int_equal(st.device_bytes, CH);
+    assert_int_equal(fk.live[SH_LOC_DEVICE], 1);
+    assert_int_equal(fk.bad, 0);
+    fk.fail_unmap_at = 0;
+    sh_pool_trim(sys.pool, 64 * M);
+    sh_pool_stats(sys.pool, &st);
+    assert_int_equal(st.device_bytes, 0);
+    assert_int_equal(fk.live[SH_LOC_DEVICE], 0);
+    stop();
+}
+
 /* Two threads: one completes copies and commits, one evicts, prefetches
  * and frees. */
 static void *committer(void *arg)
@@ -779,6 +817,10 @@ static void test_landed_bytes_mark_pointer_tables(void **state)
     assert_int_equal(commit_early(1, &back), 1);
     assert_true(holds_ptrs(e));
     assert_false(holds_ptrs(a));
+    /* Freed and allocated again, a region holds its new owner's bytes. */
+    assert_int_equal(sh_pool_free(sys.pool, e, ANY, 0), 0);
+    assert_int_equal(alloc(RSIZE), e);
+    assert_false(holds_ptrs(e));
     stop();
 }
 
@@ -837,6 +879,7 @@ int main(void)
         cmocka_unit_test_teardown(test_fail_window_map, teardown),
         cmocka_unit_test_teardown(test_fail_copy_issue, teardown),
         cmocka_unit_test_teardown(test_fail_copy_wait, teardown),
+        cmocka_unit_test_teardown(test_stranded_scratch, teardown),
         cmocka_unit_test_teardown(test_threads, teardown),
         cmocka_unit_test_teardown(test_verifier_prefetch, teardown),
         cmocka_unit_test_teardown(test_verifier_early_eviction, teardown),

@@ -1,0 +1,139 @@
+/* pointers.c — pointer queries answered for regions.
+ *
+ * A region is one allocation to the program, but to the driver it is
+ * several VMM mappings, each on a device chunk or, while evicted, on a
+ * host-located slab. Asked about it, the driver would name one chunk as
+ * "the allocation" and call an evicted one host memory; NCCL, MPI and
+ * PyTorch would then register a fraction of a buffer, or treat a device
+ * buffer as a CPU one. For a region's address these hooks answer as for a
+ * cudaMalloc allocation: device memory, on the managed device, the whole
+ * range, resident or not. Everything else is the driver's answer.
+ * cuPointerGetAttribute's MAPPING_* attributes still describe the chunk:
+ * they are about the mapping.
+ *
+ * Shared state: the real functions, resolved once.
+ */
+#include "interpose/intercept.h"
+
+#include "sh_err.h"
+
+#include <pthread.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* The region (or sub-allocated block) at p, if the library manages one. */
+static int region_range(CUdeviceptr p, uintptr_t *base, size_t *size)
+{
+    return sh_active() && sh_pool_range(sh_rt.pool, (uintptr_t)p, base, size) == 0;
+}
+
+/* Writes a's value for the region at p into data: 1 if a is one the
+ * region answers, 0 if the driver's answer stands, -1 if a has no value
+ * for device memory (HOST_POINTER). */
+static int answer(void *data, CUpointer_attribute a, CUdeviceptr p, uintptr_t base, size_t size)
+{
+    switch (a) {
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+        *(CUmemorytype *)data = CU_MEMORYTYPE_DEVICE;
+        return 1;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+        *(CUdeviceptr *)data = p;
+        return 1;
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+        return -1;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+        *(int *)data = (int)sh_rt.dev;
+        return 1;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+        *(CUdeviceptr *)data = base;
+        return 1;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+        *(size_t *)data = size;
+        return 1;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID: /* one per allocation, not per chunk */
+        *(unsigned long long *)data = base;
+        return 1;
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+        *(int *)data = 1; /* it is mapped again before any work reaches it */
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static struct {
+    __typeof__(cuPointerGetAttribute) *get_attr;
+    __typeof__(cuPointerGetAttributes) *get_attrs;
+    __typeof__(cuMemGetAddressRange_v2) *get_range;
+    __typeof__(cudaPointerGetAttributes) *rt_attrs;
+} real;
+static pthread_once_t real_once = PTHREAD_ONCE_INIT;
+
+static void resolve(void)
+{
+    real.get_attr = (__typeof__(real.get_attr))sh_icept_lookup(0, "cuPointerGetAttribute");
+    real.get_attrs = (__typeof__(real.get_attrs))sh_icept_lookup(0, "cuPointerGetAttributes");
+    real.get_range = (__typeof__(real.get_range))sh_icept_lookup(0, "cuMemGetAddressRange_v2");
+    real.rt_attrs = (__typeof__(real.rt_attrs))sh_icept_lookup(1, "cudaPointerGetAttributes");
+}
+
+EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute a, CUdeviceptr p)
+{
+    pthread_once(&real_once, resolve);
+    uintptr_t base;
+    size_t size;
+    if (data && region_range(p, &base, &size)) {
+        int r = answer(data, a, p, base, size);
+        if (r)
+            return r > 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    }
+    return real.get_attr ? real.get_attr(data, a, p) : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+EXPORT CUresult cuPointerGetAttributes(unsigned n, CUpointer_attribute *attrs, void **data,
+                                       CUdeviceptr p)
+{
+    pthread_once(&real_once, resolve);
+    if (!real.get_attrs)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = real.get_attrs(n, attrs, data, p);
+    uintptr_t base;
+    size_t size;
+    if (r != CUDA_SUCCESS || !attrs || !data || !region_range(p, &base, &size))
+        return r;
+    for (unsigned k = 0; k < n; k++)
+        if (data[k] && answer(data[k], attrs[k], p, base, size) < 0)
+            *(void **)data[k] = NULL; /* no host pointer, as for device memory */
+    return r;
+}
+
+EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr p)
+{
+    pthread_once(&real_once, resolve);
+    uintptr_t base;
+    size_t size;
+    if (!region_range(p, &base, &size))
+        return real.get_range ? real.get_range(pbase, psize, p) : CUDA_ERROR_NOT_INITIALIZED;
+    if (pbase)
+        *pbase = base;
+    if (psize)
+        *psize = size;
+    return CUDA_SUCCESS;
+}
+
+EXPORT cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, const void *ptr)
+{
+    pthread_once(&real_once, resolve);
+    if (!real.rt_attrs)
+        return cudaErrorInitializationError;
+    cudaError_t e = real.rt_attrs(attr, ptr);
+    uintptr_t base;
+    size_t size;
+    if (e == cudaSuccess && attr && region_range((CUdeviceptr)(uintptr_t)ptr, &base, &size)) {
+        attr->type = cudaMemoryTypeDevice;
+        attr->device = (int)sh_rt.dev;
+        attr->devicePointer = (void *)ptr;
+        attr->hostPointer = NULL;
+    }
+    return e;
+}
