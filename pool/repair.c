@@ -79,8 +79,8 @@ static int heal_visit(void *arg, uintptr_t start, size_t len, void *payload)
         __atomic_add_fetch(&pool->st.vmm_maps, 1, __ATOMIC_RELAXED);
         __atomic_store_n(&c->hole, 0, __ATOMIC_RELEASE);
         __atomic_sub_fetch(&pool->holes, 1, __ATOMIC_RELEASE);
-        sh_log(SH_LOG_WARN, "0x%llx (%zu bytes) is mapped again", (unsigned long long)(r->va + c->off),
-               c->size);
+        sh_log(SH_LOG_WARN, "0x%llx (%zu bytes) is mapped again",
+               (unsigned long long)(r->va + c->off), c->size);
     }
     return 0;
 }

@@ -24,8 +24,8 @@
 #include <dlfcn.h>
 #include <stdlib.h>
 
-#define BIG   ((40u << 20) + 4096) /* three chunks under the library: 32 + 8 + 2 MB */
-#define OTHER (8u << 20)
+#define BIG    ((40u << 20) + 4096) /* three chunks under the library: 32 + 8 + 2 MB */
+#define OTHER  (8u << 20)
 #define NOTHER 16 /* 128 MB more against a 96 MB budget */
 
 static int (*residency)(const void *);
@@ -73,11 +73,10 @@ static void check_device(const void *p, const void *base, size_t size)
     assert_int_equal(cuPointerGetAttribute(&host, CU_POINTER_ATTRIBUTE_HOST_POINTER, d),
                      CUDA_ERROR_INVALID_VALUE);
 
-    CUpointer_attribute what[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                                  CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-                                  CU_POINTER_ATTRIBUTE_RANGE_SIZE,
-                                  CU_POINTER_ATTRIBUTE_HOST_POINTER,
-                                  CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+    CUpointer_attribute what[] = {
+        CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+        CU_POINTER_ATTRIBUTE_RANGE_SIZE, CU_POINTER_ATTRIBUTE_HOST_POINTER,
+        CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
     int ordinal = -1;
     type = 0, b = 0, s = 0, host = (void *)1;
     void *data[] = {&type, &b, &s, &host, &ordinal};
@@ -96,9 +95,8 @@ static int setup(void **state)
     assert_int_equal(simcuda_register_kernel(k_touch, "touch", 1, sizes, 0), 0);
     residency = (int (*)(const void *))dlsym(RTLD_DEFAULT, "stagehand_residency");
     enum cudaDriverEntryPointQueryResult q;
-    assert_int_equal(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange",
-                                                      (void **)&range_entry, 12000,
-                                                      cudaEnableDefault, &q),
+    assert_int_equal(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", (void **)&range_entry,
+                                                      12000, cudaEnableDefault, &q),
                      cudaSuccess);
     return 0;
 }
