@@ -126,6 +126,9 @@ void sh_launch_tracked_drain(int (**drain)(void *, uint64_t), int (**idle)(void 
 size_t sh_launch_scan(const void *key, int kind, void **args, uintptr_t *addrs, size_t max);
 /* Touches addrs and restores the evicted regions among them. */
 void sh_launch_prepare(uint64_t kernel, const uintptr_t *addrs, size_t n);
+/* Commits prefetches of, and restores, the regions at addrs, as a launch
+ * would (best effort: check where they are afterwards). */
+void sh_launch_make_resident(const uintptr_t *addrs, size_t n);
 
 /* Module images (modules.c), for drivers that cannot report parameter
  * layouts: the kernel name of a runtime launch stub, and a kernel's

@@ -405,6 +405,13 @@ static uint64_t make_resident(const uintptr_t *addrs, size_t n, const uintptr_t 
     return mono_us() - t0 + 1;
 }
 
+void sh_launch_make_resident(const uintptr_t *addrs, size_t n)
+{
+    uintptr_t bases[MAX_ADDRS];
+    n = n < MAX_ADDRS ? n : MAX_ADDRS;
+    make_resident(addrs, n, bases, sh_pool_bases(sh_rt.pool, addrs, n, bases));
+}
+
 void sh_launch_prepare(uint64_t kernel, const uintptr_t *addrs, size_t n)
 {
     atomic_fetch_add(&sh_rt.launches, 1);

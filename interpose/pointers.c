@@ -1,4 +1,5 @@
-/* pointers.c — pointer queries answered for regions.
+/* pointers.c — pointer queries answered for regions, and the calls that
+ * hand a region's physical pages to someone else.
  *
  * A region is one allocation to the program, but to the driver it is
  * several VMM mappings, each on a device chunk or, while evicted, on a
@@ -11,11 +12,20 @@
  * cuPointerGetAttribute's MAPPING_* attributes still describe the chunk:
  * they are about the mapping.
  *
+ * A handle retained through a region's address (cuMemRetainAllocationHandle,
+ * then exported to a peer: NCCL's buffer registration) or a dma-buf taken
+ * for its range binds someone else to its pages. The region is restored
+ * first (the pages must be the device's), then pinned: never moved again,
+ * and its chunks never reused after it is freed (pool/region.c). Legacy
+ * IPC cannot export VMM memory at all: cudaIpcGetMemHandle on a region is
+ * refused with a message that says what to do.
+ *
  * Shared state: the real functions, resolved once.
  */
 #include "interpose/intercept.h"
 
 #include "sh_err.h"
+#include "sh_log.h"
 
 #include <pthread.h>
 
@@ -66,6 +76,10 @@ static struct {
     __typeof__(cuPointerGetAttributes) *get_attrs;
     __typeof__(cuMemGetAddressRange_v2) *get_range;
     __typeof__(cudaPointerGetAttributes) *rt_attrs;
+    __typeof__(cuMemRetainAllocationHandle) *retain;
+    __typeof__(cuMemGetHandleForAddressRange) *range_handle;
+    __typeof__(cuIpcGetMemHandle) *ipc;
+    __typeof__(cudaIpcGetMemHandle) *rt_ipc;
 } real;
 static pthread_once_t real_once = PTHREAD_ONCE_INIT;
 
@@ -75,6 +89,11 @@ static void resolve(void)
     real.get_attrs = (__typeof__(real.get_attrs))sh_icept_lookup(0, "cuPointerGetAttributes");
     real.get_range = (__typeof__(real.get_range))sh_icept_lookup(0, "cuMemGetAddressRange_v2");
     real.rt_attrs = (__typeof__(real.rt_attrs))sh_icept_lookup(1, "cudaPointerGetAttributes");
+    real.retain = (__typeof__(real.retain))sh_icept_lookup(0, "cuMemRetainAllocationHandle");
+    real.range_handle =
+        (__typeof__(real.range_handle))sh_icept_lookup(0, "cuMemGetHandleForAddressRange");
+    real.ipc = (__typeof__(real.ipc))sh_icept_lookup(0, "cuIpcGetMemHandle");
+    real.rt_ipc = (__typeof__(real.rt_ipc))sh_icept_lookup(1, "cudaIpcGetMemHandle");
 }
 
 EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute a, CUdeviceptr p)
@@ -136,4 +155,85 @@ EXPORT cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, 
         attr->hostPointer = NULL;
     }
     return e;
+}
+
+/* ---- pages handed to someone else ---- */
+
+/* Pins the region at p, restoring it first if it is evicted: 0, or an
+ * error for the caller to return (its pages cannot be the device's now). */
+static int pin(uintptr_t p)
+{
+    for (int tries = 0; tries < 3; tries++) {
+        int rc = sh_pool_pin(sh_rt.pool, p);
+        if (rc != SH_EBUSY)
+            return rc == SH_ENOTFOUND ? 0 : rc;
+        sh_launch_make_resident(&p, 1);
+    }
+    sh_log(SH_LOG_ERROR, "0x%llx: cannot bring the region back to the device to share its pages",
+           (unsigned long long)p);
+    return SH_ENOMEM;
+}
+
+EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    pthread_once(&real_once, resolve);
+    if (!real.retain)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    uintptr_t base;
+    size_t size;
+    if (region_range((CUdeviceptr)(uintptr_t)addr, &base, &size) && pin((uintptr_t)addr) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return real.retain(handle, addr);
+}
+
+EXPORT CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr p, size_t size,
+                                              CUmemRangeHandleType type, unsigned long long flags)
+{
+    pthread_once(&real_once, resolve);
+    if (!real.range_handle)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    uintptr_t base, end = size ? p + size - 1 : p;
+    size_t len;
+    for (uintptr_t a = p; sh_active() && a <= end; a = base + len) {
+        if (sh_pool_range(sh_rt.pool, a, &base, &len) != 0) {
+            base = a, len = sh_rt.gran; /* not a region: look one granule on */
+            continue;
+        }
+        if (pin(a) != 0)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return real.range_handle(handle, p, size, type, flags);
+}
+
+static void ipc_refused(const void *p)
+{
+    sh_log(SH_LOG_ERROR,
+           "cudaIpcGetMemHandle(%p): stagehand backs this buffer with CUDA virtual memory, which "
+           "legacy CUDA IPC cannot export. Share it with cuMemExportToShareableHandle, or run "
+           "this process with STAGEHAND_DISABLE=1 ([general] enabled = false)",
+           p);
+}
+
+EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr p)
+{
+    pthread_once(&real_once, resolve);
+    uintptr_t base;
+    size_t size;
+    if (region_range(p, &base, &size)) {
+        ipc_refused((const void *)(uintptr_t)p);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    return real.ipc ? real.ipc(handle, p) : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+EXPORT cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *p)
+{
+    pthread_once(&real_once, resolve);
+    uintptr_t base;
+    size_t size;
+    if (region_range((CUdeviceptr)(uintptr_t)p, &base, &size)) {
+        ipc_refused(p);
+        return cudaErrorInvalidValue;
+    }
+    return real.rt_ipc ? real.rt_ipc(handle, p) : cudaErrorInitializationError;
 }

@@ -157,6 +157,18 @@ int sh_chunkcache_put(struct sh_chunkcache *cc, uint64_t handle, size_t chunk_si
     return 0;
 }
 
+int sh_chunkcache_drop(struct sh_chunkcache *cc, uint64_t handle, size_t chunk_size)
+{
+    int b = size_bin(cc, chunk_size);
+    if (b < 0)
+        return SH_EINVAL;
+    pthread_mutex_lock(&cc->mu);
+    cc->device_bytes -= chunk_size;
+    pthread_mutex_unlock(&cc->mu);
+    do_release(cc, handle, b);
+    return 0;
+}
+
 /* The largest cached size that does not overshoot `want` (> 0); failing
  * that the smallest cached size. -1 if nothing is cached. */
 static int pick(const struct sh_chunkcache *cc, size_t want)

@@ -73,7 +73,7 @@ static int collect(void *arg, uintptr_t start, size_t len, void *payload)
     struct candidates *c = arg;
     struct region *r = payload;
     if (__atomic_load_n(&r->state, __ATOMIC_RELAXED) != SH_RS_RESIDENT || r->path == SH_PATH_SLAB ||
-        protected_region(c, r))
+        __atomic_load_n(&r->pinned, __ATOMIC_RELAXED) || protected_region(c, r))
         return 0;
     if (c->n == c->cap) {
         size_t cap = c->cap ? c->cap * 2 : 64;
@@ -122,7 +122,8 @@ static size_t pick_victims(struct sh_pool *pool, size_t need, struct candidates 
     size_t n = 0, bytes = 0;
     pthread_mutex_lock(&pool->mu);
     for (size_t i = 0; i < c->n && bytes < need; i++)
-        if (sh_state_move_from(&c->r[i]->state, SH_RS_RESIDENT, SH_RS_EVICTING, c->r[i]->id) == 0) {
+        if (!c->r[i]->pinned &&
+            sh_state_move_from(&c->r[i]->state, SH_RS_RESIDENT, SH_RS_EVICTING, c->r[i]->id) == 0) {
             pool->st.regions[SH_RS_RESIDENT]--;
             pool->st.regions[SH_RS_EVICTING]++;
             c->r[n++] = c->r[i];
@@ -379,7 +380,7 @@ int sh_pool_evict_these(struct sh_pool *pool, const uintptr_t *vas, size_t n, si
     pthread_rwlock_rdlock(&pool->index_lock);
     for (size_t i = 0; i < n; i++) {
         struct region *r = sh_rindex_lookup(pool->index, vas[i]);
-        if (r && r->va == vas[i] && r->path != SH_PATH_SLAB &&
+        if (r && r->va == vas[i] && r->path != SH_PATH_SLAB && !r->pinned &&
             sh_state_move_from(&r->state, SH_RS_RESIDENT, SH_RS_EVICTING, r->id) == 0) {
             pool->st.regions[SH_RS_RESIDENT]--;
             pool->st.regions[SH_RS_EVICTING]++;
@@ -1153,7 +1154,7 @@ static int ev_idle(struct sh_pool *pool, const struct region *r, uint64_t issued
 static int ev_startable(struct sh_pool *pool, struct region *r)
 {
     uint64_t issued = issued_at(pool, r);
-    if (!ev_idle(pool, r, issued) ||
+    if (r->pinned || !ev_idle(pool, r, issued) ||
         sh_state_move_from(&r->state, SH_RS_RESIDENT, SH_RS_EVICTING, r->id) != 0)
         return 0;
     r->ev_issued = issued;

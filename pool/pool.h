@@ -62,6 +62,7 @@ struct sh_pool_stats {
     uint64_t lost_writes; /* moves whose two sides differed in the window (verify_moves) */
     uint64_t opaque;      /* pieces of opaque work issued */
     size_t host_bytes;    /* bytes of regions living in host slabs */
+    size_t pinned;        /* live regions pinned (sh_pool_pin) */
     /* prefetch (evict.c) */
     uint64_t prefetches;       /* regions whose prefetch copy was started */
     uint64_t prefetch_commits; /* ... and committed */
@@ -94,6 +95,12 @@ int sh_pool_lookup(struct sh_pool *pool, uintptr_t addr, struct sh_region_info *
  * a live region's [va, va + size) or a sub-allocated block; SH_ENOTFOUND
  * for anything else (freed, a sub-allocator slab's unused space). */
 int sh_pool_range(struct sh_pool *pool, uintptr_t addr, uintptr_t *base, size_t *size);
+/* The region at addr is pinned: another party holds its physical pages, so
+ * it never moves again and its chunks are never reused. 0 (also if it was
+ * already), SH_EBUSY while it is not resident (restore it first, then pin),
+ * SH_ENOTFOUND if addr is in no region (sub-allocated blocks: their slab
+ * is never moved anyway). */
+int sh_pool_pin(struct sh_pool *pool, uintptr_t addr);
 /* Releases cached device memory (freed regions, spare chunks) until at least
  * bytes are returned or nothing is left; returns the bytes released. */
 size_t sh_pool_trim(struct sh_pool *pool, size_t bytes);

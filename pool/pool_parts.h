@@ -155,6 +155,8 @@ void sh_chunkcache_destroy(struct sh_chunkcache *cc);
 int sh_chunkcache_get(struct sh_chunkcache *cc, size_t chunk_size, uint64_t *handle);
 /* Caches the handle while cached bytes stay <= cache_limit, else releases it. */
 int sh_chunkcache_put(struct sh_chunkcache *cc, uint64_t handle, size_t chunk_size);
+/* Releases the handle now, never caching it (someone else still holds it). */
+int sh_chunkcache_drop(struct sh_chunkcache *cc, uint64_t handle, size_t chunk_size);
 /* Releases cached handles until at least `bytes` are freed (or none is left),
  * overshooting as little as it can; returns the bytes freed. */
 size_t sh_chunkcache_trim(struct sh_chunkcache *cc, size_t bytes);

@@ -115,7 +115,9 @@ static void unbuild(struct sh_pool *pool, struct region *r, unsigned mapped_chun
             kept += c->size;
             continue;
         }
-        if (c->handle)
+        if (c->handle && r->pinned) /* a peer still maps it: never another region's */
+            sh_chunkcache_drop(pool->cc, c->handle, c->size);
+        else if (c->handle)
             sh_chunkcache_put(pool->cc, c->handle, c->size);
         if (c->slab) /* an evicted region freed by the program */
             sh_hostpool_put(pool->mover.host, c->slab);
@@ -450,6 +452,25 @@ int sh_pool_range(struct sh_pool *pool, uintptr_t addr, uintptr_t *base, size_t 
     return 0;
 }
 
+int sh_pool_pin(struct sh_pool *pool, uintptr_t addr)
+{
+    int rc = SH_ENOTFOUND;
+    pthread_mutex_lock(&pool->mu);
+    pthread_rwlock_rdlock(&pool->index_lock);
+    struct region *r = sh_rindex_lookup(pool->index, addr);
+    if (r && r->path != SH_PATH_SLAB) {
+        rc = r->pinned ? 0 : r->state == SH_RS_RESIDENT && !r->stuck ? 1 : SH_EBUSY;
+        if (rc == 1) {
+            __atomic_store_n(&r->pinned, 1, __ATOMIC_RELAXED);
+            pool->st.pinned++;
+            rc = 0;
+        }
+    }
+    pthread_rwlock_unlock(&pool->index_lock);
+    pthread_mutex_unlock(&pool->mu);
+    return rc;
+}
+
 int sh_pool_free(struct sh_pool *pool, uintptr_t va, uint64_t stream, uint64_t fence)
 {
     if (!pool)
@@ -499,13 +520,15 @@ int sh_pool_free(struct sh_pool *pool, uintptr_t va, uint64_t stream, uint64_t f
         pool->st.frees++;
         if (from == SH_RS_HOST) {
             pool->st.host_bytes -= r->mapped; /* host-backed: drop it, never copy it back */
+        } else if (r->pinned) {
+            pool->st.pinned--; /* torn down now: never reused */
         } else {
             pool->st.regions[SH_RS_FREED]++;
             freed_push(pool, r);
         }
     }
     pthread_mutex_unlock(&pool->mu);
-    if (rc == 0 && from == SH_RS_HOST)
+    if (rc == 0 && (from == SH_RS_HOST || r->pinned))
         teardown(pool, r);
     else if (rc == 0)
         enforce_cache_limit(pool);

@@ -65,6 +65,11 @@ struct region {
      * both their device handles and their slabs, whichever is mapped, and
      * it is never moved again (HOST, so freeing it tears it down). */
     int stuck;
+    /* Another party holds its physical pages (a handle retained or
+     * exported through its address): it is never moved again, and when
+     * freed its chunks go back to the driver, never to another region.
+     * Set under pool->mu, where evictions pick their victims. */
+    int pinned;
     unsigned nchunks;
     struct chunk chunks[];
 };

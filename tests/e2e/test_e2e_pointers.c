@@ -31,10 +31,10 @@
 static int (*residency)(const void *);
 static __typeof__(cuMemGetAddressRange_v2) *range_entry; /* from cudaGetDriverEntryPoint */
 
-static void k_touch(void **a)
+static void k_touch(void **a) /* reads its region: a use, no change */
 {
-    uint32_t *p = *(uint32_t **)a[0];
-    p[0]++;
+    volatile uint32_t *p = *(uint32_t **)a[0];
+    (void)p[0];
 }
 
 static void touch(void *p)
@@ -165,6 +165,104 @@ static void test_not_regions(void **state)
                      CUDA_ERROR_NOT_FOUND);
 }
 
+/* Allocates and uses n more regions of OTHER bytes, set to v: the oldest
+ * unpinned regions go to the host. */
+static void pressure(void **r, int n, int v)
+{
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(cudaMalloc(&r[i], OTHER), cudaSuccess);
+        assert_int_equal(cudaMemset(r[i], v, OTHER), cudaSuccess);
+        touch(r[i]);
+    }
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+static void release_all(void **r, int n)
+{
+    for (int i = 0; i < n; i++)
+        assert_int_equal(cudaFree(r[i]), cudaSuccess);
+}
+
+static int all_bytes(const void *d, size_t n, unsigned char v)
+{
+    unsigned char *h = malloc(n);
+    assert_non_null(h);
+    assert_int_equal(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost), cudaSuccess);
+    size_t i = 0;
+    while (i < n && h[i] == v)
+        i++;
+    free(h);
+    return i == n;
+}
+
+/* A handle retained through a region's address (what NCCL exports to its
+ * peers) holds the device's pages: an evicted region is brought back
+ * first, a retained one never moves again, and once freed its pages are
+ * never another allocation's: the peer's mapping still reads what it had. */
+static void test_retained_regions_pinned(void **state)
+{
+    (void)state;
+    if (!residency || getenv("STAGEHAND_DISABLE"))
+        skip(); /* cudaMalloc memory is not VMM memory: nothing to retain */
+    void *a = NULL, *b = NULL, *r1[NOTHER], *r2[NOTHER];
+    assert_int_equal(cudaMalloc(&a, OTHER), cudaSuccess);
+    assert_int_equal(cudaMemset(a, 0x5a, OTHER), cudaSuccess);
+    pressure(r1, NOTHER, 0x11);
+    int k = 0;
+    while (k < NOTHER && residency(r1[k]) != 0)
+        k++;
+    assert_true(k < NOTHER); /* one of them went to the host: b */
+    b = r1[k];
+    CUmemGenericAllocationHandle ha = 0, hb = 0;
+    assert_int_equal(cuMemRetainAllocationHandle(&hb, b), CUDA_SUCCESS);
+    assert_int_equal(residency(b), 1);
+    CUmemAllocationProp prop;
+    assert_int_equal(cuMemGetAllocationPropertiesFromHandle(&prop, hb), CUDA_SUCCESS);
+    assert_int_equal(prop.location.type, CU_MEM_LOCATION_TYPE_DEVICE);
+    assert_int_equal(cuMemRetainAllocationHandle(&ha, a), CUDA_SUCCESS);
+    assert_int_equal(residency(a), 1);
+    r1[k] = r1[NOTHER - 1];
+    release_all(r1, NOTHER - 1);
+    pressure(r2, NOTHER, 2);
+    assert_int_equal(residency(a), 1);
+    assert_int_equal(residency(b), 1);
+    int moved = 0; /* the others still move */
+    for (int i = 0; i < NOTHER; i++)
+        moved += residency(r2[i]) == 0;
+    assert_true(moved > 0);
+    assert_true(all_bytes(b, OTHER, 0x11));
+    /* a is freed while the peer holds its pages; new allocations take its size. */
+    assert_int_equal(cudaFree(a), cudaSuccess);
+    release_all(r2, NOTHER);
+    pressure(r1, NOTHER, 0x77);
+    CUdeviceptr peer = 0;
+    assert_int_equal(cuMemAddressReserve(&peer, OTHER, 0, 0, 0), CUDA_SUCCESS);
+    assert_int_equal(cuMemMap(peer, OTHER, 0, ha, 0), CUDA_SUCCESS);
+    CUmemAccessDesc d = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    assert_int_equal(cuMemSetAccess(peer, OTHER, &d, 1), CUDA_SUCCESS);
+    assert_true(all_bytes((void *)(uintptr_t)peer, OTHER, 0x5a));
+    assert_int_equal(cuMemUnmap(peer, OTHER), CUDA_SUCCESS);
+    assert_int_equal(cuMemAddressFree(peer, OTHER), CUDA_SUCCESS);
+    assert_int_equal(cuMemRelease(ha), CUDA_SUCCESS);
+    assert_int_equal(cuMemRelease(hb), CUDA_SUCCESS);
+    release_all(r1, NOTHER);
+    assert_int_equal(cudaFree(b), cudaSuccess);
+}
+
+/* Legacy IPC cannot export VMM memory: a region is refused, as the driver
+ * refuses it, and the message says what to do instead. */
+static void test_ipc(void **state)
+{
+    (void)state;
+    void *p = NULL;
+    assert_int_equal(cudaMalloc(&p, OTHER), cudaSuccess);
+    cudaIpcMemHandle_t h;
+    cudaError_t want =
+        residency && !getenv("STAGEHAND_DISABLE") ? cudaErrorInvalidValue : cudaSuccess;
+    assert_int_equal(cudaIpcGetMemHandle(&h, p), want);
+    assert_int_equal(cudaFree(p), cudaSuccess);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -180,6 +278,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_region_resident_and_evicted),
         cmocka_unit_test(test_small_async),
         cmocka_unit_test(test_not_regions),
+        cmocka_unit_test(test_retained_regions_pinned),
+        cmocka_unit_test(test_ipc),
     };
     return cmocka_run_group_tests_name(getenv("STAGEHAND_DISABLE") ? "e2e_pointers (disabled)"
                                                                    : "e2e_pointers (preloaded)",

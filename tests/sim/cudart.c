@@ -448,6 +448,12 @@ SIM_EXPORT cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *at
     return cudaSuccess;
 }
 
+SIM_EXPORT cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *ptr)
+{
+    ENTER();
+    return ret_cu(cuIpcGetMemHandle((CUipcMemHandle *)handle, (CUdeviceptr)(uintptr_t)ptr));
+}
+
 SIM_EXPORT cudaError_t cudaHostAlloc(void **p, size_t size, unsigned int flags)
 {
     ENTER();

@@ -24,6 +24,7 @@ struct sim_handle {
     int loc;      /* CU_MEM_LOCATION_TYPE_DEVICE or _HOST: what it is charged to */
     int loc_type; /* the CU_MEM_LOCATION_TYPE_* it was created with */
     int nmaps;
+    int retains; /* references cuMemRetainAllocationHandle handed out */
     bool released;
 };
 
@@ -193,8 +194,8 @@ static bool aligned(size_t x)
 
 static struct sim_handle *handle_get(unsigned long long h)
 {
-    if (h == 0 || h >= nhandles || !handles[h] || handles[h]->released)
-        return NULL;
+    if (h == 0 || h >= nhandles || !handles[h] || (handles[h]->released && !handles[h]->retains))
+        return NULL; /* a retained reference keeps it usable */
     return handles[h];
 }
 
@@ -354,9 +355,14 @@ SIM_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     if (r)
         return r;
     pthread_mutex_lock(&mem_mu);
-    struct sim_handle *sh = handle_get(handle);
-    if (!sh) {
+    struct sim_handle *sh = handle && handle < nhandles ? handles[handle] : NULL;
+    if (!sh || (sh->released && sh->retains == 0)) {
         r = CUDA_ERROR_INVALID_VALUE;
+    } else if (sh->retains > 0 && !sh->released) {
+        sh->retains--; /* a retained reference goes; the creator's stays */
+    } else if (sh->retains > 0) {
+        if (--sh->retains == 0 && sh->nmaps == 0)
+            handle_destroy(handle);
     } else if (sh->nmaps > 0) {
         sh->released = true; /* freed when the last mapping goes */
     } else {
@@ -557,7 +563,7 @@ SIM_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
         for (size_t k = 0; k < count; k++) {
             struct map_entry *m = (struct map_entry *)at(&maps, first);
             struct sim_handle *sh = handles[m->handle];
-            if (--sh->nmaps == 0 && sh->released)
+            if (--sh->nmaps == 0 && sh->released && sh->retains == 0)
                 handle_destroy(m->handle);
             erase(&maps, m);
         }
@@ -1212,4 +1218,71 @@ SIM_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, C
     if (psize)
         *psize = i.size;
     return CUDA_SUCCESS;
+}
+
+/* ---- handles behind addresses, and IPC ---- */
+
+/* Another reference to the handle mapped at addr (VMM memory only), to be
+ * given back with cuMemRelease; the memory lives until every reference and
+ * mapping is gone. */
+SIM_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    CUresult r = sim_enter(__func__, false);
+    if (r)
+        return r;
+    if (!handle)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mem_mu);
+    const struct map_entry *m = find(&maps, (uintptr_t)addr);
+    if (!m || !m->vmm) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        handles[m->handle]->retains++;
+        *handle = m->handle;
+    }
+    pthread_mutex_unlock(&mem_mu);
+    return r;
+}
+
+SIM_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
+                                                           CUmemGenericAllocationHandle handle)
+{
+    CUresult r = sim_enter(__func__, false);
+    if (r)
+        return r;
+    if (!prop)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mem_mu);
+    const struct sim_handle *sh = handle && handle < nhandles ? handles[handle] : NULL;
+    if (!sh) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        memset(prop, 0, sizeof *prop);
+        prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop->location.type = (CUmemLocationType)sh->loc_type;
+    }
+    pthread_mutex_unlock(&mem_mu);
+    return r;
+}
+
+/* Legacy IPC exports cuMemAlloc memory only: VMM memory is refused (it is
+ * shared through cuMemExportToShareableHandle instead). The handle names
+ * the allocation's address; nothing here opens one. */
+SIM_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr)
+{
+    CUresult r = sim_enter(__func__, true);
+    if (r)
+        return r;
+    if (!handle)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mem_mu);
+    const struct alloc_entry *a = find(&allocs, dptr);
+    if (!a || a->va != dptr) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        memset(handle, 0, sizeof *handle);
+        memcpy(handle->reserved, &a->va, sizeof a->va);
+    }
+    pthread_mutex_unlock(&mem_mu);
+    return r;
 }

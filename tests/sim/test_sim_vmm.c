@@ -823,6 +823,46 @@ static void pointer_queries(void **state)
     assert_int_equal(size, 0);
 }
 
+/* cuMemRetainAllocationHandle: another reference to the handle mapped at
+ * an address, VMM memory only. The memory lives until every reference and
+ * mapping is gone; a retained handle can be mapped again after its creator
+ * released it. Legacy IPC exports cuMemAlloc memory and refuses VMM memory. */
+static void retained_handles_and_ipc(void **state)
+{
+    (void)state;
+    need_ctx();
+    size_t before = dev_in_use();
+    CUdeviceptr va = reserve(GRAN), again = reserve(GRAN);
+    CUmemGenericAllocationHandle h = create(CU_MEM_LOCATION_TYPE_DEVICE, GRAN), r = 0;
+    assert_int_equal(cuMemMap(va, GRAN, 0, h, 0), CUDA_SUCCESS);
+    assert_int_equal(set_access(va, GRAN, CU_MEM_ACCESS_FLAGS_PROT_READWRITE), CUDA_SUCCESS);
+    assert_int_equal(cuMemRetainAllocationHandle(&r, (void *)(uintptr_t)(va + 100)), CUDA_SUCCESS);
+    assert_int_equal(r, h);
+    CUipcMemHandle ipc;
+    assert_int_equal(cuIpcGetMemHandle(&ipc, va), CUDA_ERROR_INVALID_VALUE);
+    launch_fill(va, 0x3c, GRAN);
+    assert_int_equal(cuCtxSynchronize(), CUDA_SUCCESS);
+    assert_int_equal(cuMemRelease(h), CUDA_SUCCESS); /* the creator's reference */
+    assert_int_equal(cuMemUnmap(va, GRAN), CUDA_SUCCESS);
+    assert_int_equal(dev_in_use(), before + GRAN); /* the retained one holds it */
+    assert_int_equal(cuMemMap(again, GRAN, 0, r, 0), CUDA_SUCCESS);
+    assert_int_equal(set_access(again, GRAN, CU_MEM_ACCESS_FLAGS_PROT_READWRITE), CUDA_SUCCESS);
+    assert_int_equal(((const uint8_t *)(uintptr_t)again)[GRAN - 1], 0x3c);
+    assert_int_equal(cuMemUnmap(again, GRAN), CUDA_SUCCESS);
+    assert_int_equal(cuMemRelease(r), CUDA_SUCCESS);
+    assert_int_equal(dev_in_use(), before);
+    assert_int_equal(cuMemRelease(r), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuMemAddressFree(va, GRAN), CUDA_SUCCESS);
+    assert_int_equal(cuMemAddressFree(again, GRAN), CUDA_SUCCESS);
+
+    CUdeviceptr a = 0;
+    assert_int_equal(cuMemAlloc(&a, 4096), CUDA_SUCCESS);
+    assert_int_equal(cuIpcGetMemHandle(&ipc, a), CUDA_SUCCESS);
+    assert_int_equal(cuMemRetainAllocationHandle(&r, (void *)(uintptr_t)a),
+                     CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuMemFree(a), CUDA_SUCCESS);
+}
+
 /* cuda.h, cuMemSetAccess: "set the access flags for each location specified
  * in desc": a call that names only the host leaves the device's access as it
  * was, and cuMemGetAccess answers for the location it is asked about. */
@@ -904,6 +944,7 @@ int main(void)
         cmocka_unit_test(access_is_set_per_location),
         cmocka_unit_test(host_numa_access_to_device_memory_is_refused),
         cmocka_unit_test(pointer_queries),
+        cmocka_unit_test(retained_handles_and_ipc),
     };
     return cmocka_run_group_tests_name("sim_vmm", tests, NULL, NULL);
 }
