@@ -452,13 +452,38 @@ int sh_pool_range(struct sh_pool *pool, uintptr_t addr, uintptr_t *base, size_t 
     return 0;
 }
 
+/* mu held (and again on return): a move of r in flight is cancelled, one
+ * in a window waited out, so r is RESIDENT, HOST or FREED. The caller
+ * holds r (the program has not freed it), so it cannot go meanwhile. */
+static void settle(struct sh_pool *pool, struct region *r)
+{
+    while (r->state == SH_RS_EVICTING || r->state == SH_RS_RESTORING) {
+        if (sh_pool_move_take(pool, r)) {
+            /* A prefetch or early eviction in flight lasts beyond any
+             * move_mu section: cancel it (back to HOST on its slabs, or
+             * RESIDENT), then go on with it as such. */
+            pthread_mutex_unlock(&pool->mu);
+            sh_pool_move_cancel(pool, r);
+            pthread_mutex_lock(&pool->mu);
+            continue;
+        }
+        /* Its backing is moving: moves run whole under move_mu, so wait it out. */
+        pthread_mutex_unlock(&pool->mu);
+        pthread_mutex_lock(&pool->move_mu);
+        pthread_mutex_unlock(&pool->move_mu);
+        pthread_mutex_lock(&pool->mu);
+    }
+}
+
 int sh_pool_pin(struct sh_pool *pool, uintptr_t addr)
 {
     int rc = SH_ENOTFOUND;
     pthread_mutex_lock(&pool->mu);
     pthread_rwlock_rdlock(&pool->index_lock);
     struct region *r = sh_rindex_lookup(pool->index, addr);
+    pthread_rwlock_unlock(&pool->index_lock);
     if (r && r->path != SH_PATH_SLAB) {
+        settle(pool, r); /* an early eviction in flight is called off */
         rc = r->pinned ? 0 : r->state == SH_RS_RESIDENT && !r->stuck ? 1 : SH_EBUSY;
         if (rc == 1) {
             __atomic_store_n(&r->pinned, 1, __ATOMIC_RELAXED);
@@ -466,7 +491,6 @@ int sh_pool_pin(struct sh_pool *pool, uintptr_t addr)
             rc = 0;
         }
     }
-    pthread_rwlock_unlock(&pool->index_lock);
     pthread_mutex_unlock(&pool->mu);
     return rc;
 }
@@ -489,22 +513,7 @@ int sh_pool_free(struct sh_pool *pool, uintptr_t va, uint64_t stream, uint64_t f
     if (!found)
         return SH_ENOTFOUND;
     pthread_mutex_lock(&pool->mu);
-    while (r->state == SH_RS_EVICTING || r->state == SH_RS_RESTORING) {
-        if (sh_pool_move_take(pool, r)) {
-            /* A prefetch or early eviction in flight lasts beyond any
-             * move_mu section: cancel it (back to HOST on its slabs, or
-             * RESIDENT), then free it as such. */
-            pthread_mutex_unlock(&pool->mu);
-            sh_pool_move_cancel(pool, r);
-            pthread_mutex_lock(&pool->mu);
-            continue;
-        }
-        /* Its backing is moving: moves run whole under move_mu, so wait it out. */
-        pthread_mutex_unlock(&pool->mu);
-        pthread_mutex_lock(&pool->move_mu);
-        pthread_mutex_unlock(&pool->move_mu);
-        pthread_mutex_lock(&pool->mu);
-    }
+    settle(pool, r);
     if (r->state == SH_RS_FREED) { /* the caller's double free, not our bug */
         pthread_mutex_unlock(&pool->mu);
         return SH_EINVAL;

@@ -590,6 +590,41 @@ static void test_stranded_scratch(void **state)
     stop();
 }
 
+/* Pinning a region whose early eviction is in flight calls the eviction
+ * off; a prefetching one goes back to the host (restore it, then pin).
+ * Pinned, a region is never picked again. */
+static void test_pin_settles_moves(void **state)
+{
+    (void)state;
+    start(&std_opts);
+    uintptr_t a = alloc(RSIZE), b = alloc(RSIZE);
+    fill(a, RSIZE, 11);
+    fill(b, RSIZE, 12);
+    assert_int_equal(start_early(a), 1);
+    assert_int_equal(sh_pool_pin(sys.pool, a + 7), 0);
+    assert_int_equal(state_of(a), SH_RS_RESIDENT);
+    evict_one(b);
+    assert_int_equal(start_prefetch(b), 1);
+    assert_int_equal(sh_pool_pin(sys.pool, b), SH_EBUSY);
+    assert_int_equal(state_of(b), SH_RS_HOST);
+    assert_int_equal(sh_pool_restore(sys.pool, &b, 1), 0);
+    assert_int_equal(sh_pool_pin(sys.pool, b), 0);
+    size_t released = 0, n = 0;
+    uintptr_t vas[2] = {a, b}, out[2];
+    assert_int_equal(sh_pool_evict_these(sys.pool, vas, 2, &released, out, &n), SH_ENOMEM);
+    assert_int_equal(n, 0);
+    assert_int_equal(start_early(a), 0);
+    assert_int_equal(bad_words(a, RSIZE, 11), 0);
+    assert_int_equal(bad_words(b, RSIZE, 12), 0);
+    struct sh_pool_stats st;
+    sh_pool_stats(sys.pool, &st);
+    assert_int_equal(st.pinned, 2);
+    assert_int_equal(sh_pool_free(sys.pool, a, ANY, 0), 0);
+    sh_pool_stats(sys.pool, &st);
+    assert_int_equal(st.pinned, 1);
+    stop();
+}
+
 /* Two threads: one completes copies and commits, one evicts, prefetches
  * and frees. */
 static void *committer(void *arg)
@@ -880,6 +915,7 @@ int main(void)
         cmocka_unit_test_teardown(test_fail_copy_issue, teardown),
         cmocka_unit_test_teardown(test_fail_copy_wait, teardown),
         cmocka_unit_test_teardown(test_stranded_scratch, teardown),
+        cmocka_unit_test_teardown(test_pin_settles_moves, teardown),
         cmocka_unit_test_teardown(test_threads, teardown),
         cmocka_unit_test_teardown(test_verifier_prefetch, teardown),
         cmocka_unit_test_teardown(test_verifier_early_eviction, teardown),
