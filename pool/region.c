@@ -518,7 +518,7 @@ int sh_pool_free(struct sh_pool *pool, uintptr_t va, uint64_t stream, uint64_t f
         pthread_mutex_unlock(&pool->mu);
         return SH_EINVAL;
     }
-    int from = r->state;
+    int from = r->state, drop = from == SH_RS_HOST || r->pinned; /* torn down at once */
     int rc = sh_state_move(&r->state, SH_RS_FREED, r->id);
     if (rc == 0) {
         r->stream = stream;
@@ -537,7 +537,8 @@ int sh_pool_free(struct sh_pool *pool, uintptr_t va, uint64_t stream, uint64_t f
         }
     }
     pthread_mutex_unlock(&pool->mu);
-    if (rc == 0 && (from == SH_RS_HOST || r->pinned))
+    /* Once on the freed list, r may be torn down by another thread at once. */
+    if (rc == 0 && drop)
         teardown(pool, r);
     else if (rc == 0)
         enforce_cache_limit(pool);
