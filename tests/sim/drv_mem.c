@@ -1067,157 +1067,31 @@ SIM_EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, un
     return CUDA_SUCCESS;
 }
 
-/* ---- pointer queries ---- */
+/* ---- pointer queries (drv_ptr.c answers them) ---- */
 
-/* What the driver knows of the memory at ptr (mem_mu held). A cuMemAlloc
+/* (sim.h) A cuMemAlloc
  * allocation is one range; a VMM mapping is the range of the handle mapped
  * there (cuda.h: "the allocation" is the one handle), located where the
  * handle lives, so a host-located handle mapped at a device address reads
  * as host memory; pinned host memory is host memory. */
-struct ptr_info {
-    CUmemorytype type; /* 0: not a CUDA pointer */
-    uintptr_t base;
-    size_t size;
-    bool vmm;
-};
-
-static struct ptr_info ptr_info(uintptr_t p)
+struct sim_ptr_info sim_ptr_info(uintptr_t p)
 {
-    struct ptr_info i = {0};
+    struct sim_ptr_info i = {0};
+    pthread_mutex_lock(&mem_mu);
     const struct alloc_entry *a = find(&allocs, p);
     const struct map_entry *m = a ? NULL : find(&maps, p);
     const struct host_entry *h = a || m ? NULL : find(&hosts, p);
     if (a)
-        i = (struct ptr_info){CU_MEMORYTYPE_DEVICE, a->va, a->size, false};
+        i = (struct sim_ptr_info){CU_MEMORYTYPE_DEVICE, a->va, a->size, false};
     else if (m)
-        i = (struct ptr_info){handles[m->handle]->loc == CU_MEM_LOCATION_TYPE_DEVICE
-                                  ? CU_MEMORYTYPE_DEVICE
-                                  : CU_MEMORYTYPE_HOST,
-                              m->va, m->size, m->vmm};
+        i = (struct sim_ptr_info){handles[m->handle]->loc == CU_MEM_LOCATION_TYPE_DEVICE
+                                      ? CU_MEMORYTYPE_DEVICE
+                                      : CU_MEMORYTYPE_HOST,
+                                  m->va, m->size, m->vmm};
     else if (h)
-        i = (struct ptr_info){CU_MEMORYTYPE_HOST, h->va, h->size, false};
+        i = (struct sim_ptr_info){CU_MEMORYTYPE_HOST, h->va, h->size, false};
+    pthread_mutex_unlock(&mem_mu);
     return i;
-}
-
-/* One attribute of known memory; CUDA_ERROR_INVALID_VALUE where it has none. */
-static CUresult attribute(void *data, CUpointer_attribute a, uintptr_t p, const struct ptr_info *i)
-{
-    switch (a) {
-    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
-        *(unsigned *)data = (unsigned)i->type;
-        return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
-        *(CUdeviceptr *)data = p;
-        return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
-        if (i->type != CU_MEMORYTYPE_HOST || i->vmm)
-            return CUDA_ERROR_INVALID_VALUE;
-        *(void **)data = (void *)p;
-        return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
-    case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
-        *(CUdeviceptr *)data = i->base;
-        return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
-    case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
-        *(size_t *)data = i->size;
-        return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
-        *(int *)data = 0;
-        return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
-    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
-        *(int *)data = 0;
-        return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_MAPPED:
-        *(int *)data = 1;
-        return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
-        *(int *)data = i->type == CU_MEMORYTYPE_DEVICE && !i->vmm;
-        return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
-        *(unsigned long long *)data = i->base;
-        return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_CONTEXT: {
-        CUcontext ctx = NULL;
-        cuCtxGetCurrent(&ctx);
-        *(CUcontext *)data = ctx;
-        return CUDA_SUCCESS;
-    }
-    default:
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-}
-
-/* The bytes an attribute's value takes: enums and booleans are 4. */
-static size_t attr_size(CUpointer_attribute a)
-{
-    switch (a) {
-    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
-    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
-    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
-    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
-    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
-    case CU_POINTER_ATTRIBUTE_MAPPED:
-    case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
-    case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
-    case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE:
-        return 4;
-    default:
-        return 8;
-    }
-}
-
-SIM_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute a, CUdeviceptr ptr)
-{
-    CUresult r = sim_enter(__func__, true);
-    if (r)
-        return r;
-    if (!data)
-        return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&mem_mu);
-    struct ptr_info i = ptr_info(ptr);
-    pthread_mutex_unlock(&mem_mu);
-    return i.type ? attribute(data, a, ptr, &i) : CUDA_ERROR_INVALID_VALUE;
-}
-
-/* Unlike cuPointerGetAttribute, memory the driver does not know is no
- * error: its attributes read as zero (cuda.h). */
-SIM_EXPORT CUresult cuPointerGetAttributes(unsigned n, CUpointer_attribute *attrs, void **data,
-                                           CUdeviceptr ptr)
-{
-    CUresult r = sim_enter(__func__, true);
-    if (r)
-        return r;
-    if (!attrs || !data)
-        return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&mem_mu);
-    struct ptr_info i = ptr_info(ptr);
-    pthread_mutex_unlock(&mem_mu);
-    for (unsigned k = 0; k < n; k++) {
-        if (!data[k])
-            return CUDA_ERROR_INVALID_VALUE;
-        if (!i.type || attribute(data[k], attrs[k], ptr, &i) != CUDA_SUCCESS)
-            memset(data[k], 0, attr_size(attrs[k]));
-    }
-    return CUDA_SUCCESS;
-}
-
-SIM_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
-{
-    CUresult r = sim_enter(__func__, true);
-    if (r)
-        return r;
-    pthread_mutex_lock(&mem_mu);
-    struct ptr_info i = ptr_info(dptr);
-    pthread_mutex_unlock(&mem_mu);
-    if (i.type != CU_MEMORYTYPE_DEVICE && !i.vmm)
-        return CUDA_ERROR_NOT_FOUND;
-    if (pbase)
-        *pbase = i.base;
-    if (psize)
-        *psize = i.size;
-    return CUDA_SUCCESS;
 }
 
 /* ---- handles behind addresses, and IPC ---- */

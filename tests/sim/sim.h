@@ -83,6 +83,18 @@ enum sim_memkind { SIM_MEM_PAGEABLE = 0, SIM_MEM_PINNED = 1, SIM_MEM_DEVICE = 2 
 enum sim_memkind sim_mem_kind(uintptr_t addr);
 void sim_mem_stats(size_t *dev_in_use, size_t *dev_peak, size_t *host_in_use);
 
+/* What the driver knows of the memory at p (drv_mem.c): a cuMemAlloc
+ * allocation is one range; a VMM mapping is its handle's range, located
+ * where the handle lives; pinned host memory is host memory. type 0: not a
+ * CUDA pointer. */
+struct sim_ptr_info {
+    CUmemorytype type;
+    uintptr_t base;
+    size_t size;
+    bool vmm;
+};
+struct sim_ptr_info sim_ptr_info(uintptr_t p);
+
 /* ---- streams ---- */
 struct sim_stream;
 struct sim_op;
