@@ -212,9 +212,14 @@ demo: $(BUILD)/libstagehand.so $(BUILD)/demo/train
 	@tests/demo/run.sh $(BUILD)
 
 # ---- benchmarks (ratios against a baseline measured in the same run) ----
-BENCH_BINS := $(BUILD)/tests/bench/bench_alloc $(BUILD)/tests/bench/bench_pool
+BENCH_BINS := $(BUILD)/tests/bench/bench_alloc $(BUILD)/tests/bench/bench_pool \
+              $(BUILD)/tests/bench/bench_launch
 
 $(BUILD)/tests/bench/bench_alloc: $(BUILD)/obj/tests/bench/bench_alloc.o $(SIM_LIBS)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $< $(LDFLAGS_ALL) -L$(BUILD)/sim -l:libcudart.so.13 -l:libcuda.so.1
+
+$(BUILD)/tests/bench/bench_launch: $(BUILD)/obj/tests/bench/bench_launch.o $(SIM_LIBS)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< $(LDFLAGS_ALL) -L$(BUILD)/sim -l:libcudart.so.13 -l:libcuda.so.1
 

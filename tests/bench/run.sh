@@ -12,6 +12,9 @@ join <(sort <<<"$direct") <(sort <<<"$lib") | while read -r name d l; do
     awk -v n="$name" -v d="$d" -v l="$l" 'BEGIN { printf "%-34s %8.1f %10.1f %7.2fx\n", n, d, l, l / d }'
 done
 echo
+echo "CPU instructions per launch (callgrind; added = what the library costs)"
+tests/bench/launch.sh "$build"
+echo
 echo "pool structures (ns per op; the malloc line is the baseline)"
 "$build/tests/bench/bench_pool"
 echo

@@ -1,0 +1,76 @@
+/* bench_launch.c — what one kernel launch costs, counted by callgrind.
+ *
+ * Usage: bench_launch REGIONS LAUNCHES
+ * Allocates REGIONS buffers with cudaMalloc, then issues LAUNCHES launches of
+ * one kernel with four pointer arguments and a step number: a loop of 64
+ * distinct launches over a working set of 32 buffers, repeated, as a
+ * training step repeats. Only the launch loop (and the
+ * synchronisation that ends it) is instrumented: tests/bench/launch.sh runs
+ * it under `valgrind --tool=callgrind --instr-atstart=no`, directly on the
+ * simulated driver and under LD_PRELOAD=libstagehand.so, and divides.
+ */
+#include <cuda_runtime_api.h>
+#include <simcuda.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <valgrind/callgrind.h>
+
+#define LOOP 64
+#define ARGS 4
+#define WORKING_SET 32
+
+static void kernel4(void **args)
+{
+    (void)args; /* the launch is what is measured, not the kernel */
+}
+
+static void die(const char *what)
+{
+    fprintf(stderr, "bench_launch: %s failed\n", what);
+    exit(1);
+}
+
+int main(int argc, char **argv)
+{
+    long nregions = argc > 2 ? strtol(argv[1], NULL, 10) : 0;
+    long launches = argc > 2 ? strtol(argv[2], NULL, 10) : 0;
+    size_t bytes = argc > 3 ? (size_t)strtoull(argv[3], NULL, 10) : (size_t)1 << 20;
+    if (nregions < WORKING_SET || launches < 1) {
+        fprintf(stderr, "usage: bench_launch REGIONS(>=%d) LAUNCHES [BYTES]\n", WORKING_SET);
+        return 2;
+    }
+    const size_t sizes[ARGS + 1] = {8, 8, 8, 8, 8};
+    if (simcuda_register_kernel(kernel4, "kernel4", ARGS + 1, sizes, 0) != 0)
+        die("simcuda_register_kernel");
+    void **buf = calloc((size_t)nregions, sizeof *buf);
+    if (!buf)
+        die("calloc");
+    for (long i = 0; i < nregions; i++)
+        if (cudaMalloc(&buf[i], bytes) != cudaSuccess)
+            die("cudaMalloc");
+    /* The working set is spread over the whole set, as a model's layers are. */
+    long stride = nregions / WORKING_SET;
+    if (cudaDeviceSynchronize() != cudaSuccess)
+        die("cudaDeviceSynchronize");
+    CALLGRIND_START_INSTRUMENTATION;
+    for (long n = 0; n < launches; n++) {
+        long step = n % LOOP;
+        void *p[ARGS];
+        void *args[ARGS + 1];
+        for (int a = 0; a < ARGS; a++) {
+            p[a] = buf[((step * (2 * a + 1) + a) % WORKING_SET) * stride];
+            args[a] = &p[a];
+        }
+        args[ARGS] = &step;
+        const dim3 one = {1, 1, 1};
+        if (cudaLaunchKernel((const void *)kernel4, one, one, args, 0, 0) != cudaSuccess)
+            die("cudaLaunchKernel");
+    }
+    if (cudaDeviceSynchronize() != cudaSuccess)
+        die("cudaDeviceSynchronize");
+    CALLGRIND_STOP_INSTRUMENTATION;
+    for (long i = 0; i < nregions; i++)
+        cudaFree(buf[i]);
+    free(buf);
+    return 0;
+}

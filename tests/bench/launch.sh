@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# make bench, part: instructions one launch costs, counted by callgrind
+# (deterministic, unlike time on a shared machine). bench_launch's loop runs
+# directly on the simulated driver and under the library; the library's cost
+# is the difference, per launch. Three cases at each number of regions:
+#   fits            the budget holds every region;
+#   oversubscribed  the budget holds the loop's working set at half of it,
+#                   everything else is on the host (the state a training
+#                   step is in between its moves);
+#   moving          the working set is twice the budget: every launch moves.
+# The simulated copies' own instructions (copy_run) are left out: they stand
+# for the copy engine, not for the CPU. The scan of evicted bytes for
+# pointers is CPU work per byte moved: counted, and also shown on its own.
+# Usage: tests/bench/launch.sh BUILD_DIR
+set -euo pipefail
+build=${1:-build}
+launches=${LAUNCHES:-2000}
+command -v valgrind >/dev/null || { echo "bench: valgrind is missing (apt-get install valgrind)" >&2; exit 1; }
+export LD_LIBRARY_PATH="$PWD/$build/sim" SIMCUDA_GRANULARITY_KB=64 SIMCUDA_VRAM_MB=2048 \
+    SIMCUDA_HOST_MB=16384 STAGEHAND_BUDGET_HOST_RAM_BUDGET_MB=12288 \
+    STAGEHAND_CONFIG=/dev/null STAGEHAND_REGIONS_MIN_REGION_KB=64 STAGEHAND_TELEMETRY_SHM_ENABLED=false
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# Ir of the instrumented loop less the simulated copies' own, and the scan's.
+count() {
+    local out="$tmp/cg.$1"
+    shift
+    valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$out" "$@" \
+        >"$tmp/log" 2>&1 || { cat "$tmp/log" >&2; echo "bench: $* failed" >&2; exit 1; }
+    callgrind_annotate --inclusive=yes "$out" 2>/dev/null | awk '
+        /PROGRAM TOTALS/ { gsub(",", "", $1); total = $1 }
+        /:copy_run / { gsub(",", "", $1); copy = $1 }
+        /:sh_pool_scan_landed / { gsub(",", "", $1); scan = $1 }
+        END { print total - copy, scan + 0 }'
+}
+
+bin="$build/tests/bench/bench_launch"
+printf '%-8s %-15s %10s %10s %10s %12s\n' regions case direct lib added "(ptr scan)"
+row() {
+    awk -v n="$1" -v c="$2" -v d="$3" -v x="$4" -v s="$5" -v l="$launches" 'BEGIN {
+        printf "%-8d %-15s %10.0f %10.0f %10.0f %12.0f\n", n, c, d / l, x / l, (x - d) / l, s / l }'
+}
+# 64 KB buffers, 32 in the working set: 2 MB.
+for n in 100 1000 10000; do
+    read -r d _ < <(count "d$n" "$bin" "$n" "$launches" 65536)
+    read -r f fs < <(LD_PRELOAD="$PWD/$build/libstagehand.so" count "f$n" "$bin" "$n" "$launches" 65536)
+    read -r o os < <(STAGEHAND_BUDGET_VRAM_BUDGET_MB=4 \
+        LD_PRELOAD="$PWD/$build/libstagehand.so" count "o$n" "$bin" "$n" "$launches" 65536)
+    read -r m ms < <(STAGEHAND_BUDGET_VRAM_BUDGET_MB=1 \
+        LD_PRELOAD="$PWD/$build/libstagehand.so" count "m$n" "$bin" "$n" "$launches" 65536)
+    row "$n" fits "$d" "$f" "$fs"
+    row "$n" oversubscribed "$d" "$o" "$os"
+    row "$n" moving "$d" "$m" "$ms"
+done
