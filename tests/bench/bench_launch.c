@@ -18,6 +18,7 @@
 #define LOOP 64
 #define ARGS 4
 #define WORKING_SET 32
+#define WARMUP      (8 * LOOP)
 
 static void kernel4(void **args)
 {
@@ -50,10 +51,12 @@ int main(int argc, char **argv)
             die("cudaMalloc");
     /* The working set is spread over the whole set, as a model's layers are. */
     long stride = nregions / WORKING_SET;
-    if (cudaDeviceSynchronize() != cudaSuccess)
-        die("cudaDeviceSynchronize");
-    CALLGRIND_START_INSTRUMENTATION;
-    for (long n = 0; n < launches; n++) {
+    for (long n = 0; n < WARMUP + launches; n++) {
+        if (n == WARMUP) {
+            if (cudaDeviceSynchronize() != cudaSuccess)
+                die("cudaDeviceSynchronize");
+            CALLGRIND_START_INSTRUMENTATION;
+        }
         long step = n % LOOP;
         void *p[ARGS];
         void *args[ARGS + 1];
