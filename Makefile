@@ -84,6 +84,11 @@ $(BUILD)/obj/interpose/dlsym.o: CFLAGS_ALL := $(filter-out -fsanitize=%,$(CFLAGS
 # The pointer scan reads every byte an eviction lands: vectorised, it keeps
 # up with the copies (about 4x faster than the default cost model allows).
 $(BUILD)/obj/pool/ptrscan.o: CFLAGS_ALL += -ftree-vectorize -fvect-cost-model=dynamic
+# A preloaded library's thread-locals are global-dynamic: with descriptors,
+# the launch path reads them without a call into the dynamic linker.
+ifeq ($(shell uname -m),x86_64)
+$(LIB_OBJS) $(ICEPT_OBJS): CFLAGS_ALL += -mtls-dialect=gnu2
+endif
 
 # Every versioned name of the driver, declared as itself (cuda.h renames
 # cuMemcpy2D to cuMemcpy2D_v2 and so on otherwise).

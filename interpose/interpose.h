@@ -124,8 +124,10 @@ void sh_launch_mark_upload(const void *dst, const void *src, size_t n);
 void sh_launch_tracked_drain(int (**drain)(void *, uint64_t), int (**idle)(void *, uint64_t));
 /* The region addresses a launch's parameters point into (at most max). */
 size_t sh_launch_scan(const void *key, int kind, void **args, uintptr_t *addrs, size_t max);
-/* Touches addrs and restores the evicted regions among them. */
-void sh_launch_prepare(uint64_t kernel, const uintptr_t *addrs, size_t n);
+/* A launch is about to be issued with the candidate pointers vals[0..n)
+ * (overwritten): records its use of the regions they point into, restores
+ * the evicted ones among them and tells the scheduler. */
+void sh_launch_prepare(uint64_t kernel, uintptr_t *vals, size_t n);
 /* Commits prefetches of, and restores, the regions at addrs, as a launch
  * would (best effort: check where they are afterwards). */
 void sh_launch_make_resident(const uintptr_t *addrs, size_t n);

@@ -69,23 +69,23 @@ int sh_launch_needs_images(void)
 }
 
 /* The kernel's mangled name, for the image fallback. */
-static const char *kernel_name(const struct layout *l, CUfunction f)
+static const char *kernel_name(const struct layout *l, const void *key, CUfunction f)
 {
     const char *name = NULL;
     if (l->kind == SH_KEY_HOST_FN)
-        name = sh_modules_stub_name(l->key);
+        name = sh_modules_stub_name(key);
     if (!name && f && func_get_name)
         func_get_name(&name, f);
     if (!name && l->kind == SH_KEY_KERNEL && kernel_get_name)
-        kernel_get_name(&name, (CUkernel)(uintptr_t)l->key);
+        kernel_get_name(&name, (CUkernel)(uintptr_t)key);
     return name;
 }
 
 /* Reads the layout from the module images (cubin.c), for drivers without
  * cuFuncGetParamInfo. */
-static void fill_from_images(struct layout *l, CUfunction f)
+static void fill_from_images(struct layout *l, const void *key, CUfunction f)
 {
-    const char *name = kernel_name(l, f);
+    const char *name = kernel_name(l, key, f);
     struct sh_cubin_param p[MAX_PARAMS];
     size_t n = 0;
     if (!name || sh_modules_layout(name, p, MAX_PARAMS, &n) != 0)
@@ -106,23 +106,23 @@ static int keeps_pointers(const char *name)
     return name && (strstr(name, "ncclKernel") || strstr(name, "ncclDevKernel"));
 }
 
-static void fill_layout(struct layout *l)
+static void fill_layout(struct layout *l, const void *key)
 {
     CUfunction f = NULL;
     if (l->kind == SH_KEY_HOST_FN && real_get_func)
-        real_get_func((cudaFunction_t *)&f, l->key);
+        real_get_func((cudaFunction_t *)&f, key);
     else if (l->kind == SH_KEY_FUNCTION)
-        f = (CUfunction)(uintptr_t)l->key;
+        f = (CUfunction)(uintptr_t)key;
     for (int i = 0; i < MAX_PARAMS; i++) {
         size_t off = 0, size = 0;
         CUresult r = CUDA_ERROR_INVALID_VALUE;
         if (l->kind == SH_KEY_KERNEL && kernel_param_info)
-            r = kernel_param_info((CUkernel)(uintptr_t)l->key, (size_t)i, &off, &size);
+            r = kernel_param_info((CUkernel)(uintptr_t)key, (size_t)i, &off, &size);
         else if (f && func_param_info)
             r = func_param_info(f, (size_t)i, &off, &size);
         if (i == 0 && (r == CUDA_ERROR_NOT_SUPPORTED || (!func_param_info && !kernel_param_info))) {
             driver_lacks_layouts = 1; /* keep images loaded from now on */
-            fill_from_images(l, f);
+            fill_from_images(l, key, f);
             break;
         }
         if (r != CUDA_SUCCESS || off > UINT16_MAX || size > UINT16_MAX)
@@ -131,32 +131,38 @@ static void fill_layout(struct layout *l)
         l->size[i] = (uint16_t)size;
         l->nparams = i + 1;
     }
-    l->opaque = keeps_pointers(kernel_name(l, f));
+    l->opaque = keeps_pointers(kernel_name(l, key, f));
 }
 
-/* The cached layout of a function; a copy, so the caller needs no lock. */
-static int get_layout(const void *key, int kind, struct layout *out)
+/* The cached layout of a function. A slot's key is published last, with
+ * release, and a filled layout never changes: a hit reads it without the
+ * lock. Misses (one per function) fill a slot under layout_mu. */
+static const struct layout *get_layout(const void *key, int kind)
 {
     size_t h = ((uintptr_t)key >> 4) * 0x9e3779b97f4a7c15ull % LAYOUTS;
-    pthread_mutex_lock(&layout_mu);
     for (size_t i = 0; i < LAYOUTS; i++) {
+        const struct layout *l = &layouts[(h + i) % LAYOUTS];
+        const void *k = __atomic_load_n(&l->key, __ATOMIC_ACQUIRE);
+        if (!k)
+            break;
+        if (k == key && l->kind == kind)
+            return l;
+    }
+    const struct layout *found = NULL;
+    pthread_mutex_lock(&layout_mu);
+    for (size_t i = 0; i < LAYOUTS && !found; i++) {
         struct layout *l = &layouts[(h + i) % LAYOUTS];
         if (l->key == key && l->kind == kind) {
-            *out = *l;
-            pthread_mutex_unlock(&layout_mu);
-            return 1;
-        }
-        if (!l->key) {
-            l->key = key;
+            found = l;
+        } else if (!l->key) {
             l->kind = kind;
-            fill_layout(l);
-            *out = *l;
-            pthread_mutex_unlock(&layout_mu);
-            return 1;
+            fill_layout(l, key);
+            __atomic_store_n(&l->key, key, __ATOMIC_RELEASE);
+            found = l;
         }
     }
     pthread_mutex_unlock(&layout_mu);
-    return 0; /* table full: the launch goes unseen, which costs speed, not data */
+    return found; /* NULL: table full; the launch goes unseen (speed, not data) */
 }
 
 /* ---- device memory the library does not manage that holds pointers ----
@@ -211,8 +217,10 @@ static int in_ptr_range(uintptr_t v)
 /* ---- the scan ---- */
 
 /* Every 4-byte-aligned position of each parameter that can hold an 8-byte
- * pointer: a packed struct argument may keep one at offset 4. */
-static size_t scan(const struct layout *l, void **args, uintptr_t *addrs)
+ * pointer: a packed struct argument may keep one at offset 4. Returns the
+ * candidates (non-zero values); the pool's index tells which are pointers
+ * into regions (sh_pool_use), in one pass. */
+static size_t scan(const struct layout *l, void **args, uintptr_t *vals)
 {
     size_t n = 0;
     for (int i = 0; i < l->nparams && args; i++) {
@@ -220,23 +228,31 @@ static size_t scan(const struct layout *l, void **args, uintptr_t *addrs)
         for (size_t off = 0; p && off + 8 <= l->size[i] && n < MAX_ADDRS; off += 4) {
             uintptr_t v;
             memcpy(&v, p + off, sizeof v);
-            if (v && sh_pool_lookup(sh_rt.pool, v, NULL) == 0)
-                addrs[n++] = v;
-            else if (v && in_ptr_range(v))
+            if (!v)
+                continue;
+            vals[n++] = v;
+            if (in_ptr_range(v))
                 pending.opaque = 1; /* a pointer table outside the regions */
         }
     }
     return n;
 }
 
+/* The candidates of one launch's parameters; the layout's opaque flag goes
+ * to the launch being issued. */
+static size_t scan_launch(const void *key, int kind, void **args, uintptr_t *vals)
+{
+    const struct layout *l = key ? get_layout(key, kind) : NULL;
+    if (!l)
+        return 0;
+    pending.opaque |= l->opaque;
+    return scan(l, args, vals);
+}
+
 size_t sh_launch_scan(const void *key, int kind, void **args, uintptr_t *addrs, size_t max)
 {
-    struct layout l;
-    if (!key || !get_layout(key, kind, &l))
-        return 0;
-    pending.opaque |= l.opaque;
     uintptr_t found[MAX_ADDRS];
-    size_t n = scan(&l, args, found);
+    size_t n = sh_pool_use(sh_rt.pool, found, scan_launch(key, kind, args, found), 0, NULL);
     n = n < max ? n : max;
     memcpy(addrs, found, n * sizeof *addrs);
     return n;
@@ -387,65 +403,68 @@ static int drain_streams(void *ctx, uint64_t mask)
 }
 
 /* Makes the launch's regions resident: prefetches in flight are committed
- * first (before the touch, so the launch being prepared does not count as
- * one that ran on the host copy), then evicted ones are restored. Returns
- * the microseconds the launch waited, 0 if none. */
-static uint64_t make_resident(const uintptr_t *addrs, size_t n, const uintptr_t *bases, size_t nb)
+ * first, then evicted ones are restored. u is what sh_pool_use found at t0
+ * (a commit makes its host count stale: counted again). Returns the
+ * microseconds the launch waited, 0 if none. */
+static uint64_t make_resident(const uintptr_t *addrs, size_t n, const struct sh_pool_use *u,
+                              uint64_t t0)
 {
-    uint64_t t0 = mono_us();
-    size_t host = 0, committed = sh_sched_prefetch_wait(bases, nb);
-    sh_pool_touch(sh_rt.pool, addrs, n, &host);
+    size_t host = u->host_bytes, committed = sh_sched_prefetch_wait(u->bases, u->nbases);
+    if (committed)
+        sh_pool_touch(sh_rt.pool, addrs, n, &host);
     if (host == 0)
         return committed ? mono_us() - t0 + 1 : 0;
     sh_room_lock();
     if (sh_make_room(host, addrs, n) != 0 || sh_pool_restore(sh_rt.pool, addrs, n) != 0)
         sh_log(SH_LOG_DEBUG, "a launch runs on host-mapped memory: no room to restore");
     sh_room_unlock();
-    report_residency(bases, nb);
+    report_residency(u->bases, u->nbases);
     return mono_us() - t0 + 1;
 }
 
 void sh_launch_make_resident(const uintptr_t *addrs, size_t n)
 {
-    uintptr_t bases[MAX_ADDRS];
+    uintptr_t vals[MAX_ADDRS], bases[MAX_ADDRS];
+    struct sh_pool_use u = {.bases = bases};
     n = n < MAX_ADDRS ? n : MAX_ADDRS;
-    make_resident(addrs, n, bases, sh_pool_bases(sh_rt.pool, addrs, n, bases));
+    memcpy(vals, addrs, n * sizeof *vals);
+    uint64_t t0 = mono_us();
+    n = sh_pool_use(sh_rt.pool, vals, n, t0, &u);
+    make_resident(vals, n, &u, t0);
 }
 
-void sh_launch_prepare(uint64_t kernel, const uintptr_t *addrs, size_t n)
+void sh_launch_prepare(uint64_t kernel, uintptr_t *vals, size_t n)
 {
     atomic_fetch_add(&sh_rt.launches, 1);
     sh_sched_timing_begin();
     uintptr_t bases[MAX_ADDRS];
-    int ptrs = 0; /* a region of pointers: the kernel may follow them anywhere */
-    size_t nb = sh_pool_bases_ptrs(sh_rt.pool, addrs, n < MAX_ADDRS ? n : MAX_ADDRS, bases, &ptrs);
+    struct sh_pool_use u = {.bases = bases};
+    uint64_t t0 = mono_us();
+    n = sh_pool_use(sh_rt.pool, vals, n < MAX_ADDRS ? n : MAX_ADDRS, t0, &u);
     if (n > 0 && sh_capturing()) {
         /* A remap would drain the device and break the capture: the
          * captured launch will find the region where it is when it runs. */
-        size_t host = 0;
-        sh_pool_touch(sh_rt.pool, addrs, n, &host);
-        if (host)
+        if (u.host_bytes)
             atomic_fetch_add(&sh_rt.deferred, 1);
-        sh_sched_launch(kernel, 0, bases, nb);
+        sh_sched_launch(kernel, 0, bases, u.nbases);
         return;
     }
-    memcpy(pending.bases, bases, nb * sizeof *bases);
-    pending.n = nb;
-    pending.opaque |= ptrs;
-    uint64_t waited = n > 0 ? make_resident(addrs, n, bases, nb) : 0;
-    sh_sched_launch(kernel, 0, bases, nb);
+    memcpy(pending.bases, bases, u.nbases * sizeof *bases);
+    pending.n = u.nbases;
+    pending.opaque |= u.ptrs; /* a region of pointers: the kernel may follow them anywhere */
+    uint64_t waited = n > 0 ? make_resident(vals, n, &u, t0) : 0;
+    sh_sched_launch(kernel, 0, bases, u.nbases);
     if (waited)
         sh_sched_stall(bases[0], waited);
-    sh_sched_plan(bases, nb);
+    sh_sched_plan(bases, u.nbases);
     sh_sched_timing_issue();
 }
 
 /* Makes the regions a launch points into resident. */
 static void prepare(const void *key, int kind, void **args)
 {
-    uintptr_t addrs[MAX_ADDRS];
-    sh_launch_prepare((uint64_t)(uintptr_t)key, addrs,
-                      sh_launch_scan(key, kind, args, addrs, MAX_ADDRS));
+    uintptr_t vals[MAX_ADDRS];
+    sh_launch_prepare((uint64_t)(uintptr_t)key, vals, scan_launch(key, kind, args, vals));
 }
 
 /* 1 when every launch issued so far on the streams in mask has finished. */
@@ -483,7 +502,10 @@ void sh_launch_begin_addrs(uint64_t key, const uintptr_t *addrs, size_t n, CUstr
         pending.stream = stream;
         pending.n = 0;
         pending.opaque = 0;
-        sh_launch_prepare(key, addrs, n);
+        uintptr_t vals[MAX_ADDRS];
+        n = n < MAX_ADDRS ? n : MAX_ADDRS;
+        memcpy(vals, addrs, n * sizeof *vals);
+        sh_launch_prepare(key, vals, n);
         sh_gate_enter(sh_rt.gate);
     }
 }

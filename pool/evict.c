@@ -210,33 +210,6 @@ static int drain(struct sh_pool *pool, struct region **v, size_t n)
     return mask ? pool->mover.drain_streams(pool->mover.drain_ctx, mask) : 0;
 }
 
-void sh_pool_issued(struct sh_pool *pool, const uintptr_t *bases, size_t n, uint64_t streams)
-{
-    if (n == 0)
-        return;
-    uint64_t now = __atomic_add_fetch(&pool->clock, 1, __ATOMIC_RELAXED);
-    pthread_rwlock_rdlock(&pool->index_lock);
-    for (size_t i = 0; i < n; i++) {
-        struct region *r = sh_rindex_lookup(pool->index, bases[i]);
-        if (!r)
-            continue;
-        /* The streams first: whoever sees the stamp sees them (ev_idle). */
-        if (streams)
-            __atomic_or_fetch(&r->use_streams, streams, __ATOMIC_RELAXED);
-        __atomic_store_n(&r->issued, now, __ATOMIC_RELEASE);
-    }
-    pthread_rwlock_unlock(&pool->index_lock);
-}
-
-void sh_pool_issued_opaque(struct sh_pool *pool, uint64_t streams)
-{
-    uint64_t now = __atomic_add_fetch(&pool->clock, 1, __ATOMIC_RELAXED);
-    if (streams)
-        __atomic_or_fetch(&pool->opaque_streams, streams, __ATOMIC_RELAXED);
-    __atomic_store_n(&pool->opaque, now, __ATOMIC_RELEASE);
-    __atomic_add_fetch(&pool->st.opaque, 1, __ATOMIC_RELAXED);
-}
-
 /* The latest issue stamp of work that may have used r: its own, or that of
  * opaque work, which may use any region. */
 static uint64_t issued_at(const struct sh_pool *pool, const struct region *r)
@@ -396,53 +369,7 @@ int sh_pool_evict_these(struct sh_pool *pool, const uintptr_t *vas, size_t n, si
     return *released ? 0 : SH_ENOMEM;
 }
 
-size_t sh_pool_bases(struct sh_pool *pool, const uintptr_t *addrs, size_t n, uintptr_t *bases)
-{
-    return sh_pool_bases_ptrs(pool, addrs, n, bases, NULL);
-}
-
-size_t sh_pool_bases_ptrs(struct sh_pool *pool, const uintptr_t *addrs, size_t n, uintptr_t *bases,
-                          int *ptrs)
-{
-    size_t m = 0;
-    pthread_rwlock_rdlock(&pool->index_lock);
-    for (size_t i = 0; i < n; i++) {
-        struct region *r = sh_rindex_lookup(pool->index, addrs[i]);
-        if (r && ptrs && __atomic_load_n(&r->holds_ptrs, __ATOMIC_RELAXED))
-            *ptrs = 1; /* sub-allocator slabs too: small tables live there */
-        if (!r || r->path == SH_PATH_SLAB)
-            continue;
-        size_t k = 0;
-        while (k < m && bases[k] != r->va)
-            k++;
-        if (k == m)
-            bases[m++] = r->va;
-    }
-    pthread_rwlock_unlock(&pool->index_lock);
-    return m;
-}
-
 /* ---- use and restore ---- */
-
-void sh_pool_touch(struct sh_pool *pool, const uintptr_t *addrs, size_t n, size_t *host_bytes)
-{
-    uint64_t now = __atomic_add_fetch(&pool->clock, 1, __ATOMIC_RELAXED);
-    struct timespec ts; /* the monitor's clock: CLOCK_MONOTONIC microseconds */
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    uint64_t now_us = (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-    *host_bytes = 0;
-    pthread_rwlock_rdlock(&pool->index_lock);
-    for (size_t i = 0; i < n; i++) {
-        struct region *r = sh_rindex_lookup(pool->index, addrs[i]);
-        if (!r)
-            continue;
-        __atomic_store_n(&r->last_use, now, __ATOMIC_RELAXED);
-        __atomic_store_n(&r->last_use_us, now_us, __ATOMIC_RELAXED);
-        if (__atomic_load_n(&r->state, __ATOMIC_RELAXED) == SH_RS_HOST && !r->stuck)
-            *host_bytes += r->mapped;
-    }
-    pthread_rwlock_unlock(&pool->index_lock);
-}
 
 /* The distinct HOST regions containing addrs, moved to RESTORING. */
 static size_t pick_restores(struct sh_pool *pool, const uintptr_t *addrs, size_t n,

@@ -188,6 +188,19 @@ int sh_pool_evict(struct sh_pool *pool, size_t need, const uintptr_t *protect, s
  * to evicted[0..*nevicted) (room for n). */
 int sh_pool_evict_these(struct sh_pool *pool, const uintptr_t *vas, size_t n, size_t *released,
                         uintptr_t *evicted, size_t *nevicted);
+/* What the pointers of one piece of work found (sh_pool_use). */
+struct sh_pool_use {
+    uintptr_t *bases; /* the caller's array, room for n: distinct regions, no slabs */
+    size_t nbases;
+    size_t host_bytes; /* device memory it takes to bring back those evicted */
+    int ptrs;          /* one of them (slabs included) holds pointers */
+};
+/* The launch path's one pass: keeps in vals[0..return) those of vals[0..n)
+ * that point into a region (in order), records a use of those regions now
+ * (now_us: CLOCK_MONOTONIC microseconds, for the monitor) and fills *u.
+ * With u NULL it only keeps them (no use recorded). */
+size_t sh_pool_use(struct sh_pool *pool, uintptr_t *vals, size_t n, uint64_t now_us,
+                   struct sh_pool_use *u);
 /* The distinct bases of the regions containing addrs[0..n), sub-allocator
  * slabs left out; returns the count (at most n). */
 size_t sh_pool_bases(struct sh_pool *pool, const uintptr_t *addrs, size_t n, uintptr_t *bases);

@@ -1,0 +1,130 @@
+/* use.c — what work issued on the device uses: the regions a launch's or a
+ * copy's pointers fall in, found in one pass over the index, their use
+ * recorded (LRU order, the monitor's last-use time), and the issue stamps
+ * that tell a move in flight that work ran on the bytes it is moving.
+ *
+ * Runs on every launch, so each call takes index_lock's read side once
+ * and looks each address up once.
+ *
+ * Locking: index_lock (read) around lookups; last_use, issue stamps,
+ * use_streams, pool->opaque and pool->opaque_streams are atomics.
+ */
+#include "pool/region_int.h"
+
+#include <time.h>
+
+/* Adds r's base to u->bases unless it is there (launches name few regions);
+ * 1 if it was not. Sub-allocator slabs are never moved: not theirs. */
+static int add_base(struct sh_pool_use *u, const struct region *r)
+{
+    if (r->path == SH_PATH_SLAB)
+        return 0;
+    for (size_t k = 0; k < u->nbases; k++)
+        if (u->bases[k] == r->va)
+            return 0;
+    u->bases[u->nbases++] = r->va;
+    return 1;
+}
+
+size_t sh_pool_use(struct sh_pool *pool, uintptr_t *vals, size_t n, uint64_t now_us,
+                   struct sh_pool_use *u)
+{
+    uint64_t now = u ? __atomic_add_fetch(&pool->clock, 1, __ATOMIC_RELAXED) : 0;
+    if (u) {
+        u->nbases = 0;
+        u->host_bytes = 0;
+        u->ptrs = 0;
+    }
+    size_t m = 0;
+    pthread_rwlock_rdlock(&pool->index_lock);
+    for (size_t i = 0; i < n; i++) {
+        struct region *r = sh_rindex_lookup(pool->index, vals[i]);
+        if (!r)
+            continue;
+        vals[m++] = vals[i];
+        if (!u)
+            continue;
+        /* sub-allocator slabs too: small pointer tables live there */
+        u->ptrs |= __atomic_load_n(&r->holds_ptrs, __ATOMIC_RELAXED);
+        __atomic_store_n(&r->last_use, now, __ATOMIC_RELAXED);
+        __atomic_store_n(&r->last_use_us, now_us, __ATOMIC_RELAXED);
+        if (add_base(u, r) && __atomic_load_n(&r->state, __ATOMIC_RELAXED) == SH_RS_HOST &&
+            !r->stuck)
+            u->host_bytes += r->mapped;
+    }
+    pthread_rwlock_unlock(&pool->index_lock);
+    return m;
+}
+
+size_t sh_pool_bases(struct sh_pool *pool, const uintptr_t *addrs, size_t n, uintptr_t *bases)
+{
+    return sh_pool_bases_ptrs(pool, addrs, n, bases, NULL);
+}
+
+size_t sh_pool_bases_ptrs(struct sh_pool *pool, const uintptr_t *addrs, size_t n, uintptr_t *bases,
+                          int *ptrs)
+{
+    size_t m = 0;
+    pthread_rwlock_rdlock(&pool->index_lock);
+    for (size_t i = 0; i < n; i++) {
+        struct region *r = sh_rindex_lookup(pool->index, addrs[i]);
+        if (r && ptrs && __atomic_load_n(&r->holds_ptrs, __ATOMIC_RELAXED))
+            *ptrs = 1; /* sub-allocator slabs too: small tables live there */
+        if (!r || r->path == SH_PATH_SLAB)
+            continue;
+        size_t k = 0;
+        while (k < m && bases[k] != r->va)
+            k++;
+        if (k == m)
+            bases[m++] = r->va;
+    }
+    pthread_rwlock_unlock(&pool->index_lock);
+    return m;
+}
+
+void sh_pool_touch(struct sh_pool *pool, const uintptr_t *addrs, size_t n, size_t *host_bytes)
+{
+    uint64_t now = __atomic_add_fetch(&pool->clock, 1, __ATOMIC_RELAXED);
+    struct timespec ts; /* the monitor's clock: CLOCK_MONOTONIC microseconds */
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t now_us = (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+    *host_bytes = 0;
+    pthread_rwlock_rdlock(&pool->index_lock);
+    for (size_t i = 0; i < n; i++) {
+        struct region *r = sh_rindex_lookup(pool->index, addrs[i]);
+        if (!r)
+            continue;
+        __atomic_store_n(&r->last_use, now, __ATOMIC_RELAXED);
+        __atomic_store_n(&r->last_use_us, now_us, __ATOMIC_RELAXED);
+        if (__atomic_load_n(&r->state, __ATOMIC_RELAXED) == SH_RS_HOST && !r->stuck)
+            *host_bytes += r->mapped;
+    }
+    pthread_rwlock_unlock(&pool->index_lock);
+}
+
+void sh_pool_issued(struct sh_pool *pool, const uintptr_t *bases, size_t n, uint64_t streams)
+{
+    if (n == 0)
+        return;
+    uint64_t now = __atomic_add_fetch(&pool->clock, 1, __ATOMIC_RELAXED);
+    pthread_rwlock_rdlock(&pool->index_lock);
+    for (size_t i = 0; i < n; i++) {
+        struct region *r = sh_rindex_lookup(pool->index, bases[i]);
+        if (!r)
+            continue;
+        /* The streams first: whoever sees the stamp sees them (ev_idle). */
+        if (streams)
+            __atomic_or_fetch(&r->use_streams, streams, __ATOMIC_RELAXED);
+        __atomic_store_n(&r->issued, now, __ATOMIC_RELEASE);
+    }
+    pthread_rwlock_unlock(&pool->index_lock);
+}
+
+void sh_pool_issued_opaque(struct sh_pool *pool, uint64_t streams)
+{
+    uint64_t now = __atomic_add_fetch(&pool->clock, 1, __ATOMIC_RELAXED);
+    if (streams)
+        __atomic_or_fetch(&pool->opaque_streams, streams, __ATOMIC_RELAXED);
+    __atomic_store_n(&pool->opaque, now, __ATOMIC_RELEASE);
+    __atomic_add_fetch(&pool->st.opaque, 1, __ATOMIC_RELAXED);
+}
