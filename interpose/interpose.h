@@ -171,6 +171,9 @@ int sh_sched_stats(struct sh_sched_stats *out);
  * early evictions (all, or the finished ones); returns the bytes released.
  * sh_sched_stall: a launch waited wait_us for region base. */
 size_t sh_sched_prefetch_wait(const uintptr_t *bases, size_t n);
+/* 1 while nothing has been evicted since the planner last saw the pool all
+ * on the device (a hint: read without a lock). */
+int sh_sched_quiet(void);
 size_t sh_sched_evict_commit(int all);
 void sh_sched_plan(const uintptr_t *bases, size_t nb);
 void sh_sched_stall(uintptr_t base, uint64_t wait_us);

@@ -338,7 +338,10 @@ static void mark_issued(void)
             slot = STREAM_SLOTS;
         streams = 1ull << slot;
     }
-    sh_pool_issued(sh_rt.pool, pending.bases, pending.n, streams);
+    if (streams == 0 && pending.n && sh_sched_quiet())
+        sh_pool_issued_any(sh_rt.pool); /* nothing moves: no region needs its own stamp */
+    else
+        sh_pool_issued(sh_rt.pool, pending.bases, pending.n, streams);
     if (pending.opaque || atomic_load_explicit(&hidden_pointers, memory_order_relaxed))
         sh_pool_issued_opaque(sh_rt.pool, streams);
     pending.n = 0;

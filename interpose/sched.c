@@ -350,7 +350,7 @@ static int prefetching(void)
 
 /* 1 while nothing has been evicted since the planner last saw the pool all
  * on the device: there is nothing to fetch, commit or make room for. */
-static int quiet(void)
+int sh_sched_quiet(void)
 {
     return atomic_load_explicit(&quiet_at, memory_order_acquire) ==
            atomic_load_explicit(&sh_rt.pressure, memory_order_acquire);
@@ -403,7 +403,7 @@ static size_t commit_all(void)
 
 size_t sh_sched_prefetch_wait(const uintptr_t *bases, size_t n)
 {
-    if (!sh_rt.xfer || quiet() || sh_pool_prefetch_needed(sh_rt.pool, bases, n) == 0)
+    if (!sh_rt.xfer || sh_sched_quiet() || sh_pool_prefetch_needed(sh_rt.pool, bases, n) == 0)
         return 0;
     return commit_all();
 }
@@ -451,7 +451,7 @@ static void plan_limits(struct sh_policy_plan *plan, size_t h2d_busy, size_t d2h
 
 void sh_sched_plan(const uintptr_t *bases, size_t nb)
 {
-    if (!prefetching() || sh_capturing() || quiet())
+    if (!prefetching() || sh_capturing() || sh_sched_quiet())
         return;
     uint64_t pressure = atomic_load_explicit(&sh_rt.pressure, memory_order_acquire);
     /* Finished early evictions first: the room they free is the plan's. */

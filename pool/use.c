@@ -120,11 +120,24 @@ void sh_pool_issued(struct sh_pool *pool, const uintptr_t *bases, size_t n, uint
     pthread_rwlock_unlock(&pool->index_lock);
 }
 
-void sh_pool_issued_opaque(struct sh_pool *pool, uint64_t streams)
+/* Every reader of a region's stamp takes the later of it and this one
+ * (issued_at), so stamping all regions at once is never less safe than
+ * stamping some: it only makes moves in flight more cautious. */
+static void stamp_all(struct sh_pool *pool, uint64_t streams)
 {
     uint64_t now = __atomic_add_fetch(&pool->clock, 1, __ATOMIC_RELAXED);
     if (streams)
         __atomic_or_fetch(&pool->opaque_streams, streams, __ATOMIC_RELAXED);
     __atomic_store_n(&pool->opaque, now, __ATOMIC_RELEASE);
+}
+
+void sh_pool_issued_opaque(struct sh_pool *pool, uint64_t streams)
+{
+    stamp_all(pool, streams);
     __atomic_add_fetch(&pool->st.opaque, 1, __ATOMIC_RELAXED);
+}
+
+void sh_pool_issued_any(struct sh_pool *pool)
+{
+    stamp_all(pool, 0);
 }
