@@ -84,6 +84,7 @@ EXPORT int stagehand_get_stats(stagehand_stats_t *out, size_t size)
         s.checksum_mismatches = st.checksum_mismatches;
         s.lost_writes = st.lost_writes;
         s.opaque_work = st.opaque;
+        s.regions_pinned = st.pinned;
         s.launches = atomic_load(&sh_rt.launches);
         s.tracking_mode = (uint64_t)sh_launch_mode();
         s.remap_windows = sh_gate_windows(sh_rt.gate);

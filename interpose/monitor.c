@@ -44,6 +44,7 @@ static void set_region_gauges(const struct sh_pool_stats *st)
     sh_tm_set(SH_TM_G_regions_host, (int64_t)st->regions[SH_RS_HOST]);
     sh_tm_set(SH_TM_G_regions_restoring, (int64_t)st->regions[SH_RS_RESTORING]);
     sh_tm_set(SH_TM_G_regions_freed, (int64_t)st->regions[SH_RS_FREED]);
+    sh_tm_set(SH_TM_G_regions_pinned, (int64_t)st->pinned);
     struct sh_sched_stats ss;
     if (sh_sched_stats(&ss) == 0) {
         sh_tm_set(SH_TM_G_regions_persistent, (int64_t)ss.persistent);

@@ -147,11 +147,12 @@ static void regions(struct jbuf *b, const struct sh_tm_steprec *z)
     jb_printf(b,
               ",\"regions\":{\"resident\":%lld,\"evicting\":%lld,\"host\":%lld,"
               "\"restoring\":%lld,\"freed\":%lld,\"persistent\":%lld,\"transient\":%lld,"
-              "\"unknown\":%lld}",
+              "\"unknown\":%lld,\"pinned\":%lld}",
               (long long)g[SH_TM_G_regions_resident], (long long)g[SH_TM_G_regions_evicting],
               (long long)g[SH_TM_G_regions_host], (long long)g[SH_TM_G_regions_restoring],
               (long long)g[SH_TM_G_regions_freed], (long long)g[SH_TM_G_regions_persistent],
-              (long long)g[SH_TM_G_regions_transient], (long long)g[SH_TM_G_regions_unknown]);
+              (long long)g[SH_TM_G_regions_transient], (long long)g[SH_TM_G_regions_unknown],
+              (long long)g[SH_TM_G_regions_pinned]);
 }
 
 size_t sh_tm_jsonl_format(char *buf, size_t len, int pid, const struct sh_tm_steprec *prev,

@@ -83,7 +83,8 @@
     X(regions_freed, "regions", "freed regions kept for reuse")                                    \
     X(regions_persistent, "regions", "live regions of class persistent")                           \
     X(regions_transient, "regions", "live regions of class transient")                             \
-    X(regions_unknown, "regions", "live regions not yet classified")
+    X(regions_unknown, "regions", "live regions not yet classified")                               \
+    X(regions_pinned, "regions", "regions another party holds the pages of: never moved again")
 
 #define SH_TM_ENUM_C_(name, unit, help) SH_TM_C_##name,
 #define SH_TM_ENUM_G_(name, unit, help) SH_TM_G_##name,

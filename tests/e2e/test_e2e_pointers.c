@@ -183,6 +183,17 @@ static void release_all(void **r, int n)
         assert_int_equal(cudaFree(r[i]), cudaSuccess);
 }
 
+/* The library's count of pinned regions (stagehand_get_stats). */
+static uint64_t pinned_count(void)
+{
+    int (*get)(stagehand_stats_t *, size_t) =
+        (int (*)(stagehand_stats_t *, size_t))dlsym(RTLD_DEFAULT, "stagehand_get_stats");
+    stagehand_stats_t st = {0};
+    assert_non_null(get);
+    assert_int_equal(get(&st, sizeof st), 0);
+    return st.regions_pinned;
+}
+
 static int all_bytes(const void *d, size_t n, unsigned char v)
 {
     unsigned char *h = malloc(n);
@@ -221,6 +232,7 @@ static void test_retained_regions_pinned(void **state)
     assert_int_equal(prop.location.type, CU_MEM_LOCATION_TYPE_DEVICE);
     assert_int_equal(cuMemRetainAllocationHandle(&ha, a), CUDA_SUCCESS);
     assert_int_equal(residency(a), 1);
+    assert_int_equal(pinned_count(), 2);
     r1[k] = r1[NOTHER - 1];
     release_all(r1, NOTHER - 1);
     pressure(r2, NOTHER, 2);
@@ -233,6 +245,7 @@ static void test_retained_regions_pinned(void **state)
     assert_true(all_bytes(b, OTHER, 0x11));
     /* a is freed while the peer holds its pages; new allocations take its size. */
     assert_int_equal(cudaFree(a), cudaSuccess);
+    assert_int_equal(pinned_count(), 1); /* a's pages left with it */
     release_all(r2, NOTHER);
     pressure(r1, NOTHER, 0x77);
     CUdeviceptr peer = 0;

@@ -64,7 +64,7 @@ STATS_FIELDS = [
     ("tracking_mode", False), ("checksum_mismatches", False),
     ("remap_windows", False),
     ("device_drains", False),
-    ("lost_writes", False), ("opaque_work", False),
+    ("lost_writes", False), ("opaque_work", False), ("regions_pinned", False),
 ]
 
 # Figures reported per step as the difference from the step before.

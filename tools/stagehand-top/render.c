@@ -340,7 +340,11 @@ static void info(struct top_canvas *cv, const struct top_rect *r, const struct t
         y++;
     }
     if (y < r->y + r->h) { /* regions and tracking */
-        snprintf(a, sizeof a, "%llu", (unsigned long long)s->regions_total);
+        if (g[SH_TM_G_regions_pinned] > 0)
+            snprintf(a, sizeof a, "%llu (%lld pinned)", (unsigned long long)s->regions_total,
+                     (long long)g[SH_TM_G_regions_pinned]);
+        else
+            snprintf(a, sizeof a, "%llu", (unsigned long long)s->regions_total);
         snprintf(b, sizeof b, "%lld/%lld", (long long)g[SH_TM_G_regions_persistent],
                  (long long)g[SH_TM_G_regions_transient]);
         x = pair(cv, r, y, r->x, "Regions", TA_VALUE, a);
