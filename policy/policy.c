@@ -67,6 +67,17 @@ static void map_free(struct u64map *m)
     memset(m, 0, sizeof *m);
 }
 
+/* Empties m for about `want` keys. Clearing costs the capacity, so a map
+ * that one large step grew (a model's initialisation) shrinks back rather
+ * than costing every later step its size. */
+static void map_reset(struct u64map *m, size_t want)
+{
+    if (m->cap > 64 && m->cap > 8 * want)
+        map_free(m); /* map_put allocates again on first use */
+    else
+        map_clear(m);
+}
+
 static uint32_t map_get(const struct u64map *m, uint64_t key)
 {
     if (!m->cap)
@@ -207,11 +218,12 @@ struct recording {
     uint32_t nkeys;
     uint32_t *uses;                /* by key: launch positions, ascending */
     uint32_t *aoff, *akey;         /* allocations at position q (before launch q), q = 0..nl */
+    uint32_t *arec;                /* of those, how many (first) are freed within the step */
     uint32_t *foff, *fkey;         /* frees at position q */
     uint32_t bwd_start, opt_start; /* detected phases: launch positions */
     struct u64map ids, pos;
-    size_t cap_kernel, cap_loff, cap_lkey, cap_keys, cap_uses, cap_aoff, cap_akey, cap_foff,
-        cap_fkey;
+    size_t cap_kernel, cap_loff, cap_lkey, cap_keys, cap_uses, cap_aoff, cap_akey, cap_arec,
+        cap_foff, cap_fkey;
 };
 
 /* The step being recorded. */
@@ -319,6 +331,8 @@ struct sh_policy {
     size_t cap_vic;
     uint64_t *dedup;
     size_t cap_dedup;
+    struct region **dreg; /* the regions of dedup */
+    size_t cap_dreg;
     uint32_t *scratch; /* building a recording */
     size_t cap_scratch;
 };
@@ -636,6 +650,7 @@ static void recording_free(struct recording *rc)
     free(rc->uses);
     free(rc->aoff);
     free(rc->akey);
+    free(rc->arec);
     free(rc->foff);
     free(rc->fkey);
     map_free(&rc->ids);
@@ -680,6 +695,7 @@ void sh_policy_destroy(struct sh_policy *p)
     future_free(&p->fut);
     free(p->vic);
     free(p->dedup);
+    free(p->dreg);
     free(p->scratch);
     free(p);
 }
@@ -773,6 +789,27 @@ static void detect_phases(struct recording *rc)
     rc->opt_start = last > rc->bwd_start ? last : rc->bwd_start;
 }
 
+/* Puts first, at each position, the allocations the step also freed: only
+ * those recur in the next step, and the walk ahead reads just them there
+ * (a model's initial allocations, made once, are many). */
+static int order_recurring(struct recording *rc)
+{
+    if (RESERVE(rc->arec, rc->cap_arec, (size_t)rc->nl + 1))
+        return SH_ENOMEM;
+    for (uint32_t q = 0; q <= rc->nl; q++) {
+        uint32_t lo = rc->aoff[q], hi = rc->aoff[q + 1], k = lo;
+        for (uint32_t j = lo; j < hi; j++) {
+            if (rc->keys[rc->akey[j]].free_pos == NONE32)
+                continue;
+            uint32_t t = rc->akey[k];
+            rc->akey[k++] = rc->akey[j];
+            rc->akey[j] = t;
+        }
+        rc->arec[q] = k - lo;
+    }
+    return 0;
+}
+
 static int build_uses(struct recording *rc, const uint32_t *lpos)
 {
     size_t nr = rc->loff[rc->nl];
@@ -841,6 +878,8 @@ static int build_recording(struct sh_policy *p, struct recording *rc)
     if (!err)
         err = by_position(rc->nl, r->na, apos, akey, &rc->aoff, &rc->cap_aoff, &rc->akey,
                           &rc->cap_akey);
+    if (!err)
+        err = order_recurring(rc);
     if (!err)
         err = by_position(rc->nl, r->nf, fpos, fkey, &rc->foff, &rc->cap_foff, &rc->fkey,
                           &rc->cap_fkey);
@@ -913,7 +952,7 @@ static int rotate_positions(struct sh_policy *p)
     p->cur_pos = t;
     p->cap_cur_pos = tc;
     p->ncur_pos = 0;
-    map_clear(&p->posidx);
+    map_reset(&p->posidx, p->nprev_pos);
     for (size_t i = 0; i < p->nprev_pos; i++) {
         const struct posent *e = &p->prev_pos[i];
         uint32_t got;
@@ -1137,7 +1176,7 @@ static int is_anchor(const struct sh_policy *p, uint64_t kernel, const uint64_t 
         /* A new region of the same size is the next batch only if a whole
          * step ran in between: a loop that allocates and initialises
          * weights one by one repeats one kernel on fresh regions too. */
-        const struct region *r = find(p, ids[i]);
+        const struct region *r = p->dreg[i];
         if (!p->step_mixed || !r || r->bytes != p->anchor_bytes[i] || r->aseq < p->anchor_allocs)
             return 0;
     }
@@ -1154,7 +1193,7 @@ static int more_than_init(const struct sh_policy *p, uint64_t kernel, const uint
         int own = 0;
         for (size_t k = 0; k < p->anchor_n && !own; k++)
             own = ids[i] == p->anchor_ids[k];
-        if (!own && find(p, ids[i])->aseq < p->anchor_allocs)
+        if (!own && p->dreg[i]->aseq < p->anchor_allocs)
             return 1;
     }
     return 0;
@@ -1171,7 +1210,7 @@ static int set_anchor(struct sh_policy *p, uint64_t kernel, const uint64_t *ids,
         return SH_ENOMEM;
     for (size_t i = 0; i < n; i++) {
         p->anchor_ids[i] = ids[i];
-        p->anchor_bytes[i] = find(p, ids[i])->bytes;
+        p->anchor_bytes[i] = p->dreg[i]->bytes;
     }
     p->anchor_allocs = p->gallocs;
     p->anchor_kernel = kernel;
@@ -1212,10 +1251,12 @@ static int repeat_found(struct sh_policy *p, uint64_t kernel, const uint64_t *id
     }
 }
 
-/* Known ids of one launch, each once, in order (into p->dedup). */
+/* Known ids of one launch, each once, in order (into p->dedup), and their
+ * regions (p->dreg): the launch's steps read them from there, not the table
+ * (nothing inserts or deletes regions during a launch). */
 static int dedup_refs(struct sh_policy *p, const uint64_t *ids, size_t n, size_t *out)
 {
-    if (RESERVE(p->dedup, p->cap_dedup, n ? n : 1))
+    if (RESERVE(p->dedup, p->cap_dedup, n ? n : 1) || RESERVE(p->dreg, p->cap_dreg, n ? n : 1))
         return SH_ENOMEM;
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
@@ -1227,6 +1268,7 @@ static int dedup_refs(struct sh_policy *p, const uint64_t *ids, size_t n, size_t
         if (r->seen == p->glaunches + 1)
             continue;
         r->seen = p->glaunches + 1;
+        p->dreg[m] = r;
         p->dedup[m++] = ids[i];
     }
     *out = m;
@@ -1234,7 +1276,7 @@ static int dedup_refs(struct sh_policy *p, const uint64_t *ids, size_t n, size_t
 }
 
 /* Keeps the recordings that agree with launch number p->pos. */
-static void match_launch(struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n)
+static void match_launch(struct sh_policy *p, uint64_t kernel, size_t n)
 {
     int kept = 0, old_active = p->active;
     for (int c = 0; c < p->ncand; c++) {
@@ -1242,7 +1284,7 @@ static void match_launch(struct sh_policy *p, uint64_t kernel, const uint64_t *i
         int ok = p->pos < rc->nl && rc->kernel[p->pos] == kernel &&
                  rc->loff[p->pos + 1] - rc->loff[p->pos] == n;
         for (size_t j = 0; ok && j < n; j++)
-            ok = key_in(p, rc, find(p, ids[j])) == rc->lkey[rc->loff[p->pos] + j];
+            ok = key_in(p, rc, p->dreg[j]) == rc->lkey[rc->loff[p->pos] + j];
         if (ok)
             p->cand[kept++] = p->cand[c];
     }
@@ -1254,7 +1296,7 @@ static void match_launch(struct sh_policy *p, uint64_t kernel, const uint64_t *i
     }
 }
 
-static int record_launch(struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n)
+static int record_launch(struct sh_policy *p, uint64_t kernel, size_t n)
 {
     struct rec *r = &p->rec;
     if (RESERVE(r->kernel, r->cap_kernel, r->nl + 1) || RESERVE(r->loff, r->cap_loff, r->nl + 2) ||
@@ -1264,14 +1306,14 @@ static int record_launch(struct sh_policy *p, uint64_t kernel, const uint64_t *i
         r->loff[0] = 0;
     r->kernel[r->nl] = kernel;
     for (size_t j = 0; j < n; j++)
-        ident_of(find(p, ids[j]), &r->lref[r->nr++]);
+        ident_of(p->dreg[j], &r->lref[r->nr++]);
     r->loff[++r->nl] = (uint32_t)r->nr;
     return 0;
 }
 
 /* Phases without marks: from the recording followed, else forward until a
  * region that existed when the step began is referenced a second time. */
-static void auto_phase(struct sh_policy *p, const uint64_t *ids, size_t n)
+static void auto_phase(struct sh_policy *p, size_t n)
 {
     if (p->marked_phases)
         return;
@@ -1284,7 +1326,7 @@ static void auto_phase(struct sh_policy *p, const uint64_t *ids, size_t n)
     }
     int phase = p->phase == SH_PHASE_STEP_BEGIN ? SH_PHASE_FORWARD : p->phase;
     for (size_t i = 0; i < n && phase == SH_PHASE_FORWARD; i++) {
-        const struct region *r = find(p, ids[i]);
+        const struct region *r = p->dreg[i];
         if (r->gpos <= p->step_start && uses_now(p, r) > 0)
             phase = SH_PHASE_BACKWARD;
     }
@@ -1320,12 +1362,12 @@ int sh_policy_launch(struct sh_policy *p, uint64_t t_us, uint64_t kernel, uint64
         }
     }
     if (p->ncand)
-        match_launch(p, kernel, ids, n);
-    auto_phase(p, ids, n);
-    if ((err = record_launch(p, kernel, ids, n)))
+        match_launch(p, kernel, n);
+    auto_phase(p, n);
+    if ((err = record_launch(p, kernel, n)))
         return err;
     for (size_t i = 0; i < n; i++) {
-        struct region *r = find(p, ids[i]);
+        struct region *r = p->dreg[i];
         if (r->use_step != p->step) {
             r->use_step = p->step;
             r->uses = 0;
@@ -1639,14 +1681,11 @@ static int walk_recording(struct sh_policy *p, struct walk *w, uint64_t i)
         if (r && want_region(p, w, r, i))
             return -1;
     }
-    for (uint32_t j = rc->aoff[q]; j < rc->aoff[q + 1]; j++) {
-        const struct rkey *key = &rc->keys[rc->akey[j]];
-        /* next step allocates again only what this one freed */
-        if (shift && key->free_pos == NONE32)
-            continue;
-        if (want_alloc(p, w, key->bytes))
+    /* next step allocates again only what this one freed (ordered first) */
+    uint32_t end = shift ? rc->aoff[q] + rc->arec[q] : rc->aoff[q + 1];
+    for (uint32_t j = rc->aoff[q]; j < end; j++)
+        if (want_alloc(p, w, rc->keys[rc->akey[j]].bytes))
             return -1;
-    }
     return 0;
 }
 
