@@ -8,6 +8,7 @@
 
 #include "sh_err.h"
 #include "sh_log.h"
+#include "telemetry/telemetry.h"
 #include "stagehand.h"
 
 #include <pthread.h>
@@ -49,8 +50,10 @@ static size_t evict_by_policy(size_t need, const uintptr_t *protect, size_t np)
     uintptr_t bases[MAX_VICTIMS], victims[MAX_VICTIMS], evicted[MAX_VICTIMS];
     size_t nb = sh_pool_bases(sh_rt.pool, protect, np < MAX_VICTIMS ? np : MAX_VICTIMS, bases);
     size_t n = sh_sched_victims(need, bases, nb, victims, MAX_VICTIMS), released = 0, ne = 0;
-    if (n && sh_pool_evict_these(sh_rt.pool, victims, n, &released, evicted, &ne) == SH_OK)
+    if (n && sh_pool_evict_these(sh_rt.pool, victims, n, &released, evicted, &ne) == SH_OK) {
         sh_sched_residency(evicted, ne, 0);
+        sh_sched_announce(evicted, ne, SH_TM_EV_EVICT);
+    }
     return released;
 }
 
@@ -98,7 +101,8 @@ int sh_make_room(size_t need, const uintptr_t *protect, size_t np)
     if (need > cap) /* would not fit with everything evicted: evict nothing */
         return SH_ERANGE;
     atomic_fetch_add(&sh_rt.pressure, 1); /* the planner runs from now on */
-    if (sh_capturing()) {                 /* eviction waits for the capture to end */
+    sh_monitor_event(SH_TM_EV_PRESSURE, 0, dev);
+    if (sh_capturing()) { /* eviction waits for the capture to end */
         atomic_fetch_add(&sh_rt.deferred, 1);
         return dev + need <= cap ? SH_OK : SH_ENOMEM;
     }

@@ -10,7 +10,9 @@
  */
 #include "interpose/intercept.h"
 
+#include "sh_err.h"
 #include "sh_log.h"
+#include "telemetry/telemetry.h"
 
 #include <dlfcn.h>
 #include <link.h>
@@ -164,6 +166,8 @@ int sh_work_refused(const struct sh_work *w)
     int hit = w->kind != SH_WORK_ACCESS || w->opaque;
     for (size_t i = 0; i + 1 < w->n && !hit; i += 2)
         hit = sh_pool_hole_in(sh_rt.pool, w->ends[i], w->ends[i + 1]);
+    if (hit)
+        sh_monitor_event(SH_TM_EV_ERROR, (uint64_t)-SH_ELOST, 0);
     if (hit && !atomic_exchange(&told_refused, 1))
         sh_log(SH_LOG_ERROR, "device work refused (out of memory) while memory the driver "
                              "failed to map again cannot be mapped: its bytes are kept");

@@ -174,6 +174,9 @@ size_t sh_sched_prefetch_wait(const uintptr_t *bases, size_t n);
 /* 1 while nothing has been evicted since the planner last saw the pool all
  * on the device (a hint: read without a lock). */
 int sh_sched_quiet(void);
+/* Tells the monitor that each region starting at bases[0..n) had an event
+ * of kind (SH_TM_EV_*): its id and size. */
+void sh_sched_announce(const uintptr_t *bases, size_t n, int kind);
 size_t sh_sched_evict_commit(int all);
 void sh_sched_plan(const uintptr_t *bases, size_t nb);
 void sh_sched_stall(uintptr_t base, uint64_t wait_us);

@@ -20,6 +20,7 @@
 #include "interpose/interpose.h"
 
 #include "sh_log.h"
+#include "telemetry/telemetry.h"
 
 #include <cupti.h>
 #include <dlfcn.h>
@@ -265,23 +266,27 @@ static uint64_t mono_us(void)
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
-/* Tells the policy where the launch's regions are now: a restore that
- * failed leaves a region on the host, found again next time. */
-static void report_residency(const uintptr_t *bases, size_t nb)
+/* The bases among bases[0..nb) of regions in state `state` (to out). */
+static size_t in_state(const uintptr_t *bases, size_t nb, int state, uintptr_t *out)
 {
-    uintptr_t on[MAX_ADDRS], off[MAX_ADDRS];
-    size_t non = 0, noff = 0;
+    size_t n = 0;
     for (size_t i = 0; i < nb; i++) {
         struct sh_region_info info;
-        if (sh_pool_lookup(sh_rt.pool, bases[i], &info) != 0)
-            continue;
-        if (info.state == SH_RS_RESIDENT)
-            on[non++] = bases[i];
-        else if (info.state == SH_RS_HOST)
-            off[noff++] = bases[i];
+        if (sh_pool_lookup(sh_rt.pool, bases[i], &info) == 0 && info.state == state)
+            out[n++] = bases[i];
     }
-    sh_sched_residency(on, non, 1);
-    sh_sched_residency(off, noff, 0);
+    return n;
+}
+
+/* Tells the policy where the launch's regions are now (a restore that
+ * failed leaves a region on the host, found again next time), and the
+ * monitor which of those that were on the host (was[0..nwas)) came back. */
+static void report_residency(const uintptr_t *bases, size_t nb, const uintptr_t *was, size_t nwas)
+{
+    uintptr_t on[MAX_ADDRS], off[MAX_ADDRS];
+    sh_sched_residency(on, in_state(bases, nb, SH_RS_RESIDENT, on), 1);
+    sh_sched_residency(off, in_state(bases, nb, SH_RS_HOST, off), 0);
+    sh_sched_announce(on, in_state(was, nwas, SH_RS_RESIDENT, on), SH_TM_EV_RESTORE);
 }
 
 /* ---- drain_mode = tracked: the streams that used each region ---- */
@@ -417,11 +422,13 @@ static uint64_t make_resident(const uintptr_t *addrs, size_t n, const struct sh_
         sh_pool_touch(sh_rt.pool, addrs, n, &host);
     if (host == 0)
         return committed ? mono_us() - t0 + 1 : 0;
+    uintptr_t was[MAX_ADDRS];
+    size_t nwas = in_state(u->bases, u->nbases, SH_RS_HOST, was);
     sh_room_lock();
     if (sh_make_room(host, addrs, n) != 0 || sh_pool_restore(sh_rt.pool, addrs, n) != 0)
         sh_log(SH_LOG_DEBUG, "a launch runs on host-mapped memory: no room to restore");
     sh_room_unlock();
-    report_residency(u->bases, u->nbases);
+    report_residency(u->bases, u->nbases, was, nwas);
     return mono_us() - t0 + 1;
 }
 

@@ -203,8 +203,14 @@ int sh_sched_init(void)
     return 0;
 }
 
+/* Allocations and frees of this size and more go to the monitor's events:
+ * the ones worth seeing, without a stream of per-tensor lines. */
+#define EVENT_MIN_BYTES ((size_t)256 << 20)
+
 void sh_sched_alloc(uintptr_t va, size_t size, uint64_t stream)
 {
+    if (size >= EVENT_MIN_BYTES)
+        sh_sched_announce(&va, 1, SH_TM_EV_ALLOC);
     pthread_mutex_lock(&sched_mu);
     uint64_t t = now_us();
     if (policy)
@@ -232,6 +238,9 @@ static void count_activation(uintptr_t va)
 
 void sh_sched_free(uintptr_t va)
 {
+    struct sh_region_info info;
+    if (sh_pool_lookup(sh_rt.pool, va, &info) == 0 && info.size >= EVENT_MIN_BYTES)
+        sh_monitor_event(SH_TM_EV_FREE, info.id, info.size);
     pthread_mutex_lock(&sched_mu);
     uint64_t t = now_us();
     if (policy) {
@@ -364,16 +373,32 @@ static void note_quiet(uint64_t p, const struct sh_pool_stats *st, size_t inflig
         atomic_store_explicit(&quiet_at, p, memory_order_release);
 }
 
+void sh_sched_announce(const uintptr_t *bases, size_t n, int kind)
+{
+    for (size_t i = 0; i < n; i++) {
+        struct sh_region_info info;
+        if (sh_pool_lookup(sh_rt.pool, bases[i], &info) == 0)
+            sh_monitor_event(kind, info.id, info.size);
+    }
+}
+
 static void tell(const uintptr_t *bases, size_t n, int residency)
 {
     pthread_mutex_lock(&sched_mu);
     for (size_t i = 0; i < n; i++)
         sh_policy_residency(policy, bases[i], residency);
     pthread_mutex_unlock(&sched_mu);
+    if (residency == SH_RES_HOST)
+        sh_sched_announce(bases, n, SH_TM_EV_EVICT);
+    else if (residency == SH_RES_TO_DEVICE)
+        sh_sched_announce(bases, n, SH_TM_EV_PREFETCH);
 }
 
 void sh_sched_stall(uintptr_t base, uint64_t wait_us)
 {
+    struct sh_region_info info;
+    if (sh_pool_lookup(sh_rt.pool, base, &info) == 0)
+        sh_monitor_event(SH_TM_EV_STALL, info.id, wait_us);
     if (!policy)
         return;
     pthread_mutex_lock(&sched_mu);

@@ -84,6 +84,16 @@ static json_object *top_json(pid_t pid)
     return o;
 }
 
+/* 1 if the snapshot's recent events include one of this kind. */
+static int has_event(json_object *o, const char *kind)
+{
+    json_object *ev = get(o, "events");
+    for (size_t i = 0; i < json_object_array_length(ev); i++)
+        if (!strcmp(json_object_get_string(get(json_object_array_get_idx(ev, i), "kind")), kind))
+            return 1;
+    return 0;
+}
+
 static void test_json_agrees_with_the_gpu(void **state)
 {
     (void)state;
@@ -129,6 +139,11 @@ static void test_json_agrees_with_the_gpu(void **state)
     assert_int_equal((uint64_t)json_object_get_int64(get(counters, "d2h_bytes")), sim.bytes_d2h);
     assert_int_equal((uint64_t)json_object_get_int64(get(counters, "h2d_bytes")), sim.bytes_h2d);
     assert_int_equal((uint64_t)json_object_get_int64(get(vram, "used")), sim.device_bytes_in_use);
+    /* The moves behind those bytes are in the event list, as the monitor draws them. */
+    assert_true(has_event(o, "evict"));
+    assert_true(has_event(o, "restore"));
+    assert_true(has_event(o, "stall"));
+    assert_true(has_event(o, "pressure"));
     json_object_put(o);
     assert_int_equal(write(to_child[1], "x", 1), 1);
     int status;
