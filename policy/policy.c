@@ -322,6 +322,17 @@ struct sh_policy {
 
     struct future fut;
 
+    /* a plan that found nothing to do, and what it saw (plan_skip) */
+    uint64_t version; /* bumped by every event that can change a plan */
+    uint64_t idle_until;
+    struct plan_sig {
+        uint64_t version, device_bytes;
+        uint32_t key_gen;
+        int active;
+        size_t fetch_max, evict_max;
+        struct sh_policy_hints h;
+    } idle_sig;
+
     /* accounting */
     uint64_t pending_d2h; /* bytes of regions whose eviction is in flight */
     struct sh_policy_stats st;
@@ -1093,6 +1104,7 @@ int sh_policy_alloc(struct sh_policy *p, uint64_t t_us, uint64_t id, uint64_t by
         return SH_EINVAL;
     if (find(p, id))
         return SH_EINVAL;
+    p->version++;
     struct rec *rr = &p->rec;
     if (RESERVE(rr->allocs, rr->cap_allocs, rr->na + 1))
         return SH_ENOMEM;
@@ -1131,6 +1143,7 @@ int sh_policy_free(struct sh_policy *p, uint64_t t_us, uint64_t id)
     (void)t_us;
     if (!p)
         return SH_EINVAL;
+    p->version++;
     struct region *r = find(p, id);
     if (!r || r->freed)
         return SH_ENOTFOUND;
@@ -1415,6 +1428,7 @@ int sh_policy_residency(struct sh_policy *p, uint64_t id, int residency)
 {
     if (!p || residency < SH_RES_DEVICE || residency > SH_RES_TO_DEVICE)
         return SH_EINVAL;
+    p->version++;
     struct region *r = find(p, id);
     if (!r)
         return SH_ENOTFOUND;
@@ -1661,7 +1675,10 @@ static void give_back(struct sh_policy *p, struct walk *w, struct region *r)
         w->proj += (int64_t)r->bytes;
 }
 
-/* Launch i ahead of now in the recording followed; -1 past what it knows. */
+/* Launch i ahead of now in the recording followed: 0 to go on, WALK_END
+ * past what it knows, -1 when room cannot be made. */
+#define WALK_END 1
+
 static int walk_recording(struct sh_policy *p, struct walk *w, uint64_t i)
 {
     const struct recording *rc = &p->recs[p->active];
@@ -1670,7 +1687,7 @@ static int walk_recording(struct sh_policy *p, struct walk *w, uint64_t i)
         q -= rc->nl;
         shift = rc->nl;
         if (q >= rc->nl)
-            return -1;
+            return WALK_END;
     }
     for (uint32_t j = rc->foff[q]; j < rc->foff[q + 1]; j++)
         give_back(p, w, region_for(p, rc, rc->fkey[j], shift));
@@ -1694,7 +1711,7 @@ static int walk_future(struct sh_policy *p, struct walk *w, uint64_t i)
     const struct future *f = &p->fut;
     uint64_t q = p->glaunches + i;
     if (q >= f->nl)
-        return -1;
+        return WALK_END;
     for (uint64_t j = f->foff[q]; j < f->foff[q + 1]; j++)
         give_back(p, w, live_region(p, f->fids[j]));
     for (uint64_t j = f->loff[q]; j < f->loff[q + 1]; j++) {
@@ -1706,6 +1723,51 @@ static int walk_future(struct sh_policy *p, struct walk *w, uint64_t i)
         if (want_alloc(p, w, f->abytes[j]))
             return -1;
     return 0;
+}
+
+/* A plan that finds nothing to do over its window and PLAN_STRIDE launches
+ * past it stays right for those launches while nothing it read changes:
+ * the launches in between skip the walk. */
+#define PLAN_STRIDE 8
+
+static void plan_sig(const struct sh_policy *p, uint64_t device_bytes,
+                     const struct sh_policy_plan *plan, const struct sh_policy_hints *h,
+                     struct plan_sig *out)
+{
+    memset(out, 0, sizeof *out); /* compared whole, padding included */
+    out->version = p->version;
+    out->device_bytes = device_bytes;
+    out->key_gen = p->key_gen;
+    out->active = p->active;
+    out->fetch_max = plan->fetch_max;
+    out->evict_max = plan->evict_max;
+    out->h = *h;
+}
+
+/* One position of the walk: 0 to go on, WALK_END at the end of what is
+ * known, else a stop. */
+static int walk_at(struct sh_policy *p, struct walk *w, uint64_t i)
+{
+    int rc = kind_is(p, SH_POLICY_BELADY) ? walk_future(p, w, i) : walk_recording(p, w, i);
+    return rc ? rc : w->blocked && !w->exchange ? -1 : 0;
+}
+
+static int found_nothing(const struct walk *w)
+{
+    return !w->blocked && w->plan->nfetch == 0 && w->plan->nevict == 0;
+}
+
+/* After a walk that found nothing: 1 if the next PLAN_STRIDE positions
+ * want nothing either (what they would do is dropped: it is not due yet). */
+static int idle_ahead(struct sh_policy *p, struct walk *w, uint64_t horizon)
+{
+    w->fetch_window += PLAN_STRIDE;
+    int rc = 0;
+    for (uint64_t i = horizon; i < horizon + PLAN_STRIDE && rc == 0 && found_nothing(w); i++)
+        rc = walk_at(p, w, i);
+    int idle = (rc == 0 || rc == WALK_END) && found_nothing(w);
+    w->plan->nfetch = w->plan->nevict = 0;
+    return idle;
 }
 
 int sh_policy_plan(struct sh_policy *p, uint64_t device_bytes, const uint64_t *protect, size_t np,
@@ -1738,13 +1800,19 @@ int sh_policy_plan(struct sh_policy *p, uint64_t device_bytes, const uint64_t *p
     uint64_t horizon = w.exchange ? (uint64_t)p->prm.prefetch_window : fw;
     if (horizon < fw)
         horizon = fw;
+    struct plan_sig sig;
+    plan_sig(p, device_bytes, plan, &h, &sig);
+    if (p->glaunches < p->idle_until && !memcmp(&sig, &p->idle_sig, sizeof sig))
+        return 0;
+    p->idle_until = 0;
     mark_protected(p, protect, np);
-    for (uint64_t i = 0; i < horizon; i++) {
-        int stop = kind_is(p, SH_POLICY_BELADY) ? walk_future(p, &w, i) : walk_recording(p, &w, i);
-        if (stop)
-            break;
-        if (w.blocked && !w.exchange)
-            break;
+    int rc = 0;
+    for (uint64_t i = 0; i < horizon && rc == 0; i++)
+        rc = walk_at(p, &w, i);
+    if ((rc == 0 || rc == WALK_END) && found_nothing(&w) &&
+        (rc == WALK_END || idle_ahead(p, &w, horizon))) {
+        p->idle_sig = sig;
+        p->idle_until = p->glaunches + PLAN_STRIDE;
     }
     return 0;
 }
@@ -1919,6 +1987,8 @@ static int future_fill(struct future *f, const struct sh_policy_future *ev, size
 
 int sh_policy_set_future(struct sh_policy *p, const struct sh_policy_future *ev, size_t n)
 {
+    if (p)
+        p->version++;
     if (!p || (n && !ev))
         return SH_EINVAL;
     future_free(&p->fut);

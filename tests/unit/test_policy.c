@@ -470,6 +470,37 @@ static void test_prefetch_window(void **state)
     sh_policy_destroy(p);
 }
 
+/* A plan that finds nothing to do is not made again for a few launches,
+ * unless what it read changes: a region going to the host is seen by the
+ * very next plan, and so is one that enters the window as launches pass. */
+static void test_plan_idle_until_something_changes(void **state)
+{
+    (void)state;
+    struct sh_policy_params q = params(SH_POLICY_LEARNED);
+    q.prefetch_window = 2;
+    struct sh_policy *p = NULL;
+    assert_int_equal(sh_policy_create(&q, &p), 0);
+    alloc_weights(p, same);
+    fwd_bwd(p, 0);
+    launch1(p, KF, 1);
+    uint64_t out[16];
+    assert_int_equal(prefetch(p, 1000, out), 0); /* all on the device */
+    assert_int_equal(prefetch(p, 1000, out), 0);
+    assert_int_equal(sh_policy_residency(p, 3, SH_RES_HOST), 0);
+    assert_int_equal(prefetch(p, 1000, out), 1);
+    assert_int_equal(out[0], 3);
+    assert_int_equal(sh_policy_residency(p, 3, SH_RES_DEVICE), 0);
+    assert_int_equal(sh_policy_residency(p, 1, SH_RES_HOST), 0); /* needed again at the end */
+    assert_int_equal(prefetch(p, 1000, out), 0);                 /* 7 launches away */
+    for (uint64_t id = 2; id <= 4; id++)
+        launch1(p, KF, id);
+    launch1(p, KB, 4);
+    launch1(p, KB, 3);
+    assert_int_equal(prefetch(p, 1000, out), 1); /* 2 away: in the window now */
+    assert_int_equal(out[0], 1);
+    sh_policy_destroy(p);
+}
+
 /* Only what fits, in order: a region that does not fit holds back the
  * later ones. What the very next launch needs may use the whole budget. */
 static void test_prefetch_budget(void **state)
@@ -866,6 +897,7 @@ int main(void)
         cmocka_unit_test(test_protect_and_in_flight),
         cmocka_unit_test(test_prefetch_soonest_first),
         cmocka_unit_test(test_prefetch_window),
+        cmocka_unit_test(test_plan_idle_until_something_changes),
         cmocka_unit_test(test_prefetch_budget),
         cmocka_unit_test(test_no_prefetch_without_trace_or_reactive),
         cmocka_unit_test(test_plan_exchange),
