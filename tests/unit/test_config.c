@@ -1,4 +1,4 @@
-/* test_config.c — policy/config: defaults, the shipped stagehand.ini, golden files
+/* test_config.c — config/: defaults, the shipped stagehand.ini, golden files
  * under tests/unit/config/ (good and bad, with exact messages), environment
  * overrides and the start-up search order.
  *
@@ -17,7 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "policy/config.h"
+#include "config/config.h"
 #include "sh_err.h"
 #include "sh_log.h"
 

@@ -28,7 +28,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "policy/config.h"
+#include "config/config.h"
 #include "sh_err.h"
 
 #define NOBODY 65534

@@ -11,8 +11,8 @@
  * stagehand.ini at the repository root documents every key. In the struct below a
  * key `name_mb`/`name_kb` lives in a field `name`; every other key has its own name.
  */
-#ifndef SH_POLICY_CONFIG_H
-#define SH_POLICY_CONFIG_H
+#ifndef SH_CONFIG_CONFIG_H
+#define SH_CONFIG_CONFIG_H
 
 #include <stddef.h>
 #include <stdint.h>

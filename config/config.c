@@ -8,7 +8,7 @@
  * No shared state: the table is read-only and every function touches only the
  * caller's struct sh_config and buffers, so everything here is reentrant.
  */
-#include "policy/config.h"
+#include "config/config.h"
 #include "sh_err.h"
 
 #include <ini.h>
