@@ -48,7 +48,7 @@ struct sh_config_list {
 
 /* Where a key got its value; read it through sh_config_origin(). */
 struct sh_config_origin {
-    int16_t src; /* -1 default, -2 environment, >= 0 index into files_ */
+    int16_t src; /* -1 default, -2 environment, -3 an alias (line: which), >= 0 files_ */
     int32_t line;
 };
 
@@ -103,8 +103,10 @@ int sh_config_load_file(struct sh_config *cfg, const char *path, char *err, size
 int sh_config_load_string(struct sh_config *cfg, const char *name, const char *text, char *err,
                           size_t errlen);
 
-/* Applies STAGEHAND_<SECTION>_<KEY>=value entries of envp (NULL-terminated, or NULL).
- * An unknown key in a known section is an error; other names are ignored.
+/* Applies STAGEHAND_<SECTION>_<KEY>=value entries of envp (NULL-terminated, or NULL),
+ * then the aliases schema.def gives (STAGEHAND_TRACE for [debug] trace_file), which
+ * win. An unknown key in a known section, or a name plainly meant as a key
+ * (STAGEHAND_LOG_LEVEL, a misspelt section), is an error; other names are ignored.
  * cfg is left untouched on error. */
 int sh_config_apply_env(struct sh_config *cfg, char *const *envp, char *err, size_t errlen);
 

@@ -29,7 +29,7 @@ enum type { T_BOOL, T_INT, T_ENUM, T_SIZE, T_LIST, T_STR };
 enum pct_base { PCT_NONE, PCT_CARD, PCT_BUDGET, PCT_HOST, PCT_HOST_BUDGET };
 /* F_AUTO: the value may be "auto" (an int: -1; a size: decided at run time) */
 enum { F_POW2 = 1, F_INCREASING = 2, F_AUTO = 4 };
-enum { SRC_DEFAULT = -1, SRC_ENV = -2 };
+enum { SRC_DEFAULT = -1, SRC_ENV = -2, SRC_ALIAS = -3 }; /* origin_[].src; else a file */
 
 /* Every key's index in the table: KEY_<section>_<name>. */
 enum key_id {
@@ -56,7 +56,14 @@ struct key {
     const char *help;
 };
 
+/* An SH_CONFIG_ALIAS row: another environment name for a key. */
+struct alias {
+    const char *name; /* the variable, STAGEHAND_TRACE */
+    int key;
+};
+
 extern const struct key sh_cfg_keys[NKEYS];
+extern const struct alias sh_cfg_aliases[]; /* ends with a NULL name */
 extern const char *const sh_cfg_sections[];
 extern const size_t sh_cfg_nsections;
 

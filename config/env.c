@@ -1,6 +1,7 @@
-/* env.c — STAGEHAND_<SECTION>_<KEY>=value overrides over the file's values, a
- * name that looks meant as a key but is none (an error, with the likely key),
- * and STAGEHAND_DISABLE.
+/* env.c — STAGEHAND_<SECTION>_<KEY>=value overrides over the file's values,
+ * then the aliases (STAGEHAND_TRACE for [debug] trace_file), a name that looks
+ * meant as a key but is none (an error, with the likely key), and
+ * STAGEHAND_DISABLE.
  *
  * No state: every function works on the caller's struct, environment array and
  * buffers, so all of it is reentrant.
@@ -42,11 +43,20 @@ static int key_anywhere(const char *s, size_t n)
     return -1;
 }
 
+/* The alias entry[0..n) names, or -1. */
+static int alias_named(const char *entry, size_t n)
+{
+    for (int a = 0; sh_cfg_aliases[a].name; a++)
+        if (strlen(sh_cfg_aliases[a].name) == n && strncmp(sh_cfg_aliases[a].name, entry, n) == 0)
+            return a;
+    return -1;
+}
+
 /* STAGEHAND_NAME matched no section. It is an error, like an unknown key, when it
  * was meant as a key: the words after its first name a key
  * (STAGEHAND_BUDGT_VRAM_BUDGET_MB), the whole name does (STAGEHAND_LOG_LEVEL), or
  * its first word is a letter or two from a section's name. Other names
- * (STAGEHAND_CONFIG, STAGEHAND_TRACE, a script's own) are left alone. */
+ * (STAGEHAND_CONFIG, an alias, a script's own) are left alone. */
 static int misspelt(const char *entry, size_t len, char *err, size_t errlen)
 {
     const char *name = entry + 10, *us = memchr(name, '_', len - 10);
@@ -94,7 +104,23 @@ static int env_one(struct sh_config *cfg, const char *entry, char *err, size_t e
         cfg->origin_[k] = (struct sh_config_origin){SRC_ENV, 0};
         return 0;
     }
+    if (alias_named(entry, (size_t)(eq - entry)) >= 0)
+        return 0; /* applied after every key's own name */
     return misspelt(entry, (size_t)(eq - entry), err, errlen);
+}
+
+/* An alias's non-empty value, over whatever the key's own name set. */
+static int env_alias(struct sh_config *cfg, char *const *envp, int a, char *err, size_t errlen)
+{
+    const struct alias *al = &sh_cfg_aliases[a];
+    const char *v = sh_cfg_env_get(envp, al->name);
+    char msg[MSG_MAX];
+    if (!v || !*v)
+        return 0;
+    if (sh_cfg_apply(cfg, al->key, v, msg, sizeof msg))
+        return sh_cfg_say(err, errlen, "env %s: %s: %s", al->name, sh_cfg_keys[al->key].name, msg);
+    cfg->origin_[al->key] = (struct sh_config_origin){SRC_ALIAS, a};
+    return 0;
 }
 
 int sh_config_apply_env(struct sh_config *cfg, char *const *envp, char *err, size_t errlen)
@@ -102,6 +128,9 @@ int sh_config_apply_env(struct sh_config *cfg, char *const *envp, char *err, siz
     struct sh_config tmp = *cfg;
     for (char *const *e = envp; e && *e; e++)
         if (env_one(&tmp, *e, err, errlen))
+            return SH_EINVAL;
+    for (int a = 0; sh_cfg_aliases[a].name; a++)
+        if (env_alias(&tmp, envp, a, err, errlen))
             return SH_EINVAL;
     *cfg = tmp;
     return 0;

@@ -69,6 +69,12 @@ const struct key sh_cfg_keys[NKEYS] = {
 #include "config/schema.def"
 };
 
+const struct alias sh_cfg_aliases[] = {
+#define SH_CONFIG_ALIAS(sec, nm, variable) {#variable, KEY_##sec##_##nm},
+#include "config/schema.def"
+    {NULL, -1},
+};
+
 /* ---- lookup --------------------------------------------------------------- */
 
 int sh_cfg_section(const char *s, size_t n)
@@ -122,6 +128,8 @@ static void origin_text(const struct sh_config *cfg, int k, char *buf, size_t le
     } else if (o->src == SRC_ENV) {
         sh_cfg_env_name(k, name, sizeof name);
         snprintf(buf, len, "env %s", name);
+    } else if (o->src == SRC_ALIAS) {
+        snprintf(buf, len, "env %s", sh_cfg_aliases[o->line].name);
     } else {
         snprintf(buf, len, "defaults");
     }
