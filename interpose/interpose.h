@@ -8,8 +8,8 @@
 #ifndef SH_INTERPOSE_H
 #define SH_INTERPOSE_H
 
+#include "config/config.h"
 #include "interpose/driver.h"
-#include "policy/config.h"
 #include "pool/pool.h"
 #include "transfer/transfer.h"
 

@@ -2,8 +2,8 @@
  * the program's events, asks it which regions to evict, and carries out its
  * plan around each launch: prefetches started ahead of need (their copies
  * overlap compute), evictions ahead of need, batched commits. Records the
- * same events to a trace file when STAGEHAND_TRACE (or [debug] trace_file)
- * names one, with each launch's duration measured on the GPU.
+ * same events to a trace file when [debug] trace_file (STAGEHAND_TRACE in the
+ * environment) names one, with each launch's duration measured on the GPU.
  *
  * Region ids, for the policy and the trace, are region base addresses:
  * unique while a region lives, and stable when a freed region is reused for
@@ -56,9 +56,7 @@ static void close_trace(void)
 
 static void open_trace(void)
 {
-    const char *path = secure_getenv("STAGEHAND_TRACE");
-    if (!path || !*path)
-        path = sh_rt.cfg.debug.trace_file;
+    const char *path = sh_rt.cfg.debug.trace_file; /* STAGEHAND_TRACE arrives here too */
     if (!*path)
         return;
     char why[SH_CONFIG_STR_MAX + 64];

@@ -16,7 +16,7 @@ FUZZ_FLAGS   := -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefine
 FUZZ_NAMES   := $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 
 # What each target links besides its harness.
-FUZZ_SRCS_config := policy/config.c telemetry/log.c
+FUZZ_SRCS_config := $(wildcard config/*.c) telemetry/log.c
 FUZZ_LIBS_config := -linih
 FUZZ_SRCS_trace  := policy/trace.c telemetry/log.c
 FUZZ_SRCS_cubin  := interpose/cubin.c telemetry/log.c

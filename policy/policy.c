@@ -21,7 +21,7 @@
  */
 #include "policy/policy.h"
 
-#include "policy/config.h"
+#include "config/config.h"
 #include "sh_err.h"
 
 #include <stdlib.h>

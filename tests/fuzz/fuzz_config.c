@@ -1,6 +1,6 @@
 /* fuzz_config.c — libFuzzer target: stagehand.ini text through the ini
  * handler, the value parsers and the combination checks. */
-#include "policy/config.h"
+#include "config/config.h"
 
 #include <stddef.h>
 #include <stdint.h>

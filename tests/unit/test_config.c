@@ -1,4 +1,4 @@
-/* test_config.c — policy/config: defaults, the shipped stagehand.ini, golden files
+/* test_config.c — config/: defaults, the shipped stagehand.ini, golden files
  * under tests/unit/config/ (good and bad, with exact messages), environment
  * overrides and the start-up search order.
  *
@@ -17,7 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "policy/config.h"
+#include "config/config.h"
 #include "sh_err.h"
 #include "sh_log.h"
 
@@ -157,7 +157,7 @@ static void test_shipped_ini(void **state)
     }
     assert_int_equal(i, 37);
     assert_int_equal(sh_config_key_at(i, &ki), SH_ENOTFOUND);
-    assert_origin(&c, "budget", "vram_budget_mb", "stagehand.ini:62");
+    assert_origin(&c, "budget", "vram_budget_mb", "stagehand.ini:63");
 }
 
 static void test_good_percent(void **state)
@@ -503,11 +503,12 @@ static void test_env_overrides_file(void **state)
                     "STAGEHAND_POLICY_PREFETCH_WINDOW=128",
                     "STAGEHAND_BUDGET_VRAM_HIGH_WATERMARK_MB=75%",
                     "STAGEHAND_TELEMETRY_TELEMETRY_FILE= /tmp/env.jsonl ",
-                    "STAGEHAND_TRACE=1",
+                    "STAGEHAND_TRACE=/tmp/env.trace",
                     "STAGEHAND_DISABLE=0",
                     "STAGEHAND_SIM_WHATEVER=1",
                     "STAGEHAND_DEBUG=1",
                     "NOT_STAGEHAND_POLICY_EVICTION=bogus",
+                    "STAGEHAND_DEBUG_TRACE_FILE=/tmp/key.trace", /* STAGEHAND_TRACE wins */
                     NULL};
     (void)state;
     err[0] = '\0';
@@ -522,8 +523,40 @@ static void test_env_overrides_file(void **state)
     assert_int_equal(c.policy.eviction, SH_CONFIG_EVICT_LRU); /* from the file */
     assert_origin(&c, "policy", "prefetch_window", "env STAGEHAND_POLICY_PREFETCH_WINDOW");
     assert_origin(&c, "policy", "eviction", DIR "good_env_base.ini:4");
-    assert_origin(&c, "debug", "trace_file", "defaults");
+    assert_string_equal(c.debug.trace_file, "/tmp/env.trace");
+    assert_origin(&c, "debug", "trace_file", "env STAGEHAND_TRACE");
     assert_int_equal(sh_config_disabled(envp), 0);
+}
+
+/* STAGEHAND_TRACE is [debug] trace_file by another name: a string value like
+ * any other, over the file and over STAGEHAND_DEBUG_TRACE_FILE; empty, it is
+ * as if unset. */
+static void test_trace_alias(void **state)
+{
+    struct sh_config c, before;
+    char longer[400];
+    char *empty[] = {"STAGEHAND_TRACE=", "STAGEHAND_DEBUG_TRACE_FILE=/tmp/key.trace", NULL};
+    char *blanks[] = {"STAGEHAND_TRACE= \"/tmp/a b.trace\" ", NULL};
+    char *too_long[] = {longer, NULL};
+    (void)state;
+    sh_config_defaults(&c);
+    assert_int_equal(sh_config_apply_env(&c, empty, err, sizeof err), 0);
+    assert_string_equal(c.debug.trace_file, "/tmp/key.trace");
+    assert_origin(&c, "debug", "trace_file", "env STAGEHAND_DEBUG_TRACE_FILE");
+
+    sh_config_defaults(&c);
+    assert_int_equal(
+        sh_config_load_string(&c, "x.ini", "[debug]\ntrace_file = file.trace\n", err, sizeof err),
+        0);
+    assert_int_equal(sh_config_apply_env(&c, blanks, err, sizeof err), 0);
+    assert_string_equal(c.debug.trace_file, "/tmp/a b.trace");
+    assert_origin(&c, "debug", "trace_file", "env STAGEHAND_TRACE");
+
+    snprintf(longer, sizeof longer, "STAGEHAND_TRACE=/tmp/%0300d", 0);
+    memcpy(&before, &c, sizeof c);
+    assert_int_equal(sh_config_apply_env(&c, too_long, err, sizeof err), SH_EINVAL);
+    assert_string_equal(err, "env STAGEHAND_TRACE: trace_file: too long (at most 255 characters)");
+    assert_memory_equal(&c, &before, sizeof c);
 }
 
 static void expect_env_error(char **envp, int code, const char *want)
@@ -651,7 +684,7 @@ int main(void)
         cmocka_unit_test(test_env_overrides_file), cmocka_unit_test(test_env_errors),
         cmocka_unit_test(test_apply_env_atomic),   cmocka_unit_test(test_init_search_order),
         cmocka_unit_test(test_disabled),           cmocka_unit_test(test_missing_file),
-        cmocka_unit_test(test_device_values),
+        cmocka_unit_test(test_device_values),      cmocka_unit_test(test_trace_alias),
     };
     size_t n = 0, nbad = sizeof bads / sizeof bads[0];
     while (tests[n].test_func) /* the named tests above, however many */

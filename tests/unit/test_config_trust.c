@@ -28,7 +28,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "policy/config.h"
+#include "config/config.h"
 #include "sh_err.h"
 
 #define NOBODY 65534
@@ -173,6 +173,14 @@ static void test_secure_ignores_env(void **state)
     assert_int_equal(load(&c, envp), 0); /* the same environment counts when not secure */
     assert_string_equal(c.tracking.cupti_path, "/x/evil.so");
     assert_string_equal(c.debug.trace_file, "/etc/passwd");
+    /* STAGEHAND_TRACE, [debug] trace_file's other name, is ignored in the same way. */
+    char *trace[] = {"STAGEHAND_TRACE=/etc/shadow", NULL};
+    fake_secure = 1;
+    assert_int_equal(load(&c, trace), 0);
+    assert_string_equal(c.debug.trace_file, "");
+    fake_secure = 0;
+    assert_int_equal(load(&c, trace), 0);
+    assert_string_equal(c.debug.trace_file, "/etc/shadow");
 }
 
 static void test_secure_reads_only_root_files(void **state)

@@ -8,7 +8,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include "policy/config.h"
+#include "config/config.h"
 #include "policy/policy.h"
 #include "sh_err.h"
 

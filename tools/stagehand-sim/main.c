@@ -7,7 +7,7 @@
  */
 #include "tools/stagehand-sim/sim.h"
 
-#include "policy/config.h"
+#include "config/config.h"
 #include "policy/policy.h"
 #include "policy/trace.h"
 #include "sh_err.h"

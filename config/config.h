@@ -8,11 +8,13 @@
  *     "env STAGEHAND_X: key: what is wrong" a value from the environment
  *     "defaults: key: what is wrong"        only the built-in values are involved
  *
- * stagehand.ini at the repository root documents every key. In the struct below a
- * key `name_mb`/`name_kb` lives in a field `name`; every other key has its own name.
+ * config/schema.def lists every key once: its section, name, type, member, limits,
+ * default and help. The members of struct sh_config below are generated from it,
+ * and so is the key table the parsers walk; stagehand.ini at the repository root
+ * documents every key.
  */
-#ifndef SH_POLICY_CONFIG_H
-#define SH_POLICY_CONFIG_H
+#ifndef SH_CONFIG_CONFIG_H
+#define SH_CONFIG_CONFIG_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -46,68 +48,35 @@ struct sh_config_list {
 
 /* Where a key got its value; read it through sh_config_origin(). */
 struct sh_config_origin {
-    int16_t src; /* -1 default, -2 environment, >= 0 index into files_ */
+    int16_t src; /* -1 default, -2 environment, -3 an alias (line: which), >= 0 files_ */
     int32_t line;
 };
 
+/* The members each key's type gets (config/schema.def). */
+#define SH_CONFIG_CTYPE_BOOL int
+#define SH_CONFIG_CTYPE_INT  int
+#define SH_CONFIG_CTYPE_ENUM int
+#define SH_CONFIG_CTYPE_SIZE struct sh_size_opt
+#define SH_CONFIG_CTYPE_LIST struct sh_config_list
+#define SH_CONFIG_CTYPE_STR  char
+#define SH_CONFIG_DIM_BOOL
+#define SH_CONFIG_DIM_INT
+#define SH_CONFIG_DIM_ENUM
+#define SH_CONFIG_DIM_SIZE
+#define SH_CONFIG_DIM_LIST
+#define SH_CONFIG_DIM_STR [SH_CONFIG_STR_MAX] /* "" = none where the key says so */
+
+/* One member struct per section, one member per key, in schema order: the key
+ * [budget] vram_budget_mb is cfg->budget.vram_budget (the schema's field column).
+ * Ints that may be auto hold -1 for it; enums hold the index of their word. */
 struct sh_config {
-    struct {
-        int enabled;
-        int log_level; /* SH_LOG_ERROR .. SH_LOG_DEBUG (sh_log.h) */
-        int device;
-    } general;
-    struct {
-        struct sh_size_opt vram_budget;         /* % of the card */
-        struct sh_size_opt vram_high_watermark; /* % of the budget */
-        struct sh_size_opt vram_low_watermark;  /* % of the budget */
-        struct sh_size_opt host_ram_budget;     /* % of the machine's RAM */
-    } budget;
-    struct {
-        struct sh_size_opt min_region;
-        struct sh_size_opt max_chunk;
-        struct sh_size_opt va_cache;
-        struct sh_size_opt device_cache; /* % of the budget */
-        struct sh_size_opt suballoc_max;
-    } regions;
-    struct {
-        struct sh_config_list classes_mb;      /* pinned_pool_classes_mb, in MB */
-        struct sh_config_list slabs_per_class; /* after resolve: one per class */
-        struct sh_size_opt prepin;             /* % of host_ram_budget */
-        int grow_in_background;
-    } pool;
-    struct {
-        int max_inflight_d2h;
-        int max_inflight_h2d;
-        int drain_mode; /* enum sh_config_drain */
-        int batch_max;
-    } transfer;
-    struct {
-        int eviction; /* enum sh_config_eviction */
-        int prefetch_window;
-        int prefetch_enabled;
-    } policy;
-    struct {
-        int enabled;
-        int backward_pressure_pct;
-        int backward_prefetch_window;
-        int optimizer_max_inflight_h2d;
-        int contention_checks;
-    } conductor;
-    struct {
-        int mode; /* enum sh_config_tracking */
-        char cupti_path[SH_CONFIG_STR_MAX];
-    } tracking;
-    struct {
-        int telemetry_enabled;
-        char telemetry_file[SH_CONFIG_STR_MAX]; /* "" = no JSONL file */
-        int telemetry_interval;
-        int shm_enabled;
-    } telemetry;
-    struct {
-        int debug_checksums;
-        int debug_verify_moves;
-        char trace_file[SH_CONFIG_STR_MAX]; /* "" = none */
-    } debug;
+#define SH_CONFIG_SECTION(sec) struct {
+#define SH_CONFIG_END(sec)                                                                         \
+    }                                                                                              \
+    sec;
+#define SH_CONFIG_KEY(sec, name, type, field, ...)                                                 \
+    SH_CONFIG_CTYPE_##type field SH_CONFIG_DIM_##type;
+#include "config/schema.def"
 
     int resolved; /* set by sh_config_resolve() */
     struct sh_config_origin origin_[SH_CONFIG_MAX_KEYS];
@@ -134,8 +103,10 @@ int sh_config_load_file(struct sh_config *cfg, const char *path, char *err, size
 int sh_config_load_string(struct sh_config *cfg, const char *name, const char *text, char *err,
                           size_t errlen);
 
-/* Applies STAGEHAND_<SECTION>_<KEY>=value entries of envp (NULL-terminated, or NULL).
- * An unknown key in a known section is an error; other names are ignored.
+/* Applies STAGEHAND_<SECTION>_<KEY>=value entries of envp (NULL-terminated, or NULL),
+ * then the aliases schema.def gives (STAGEHAND_TRACE for [debug] trace_file), which
+ * win. An unknown key in a known section, or a name plainly meant as a key
+ * (STAGEHAND_LOG_LEVEL, a misspelt section), is an error; other names are ignored.
  * cfg is left untouched on error. */
 int sh_config_apply_env(struct sh_config *cfg, char *const *envp, char *err, size_t errlen);
 
@@ -145,15 +116,15 @@ int sh_config_apply_env(struct sh_config *cfg, char *const *envp, char *err, siz
 int sh_config_resolve(struct sh_config *cfg, uint64_t card_bytes, uint64_t host_ram_bytes,
                       char *err, size_t errlen);
 
-/* Start-up: defaults, then $STAGEHAND_CONFIG (must exist) or else ./stagehand.ini
- * (if present), then the environment, then resolve. *used_path gets the file read,
- * "" for none. */
 /* Defaults, then the file found by the search order, then the environment,
  * without resolving: what the library runs at load time, before the card's
  * size is known, so that a bad file stops the program before it starts. */
 int sh_config_load(struct sh_config *cfg, char *const *envp, char *used_path, size_t pathlen,
                    char *err, size_t errlen);
 
+/* Start-up: defaults, then $STAGEHAND_CONFIG (must exist) or else ./stagehand.ini
+ * (if present), then the environment, then resolve. *used_path gets the file read,
+ * "" for none. */
 int sh_config_init(struct sh_config *cfg, char *const *envp, uint64_t card_bytes,
                    uint64_t host_ram_bytes, char *used_path, size_t pathlen, char *err,
                    size_t errlen);
