@@ -15,8 +15,8 @@
 #include <stdlib.h>
 #include <valgrind/callgrind.h>
 
-#define LOOP 64
-#define ARGS 4
+#define LOOP        64
+#define ARGS        4
 #define WORKING_SET 32
 
 static void kernel4(void **args)
