@@ -1,0 +1,349 @@
+/* policy_int.h — the scheduler's insides (struct sh_policy and all it
+ * holds), shared by the files that implement it (rules.c and the trace
+ * files do without it). Nothing outside policy/ includes this. Functions
+ * shared between the files carry the pol_ prefix (they are in the archive
+ * tests and tools link, beside everyone else's names).
+ *
+ *   policy.c   creation, the events it is told, what it knows
+ *   table.c    the u64 map, growing arrays, the region table and its counters
+ *   predict.c  which region plays which recorded key; when it is used next
+ *   record.c   recording steps, finding their boundaries, matching recordings
+ *   plan.c     victims, prefetch and exchange planning
+ *   future.c   the exact future, for belady
+ *
+ * Not thread-safe: the caller serialises every call (the library's lock).
+ */
+#ifndef SH_POLICY_INT_H
+#define SH_POLICY_INT_H
+
+#include "policy/policy.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define NONE32         UINT32_MAX
+#define FAR            UINT64_MAX
+#define MAX_RECORDINGS 4
+#define POS_LIMIT      ((int64_t)1 << 39) /* positional identities are |relpos| below this */
+#define RIDX_LIMIT     ((uint32_t)1 << 23)
+
+typedef unsigned __int128 u128;
+
+/* ---------------------------------------------------------------------- */
+/* u64 -> u32 map without deletion (recordings, future), cleared per build */
+
+struct u64map {
+    uint64_t *k;
+    uint32_t *v; /* NONE32 = empty */
+    size_t cap, n;
+};
+
+/* ---------------------------------------------------------------------- */
+/* regions */
+
+struct region {
+    uint64_t id;
+    uint64_t bytes;
+    uint64_t gpos;                    /* launches seen (all steps) when it was allocated */
+    uint64_t aseq;                    /* allocation number (all steps) */
+    uint64_t last_use;                /* launches seen at its last reference: LRU order */
+    uint64_t seen;                    /* 1 + number of the launch that last referenced it */
+    uint64_t mark;                    /* plan/victim stamp: needed or chosen in this pass */
+    uint64_t vmark;                   /* plan stamp: chosen as a victim in this pass */
+    uint64_t prot;                    /* protect stamp */
+    int64_t alloc_step;               /* step that allocated it */
+    int64_t use_step;                 /* step that `uses` counts */
+    uint32_t uses;                    /* references in use_step */
+    uint32_t ridx;                    /* allocations after it at its position; NONE32 until known */
+    uint32_t key, key_gen;            /* its key in the active recording, and when found */
+    uint32_t fut_off, fut_n, fut_cur; /* belady: its future uses */
+    uint8_t state;                    /* table slot: 0 empty, 1 live, 2 deleted */
+    uint8_t res;
+    uint8_t cls;
+    uint8_t freed;
+};
+
+/* An identity as recorded: id, allocation position, reverse index. */
+struct ident {
+    uint64_t id;
+    uint64_t gpos;
+    uint32_t ridx;
+};
+
+/* ---------------------------------------------------------------------- */
+/* recordings */
+
+struct rkey {
+    uint64_t id;
+    int64_t relpos; /* allocation position relative to the step's start */
+    uint32_t ridx;
+    uint32_t positional; /* allocated in this step or the one before */
+    uint64_t bytes;
+    uint32_t use_off, nuse;
+    uint32_t free_pos; /* NONE32: not freed within the step */
+    uint32_t seen;     /* scratch while building */
+};
+
+struct recording {
+    int used;
+    uint64_t hits;  /* complete steps that followed it */
+    uint64_t stamp; /* larger = used more recently */
+    uint32_t nl;    /* launches */
+    uint64_t *kernel;
+    uint32_t *loff, *lkey; /* launch i references lkey[loff[i]..loff[i+1]) */
+    struct rkey *keys;
+    uint32_t nkeys;
+    uint32_t *uses;                /* by key: launch positions, ascending */
+    uint32_t *aoff, *akey;         /* allocations at position q (before launch q), q = 0..nl */
+    uint32_t *arec;                /* of those, how many (first) are freed within the step */
+    uint32_t *foff, *fkey;         /* frees at position q */
+    uint32_t bwd_start, opt_start; /* detected phases: launch positions */
+    struct u64map ids, pos;
+    size_t cap_kernel, cap_loff, cap_lkey, cap_keys, cap_uses, cap_aoff, cap_akey, cap_arec,
+        cap_foff, cap_fkey;
+};
+
+/* The step being recorded. */
+struct rec_alloc {
+    struct ident who;
+    uint64_t bytes;
+    uint32_t pos;
+};
+struct rec_free {
+    struct ident who;
+    uint32_t pos;
+};
+struct rec {
+    uint64_t *kernel;
+    uint32_t *loff;
+    struct ident *lref;
+    struct rec_alloc *allocs;
+    struct rec_free *frees;
+    size_t nl, nr, na, nf;
+    size_t cap_kernel, cap_loff, cap_lref, cap_allocs, cap_frees;
+    size_t open_from; /* allocs[open_from..na) still wait for their ridx */
+};
+
+/* Allocation positions of the current and previous step, to find the region
+ * playing a recorded role. */
+struct posent {
+    uint64_t gpos;
+    uint32_t ridx;
+    uint64_t id;
+};
+
+/* ---------------------------------------------------------------------- */
+/* the future (belady) */
+
+struct future {
+    int set;
+    uint64_t nl;
+    uint64_t *loff, *lids;     /* launch refs (deduplicated) */
+    uint64_t *aoff, *abytes;   /* allocation bytes before launch q */
+    uint64_t *foff, *fids;     /* frees before launch q */
+    uint64_t *use_pos;         /* per id, grouped */
+    struct u64map uses;        /* id -> index into use_off/use_n */
+    uint32_t *use_off, *use_n; /* per index */
+};
+
+/* ---------------------------------------------------------------------- */
+
+struct victim {
+    uint32_t slot;
+    uint32_t group; /* 0 freed, 1 outside the window, 2 inside it */
+    u128 score;     /* larger goes first */
+};
+
+struct sh_policy {
+    struct sh_policy_params prm;
+    struct sh_policy_rules *rules;
+
+    struct region *tab;
+    size_t cap, live, used; /* used counts deleted slots too */
+    struct region *spare;   /* the last table, reused when the size stays */
+    size_t spare_cap;
+
+    /* clocks */
+    uint64_t glaunches; /* launches seen */
+    uint64_t gallocs;
+    uint64_t stamp;
+    int64_t step;
+    uint64_t step_start, prev_start; /* glaunches at this step's and the last one's start */
+    uint32_t pos;                    /* launches in this step */
+    int phase, marked_steps, marked_phases;
+    uint32_t key_gen;
+
+    /* step detection */
+    int have_anchor;
+    uint64_t anchor_kernel;
+    uint64_t *anchor_ids, *anchor_bytes;
+    uint64_t anchor_allocs; /* allocations made before the first launch */
+    size_t anchor_n;
+    uint64_t *seen; /* signatures of step 0's launches, until its end is found */
+    int step_mixed; /* this step ran another kernel than the anchor's, or used a
+                       region older than the anchor: more than an init loop */
+    int found_loop; /* a boundary has been detected */
+
+    /* recording and matching */
+    struct rec rec;
+    struct recording recs[MAX_RECORDINGS];
+    int cand[MAX_RECORDINGS];
+    int ncand;
+    int active; /* recording followed, -1 for none */
+    int any_recording;
+    uint64_t rec_stamp;
+
+    struct posent *cur_pos, *prev_pos;
+    size_t ncur_pos, nprev_pos, cap_cur_pos, cap_prev_pos;
+    struct u64map posidx; /* pos_key(gpos, ridx) -> index: bit 31 = previous list */
+
+    struct future fut;
+
+    /* a plan that found nothing to do, and what it saw (sh_policy_plan) */
+    uint64_t version; /* bumped by every event that can change a plan */
+    uint64_t idle_until;
+    struct plan_sig {
+        uint64_t version, device_bytes;
+        uint32_t key_gen;
+        int active;
+        size_t fetch_max, evict_max;
+        struct sh_policy_hints h;
+    } idle_sig;
+
+    /* accounting */
+    uint64_t pending_d2h; /* bytes of regions whose eviction is in flight */
+    struct sh_policy_stats st;
+
+    /* scratch */
+    struct victim *vic;
+    size_t cap_vic;
+    uint64_t *dedup;
+    size_t cap_dedup;
+    struct region **dreg; /* the regions of dedup */
+    size_t cap_dreg;
+    uint32_t *scratch; /* building a recording */
+    size_t cap_scratch;
+};
+
+/* ---------------------------------------------------------------------- */
+/* table.c */
+
+void pol_map_clear(struct u64map *m);
+void pol_map_free(struct u64map *m);
+void pol_map_reset(struct u64map *m, size_t want);
+int pol_map_put(struct u64map *m, uint64_t key, uint32_t v, uint32_t *out);
+int pol_reserve(void **arr, size_t *cap, size_t need, size_t elem);
+#define RESERVE(arr, cap, need) pol_reserve((void **)&(arr), &(cap), (need), sizeof *(arr))
+
+int pol_table_resize(struct sh_policy *p, size_t cap);
+struct region *pol_table_insert(struct sh_policy *p, uint64_t id);
+void pol_table_delete(struct sh_policy *p, struct region *r);
+void pol_account_class(struct sh_policy *p, const struct region *r, int sign);
+
+/* ---------------------------------------------------------------------- */
+/* predict.c */
+
+uint32_t pol_key_in(const struct sh_policy *p, const struct recording *rc, const struct region *r);
+struct region *pol_region_for(const struct sh_policy *p, const struct recording *rc, uint32_t k,
+                              uint64_t shift);
+const uint32_t *pol_key_uses(const struct recording *rc, uint32_t k);
+uint64_t pol_distance(struct sh_policy *p, struct region *r);
+
+/* ---------------------------------------------------------------------- */
+/* record.c */
+
+void pol_ident_of(const struct region *r, struct ident *w);
+int pol_close_position(struct sh_policy *p);
+void pol_set_phase(struct sh_policy *p, int phase);
+int pol_boundary(struct sh_policy *p);
+int pol_is_anchor(const struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n);
+int pol_more_than_init(const struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n);
+int pol_set_anchor(struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n);
+int pol_repeat_found(struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n);
+void pol_match_launch(struct sh_policy *p, uint64_t kernel, size_t n);
+int pol_record_launch(struct sh_policy *p, uint64_t kernel, size_t n);
+void pol_auto_phase(struct sh_policy *p, size_t n);
+
+/* ---------------------------------------------------------------------- */
+/* future.c */
+
+void pol_future_free(struct future *f);
+
+/* ---------------------------------------------------------------------- */
+/* small helpers used across the files, inline: they sit on the paths
+ * that every launch and every plan take */
+
+/* The lookups every launch makes, inline in each file that makes them. */
+static inline uint64_t mix(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    return x ^ (x >> 33);
+}
+
+static inline uint32_t map_get(const struct u64map *m, uint64_t key)
+{
+    if (!m->cap)
+        return NONE32;
+    size_t mask = m->cap - 1;
+    for (size_t i = mix(key) & mask;; i = (i + 1) & mask) {
+        if (m->v[i] == NONE32)
+            return NONE32;
+        if (m->k[i] == key)
+            return m->v[i];
+    }
+}
+
+static inline struct region *find(const struct sh_policy *p, uint64_t id)
+{
+    if (!p->cap)
+        return NULL;
+    size_t mask = p->cap - 1;
+    for (size_t i = mix(id) & mask;; i = (i + 1) & mask) {
+        const struct region *r = &p->tab[i];
+        if (r->state == 0)
+            return NULL;
+        if (r->state == 1 && r->id == id)
+            return (struct region *)r;
+    }
+}
+
+static inline uint64_t pos_key(int64_t relpos, uint32_t ridx)
+{
+    return ((uint64_t)(relpos + POS_LIMIT) << 23) | ridx;
+}
+
+static inline struct region *live_region(const struct sh_policy *p, uint64_t id)
+{
+    struct region *r = find(p, id);
+    return r && !r->freed ? r : NULL;
+}
+
+static inline uint32_t uses_now(const struct sh_policy *p, const struct region *r)
+{
+    return r->use_step == p->step ? r->uses : 0;
+}
+
+static inline int kind_is(const struct sh_policy *p, int kind)
+{
+    return p->prm.kind == kind;
+}
+
+static inline int following(const struct sh_policy *p)
+{
+    return p->active >= 0;
+}
+
+/* Whether next uses are known now (a matching recording, or the future). */
+static inline int predicting(const struct sh_policy *p)
+{
+    if (kind_is(p, SH_POLICY_BELADY))
+        return p->fut.set;
+    if (kind_is(p, SH_POLICY_REACTIVE))
+        return 0;
+    return following(p);
+}
+
+#endif
