@@ -136,4 +136,21 @@ int sh_pool_unmap_or_strand(struct sh_pool *pool, uintptr_t va, size_t size, uin
 /* The chunk cache's create and release, which know stranded mappings. */
 void sh_pool_chunk_ops(struct sh_pool *pool, struct sh_vmm_ops *ops);
 
+/* evict.c, for move.c: the pieces the blocking moves and the moves in
+ * flight share (see evict.c for each). */
+void sh_pool_give_back_slabs(struct sh_pool *pool, struct region *r);
+int sh_pool_get_slabs(struct sh_pool *pool, struct region *r, unsigned wait_ms);
+void sh_pool_finish_state(struct sh_pool *pool, struct region *r, int to);
+uint32_t sh_pool_crc_of(const struct chunk *c);
+void sh_pool_make_stuck(struct sh_pool *pool, struct region *r, const char *what);
+int sh_pool_drain(struct sh_pool *pool, struct region **v, size_t n);
+uint64_t sh_pool_issued_at(const struct sh_pool *pool, const struct region *r);
+void sh_pool_evicted_one(struct sh_pool *pool, struct region *r, size_t *released);
+int sh_pool_can_move(struct sh_pool *pool);
+void sh_pool_put_chunks(struct sh_pool *pool, struct region *r, unsigned n);
+int sh_pool_get_chunks(struct sh_pool *pool, struct region *r);
+void sh_pool_verify(struct sh_pool *pool, struct region *r, const struct chunk *c);
+void sh_pool_check_move(struct sh_pool *pool, struct region *r, uintptr_t dev, const char *kind);
+void sh_pool_unrestore(struct sh_pool *pool, struct region *r, unsigned n);
+
 #endif
