@@ -233,6 +233,7 @@ $(BUILD)/tests/bench/bench_pool: $(BUILD)/obj/tests/bench/bench_pool.o $(BUILD)/
 	$(CC) -o $@ $< $(BUILD)/libstagehand.a $(LDFLAGS_ALL) $(LIB_LIBS)
 
 bench: all $(BENCH_BINS) $(BUILD)/tests/e2e/test_e2e_learned $(BUILD)/demo/train
+	@./mk/prereqs.sh valgrind
 	tests/bench/run.sh $(BUILD)
 
 bench-policy: $(BUILD)/stagehand-sim
