@@ -514,7 +514,8 @@ void sh_launch_begin_addrs(uint64_t key, const uintptr_t *addrs, size_t n, CUstr
         pending.opaque = 0;
         uintptr_t vals[MAX_ADDRS];
         n = n < MAX_ADDRS ? n : MAX_ADDRS;
-        memcpy(vals, addrs, n * sizeof *vals);
+        if (n > 0) /* addrs may be NULL when there are none */
+            memcpy(vals, addrs, n * sizeof *vals);
         sh_launch_prepare(key, vals, n);
         sh_gate_enter(sh_rt.gate);
     }
