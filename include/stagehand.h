@@ -76,11 +76,12 @@ typedef struct stagehand_stats {
     uint64_t launches;      /* launches seen */
     uint64_t tracking_mode; /* 0 none, 1 CUPTI, 2 hooks */
     uint64_t checksum_mismatches;
-    uint64_t remap_windows;  /* remap windows opened */
-    uint64_t device_drains;  /* windows that waited for the whole device */
-    uint64_t lost_writes;    /* writes a committed move lost (debug_verify_moves) */
-    uint64_t opaque_work;    /* launches and copies whose accesses could not be bounded */
-    uint64_t regions_pinned; /* regions whose pages another party holds: never moved */
+    uint64_t remap_windows;     /* remap windows opened */
+    uint64_t device_drains;     /* windows that waited for the whole device */
+    uint64_t lost_writes;       /* writes a committed move lost (debug_verify_moves) */
+    uint64_t opaque_work;       /* launches and copies whose accesses could not be bounded */
+    uint64_t regions_pinned;    /* regions whose pages another party holds: never moved */
+    uint64_t launches_recorded; /* launches the policy recorded ([policy] record_above_pct) */
 } stagehand_stats_t;
 
 /* Fills *out (at most size bytes of it); 0, or -1 if out is NULL. */

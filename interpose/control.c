@@ -87,6 +87,9 @@ EXPORT int stagehand_get_stats(stagehand_stats_t *out, size_t size)
         s.regions_pinned = st.pinned;
         s.launches = atomic_load(&sh_rt.launches);
         s.tracking_mode = (uint64_t)sh_launch_mode();
+        struct sh_sched_stats ss;
+        if (sh_sched_stats(&ss) == 0)
+            s.launches_recorded = ss.launches;
         s.remap_windows = sh_gate_windows(sh_rt.gate);
         if (sh_rt.xfer) {
             struct sh_xfer_stats xs;

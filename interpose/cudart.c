@@ -96,6 +96,7 @@ int sh_make_room(size_t need, const uintptr_t *protect, size_t np)
     const struct sh_config *c = &sh_rt.cfg;
     size_t dev = device_bytes(), high = room_limit(dev);
     size_t cap = c->budget.vram_high_watermark.is_auto ? high : c->budget.vram_budget.bytes;
+    sh_sched_arm(dev + need, high);
     if (dev + need <= high)
         return SH_OK;
     if (need > cap) /* would not fit with everything evicted: evict nothing */

@@ -148,11 +148,15 @@ struct sh_sched_stats {
     int phase, trace_ready;
     uint64_t persistent, transient;
     uint64_t stalls, stall_us;
+    uint64_t launches; /* recorded */
 };
 int sh_sched_init(void);
 void sh_sched_alloc(uintptr_t va, size_t size, uint64_t stream);
 void sh_sched_free(uintptr_t va);
 void sh_sched_launch(uint64_t kernel, uint64_t stream, const uintptr_t *bases, size_t n);
+/* The pool holds held bytes of limit: launches are recorded from the first
+ * time that reaches [policy] record_above_pct (until then they are not). */
+void sh_sched_arm(size_t held, size_t limit);
 /* A step mark (step != 0) or a phase mark. */
 void sh_sched_mark(int step, int phase);
 void sh_sched_residency(const uintptr_t *bases, size_t n, int on_device);

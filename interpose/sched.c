@@ -36,6 +36,7 @@ static struct sh_policy *policy;
 static struct sh_trace_writer *trace;
 static uint64_t t0_ns;
 static atomic_ullong quiet_at;
+static atomic_int armed; /* launches reach the policy: the pool came near its limit once */
 static _Thread_local uint64_t last_seq = UINT64_MAX; /* this thread's last launch in the trace */
 
 static uint64_t now_us(void)
@@ -198,7 +199,22 @@ int sh_sched_init(void)
     }
     open_trace();
     timing_init();
+    atomic_store(&armed, trace || sh_rt.cfg.policy.record_above_pct == 0);
     return 0;
+}
+
+/* A program far below its limit never evicts, so its launches need no
+ * recording: they cost it nothing until the pool first holds
+ * record_above_pct of the limit. Then they are recorded for good, so that
+ * the learned policy has a step to follow by the time eviction starts. */
+void sh_sched_arm(size_t held, size_t limit)
+{
+    if (!atomic_load_explicit(&armed, memory_order_relaxed) &&
+        (uint64_t)held * 100 >= (uint64_t)limit * (uint64_t)sh_rt.cfg.policy.record_above_pct) {
+        atomic_store(&armed, 1);
+        sh_log(SH_LOG_DEBUG, "the pool holds %zu of %zu bytes: launches are recorded from now on",
+               held, limit);
+    }
 }
 
 /* Allocations and frees of this size and more go to the monitor's events:
@@ -261,6 +277,8 @@ static int shown_phase;
 
 void sh_sched_launch(uint64_t kernel, uint64_t stream, const uintptr_t *bases, size_t n)
 {
+    if (!atomic_load_explicit(&armed, memory_order_relaxed))
+        return;
     pthread_mutex_lock(&sched_mu);
     uint64_t t = trace ? now_us() : 0; /* the policy keeps launches in order, not in time */
     struct sh_policy_stats ps = {.step = shown_step, .phase = shown_phase};
@@ -332,7 +350,7 @@ int sh_sched_stats(struct sh_sched_stats *out)
     sh_policy_stats(policy, &st);
     pthread_mutex_unlock(&sched_mu);
     *out = (struct sh_sched_stats){st.step,      st.phase,  st.trace_ready, st.persistent,
-                                   st.transient, st.stalls, st.stall_us};
+                                   st.transient, st.stalls, st.stall_us,    st.launches};
     return 0;
 }
 

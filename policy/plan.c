@@ -271,11 +271,10 @@ static int walk_future(struct sh_policy *p, struct walk *w, uint64_t i)
     return 0;
 }
 
-/* A plan that finds nothing to do over its window and PLAN_STRIDE launches
- * past it stays right for those launches while nothing it read changes:
- * the launches in between skip the walk. */
-#define PLAN_STRIDE 8
-
+/* A plan that finds nothing to do over its horizon and as many launches
+ * past it stays right for that many launches while nothing it read
+ * changes: the launches in between skip the walk. Each position is then
+ * walked about twice per horizon, however long the horizon. */
 static void plan_sig(const struct sh_policy *p, uint64_t device_bytes,
                      const struct sh_policy_plan *plan, const struct sh_policy_hints *h,
                      struct plan_sig *out)
@@ -303,13 +302,13 @@ static int found_nothing(const struct walk *w)
     return !w->blocked && w->plan->nfetch == 0 && w->plan->nevict == 0;
 }
 
-/* After a walk that found nothing: 1 if the next PLAN_STRIDE positions
- * want nothing either (what they would do is dropped: it is not due yet). */
+/* After a walk that found nothing: 1 if the next horizon positions want
+ * nothing either (what they would do is dropped: it is not due yet). */
 static int idle_ahead(struct sh_policy *p, struct walk *w, uint64_t horizon)
 {
-    w->fetch_window += PLAN_STRIDE;
+    w->fetch_window += horizon;
     int rc = 0;
-    for (uint64_t i = horizon; i < horizon + PLAN_STRIDE && rc == 0 && found_nothing(w); i++)
+    for (uint64_t i = horizon; i < 2 * horizon && rc == 0 && found_nothing(w); i++)
         rc = walk_at(p, w, i);
     int idle = (rc == 0 || rc == WALK_END) && found_nothing(w);
     w->plan->nfetch = w->plan->nevict = 0;
@@ -358,7 +357,7 @@ int sh_policy_plan(struct sh_policy *p, uint64_t device_bytes, const uint64_t *p
     if ((rc == 0 || rc == WALK_END) && found_nothing(&w) &&
         (rc == WALK_END || idle_ahead(p, &w, horizon))) {
         p->idle_sig = sig;
-        p->idle_until = p->glaunches + PLAN_STRIDE;
+        p->idle_until = p->glaunches + horizon;
     }
     return 0;
 }

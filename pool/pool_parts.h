@@ -59,6 +59,9 @@ void *sh_rindex_lookup(const struct sh_rindex *ri, uintptr_t addr);
 int sh_rindex_find(const struct sh_rindex *ri, uintptr_t addr, uintptr_t *start, size_t *len,
                    void **payload);
 size_t sh_rindex_count(const struct sh_rindex *ri);
+/* Changes with every insert and remove, and is never the same for two
+ * indices (nor 0): a lookup remembered with it holds while it is unchanged. */
+uint64_t sh_rindex_gen(const struct sh_rindex *ri);
 int sh_rindex_foreach(const struct sh_rindex *ri, sh_rindex_visit_fn fn, void *arg);
 /* Ensures the next n inserts cannot fail with SH_ENOMEM. */
 int sh_rindex_reserve(struct sh_rindex *ri, size_t n);

@@ -15,6 +15,7 @@
 
 #include "sh_err.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,7 +37,15 @@ struct sh_rindex {
     uint32_t nfree;
     size_t count;
     uintptr_t lo, hi; /* [lo, hi) spans every interval: cheap rejection */
+    uint64_t gen;     /* from gens: unique across indices */
 };
+
+static atomic_uint_fast64_t gens;
+
+static void next_gen(struct sh_rindex *ri)
+{
+    ri->gen = atomic_fetch_add_explicit(&gens, 1, memory_order_relaxed) + 1;
+}
 
 int sh_rindex_create(struct sh_rindex **out)
 {
@@ -47,6 +56,7 @@ int sh_rindex_create(struct sh_rindex **out)
         free(ri);
         return SH_ENOMEM;
     }
+    next_gen(ri);
     *out = ri;
     return 0;
 }
@@ -193,6 +203,7 @@ int sh_rindex_insert(struct sh_rindex *ri, uintptr_t start, size_t len, void *pa
     ri->root = root;
     ri->nfree--;
     ri->count++;
+    next_gen(ri);
     if (ri->count == 1 || start < ri->lo)
         ri->lo = start;
     if (ri->count == 1 || start + len > ri->hi)
@@ -247,6 +258,7 @@ int sh_rindex_remove(struct sh_rindex *ri, uintptr_t start, void **payload)
     ri->free_head = found;
     ri->nfree++;
     ri->count--;
+    next_gen(ri);
     if (start == ri->lo || end == ri->hi)
         bounds_update(ri);
     return 0;
@@ -311,6 +323,11 @@ int sh_rindex_find(const struct sh_rindex *ri, uintptr_t addr, uintptr_t *start,
 size_t sh_rindex_count(const struct sh_rindex *ri)
 {
     return ri->count;
+}
+
+uint64_t sh_rindex_gen(const struct sh_rindex *ri)
+{
+    return ri->gen;
 }
 
 static int walk(const struct sh_rindex *ri, uint32_t t, sh_rindex_visit_fn fn, void *arg)

@@ -13,6 +13,34 @@
 
 #include <time.h>
 
+/* The regions this thread's work named lately, by address: launches name
+ * the same few regions over and over, and a hit skips the tree walk. An
+ * entry holds while the index has not changed since it was made (its
+ * generation, never the same for two indices). Callers hold index_lock. */
+#define HOT_BITS 6
+struct hot {
+    uint64_t gen;
+    uintptr_t start;
+    size_t len;
+    struct region *r;
+};
+static _Thread_local struct hot hot[1 << HOT_BITS];
+
+static struct region *lookup(const struct sh_pool *pool, uintptr_t v)
+{
+    struct hot *h = &hot[((v >> 16) * 0x9e3779b97f4a7c15u) >> (64 - HOT_BITS)];
+    uint64_t gen = sh_rindex_gen(pool->index);
+    if (h->gen == gen && v - h->start < h->len)
+        return h->r;
+    uintptr_t start;
+    size_t len;
+    void *r;
+    if (sh_rindex_find(pool->index, v, &start, &len, &r) != 0)
+        return NULL;
+    *h = (struct hot){.gen = gen, .start = start, .len = len, .r = r};
+    return r;
+}
+
 /* Adds r's base to u->bases unless it is there (launches name few regions);
  * 1 if it was not. Sub-allocator slabs are never moved: not theirs. */
 static int add_base(struct sh_pool_use *u, const struct region *r)
@@ -38,7 +66,7 @@ size_t sh_pool_use(struct sh_pool *pool, uintptr_t *vals, size_t n, uint64_t now
     size_t m = 0;
     pthread_rwlock_rdlock(&pool->index_lock);
     for (size_t i = 0; i < n; i++) {
-        struct region *r = sh_rindex_lookup(pool->index, vals[i]);
+        struct region *r = lookup(pool, vals[i]);
         if (!r)
             continue;
         vals[m++] = vals[i];
@@ -67,7 +95,7 @@ size_t sh_pool_bases_ptrs(struct sh_pool *pool, const uintptr_t *addrs, size_t n
     size_t m = 0;
     pthread_rwlock_rdlock(&pool->index_lock);
     for (size_t i = 0; i < n; i++) {
-        struct region *r = sh_rindex_lookup(pool->index, addrs[i]);
+        struct region *r = lookup(pool, addrs[i]);
         if (r && ptrs && __atomic_load_n(&r->holds_ptrs, __ATOMIC_RELAXED))
             *ptrs = 1; /* sub-allocator slabs too: small tables live there */
         if (!r || r->path == SH_PATH_SLAB)
@@ -91,7 +119,7 @@ void sh_pool_touch(struct sh_pool *pool, const uintptr_t *addrs, size_t n, size_
     *host_bytes = 0;
     pthread_rwlock_rdlock(&pool->index_lock);
     for (size_t i = 0; i < n; i++) {
-        struct region *r = sh_rindex_lookup(pool->index, addrs[i]);
+        struct region *r = lookup(pool, addrs[i]);
         if (!r)
             continue;
         __atomic_store_n(&r->last_use, now, __ATOMIC_RELAXED);
@@ -109,7 +137,7 @@ void sh_pool_issued(struct sh_pool *pool, const uintptr_t *bases, size_t n, uint
     uint64_t now = __atomic_add_fetch(&pool->clock, 1, __ATOMIC_RELAXED);
     pthread_rwlock_rdlock(&pool->index_lock);
     for (size_t i = 0; i < n; i++) {
-        struct region *r = sh_rindex_lookup(pool->index, bases[i]);
+        struct region *r = lookup(pool, bases[i]);
         if (!r)
             continue;
         /* The streams first: whoever sees the stamp sees them (ev_idle). */

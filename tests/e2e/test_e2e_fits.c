@@ -41,6 +41,7 @@
 #define WORDS     (((size_t)REGION_MB << 20) / 4)
 
 static int preloaded, over, marks;
+static const char *want_recorded; /* "none" or "some": the launches the policy must see */
 static char **saved_argv;
 
 static uint32_t init_word(uint32_t seed, size_t i)
@@ -211,6 +212,8 @@ static void test_training_loop(void **state)
         return;
     }
     assert_int_equal(e, cudaSuccess);
+    if (want_recorded && preloaded) /* the policy saw the launches, or it did not */
+        assert_int_equal(after.launches_recorded > 0, strcmp(want_recorded, "some") == 0);
     if (!over) {
         /* The loop really came near the card's size... */
         assert_true(sim.device_bytes_peak >= (size_t)PEAK_MB << 20);
@@ -230,6 +233,8 @@ static void test_training_loop(void **state)
 static void test_too_big_evicts_nothing(void **state)
 {
     (void)state;
+    if (want_recorded) /* on a card of another size */
+        skip();
     void *w[LAYERS / 2], *big = NULL;
     for (int l = 0; l < LAYERS / 2; l++) {
         assert_int_equal(cudaMalloc(&w[l], (size_t)REGION_MB << 20), cudaSuccess);
@@ -312,17 +317,34 @@ static long child_window(int on_over_card)
 static void test_no_planning_while_it_fits(void **state)
 {
     (void)state;
-    if (!preloaded || marks || over)
+    if (!preloaded || marks || over || want_recorded)
         skip();
     assert_int_equal(child_window(0), 0);
     assert_true(child_window(1) > 0);
+}
+
+/* Far below the card (15% of it), the launches are not recorded for the
+ * policy. Near it (95%), or with record_above_pct = 0, they are, so the
+ * check can fail. */
+static void test_no_recording_far_below_the_card(void **state)
+{
+    (void)state;
+    if (!preloaded || marks || over || want_recorded)
+        skip();
+    static const char *const far[] = {"SIMCUDA_VRAM_MB=1024", "E2E_FITS_RECORDED=none", NULL};
+    static const char *const always[] = {"SIMCUDA_VRAM_MB=1024", "E2E_FITS_RECORDED=some",
+                                         "STAGEHAND_POLICY_RECORD_ABOVE_PCT=0", NULL};
+    static const char *const near[] = {"E2E_FITS_RECORDED=some", NULL};
+    assert_int_equal(e2e_rerun(saved_argv, far), 0);
+    assert_int_equal(e2e_rerun(saved_argv, always), 0);
+    assert_int_equal(e2e_rerun(saved_argv, near), 0);
 }
 
 /* The same program on the smaller card, in a child. */
 static void test_oversubscribed(void **state)
 {
     (void)state;
-    if (over || marks)
+    if (over || marks || want_recorded)
         skip();
     static const char *const env[] = {"E2E_FITS_OVER=1", "SIMCUDA_VRAM_MB=101", NULL};
     assert_int_equal(e2e_rerun(saved_argv, env), 0);
@@ -354,12 +376,14 @@ int main(int argc, char **argv)
     preloaded = dlsym(RTLD_DEFAULT, "stagehand_get_stats") && !getenv("STAGEHAND_DISABLE");
     over = getenv("E2E_FITS_OVER") != NULL;
     marks = getenv("E2E_FITS_MARKS") != NULL;
+    want_recorded = getenv("E2E_FITS_RECORDED");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_training_loop),
         cmocka_unit_test(test_too_big_evicts_nothing),
         cmocka_unit_test(test_pass_through_after_the_pool_filled_the_card),
         cmocka_unit_test(test_oversubscribed),
         cmocka_unit_test(test_no_planning_while_it_fits),
+        cmocka_unit_test(test_no_recording_far_below_the_card),
     };
     char name[64];
     snprintf(name, sizeof name, "e2e_fits %s (%s)", over ? "150%" : "95%",

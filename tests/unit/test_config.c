@@ -95,6 +95,7 @@ static void assert_defaults(const struct sh_config *c)
     assert_int_equal(c->policy.eviction, SH_CONFIG_EVICT_LEARNED);
     assert_int_equal(c->policy.prefetch_window, 64);
     assert_int_equal(c->policy.prefetch_enabled, 1);
+    assert_int_equal(c->policy.record_above_pct, 50);
     assert_int_equal(c->conductor.enabled, 1);
     assert_int_equal(c->conductor.backward_pressure_pct, 80);
     assert_int_equal(c->conductor.backward_prefetch_window, 1);
@@ -155,7 +156,7 @@ static void test_shipped_ini(void **state)
         assert_non_null(ki.unit);
         assert_non_null(ki.help);
     }
-    assert_int_equal(i, 37);
+    assert_int_equal(i, 38);
     assert_int_equal(sh_config_key_at(i, &ki), SH_ENOTFOUND);
     assert_origin(&c, "budget", "vram_budget_mb", "stagehand.ini:63");
 }
