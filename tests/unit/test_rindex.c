@@ -262,6 +262,35 @@ static int check_order(void *arg, uintptr_t start, size_t len, void *payload)
     return 0;
 }
 
+/* The generation changes with every change to the index and with nothing
+ * else, and two indices never share one: a lookup remembered with it (the
+ * pool's per-thread cache) is stale exactly when it differs. */
+static void test_generation(void **state)
+{
+    (void)state;
+    struct sh_rindex *a = mk(), *b = mk();
+    uint64_t g = sh_rindex_gen(a);
+    assert_true(g != 0);
+    assert_true(sh_rindex_gen(b) != g);
+    int x, y;
+    assert_int_equal(sh_rindex_insert(a, 0x10000, 0x1000, &x), 0);
+    uint64_t g1 = sh_rindex_gen(a);
+    assert_true(g1 != g && g1 != sh_rindex_gen(b));
+    assert_ptr_equal(sh_rindex_lookup(a, 0x10800), &x);
+    assert_int_equal(sh_rindex_gen(a), g1); /* lookups change nothing */
+    assert_int_equal(sh_rindex_insert(a, 0x10800, 0x10, &y), SH_EINVAL);
+    assert_int_equal(sh_rindex_gen(a), g1); /* nor does a refused insert */
+    assert_int_equal(sh_rindex_remove(a, 0x10000, NULL), 0);
+    uint64_t g2 = sh_rindex_gen(a);
+    assert_true(g2 != g1);
+    /* the same interval back, another payload: a new generation again */
+    assert_int_equal(sh_rindex_insert(a, 0x10000, 0x1000, &y), 0);
+    assert_true(sh_rindex_gen(a) != g2 && sh_rindex_gen(a) != g1);
+    assert_int_equal(sh_rindex_remove(a, 0x20000, NULL), SH_ENOTFOUND);
+    sh_rindex_destroy(a);
+    sh_rindex_destroy(b);
+}
+
 static void test_random_vs_reference(void **state)
 {
     (void)state;
@@ -313,6 +342,7 @@ int main(void)
         cmocka_unit_test(test_remove),
         cmocka_unit_test(test_foreach),
         cmocka_unit_test(test_balanced),
+        cmocka_unit_test(test_generation),
         cmocka_unit_test(test_random_vs_reference),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
