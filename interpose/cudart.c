@@ -11,8 +11,6 @@
 #include "telemetry/telemetry.h"
 #include "stagehand.h"
 
-#include <pthread.h>
-
 #define EXPORT __attribute__((visibility("default")))
 
 static cudaError_t passthrough(void)
@@ -30,23 +28,42 @@ static size_t device_bytes(void)
 
 #define MAX_VICTIMS 256
 
-/* Making room and then taking it must be one step, or two threads can both
- * see the same free bytes and together pass the budget. */
-static pthread_mutex_t room_mu = PTHREAD_MUTEX_INITIALIZER;
+/* ---- the engine's room ops over the pool, the scheduler and the driver ---- */
 
-void sh_room_lock(void)
+static size_t room_device_bytes(void *ctx)
 {
-    pthread_mutex_lock(&room_mu);
+    (void)ctx;
+    return device_bytes();
 }
 
-void sh_room_unlock(void)
+static int room_mem_info(void *ctx, size_t *free_b, size_t *total)
 {
-    pthread_mutex_unlock(&room_mu);
+    (void)ctx;
+    return sh_rt.drv.cuMemGetInfo && sh_rt.drv.cuMemGetInfo(free_b, total) == CUDA_SUCCESS ? 0 : -1;
+}
+
+static int room_capturing(void *ctx)
+{
+    (void)ctx;
+    return sh_capturing();
+}
+
+static size_t room_trim(void *ctx, size_t bytes)
+{
+    (void)ctx;
+    return sh_pool_trim(sh_rt.pool, bytes);
+}
+
+static size_t room_commit_early(void *ctx)
+{
+    (void)ctx;
+    return sh_sched_evict_commit(1);
 }
 
 /* Evicts the policy's choice of victims; returns the bytes released. */
-static size_t evict_by_policy(size_t need, const uintptr_t *protect, size_t np)
+static size_t room_evict_chosen(void *ctx, size_t need, const uintptr_t *protect, size_t np)
 {
+    (void)ctx;
     uintptr_t bases[MAX_VICTIMS], victims[MAX_VICTIMS], evicted[MAX_VICTIMS];
     size_t nb = sh_pool_bases(sh_rt.pool, protect, np < MAX_VICTIMS ? np : MAX_VICTIMS, bases);
     size_t n = sh_sched_victims(need, bases, nb, victims, MAX_VICTIMS), released = 0, ne = 0;
@@ -57,68 +74,43 @@ static size_t evict_by_policy(size_t need, const uintptr_t *protect, size_t np)
     return released;
 }
 
-/* The most device memory the pool may hold now. With the high watermark
- * set, that. With it auto, the budget less what the process holds outside
- * the pool (pass-through allocations, libraries' own, the driver's), as the
- * driver counts it now, less one granule more, so that the next small
- * pass-through allocation does not fail first: eviction starts only when
- * an allocation would not fit beside them. */
-static size_t room_limit(size_t dev)
+static size_t room_evict_lru(void *ctx, size_t need, const uintptr_t *protect, size_t np)
 {
-    const struct sh_config *c = &sh_rt.cfg;
-    size_t budget = c->budget.vram_budget.bytes, free_b = 0, total = 0;
-    if (!c->budget.vram_high_watermark.is_auto)
-        return c->budget.vram_high_watermark.bytes;
-    if (!sh_rt.drv.cuMemGetInfo || sh_rt.drv.cuMemGetInfo(&free_b, &total) != CUDA_SUCCESS ||
-        free_b > total)
-        return budget;
-    size_t used = total - free_b, outside = (used > dev ? used - dev : 0) + sh_rt.gran;
-    size_t cap = budget < total ? budget : total;
-    return cap > outside ? cap - outside : 0;
+    (void)ctx;
+    size_t released = 0;
+    sh_pool_evict(sh_rt.pool, need, protect, np, &released);
+    return released;
 }
 
-size_t sh_room_reserve(size_t dev)
+static void room_pressure(void *ctx, size_t dev)
 {
-    size_t budget = sh_rt.cfg.budget.vram_budget.bytes, limit = room_limit(dev);
-    return sh_rt.cfg.budget.vram_high_watermark.is_auto && limit < budget ? budget - limit : 0;
-}
-
-/* Where eviction stops: the low watermark, or with it auto no lower than
- * the request needs. */
-static size_t evict_floor(size_t high)
-{
-    const struct sh_size_opt *low = &sh_rt.cfg.budget.vram_low_watermark;
-    return low->is_auto || low->bytes > high ? high : low->bytes;
-}
-
-int sh_make_room(size_t need, const uintptr_t *protect, size_t np)
-{
-    const struct sh_config *c = &sh_rt.cfg;
-    size_t dev = device_bytes(), high = room_limit(dev);
-    size_t cap = c->budget.vram_high_watermark.is_auto ? high : c->budget.vram_budget.bytes;
-    sh_sched_arm(dev + need, high);
-    if (dev + need <= high)
-        return SH_OK;
-    if (need > cap) /* would not fit with everything evicted: evict nothing */
-        return SH_ERANGE;
-    atomic_fetch_add(&sh_rt.pressure, 1); /* the planner runs from now on */
+    (void)ctx;
     sh_monitor_event(SH_TM_EV_PRESSURE, 0, dev);
-    if (sh_capturing()) { /* eviction waits for the capture to end */
-        atomic_fetch_add(&sh_rt.deferred, 1);
-        return dev + need <= cap ? SH_OK : SH_ENOMEM;
-    }
-    size_t target = dev + need - evict_floor(high);
-    size_t released = sh_pool_trim(sh_rt.pool, target); /* freed regions first, uncopied */
-    if (released < target) /* then early evictions: their copies are under way */
-        released += sh_sched_evict_commit(1);
-    if (released < target)
-        released += evict_by_policy(target - released, protect, np);
-    if (released < target) { /* what the policy would not choose, least recently used */
-        size_t more = 0;
-        sh_pool_evict(sh_rt.pool, target - released, protect, np, &more);
-    }
-    atomic_fetch_add(&sh_rt.pressure, 1);
-    return device_bytes() + need <= cap ? SH_OK : SH_ENOMEM;
+}
+
+void sh_room_init(void)
+{
+    const struct sh_config *c = &sh_rt.cfg;
+    const struct sh_engine_cfg cfg = {
+        .budget = c->budget.vram_budget.bytes,
+        .high = c->budget.vram_high_watermark.bytes,
+        .low = c->budget.vram_low_watermark.bytes,
+        .high_auto = c->budget.vram_high_watermark.is_auto,
+        .low_auto = c->budget.vram_low_watermark.is_auto,
+        .gran = sh_rt.gran,
+        .record_pct = c->policy.record_above_pct,
+    };
+    static const struct sh_engine_ops ops = {
+        .device_bytes = room_device_bytes,
+        .mem_info = room_mem_info,
+        .capturing = room_capturing,
+        .trim = room_trim,
+        .commit_early = room_commit_early,
+        .evict_chosen = room_evict_chosen,
+        .evict_lru = room_evict_lru,
+        .pressure = room_pressure,
+    };
+    sh_engine_init(&sh_rt.engine, &cfg, &ops, NULL);
 }
 
 static cudaError_t managed_alloc(void **ptr, size_t size, int path, cudaStream_t stream,
@@ -126,11 +118,11 @@ static cudaError_t managed_alloc(void **ptr, size_t size, int path, cudaStream_t
 {
     uintptr_t va = 0;
     size_t need = (size + sh_rt.gran - 1) / sh_rt.gran * sh_rt.gran;
-    sh_room_lock();
-    int rc = sh_make_room(need, NULL, 0);
+    sh_engine_lock(&sh_rt.engine);
+    int rc = sh_engine_make_room(&sh_rt.engine, need, NULL, 0);
     if (rc == SH_OK)
         rc = sh_pool_alloc(sh_rt.pool, size, path, sh_stream_key((CUstream)stream), &va);
-    sh_room_unlock();
+    sh_engine_unlock(&sh_rt.engine);
     if (rc == SH_ENOMEM || rc == SH_ERANGE) {
         *ptr = NULL;
         return rc == SH_ERANGE ? sh_oom_too_big(size, what) : sh_oom(size, what);
@@ -155,9 +147,10 @@ static cudaError_t passthrough_malloc(void **ptr, size_t size)
     cudaError_t e = real->cudaMalloc(ptr, size);
     if (e != cudaErrorMemoryAllocation || !ptr || !sh_managed())
         return e;
-    sh_room_lock();
-    int rc = sh_make_room((size + sh_rt.gran - 1) / sh_rt.gran * sh_rt.gran, NULL, 0);
-    sh_room_unlock();
+    sh_engine_lock(&sh_rt.engine);
+    int rc = sh_engine_make_room(&sh_rt.engine, (size + sh_rt.gran - 1) / sh_rt.gran * sh_rt.gran,
+                                 NULL, 0);
+    sh_engine_unlock(&sh_rt.engine);
     if (rc != SH_OK)
         return e;
     if (real->cudaGetLastError)

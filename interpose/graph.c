@@ -107,7 +107,7 @@ void sh_graph_capture(int begin, int result)
      * and cudaErrorStreamCaptureInvalidated are both 901). */
     if ((result == 0 || result == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED) &&
         atomic_fetch_sub(&sh_rt.captures, 1) == 1)
-        sh_make_room(0, NULL, 0); /* the evictions that waited for it */
+        sh_engine_make_room(&sh_rt.engine, 0, NULL, 0); /* the evictions that waited for it */
 }
 
 /* ---- learning a graph's regions at instantiation ---- */

@@ -9,6 +9,7 @@
 #define SH_INTERPOSE_H
 
 #include "config/config.h"
+#include "engine/engine.h"
 #include "interpose/driver.h"
 #include "pool/pool.h"
 #include "transfer/transfer.h"
@@ -40,9 +41,9 @@ struct sh_runtime {
     CUdevice dev;
     CUcontext ctx;
     size_t card_bytes, gran;
-    atomic_ullong passthrough, oom, launches, deferred;
-    atomic_ullong pressure; /* bumped around every eviction sh_make_room makes */
-    atomic_int captures;    /* streams capturing now */
+    struct sh_engine engine; /* its pressure and deferred counters too */
+    atomic_ullong passthrough, oom, launches;
+    atomic_int captures; /* streams capturing now */
     atomic_llong step;
     atomic_int phase;
 };
@@ -71,18 +72,9 @@ cudaError_t sh_oom(size_t size, const char *what);
 /* The same for a request larger than the pool could ever hold. */
 cudaError_t sh_oom_too_big(size_t size, const char *what);
 
-/* Makes room for need more device bytes: above the high watermark, evicts
- * until below the low one, never a region containing protect[0..np) (auto
- * watermarks: above what fits beside the memory held outside the pool, only
- * as much as need). SH_ENOMEM if the budget cannot take need bytes even
- * then; SH_ERANGE, evicting nothing, if it never could. */
-int sh_make_room(size_t need, const uintptr_t *protect, size_t np);
-/* Held around making room and taking it (allocation, restore, prefetch). */
-void sh_room_lock(void);
-void sh_room_unlock(void);
-/* With auto watermarks, the device bytes the pool must leave free for
- * memory held outside it (measured now, plus a granule); 0 otherwise. */
-size_t sh_room_reserve(size_t dev);
+/* The engine's room (engine/) over the pool, the scheduler and the driver:
+ * sh_rt.engine, set up once the pool is. */
+void sh_room_init(void);
 
 /* Stream identity (streams.c). sh_stream_key: one id per stream CUDA
  * orders work on, the calling thread's own for its per-thread stream.
@@ -153,10 +145,8 @@ struct sh_sched_stats {
 int sh_sched_init(void);
 void sh_sched_alloc(uintptr_t va, size_t size, uint64_t stream);
 void sh_sched_free(uintptr_t va);
+/* Records a launch for the policy once sh_engine_armed() (engine/). */
 void sh_sched_launch(uint64_t kernel, uint64_t stream, const uintptr_t *bases, size_t n);
-/* The pool holds held bytes of limit: launches are recorded from the first
- * time that reaches [policy] record_above_pct (until then they are not). */
-void sh_sched_arm(size_t held, size_t limit);
 /* A step mark (step != 0) or a phase mark. */
 void sh_sched_mark(int step, int phase);
 void sh_sched_residency(const uintptr_t *bases, size_t n, int on_device);

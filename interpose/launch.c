@@ -424,10 +424,11 @@ static uint64_t make_resident(const uintptr_t *addrs, size_t n, const struct sh_
         return committed ? mono_us() - t0 + 1 : 0;
     uintptr_t was[MAX_ADDRS];
     size_t nwas = in_state(u->bases, u->nbases, SH_RS_HOST, was);
-    sh_room_lock();
-    if (sh_make_room(host, addrs, n) != 0 || sh_pool_restore(sh_rt.pool, addrs, n) != 0)
+    sh_engine_lock(&sh_rt.engine);
+    if (sh_engine_make_room(&sh_rt.engine, host, addrs, n) != 0 ||
+        sh_pool_restore(sh_rt.pool, addrs, n) != 0)
         sh_log(SH_LOG_DEBUG, "a launch runs on host-mapped memory: no room to restore");
-    sh_room_unlock();
+    sh_engine_unlock(&sh_rt.engine);
     report_residency(u->bases, u->nbases, was, nwas);
     return mono_us() - t0 + 1;
 }
@@ -455,7 +456,7 @@ void sh_launch_prepare(uint64_t kernel, uintptr_t *vals, size_t n)
         /* A remap would drain the device and break the capture: the
          * captured launch will find the region where it is when it runs. */
         if (u.host_bytes)
-            atomic_fetch_add(&sh_rt.deferred, 1);
+            atomic_fetch_add(&sh_rt.engine.deferred, 1);
         sh_sched_launch(kernel, 0, bases, u.nbases);
         return;
     }

@@ -83,7 +83,7 @@ void sh_monitor_sync(void)
     delta(SH_TM_C_frees, st.frees + st.small_frees, &last.frees);
     delta(SH_TM_C_oom, atomic_load(&sh_rt.oom), &last.oom);
     delta(SH_TM_C_launches, atomic_load(&sh_rt.launches), &last.launches);
-    delta(SH_TM_C_deferred, atomic_load(&sh_rt.deferred), &last.deferred);
+    delta(SH_TM_C_deferred, atomic_load(&sh_rt.engine.deferred), &last.deferred);
     delta(SH_TM_C_prefetch_issued, st.prefetches, &last.prefetches);
     /* A prefetch that committed as copied was in time; one redone in the
      * window or cancelled was not. */

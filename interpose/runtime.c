@@ -218,6 +218,7 @@ static void init(void)
         return;
     }
     open_mover();
+    sh_room_init();
     sh_sched_init();
     sh_launch_init();
     sh_monitor_start();

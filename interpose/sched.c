@@ -13,7 +13,7 @@
  * writer (neither is thread-safe). No CUDA call is made
  * under it: the pool's moves run between two sections. timing_mu guards the
  * ring of launch timings; the event calls made under it never block.
- * quiet_at is atomic: sh_rt.pressure as it was when the planner last found
+ * quiet_at is atomic: sh_rt.engine.pressure as it was when the planner last found
  * nothing on the host, nothing in flight. While the two are equal (so no
  * eviction since), a program that fits pays for no planning at all.
  */
@@ -36,7 +36,6 @@ static struct sh_policy *policy;
 static struct sh_trace_writer *trace;
 static uint64_t t0_ns;
 static atomic_ullong quiet_at;
-static atomic_int armed; /* launches reach the policy: the pool came near its limit once */
 static _Thread_local uint64_t last_seq = UINT64_MAX; /* this thread's last launch in the trace */
 
 static uint64_t now_us(void)
@@ -199,22 +198,9 @@ int sh_sched_init(void)
     }
     open_trace();
     timing_init();
-    atomic_store(&armed, trace || sh_rt.cfg.policy.record_above_pct == 0);
+    if (trace) /* a trace has every launch */
+        sh_engine_arm(&sh_rt.engine);
     return 0;
-}
-
-/* A program far below its limit never evicts, so its launches need no
- * recording: they cost it nothing until the pool first holds
- * record_above_pct of the limit. Then they are recorded for good, so that
- * the learned policy has a step to follow by the time eviction starts. */
-void sh_sched_arm(size_t held, size_t limit)
-{
-    if (!atomic_load_explicit(&armed, memory_order_relaxed) &&
-        (uint64_t)held * 100 >= (uint64_t)limit * (uint64_t)sh_rt.cfg.policy.record_above_pct) {
-        atomic_store(&armed, 1);
-        sh_log(SH_LOG_DEBUG, "the pool holds %zu of %zu bytes: launches are recorded from now on",
-               held, limit);
-    }
 }
 
 /* Allocations and frees of this size and more go to the monitor's events:
@@ -277,7 +263,7 @@ static int shown_phase;
 
 void sh_sched_launch(uint64_t kernel, uint64_t stream, const uintptr_t *bases, size_t n)
 {
-    if (!atomic_load_explicit(&armed, memory_order_relaxed))
+    if (!sh_engine_armed(&sh_rt.engine)) /* far below the limit: nothing to learn yet */
         return;
     pthread_mutex_lock(&sched_mu);
     uint64_t t = trace ? now_us() : 0; /* the policy keeps launches in order, not in time */
@@ -378,7 +364,7 @@ static int prefetching(void)
 int sh_sched_quiet(void)
 {
     return atomic_load_explicit(&quiet_at, memory_order_acquire) ==
-           atomic_load_explicit(&sh_rt.pressure, memory_order_acquire);
+           atomic_load_explicit(&sh_rt.engine.pressure, memory_order_acquire);
 }
 
 /* Records that the pool was all on the device, nothing in flight, as of
@@ -494,7 +480,7 @@ void sh_sched_plan(const uintptr_t *bases, size_t nb)
 {
     if (!prefetching() || sh_capturing() || sh_sched_quiet())
         return;
-    uint64_t pressure = atomic_load_explicit(&sh_rt.pressure, memory_order_acquire);
+    uint64_t pressure = atomic_load_explicit(&sh_rt.engine.pressure, memory_order_acquire);
     /* Finished early evictions first: the room they free is the plan's. */
     if (sh_pool_evict_ready(sh_rt.pool, NULL) > 0)
         sh_sched_evict_commit(0);
@@ -507,7 +493,7 @@ void sh_sched_plan(const uintptr_t *bases, size_t nb)
     sh_pool_stats(sh_rt.pool, &st);
     /* The policy plans against the budget: memory held outside the pool
      * counts as used, so that prefetches leave it room. */
-    size_t dev = st.device_bytes + sh_room_reserve(st.device_bytes);
+    size_t dev = st.device_bytes + sh_engine_reserve(&sh_rt.engine, st.device_bytes);
     note_quiet(pressure, &st, inflight, evicting);
     pthread_mutex_lock(&sched_mu);
     sh_policy_pressure(policy, dev);
@@ -521,13 +507,13 @@ void sh_sched_plan(const uintptr_t *bases, size_t nb)
     size_t n = 0;
     if (plan.nevict && sh_pool_evict_start(sh_rt.pool, (const uintptr_t *)evict, plan.nevict, moved,
                                            &n) == SH_OK) {
-        atomic_fetch_add(&sh_rt.pressure, 1); /* not quiet while they fly */
+        atomic_fetch_add(&sh_rt.engine.pressure, 1); /* not quiet while they fly */
         tell(moved, n, SH_RES_TO_HOST);
     }
-    sh_room_lock();
+    sh_engine_lock(&sh_rt.engine);
     int started = plan.nfetch && sh_pool_prefetch_start(sh_rt.pool, (const uintptr_t *)fetch,
                                                         plan.nfetch, moved, &n) == SH_OK;
-    sh_room_unlock();
+    sh_engine_unlock(&sh_rt.engine);
     if (started)
         tell(moved, n, SH_RES_TO_DEVICE);
     if (due)

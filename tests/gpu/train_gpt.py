@@ -65,6 +65,7 @@ STATS_FIELDS = [
     ("remap_windows", False),
     ("device_drains", False),
     ("lost_writes", False), ("opaque_work", False), ("regions_pinned", False),
+    ("launches_recorded", False),
 ]
 
 # Figures reported per step as the difference from the step before.

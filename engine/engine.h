@@ -1,0 +1,82 @@
+/* engine.h — the library's decisions that need no CUDA, driven by events
+ * and acting through an ops table, so that they are unit-tested against
+ * fakes (tests/unit/test_engine.c).
+ *
+ * Room: how much device memory the pool may hold now (the watermarks, or
+ * with them auto what fits beside the memory held outside the pool), and
+ * the chain that makes room when an allocation or a restore would pass it:
+ * freed regions kept for reuse first (no copy), then early evictions whose
+ * copies are already under way, then the policy's victims, then the least
+ * recently used. Recording: whether launches are worth recording yet.
+ *
+ * Thread safety: sh_engine_lock() is held around making room and taking
+ * it; the counters are atomics read without it.
+ */
+#ifndef SH_ENGINE_H
+#define SH_ENGINE_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <pthread.h>
+
+/* Sizes in bytes. */
+struct sh_engine_cfg {
+    size_t budget;    /* device memory the pool may use */
+    size_t high, low; /* watermarks; ignored where *_auto */
+    int high_auto;    /* only what would not fit beside the memory outside */
+    int low_auto;     /* evict no lower than the request needs */
+    size_t gran;      /* the allocation granularity */
+    int record_pct;   /* launches are recorded from this % of the limit */
+};
+
+/* What the engine acts through. Each eviction op returns the device bytes
+ * it released, at most about `bytes` more than asked. */
+struct sh_engine_ops {
+    size_t (*device_bytes)(void *ctx); /* the pool's device memory now */
+    /* The driver's view of the card; nonzero when it has none. */
+    int (*mem_info)(void *ctx, size_t *free_bytes, size_t *total);
+    int (*capturing)(void *ctx); /* a stream capture is under way */
+    size_t (*trim)(void *ctx, size_t bytes);
+    size_t (*commit_early)(void *ctx);
+    size_t (*evict_chosen)(void *ctx, size_t bytes, const uintptr_t *protect, size_t np);
+    size_t (*evict_lru)(void *ctx, size_t bytes, const uintptr_t *protect, size_t np);
+    void (*pressure)(void *ctx, size_t device_bytes); /* an eviction begins */
+};
+
+struct sh_engine {
+    struct sh_engine_cfg cfg;
+    struct sh_engine_ops ops;
+    void *ctx;
+    pthread_mutex_t room_mu;
+    atomic_ullong pressure; /* bumped before and after every eviction */
+    atomic_ullong deferred; /* evictions put off by a stream capture */
+    atomic_int armed;       /* launches are recorded */
+};
+
+void sh_engine_init(struct sh_engine *e, const struct sh_engine_cfg *cfg,
+                    const struct sh_engine_ops *ops, void *ctx);
+void sh_engine_destroy(struct sh_engine *e);
+
+/* The most device memory the pool may hold now, holding dev. */
+size_t sh_engine_limit(const struct sh_engine *e, size_t dev);
+/* With auto watermarks, the device bytes the pool must leave free for
+ * memory held outside it (measured now, plus a granule); 0 otherwise. */
+size_t sh_engine_reserve(const struct sh_engine *e, size_t dev);
+
+/* Makes room for need more device bytes: above the high watermark, evicts
+ * until below the low one, never a region containing protect[0..np) (auto
+ * watermarks: above what fits beside the memory held outside the pool, only
+ * as much as need). SH_ENOMEM if the budget cannot take need bytes even
+ * then; SH_ERANGE, evicting nothing, if it never could. Call it under
+ * sh_engine_lock(), and take the room before unlocking. */
+int sh_engine_make_room(struct sh_engine *e, size_t need, const uintptr_t *protect, size_t np);
+void sh_engine_lock(struct sh_engine *e);
+void sh_engine_unlock(struct sh_engine *e);
+
+/* 1 once launches are worth recording: the pool has held record_pct of
+ * its limit (or sh_engine_arm() said so). Never goes back to 0. */
+int sh_engine_armed(const struct sh_engine *e);
+void sh_engine_arm(struct sh_engine *e);
+
+#endif

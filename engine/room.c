@@ -1,0 +1,119 @@
+/* room.c — the watermarks, and the chain that makes room under them.
+ *
+ * Locking: room_mu (sh_engine_lock) is the caller's, around making room and
+ * taking it: two threads must not both see the same free bytes and together
+ * pass the budget. The counters are atomics.
+ */
+#include "engine/engine.h"
+
+#include "sh_err.h"
+
+void sh_engine_init(struct sh_engine *e, const struct sh_engine_cfg *cfg,
+                    const struct sh_engine_ops *ops, void *ctx)
+{
+    e->cfg = *cfg;
+    e->ops = *ops;
+    e->ctx = ctx;
+    pthread_mutex_init(&e->room_mu, NULL);
+    atomic_init(&e->pressure, 0);
+    atomic_init(&e->deferred, 0);
+    atomic_init(&e->armed, cfg->record_pct == 0);
+}
+
+void sh_engine_destroy(struct sh_engine *e)
+{
+    pthread_mutex_destroy(&e->room_mu);
+}
+
+void sh_engine_lock(struct sh_engine *e)
+{
+    pthread_mutex_lock(&e->room_mu);
+}
+
+void sh_engine_unlock(struct sh_engine *e)
+{
+    pthread_mutex_unlock(&e->room_mu);
+}
+
+/* With the high watermark set, that. With it auto, the budget less what the
+ * process holds outside the pool (pass-through allocations, libraries' own,
+ * the driver's), as the driver counts it now, less one granule more, so
+ * that the next small pass-through allocation does not fail first:
+ * eviction starts only when an allocation would not fit beside them. */
+size_t sh_engine_limit(const struct sh_engine *e, size_t dev)
+{
+    const struct sh_engine_cfg *c = &e->cfg;
+    size_t free_b = 0, total = 0;
+    if (!c->high_auto)
+        return c->high;
+    if (!e->ops.mem_info || e->ops.mem_info(e->ctx, &free_b, &total) != 0 || free_b > total)
+        return c->budget;
+    size_t used = total - free_b, outside = (used > dev ? used - dev : 0) + c->gran;
+    size_t cap = c->budget < total ? c->budget : total;
+    return cap > outside ? cap - outside : 0;
+}
+
+size_t sh_engine_reserve(const struct sh_engine *e, size_t dev)
+{
+    size_t limit = sh_engine_limit(e, dev);
+    return e->cfg.high_auto && limit < e->cfg.budget ? e->cfg.budget - limit : 0;
+}
+
+/* Where eviction stops: the low watermark, or with it auto no lower than
+ * the request needs. */
+static size_t evict_floor(const struct sh_engine *e, size_t high)
+{
+    return e->cfg.low_auto || e->cfg.low > high ? high : e->cfg.low;
+}
+
+/* A program far below its limit never evicts: its launches need no
+ * recording until the pool first holds record_pct of the limit. */
+static void arm_at(struct sh_engine *e, size_t held, size_t limit)
+{
+    if (!atomic_load_explicit(&e->armed, memory_order_relaxed) &&
+        (uint64_t)held * 100 >= (uint64_t)limit * (uint64_t)e->cfg.record_pct)
+        atomic_store(&e->armed, 1);
+}
+
+/* The chain, cheapest first, until target bytes are released. */
+static void release(struct sh_engine *e, size_t target, const uintptr_t *protect, size_t np)
+{
+    size_t released = e->ops.trim(e->ctx, target); /* freed regions, uncopied */
+    if (released < target)                         /* early evictions: their copies are under way */
+        released += e->ops.commit_early(e->ctx);
+    if (released < target)
+        released += e->ops.evict_chosen(e->ctx, target - released, protect, np);
+    if (released < target) /* what the policy would not choose */
+        e->ops.evict_lru(e->ctx, target - released, protect, np);
+}
+
+int sh_engine_make_room(struct sh_engine *e, size_t need, const uintptr_t *protect, size_t np)
+{
+    size_t dev = e->ops.device_bytes(e->ctx), high = sh_engine_limit(e, dev);
+    size_t cap = e->cfg.high_auto ? high : e->cfg.budget;
+    arm_at(e, dev + need, high);
+    if (dev + need <= high)
+        return SH_OK;
+    if (need > cap) /* would not fit with everything evicted: evict nothing */
+        return SH_ERANGE;
+    atomic_fetch_add(&e->pressure, 1); /* the planner runs from now on */
+    if (e->ops.pressure)
+        e->ops.pressure(e->ctx, dev);
+    if (e->ops.capturing && e->ops.capturing(e->ctx)) { /* eviction waits for the capture */
+        atomic_fetch_add(&e->deferred, 1);
+        return dev + need <= cap ? SH_OK : SH_ENOMEM;
+    }
+    release(e, dev + need - evict_floor(e, high), protect, np);
+    atomic_fetch_add(&e->pressure, 1);
+    return e->ops.device_bytes(e->ctx) + need <= cap ? SH_OK : SH_ENOMEM;
+}
+
+int sh_engine_armed(const struct sh_engine *e)
+{
+    return atomic_load_explicit(&e->armed, memory_order_relaxed);
+}
+
+void sh_engine_arm(struct sh_engine *e)
+{
+    atomic_store(&e->armed, 1);
+}

@@ -1,0 +1,325 @@
+/* test_engine.c — the engine's room decisions against a fake pool: the
+ * watermarks, auto and set; the chain's order (freed regions, early
+ * evictions under way, the policy's victims, least recently used) and
+ * where it stops; what it refuses; a capture putting eviction off; the
+ * pressure counter around evictions; when launches start being recorded.
+ *
+ * The fake is a card of `total` bytes of which `outside` are held outside
+ * the pool, and a pool holding `dev`, with so many bytes each link of the
+ * chain can release; every call is logged in order.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "engine/engine.h"
+#include "sh_err.h"
+
+#include <string.h>
+
+#define MB ((size_t)1 << 20)
+
+static struct fake {
+    size_t total, outside, dev;
+    int no_info, capturing;
+    size_t can[4]; /* trim, commit_early, evict_chosen, evict_lru */
+    size_t asked[4];
+    char log[16]; /* the links called, in order: t c p l */
+    size_t pressure_at;
+} f;
+
+static void called(int link, size_t asked)
+{
+    size_t n = strlen(f.log);
+    f.log[n] = "tcpl"[link];
+    f.asked[link] = asked;
+}
+
+/* Releases what the link can, at most what it was asked for (the commit
+ * of early evictions is not asked: it lands what is under way). */
+static size_t give(int link, size_t bytes)
+{
+    size_t r = f.can[link] < bytes ? f.can[link] : bytes;
+    f.can[link] -= r;
+    f.dev -= r;
+    return r;
+}
+
+static size_t device_bytes(void *ctx)
+{
+    (void)ctx;
+    return f.dev;
+}
+
+static int mem_info(void *ctx, size_t *free_b, size_t *total)
+{
+    (void)ctx;
+    if (f.no_info)
+        return -1;
+    *total = f.total;
+    *free_b = f.total - f.dev - f.outside;
+    return 0;
+}
+
+static int capturing(void *ctx)
+{
+    (void)ctx;
+    return f.capturing;
+}
+
+static size_t trim(void *ctx, size_t bytes)
+{
+    (void)ctx;
+    called(0, bytes);
+    return give(0, bytes);
+}
+
+static size_t commit_early(void *ctx)
+{
+    (void)ctx;
+    called(1, 0);
+    return give(1, SIZE_MAX);
+}
+
+static size_t evict_chosen(void *ctx, size_t bytes, const uintptr_t *protect, size_t np)
+{
+    (void)ctx;
+    (void)protect;
+    (void)np;
+    called(2, bytes);
+    return give(2, bytes);
+}
+
+static size_t evict_lru(void *ctx, size_t bytes, const uintptr_t *protect, size_t np)
+{
+    (void)ctx;
+    (void)protect;
+    (void)np;
+    called(3, bytes);
+    return give(3, bytes);
+}
+
+static void pressure(void *ctx, size_t dev)
+{
+    (void)ctx;
+    f.pressure_at = dev;
+}
+
+static const struct sh_engine_ops ops = {
+    .device_bytes = device_bytes,
+    .mem_info = mem_info,
+    .capturing = capturing,
+    .trim = trim,
+    .commit_early = commit_early,
+    .evict_chosen = evict_chosen,
+    .evict_lru = evict_lru,
+    .pressure = pressure,
+};
+
+static struct sh_engine e;
+static int live; /* e is initialised */
+
+/* A 100 MB budget on a 100 MB card, watermarks set (high, low in MB) or
+ * auto (0), a 1 MB granule, recording from 50%. */
+static void start(size_t high_mb, size_t low_mb)
+{
+    struct sh_engine_cfg cfg = {.budget = 100 * MB,
+                                .high = high_mb * MB,
+                                .low = low_mb * MB,
+                                .high_auto = high_mb == 0,
+                                .low_auto = low_mb == 0,
+                                .gran = MB,
+                                .record_pct = 50};
+    memset(&f, 0, sizeof f);
+    f.total = 100 * MB;
+    if (live)
+        sh_engine_destroy(&e);
+    sh_engine_init(&e, &cfg, &ops, NULL);
+    live = 1;
+}
+
+static int make_room(size_t need_mb)
+{
+    sh_engine_lock(&e);
+    int rc = sh_engine_make_room(&e, need_mb * MB, NULL, 0);
+    sh_engine_unlock(&e);
+    return rc;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    if (live)
+        sh_engine_destroy(&e);
+    live = 0;
+    return 0;
+}
+
+/* Below the high watermark nothing is called and nothing counted. */
+static void test_room_below_the_watermark(void **state)
+{
+    (void)state;
+    start(80, 60);
+    f.dev = 70 * MB;
+    assert_int_equal(make_room(10), SH_OK);
+    assert_string_equal(f.log, "");
+    assert_int_equal(atomic_load(&e.pressure), 0);
+}
+
+/* Above it, down to the low watermark, the cheapest link first, stopping
+ * as soon as enough is released. */
+static void test_chain_order_and_stop(void **state)
+{
+    (void)state;
+    start(80, 60);
+    f.dev = 78 * MB;
+    f.can[0] = 4 * MB;
+    f.can[1] = 6 * MB;
+    f.can[2] = 100 * MB;
+    f.can[3] = 100 * MB;
+    assert_int_equal(make_room(10), SH_OK); /* 88 MB wanted: 28 MB to release */
+    assert_string_equal(f.log, "tcp");
+    assert_int_equal(f.asked[0], 28 * MB);
+    assert_int_equal(f.asked[2], 18 * MB); /* what trim and commits left */
+    assert_int_equal(f.dev, 50 * MB);
+    assert_int_equal(f.pressure_at, 78 * MB);
+    assert_int_equal(atomic_load(&e.pressure), 2); /* before and after: not quiet */
+    /* freed regions alone enough: nothing else is touched */
+    start(80, 60);
+    f.dev = 78 * MB;
+    f.can[0] = 100 * MB;
+    assert_int_equal(make_room(10), SH_OK);
+    assert_string_equal(f.log, "t");
+}
+
+/* What the policy would not choose comes from least recently used, and
+ * when even that is not enough the request fails: SH_ENOMEM. */
+static void test_lru_last_then_enomem(void **state)
+{
+    (void)state;
+    start(80, 60);
+    f.dev = 78 * MB;
+    f.can[2] = 10 * MB;
+    f.can[3] = 100 * MB;
+    assert_int_equal(make_room(10), SH_OK);
+    assert_string_equal(f.log, "tcpl");
+    assert_int_equal(f.asked[3], 18 * MB);
+    start(80, 60);
+    f.dev = 95 * MB;
+    f.can[3] = 2 * MB; /* 93 MB held: 10 more pass the 100 MB budget */
+    assert_int_equal(make_room(10), SH_ENOMEM);
+}
+
+/* A request the budget could never hold evicts nothing: SH_ERANGE. */
+static void test_too_big_evicts_nothing(void **state)
+{
+    (void)state;
+    start(80, 60);
+    f.dev = 50 * MB;
+    f.can[0] = f.can[3] = 100 * MB;
+    assert_int_equal(make_room(101), SH_ERANGE);
+    assert_string_equal(f.log, "");
+    assert_int_equal(f.dev, 50 * MB);
+    /* auto watermarks: never more than fits beside what is held outside */
+    start(0, 0);
+    f.outside = 20 * MB;
+    f.can[3] = 100 * MB;
+    assert_int_equal(make_room(80), SH_ERANGE); /* 100 - 20 - one granule = 79 */
+    assert_string_equal(f.log, "");
+}
+
+/* Auto: the limit is what fits beside the memory outside the pool, less a
+ * granule, and eviction makes room for the request only. */
+static void test_auto_watermarks(void **state)
+{
+    (void)state;
+    start(0, 0);
+    f.outside = 10 * MB;
+    f.dev = 80 * MB;
+    assert_int_equal(sh_engine_limit(&e, f.dev), 89 * MB);
+    assert_int_equal(sh_engine_reserve(&e, f.dev), 11 * MB);
+    f.can[3] = 100 * MB;
+    assert_int_equal(make_room(9), SH_OK); /* 89 MB: at the limit, no eviction */
+    assert_string_equal(f.log, "");
+    assert_int_equal(make_room(12), SH_OK); /* 92 MB: 3 MB over */
+    assert_int_equal(f.dev, 77 * MB);
+    /* without the driver's view, the budget */
+    f.no_info = 1;
+    assert_int_equal(sh_engine_limit(&e, f.dev), 100 * MB);
+    /* set watermarks: no reserve */
+    start(80, 60);
+    assert_int_equal(sh_engine_reserve(&e, 0), 0);
+    assert_int_equal(sh_engine_limit(&e, 0), 80 * MB);
+}
+
+/* A low watermark above the high one stops at the high one. */
+static void test_low_above_high(void **state)
+{
+    (void)state;
+    start(80, 90);
+    f.dev = 80 * MB;
+    f.can[3] = 100 * MB;
+    assert_int_equal(make_room(5), SH_OK);
+    assert_int_equal(f.asked[3], 5 * MB);
+}
+
+/* Eviction inside a stream capture would drain the device and break it:
+ * it is put off and counted; the request goes on if the budget holds it. */
+static void test_capture_defers(void **state)
+{
+    (void)state;
+    start(80, 60);
+    f.dev = 78 * MB;
+    f.capturing = 1;
+    f.can[0] = f.can[3] = 100 * MB;
+    assert_int_equal(make_room(10), SH_OK); /* 88 of the 100 MB budget */
+    assert_string_equal(f.log, "");
+    assert_int_equal(atomic_load(&e.deferred), 1);
+    assert_int_equal(make_room(30), SH_ENOMEM); /* 108: more than the budget */
+    assert_int_equal(atomic_load(&e.deferred), 2);
+    assert_int_equal(f.dev, 78 * MB);
+}
+
+/* Launches are recorded once the pool has held half its limit, and from
+ * then on; with record_pct 0 from the start. */
+static void test_arming(void **state)
+{
+    (void)state;
+    start(80, 60);
+    f.dev = 30 * MB;
+    assert_int_equal(make_room(9), SH_OK); /* 39 of 80 */
+    assert_false(sh_engine_armed(&e));
+    assert_int_equal(make_room(10), SH_OK); /* 40 of 80 */
+    assert_true(sh_engine_armed(&e));
+    f.dev = 0;
+    assert_int_equal(make_room(1), SH_OK);
+    assert_true(sh_engine_armed(&e)); /* for good */
+    struct sh_engine_cfg cfg = e.cfg;
+    sh_engine_destroy(&e);
+    cfg.record_pct = 0;
+    sh_engine_init(&e, &cfg, &ops, NULL);
+    assert_true(sh_engine_armed(&e));
+    sh_engine_destroy(&e);
+    cfg.record_pct = 50;
+    sh_engine_init(&e, &cfg, &ops, NULL);
+    assert_false(sh_engine_armed(&e));
+    sh_engine_arm(&e);
+    assert_true(sh_engine_armed(&e));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_room_below_the_watermark, teardown),
+        cmocka_unit_test_teardown(test_chain_order_and_stop, teardown),
+        cmocka_unit_test_teardown(test_lru_last_then_enomem, teardown),
+        cmocka_unit_test_teardown(test_too_big_evicts_nothing, teardown),
+        cmocka_unit_test_teardown(test_auto_watermarks, teardown),
+        cmocka_unit_test_teardown(test_low_above_high, teardown),
+        cmocka_unit_test_teardown(test_capture_defers, teardown),
+        cmocka_unit_test_teardown(test_arming, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
