@@ -22,6 +22,7 @@
 
 /* Sizes in bytes. */
 struct sh_engine_cfg {
+    size_t card;      /* the device's memory; 0: not known */
     size_t budget;    /* device memory the pool may use */
     size_t high, low; /* watermarks; ignored where *_auto */
     int high_auto;    /* only what would not fit beside the memory outside */
@@ -52,6 +53,7 @@ struct sh_engine {
     atomic_ullong pressure; /* bumped before and after every eviction */
     atomic_ullong deferred; /* evictions put off by a stream capture */
     atomic_int armed;       /* launches are recorded */
+    atomic_size_t outside;  /* held outside the pool, last measured; SIZE_MAX: never */
 };
 
 void sh_engine_init(struct sh_engine *e, const struct sh_engine_cfg *cfg,
@@ -59,10 +61,15 @@ void sh_engine_init(struct sh_engine *e, const struct sh_engine_cfg *cfg,
 void sh_engine_destroy(struct sh_engine *e);
 
 /* The most device memory the pool may hold now, holding dev. */
-size_t sh_engine_limit(const struct sh_engine *e, size_t dev);
+size_t sh_engine_limit(struct sh_engine *e, size_t dev);
 /* With auto watermarks, the device bytes the pool must leave free for
  * memory held outside it (measured now, plus a granule); 0 otherwise. */
-size_t sh_engine_reserve(const struct sh_engine *e, size_t dev);
+size_t sh_engine_reserve(struct sh_engine *e, size_t dev);
+/* The same as last measured (by either call, or by making room), measuring
+ * only when it never was or `fresh`: asking the driver costs a system call,
+ * too much for every launch, and the memory outside the pool seldom moves.
+ * For estimates only (the planner's); making room always measures. */
+size_t sh_engine_reserve_recent(struct sh_engine *e, size_t dev, int fresh);
 
 /* Makes room for need more device bytes: above the high watermark, evicts
  * until below the low one, never a region containing protect[0..np) (auto

@@ -18,6 +18,7 @@ void sh_engine_init(struct sh_engine *e, const struct sh_engine_cfg *cfg,
     atomic_init(&e->pressure, 0);
     atomic_init(&e->deferred, 0);
     atomic_init(&e->armed, cfg->record_pct == 0);
+    atomic_init(&e->outside, SIZE_MAX);
 }
 
 void sh_engine_destroy(struct sh_engine *e)
@@ -40,23 +41,55 @@ void sh_engine_unlock(struct sh_engine *e)
  * the driver's), as the driver counts it now, less one granule more, so
  * that the next small pass-through allocation does not fail first:
  * eviction starts only when an allocation would not fit beside them. */
-size_t sh_engine_limit(const struct sh_engine *e, size_t dev)
+/* The limit, given `outside` bytes held outside the pool (SIZE_MAX: not
+ * known, the budget). */
+static size_t limit_beside(const struct sh_engine *e, size_t outside)
 {
     const struct sh_engine_cfg *c = &e->cfg;
-    size_t free_b = 0, total = 0;
-    if (!c->high_auto)
-        return c->high;
-    if (!e->ops.mem_info || e->ops.mem_info(e->ctx, &free_b, &total) != 0 || free_b > total)
+    if (outside == SIZE_MAX)
         return c->budget;
-    size_t used = total - free_b, outside = (used > dev ? used - dev : 0) + c->gran;
-    size_t cap = c->budget < total ? c->budget : total;
+    size_t cap = c->card && c->card < c->budget ? c->card : c->budget;
     return cap > outside ? cap - outside : 0;
 }
 
-size_t sh_engine_reserve(const struct sh_engine *e, size_t dev)
+/* Measures what is held outside the pool (SIZE_MAX without the driver's
+ * view), and remembers it. */
+static size_t measure_outside(struct sh_engine *e, size_t dev)
 {
-    size_t limit = sh_engine_limit(e, dev);
+    size_t free_b = 0, total = 0, outside = SIZE_MAX;
+    if (e->ops.mem_info && e->ops.mem_info(e->ctx, &free_b, &total) == 0 && free_b <= total) {
+        size_t used = total - free_b;
+        outside = (used > dev ? used - dev : 0) + e->cfg.gran;
+    }
+    atomic_store_explicit(&e->outside, outside, memory_order_relaxed);
+    return outside;
+}
+
+size_t sh_engine_limit(struct sh_engine *e, size_t dev)
+{
+    if (!e->cfg.high_auto)
+        return e->cfg.high;
+    return limit_beside(e, measure_outside(e, dev));
+}
+
+static size_t reserve_of(const struct sh_engine *e, size_t limit)
+{
     return e->cfg.high_auto && limit < e->cfg.budget ? e->cfg.budget - limit : 0;
+}
+
+size_t sh_engine_reserve(struct sh_engine *e, size_t dev)
+{
+    return reserve_of(e, sh_engine_limit(e, dev));
+}
+
+size_t sh_engine_reserve_recent(struct sh_engine *e, size_t dev, int fresh)
+{
+    if (!e->cfg.high_auto)
+        return 0;
+    size_t outside = atomic_load_explicit(&e->outside, memory_order_relaxed);
+    if (fresh || outside == SIZE_MAX)
+        outside = measure_outside(e, dev);
+    return reserve_of(e, limit_beside(e, outside));
 }
 
 /* Where eviction stops: the low watermark, or with it auto no lower than

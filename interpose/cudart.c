@@ -92,6 +92,7 @@ void sh_room_init(void)
 {
     const struct sh_config *c = &sh_rt.cfg;
     const struct sh_engine_cfg cfg = {
+        .card = sh_rt.card_bytes,
         .budget = c->budget.vram_budget.bytes,
         .high = c->budget.vram_high_watermark.bytes,
         .low = c->budget.vram_low_watermark.bytes,

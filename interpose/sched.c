@@ -476,6 +476,10 @@ static void plan_limits(struct sh_policy_plan *plan, size_t h2d_busy, size_t d2h
         plan->evict_max = MAX_PLAN;
 }
 
+/* Plans between two measures of the memory held outside the pool (each
+ * a driver call); allocations measure it too. */
+#define RESERVE_EVERY 256
+
 void sh_sched_plan(const uintptr_t *bases, size_t nb)
 {
     if (!prefetching() || sh_capturing() || sh_sched_quiet())
@@ -493,7 +497,9 @@ void sh_sched_plan(const uintptr_t *bases, size_t nb)
     sh_pool_stats(sh_rt.pool, &st);
     /* The policy plans against the budget: memory held outside the pool
      * counts as used, so that prefetches leave it room. */
-    size_t dev = st.device_bytes + sh_engine_reserve(&sh_rt.engine, st.device_bytes);
+    static atomic_uint plans;
+    int fresh = atomic_fetch_add_explicit(&plans, 1, memory_order_relaxed) % RESERVE_EVERY == 0;
+    size_t dev = st.device_bytes + sh_engine_reserve_recent(&sh_rt.engine, st.device_bytes, fresh);
     note_quiet(pressure, &st, inflight, evicting);
     pthread_mutex_lock(&sched_mu);
     sh_policy_pressure(policy, dev);
@@ -510,12 +516,14 @@ void sh_sched_plan(const uintptr_t *bases, size_t nb)
         atomic_fetch_add(&sh_rt.engine.pressure, 1); /* not quiet while they fly */
         tell(moved, n, SH_RES_TO_HOST);
     }
-    sh_engine_lock(&sh_rt.engine);
-    int started = plan.nfetch && sh_pool_prefetch_start(sh_rt.pool, (const uintptr_t *)fetch,
-                                                        plan.nfetch, moved, &n) == SH_OK;
-    sh_engine_unlock(&sh_rt.engine);
-    if (started)
-        tell(moved, n, SH_RES_TO_DEVICE);
+    if (plan.nfetch) {
+        sh_engine_lock(&sh_rt.engine);
+        int started = sh_pool_prefetch_start(sh_rt.pool, (const uintptr_t *)fetch, plan.nfetch,
+                                             moved, &n) == SH_OK;
+        sh_engine_unlock(&sh_rt.engine);
+        if (started)
+            tell(moved, n, SH_RES_TO_DEVICE);
+    }
     if (due)
         commit_all();
 }

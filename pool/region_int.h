@@ -30,7 +30,8 @@ struct chunk {
 };
 
 /* Moves in flight whose copies go one way (prefetches: H2D; early
- * evictions: D2H), oldest first; pool->mu. A region is on one at most. */
+ * evictions: D2H), oldest first; pool->mu (count is also read without it,
+ * atomically). A region is on one at most. */
 struct move_list {
     struct region *head;
     size_t count;

@@ -24,6 +24,7 @@
 static struct fake {
     size_t total, outside, dev;
     int no_info, capturing;
+    int infos; /* mem_info calls */
     size_t can[4]; /* trim, commit_early, evict_chosen, evict_lru */
     size_t asked[4];
     char log[16]; /* the links called, in order: t c p l */
@@ -56,6 +57,7 @@ static size_t device_bytes(void *ctx)
 static int mem_info(void *ctx, size_t *free_b, size_t *total)
 {
     (void)ctx;
+    f.infos++;
     if (f.no_info)
         return -1;
     *total = f.total;
@@ -125,7 +127,8 @@ static int live; /* e is initialised */
  * auto (0), a 1 MB granule, recording from 50%. */
 static void start(size_t high_mb, size_t low_mb)
 {
-    struct sh_engine_cfg cfg = {.budget = 100 * MB,
+    struct sh_engine_cfg cfg = {.card = 100 * MB,
+                                .budget = 100 * MB,
                                 .high = high_mb * MB,
                                 .low = low_mb * MB,
                                 .high_auto = high_mb == 0,
@@ -254,6 +257,31 @@ static void test_auto_watermarks(void **state)
     assert_int_equal(sh_engine_limit(&e, 0), 80 * MB);
 }
 
+/* The planner's estimate asks the driver only when told to, or when it
+ * never did; making room always asks, and the estimate takes that. */
+static void test_reserve_recent(void **state)
+{
+    (void)state;
+    start(0, 0);
+    f.outside = 10 * MB;
+    assert_int_equal(sh_engine_reserve_recent(&e, 0, 0), 11 * MB); /* never measured */
+    assert_int_equal(f.infos, 1);
+    f.outside = 20 * MB;
+    assert_int_equal(sh_engine_reserve_recent(&e, 0, 0), 11 * MB); /* as last measured */
+    assert_int_equal(f.infos, 1);
+    assert_int_equal(sh_engine_reserve_recent(&e, 0, 1), 21 * MB);
+    assert_int_equal(f.infos, 2);
+    f.outside = 30 * MB;
+    assert_int_equal(make_room(1), SH_OK); /* measures */
+    assert_int_equal(f.infos, 3);
+    assert_int_equal(sh_engine_reserve_recent(&e, 0, 0), 31 * MB);
+    assert_int_equal(f.infos, 3);
+    /* set watermarks: nothing to reserve, nothing asked */
+    start(80, 60);
+    assert_int_equal(sh_engine_reserve_recent(&e, 0, 1), 0);
+    assert_int_equal(f.infos, 0);
+}
+
 /* A low watermark above the high one stops at the high one. */
 static void test_low_above_high(void **state)
 {
@@ -317,6 +345,7 @@ int main(void)
         cmocka_unit_test_teardown(test_lru_last_then_enomem, teardown),
         cmocka_unit_test_teardown(test_too_big_evicts_nothing, teardown),
         cmocka_unit_test_teardown(test_auto_watermarks, teardown),
+        cmocka_unit_test_teardown(test_reserve_recent, teardown),
         cmocka_unit_test_teardown(test_low_above_high, teardown),
         cmocka_unit_test_teardown(test_capture_defers, teardown),
         cmocka_unit_test_teardown(test_arming, teardown),
