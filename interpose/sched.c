@@ -267,10 +267,11 @@ void sh_sched_launch(uint64_t kernel, uint64_t stream, const uintptr_t *bases, s
         return;
     pthread_mutex_lock(&sched_mu);
     uint64_t t = trace ? now_us() : 0; /* the policy keeps launches in order, not in time */
-    struct sh_policy_stats ps = {.step = shown_step, .phase = shown_phase};
+    int64_t now_step = shown_step;
+    int now_phase = shown_phase;
     if (policy) {
         sh_policy_launch(policy, t, kernel, stream, (const uint64_t *)bases, n);
-        sh_policy_stats(policy, &ps);
+        sh_policy_where(policy, &now_step, &now_phase);
     }
     if (trace) {
         /* The duration follows in a 'd' record once the GPU has run it. */
@@ -279,8 +280,8 @@ void sh_sched_launch(uint64_t kernel, uint64_t stream, const uintptr_t *bases, s
                               &seq);
         last_seq = seq;
     }
-    int64_t step = ps.step != shown_step ? (shown_step = ps.step) : -1;
-    int phase = ps.phase != shown_phase ? (shown_phase = ps.phase) : -1;
+    int64_t step = now_step != shown_step ? (shown_step = now_step) : -1;
+    int phase = now_phase != shown_phase ? (shown_phase = now_phase) : -1;
     pthread_mutex_unlock(&sched_mu);
     if (step >= 0 && !atomic_load(&sh_rt.step)) /* explicit marks, when used, already did */
         sh_monitor_step(step);

@@ -395,6 +395,12 @@ void sh_policy_stats(const struct sh_policy *p, struct sh_policy_stats *out)
     out->regions = p->live;
 }
 
+void sh_policy_where(const struct sh_policy *p, int64_t *step, int *phase)
+{
+    *step = p->step;
+    *phase = p->phase;
+}
+
 int sh_policy_class(const struct sh_policy *p, uint64_t id)
 {
     if (!p)

@@ -186,6 +186,9 @@ struct sh_policy_stats {
     uint64_t unknown_refs;          /* launch references to unknown ids */
 };
 void sh_policy_stats(const struct sh_policy *p, struct sh_policy_stats *out);
+/* The step in progress and the phase: what the stats say of them, cheaply
+ * (asked after every launch). */
+void sh_policy_where(const struct sh_policy *p, int64_t *step, int *phase);
 /* The class of a region (persistent once it lives across a step boundary,
  * transient when freed in the step that allocated it, unknown until then);
  * SH_ENOTFOUND for an unknown id. */
