@@ -64,12 +64,13 @@ static size_t collect_victims(struct sh_policy *p)
     size_t n = 0;
     int pred = predicting(p);
     uint64_t window = (uint64_t)window_of(p);
-    for (size_t i = 0; i < p->cap; i++) {
+    for (size_t k = 0; k < p->ndset; k++) { /* the live regions on the device */
+        uint32_t i = p->dset[k];
         struct region *r = &p->tab[i];
-        if (r->state != 1 || r->res != SH_RES_DEVICE || r->prot == p->stamp || r->mark == p->stamp)
+        if (r->prot == p->stamp || r->mark == p->stamp)
             continue;
         struct victim *v = &p->vic[n++];
-        v->slot = (uint32_t)i;
+        v->slot = i;
         if (r->freed) {
             v->group = 0;
             v->score = (u128)r->bytes;

@@ -135,6 +135,7 @@ void sh_policy_destroy(struct sh_policy *p)
     pol_map_free(&p->posidx);
     pol_future_free(&p->fut);
     free(p->vic);
+    free(p->dset);
     free(p->dedup);
     free(p->dreg);
     free(p->scratch);
@@ -168,7 +169,7 @@ int sh_policy_alloc(struct sh_policy *p, uint64_t t_us, uint64_t id, uint64_t by
     r->use_step = p->step;
     r->ridx = NONE32;
     r->key_gen = p->key_gen - 1;
-    r->res = SH_RES_DEVICE;
+    pol_set_res(p, r, SH_RES_DEVICE);
     r->cls = SH_CLASS_UNKNOWN;
     if (p->fut.set) {
         uint32_t i = map_get(&p->fut.uses, id);
@@ -337,7 +338,7 @@ int sh_policy_residency(struct sh_policy *p, uint64_t id, int residency)
         return SH_ENOTFOUND;
     if (r->res == SH_RES_TO_HOST)
         p->pending_d2h -= r->bytes;
-    r->res = (uint8_t)residency;
+    pol_set_res(p, r, residency);
     if (residency == SH_RES_TO_HOST)
         p->pending_d2h += r->bytes;
     if (r->freed && residency == SH_RES_HOST)

@@ -57,6 +57,7 @@ struct region {
     uint32_t ridx;                    /* allocations after it at its position; NONE32 until known */
     uint32_t key, key_gen;            /* its key in the active recording, and when found */
     uint32_t fut_off, fut_n, fut_cur; /* belady: its future uses */
+    uint32_t dpos;                    /* 1 + its place in dset; 0 when not there */
     uint8_t state;                    /* table slot: 0 empty, 1 live, 2 deleted */
     uint8_t res;
     uint8_t cls;
@@ -162,6 +163,8 @@ struct sh_policy {
     size_t cap, live, used; /* used counts deleted slots too */
     struct region *spare;   /* the last table, reused when the size stays */
     size_t spare_cap;
+    uint32_t *dset; /* slots of the live regions on the device: the victims to consider */
+    size_t ndset;   /* room for cap (cap_vic) */
 
     /* clocks */
     uint64_t glaunches; /* launches seen */
@@ -238,6 +241,8 @@ int pol_reserve(void **arr, size_t *cap, size_t need, size_t elem);
 int pol_table_resize(struct sh_policy *p, size_t cap);
 struct region *pol_table_insert(struct sh_policy *p, uint64_t id);
 void pol_table_delete(struct sh_policy *p, struct region *r);
+/* Sets r's residency, keeping dset. */
+void pol_set_res(struct sh_policy *p, struct region *r, int res);
 void pol_account_class(struct sh_policy *p, const struct region *r, int sign);
 
 /* ---------------------------------------------------------------------- */

@@ -106,6 +106,34 @@ int pol_reserve(void **arr, size_t *cap, size_t need, size_t elem)
 /* ---------------------------------------------------------------------- */
 /* region table (open addressing, tombstones) */
 
+/* dset: appends slot i (room is always there: cap_vic >= cap); returns
+ * its dpos. */
+static uint32_t dset_push(struct sh_policy *p, uint32_t i)
+{
+    p->dset[p->ndset++] = i;
+    return (uint32_t)p->ndset;
+}
+
+/* Takes r out of dset, the last entry into its place. */
+static void dset_drop(struct sh_policy *p, struct region *r)
+{
+    if (!r->dpos)
+        return;
+    uint32_t at = r->dpos - 1, last = p->dset[--p->ndset];
+    p->dset[at] = last;
+    p->tab[last].dpos = at + 1;
+    r->dpos = 0;
+}
+
+void pol_set_res(struct sh_policy *p, struct region *r, int res)
+{
+    if (res == SH_RES_DEVICE && !r->dpos)
+        r->dpos = dset_push(p, (uint32_t)(r - p->tab));
+    else if (res != SH_RES_DEVICE)
+        dset_drop(p, r);
+    r->res = (uint8_t)res;
+}
+
 /* Rehashing to the same size (clearing deleted slots, as regions come and
  * go every step) reuses the previous table: no allocation in steady state. */
 int pol_table_resize(struct sh_policy *p, size_t cap)
@@ -120,9 +148,18 @@ int pol_table_resize(struct sh_policy *p, size_t cap)
     }
     if (!n)
         return SH_ENOMEM;
+    size_t cap_vic = p->cap_vic;
     if (RESERVE(p->vic, p->cap_vic, cap)) {
         free(n);
         return SH_ENOMEM;
+    }
+    if (p->cap_vic != cap_vic) { /* dset has the same room */
+        uint32_t *d = realloc(p->dset, p->cap_vic * sizeof *d);
+        if (!d) {
+            free(n);
+            return SH_ENOMEM;
+        }
+        p->dset = d;
     }
     for (size_t i = 0; i < p->cap; i++) {
         if (p->tab[i].state != 1)
@@ -138,6 +175,9 @@ int pol_table_resize(struct sh_policy *p, size_t cap)
     p->tab = n;
     p->cap = cap;
     p->used = p->live;
+    p->ndset = 0; /* the regions moved: their places again */
+    for (size_t i = 0; i < cap; i++)
+        n[i].dpos = n[i].state == 1 && n[i].res == SH_RES_DEVICE ? dset_push(p, (uint32_t)i) : 0;
     return 0;
 }
 
@@ -168,6 +208,7 @@ void pol_table_delete(struct sh_policy *p, struct region *r)
     pol_account_class(p, r, -1);
     if (r->res == SH_RES_TO_HOST)
         p->pending_d2h -= r->bytes;
+    dset_drop(p, r);
     r->state = 2;
     p->live--;
 }

@@ -883,9 +883,53 @@ static void test_many_regions(void **state)
     sh_policy_destroy(p);
 }
 
+/* Victims come only from the live regions on the device, whatever moved
+ * in and out, was freed or forgotten, and across the table's growth and
+ * rehashing (the set of them is kept as residency changes). */
+static void test_victims_only_on_the_device(void **state)
+{
+    (void)state;
+    enum { N = 400 };
+    struct sh_policy *p = mk(SH_POLICY_LRU);
+    static int want[N]; /* 1: a victim to expect */
+    for (uint64_t id = 1; id <= N; id++) {
+        assert_int_equal(sh_policy_alloc(p, t_now, id, 10, 7), 0);
+        launch1(p, KF, id);
+        want[id - 1] = 1;
+        if (id % 3 == 0) { /* to the host, then half of them back */
+            assert_int_equal(sh_policy_residency(p, id, SH_RES_HOST), 0);
+            want[id - 1] = id % 2 == 0;
+            if (want[id - 1])
+                assert_int_equal(sh_policy_residency(p, id, SH_RES_DEVICE), 0);
+        } else if (id % 5 == 0) { /* moving: neither here nor there */
+            assert_int_equal(sh_policy_residency(p, id, SH_RES_TO_HOST), 0);
+            want[id - 1] = 0;
+        } else if (id % 7 == 0) { /* gone */
+            assert_int_equal(sh_policy_free(p, t_now, id), 0);
+            assert_int_equal(sh_policy_forget(p, id), 0);
+            want[id - 1] = 0;
+        }
+    }
+    size_t expect = 0;
+    for (int i = 0; i < N; i++)
+        expect += (size_t)want[i];
+    static uint64_t out[N];
+    size_t n = sh_policy_victims(p, UINT64_MAX, NULL, 0, out, N);
+    assert_int_equal(n, expect);
+    for (size_t i = 0; i < n; i++) {
+        assert_true(out[i] >= 1 && out[i] <= N);
+        assert_true(want[out[i] - 1]);
+        want[out[i] - 1] = 0; /* each once */
+    }
+    for (size_t i = 1; i < n; i++) /* least recently used first */
+        assert_true(out[i - 1] < out[i]);
+    sh_policy_destroy(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_victims_only_on_the_device),
         cmocka_unit_test(test_bad_params),
         cmocka_unit_test(test_event_errors),
         cmocka_unit_test(test_auto_steps),
