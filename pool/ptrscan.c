@@ -54,6 +54,27 @@ static int is_pointer(struct sh_pool *pool, const unsigned char *p, size_t off, 
     return found;
 }
 
+typedef uint32_t u32x4 __attribute__((vector_size(16)));
+
+/* 1 if a word of p[b..end) could be a pointer's high half (unsigned
+ * w - top <= span), four words at a time: the scan keeps pace with the
+ * copies only if it costs about an instruction a word. */
+static int any_candidate(const unsigned char *p, size_t b, size_t end, uint32_t top, uint32_t span)
+{
+    const u32x4 vt = {top, top, top, top}, vs = {span, span, span, span};
+    u32x4 acc = {0, 0, 0, 0};
+    size_t i = b;
+    for (; i + 4 <= end; i += 4) {
+        u32x4 w;
+        memcpy(&w, p + 4 * i, sizeof w);
+        acc |= (u32x4)(w - vt <= vs);
+    }
+    uint32_t any = acc[0] | acc[1] | acc[2] | acc[3];
+    for (; i < end; i++)
+        any |= word_at(p, i) - top <= span;
+    return any != 0;
+}
+
 /* 1 if any 4-byte-aligned 8 bytes of p[0..n) point into a region. */
 static int holds_pointer(struct sh_pool *pool, const unsigned char *p, size_t n)
 {
@@ -66,10 +87,7 @@ static int holds_pointer(struct sh_pool *pool, const unsigned char *p, size_t n)
     size_t words = n / 4; /* word i + 1 is the high half of the value at 4i */
     for (size_t b = 1; b < words; b += BLOCK) {
         size_t end = b + BLOCK < words ? b + BLOCK : words;
-        int any = 0;
-        for (size_t i = b; i < end; i++)
-            any |= word_at(p, i) - top <= span;
-        if (!any)
+        if (!any_candidate(p, b, end, top, span))
             continue;
         for (size_t i = b; i < end; i++)
             if (word_at(p, i) - top <= span && is_pointer(pool, p, 4 * (i - 1), lo, hi))

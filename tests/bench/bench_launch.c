@@ -46,8 +46,12 @@ int main(int argc, char **argv)
     void **buf = calloc((size_t)nregions, sizeof *buf);
     if (!buf)
         die("calloc");
+    /* Filled as a model's tensors are (0x3c3c3c3c: about 0.0115 as a float):
+     * no value in them looks like a pointer, as the memory the simulated
+     * driver hands out fresh may. */
     for (long i = 0; i < nregions; i++)
-        if (cudaMalloc(&buf[i], bytes) != cudaSuccess)
+        if (cudaMalloc(&buf[i], bytes) != cudaSuccess ||
+            cudaMemset(buf[i], 0x3c, bytes) != cudaSuccess)
             die("cudaMalloc");
     /* The working set is spread over the whole set, as a model's layers are. */
     long stride = nregions / WORKING_SET;

@@ -780,6 +780,42 @@ static void test_verifier_early_eviction(void **state)
     stop();
 }
 
+/* A pointer is found wherever it lies: at any 4-byte offset, in the first
+ * or last word of a block of the scan, in a partial vector at a block's
+ * end or in the tail; values whose high half is in range but that point
+ * into no region are not pointers. */
+static void test_pointer_found_anywhere(void **state)
+{
+    (void)state;
+    const struct opts o = {.device_cache = 4 * M, .slabs = {8, 8, 8}};
+    start(&o);
+    uintptr_t a = alloc(RSIZE), t = alloc(G);
+    enum { BYTES = 3 * 4096 + 12 };
+    static unsigned char buf[BYTES];
+    memset(buf, 0, sizeof buf);
+    assert_int_equal(sh_pool_find_pointers(sys.pool, buf, sizeof buf, t), 0);
+    uintptr_t near = (a & ~(uintptr_t)0xffffffffu) | 0x10; /* high half in range, no region */
+    for (size_t off = 0; off + 8 <= sizeof buf; off += 4)
+        if (off % 8 == 0)
+            memcpy(buf + off, &near, sizeof near);
+    assert_true(near < a || near >= a + RSIZE);
+    assert_int_equal(sh_pool_find_pointers(sys.pool, buf, sizeof buf, t), 0);
+    static const size_t offs[] = {0,    4,    8,    12,   16,   20,   24,         28,
+                                  4088, 4092, 4096, 4100, 8184, 8188, BYTES - 12, BYTES - 8};
+    uintptr_t inside = a + 8;
+    memset(buf, 0, sizeof buf); /* the only candidate is the pointer itself */
+    for (size_t k = 0; k < sizeof offs / sizeof offs[0]; k++) {
+        unsigned char save[8];
+        memcpy(save, buf + offs[k], 8);
+        memcpy(buf + offs[k], &inside, sizeof inside);
+        if (sh_pool_find_pointers(sys.pool, buf, sizeof buf, t) != 1)
+            print_error("a pointer at offset %zu was missed\n", offs[k]);
+        assert_int_equal(sh_pool_find_pointers(sys.pool, buf, sizeof buf, t), 1);
+        memcpy(buf + offs[k], save, 8);
+    }
+    stop();
+}
+
 /* A region whose bytes (a host-to-device copy's source) hold a pointer into
  * another region is a pointer table: work using it is opaque. A kernel that
  * writes a through the table, while a's prefetch is in flight, makes the
@@ -919,6 +955,7 @@ int main(void)
         cmocka_unit_test_teardown(test_threads, teardown),
         cmocka_unit_test_teardown(test_verifier_prefetch, teardown),
         cmocka_unit_test_teardown(test_verifier_early_eviction, teardown),
+        cmocka_unit_test_teardown(test_pointer_found_anywhere, teardown),
         cmocka_unit_test_teardown(test_pointer_table_prefetch, teardown),
         cmocka_unit_test_teardown(test_pointer_table_early_tracked, teardown),
         cmocka_unit_test_teardown(test_landed_bytes_mark_pointer_tables, teardown),
