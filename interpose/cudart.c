@@ -262,9 +262,12 @@ EXPORT cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream)
     return rc == SH_OK ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-/* The budget view: total is the budget; free is what is left of it after
- * everything the process holds on the device, counting memory we keep
- * cached (and give back on demand) as free. */
+/* The budget view: free is what is left of the budget after everything the
+ * process holds on the device, counting memory we keep cached (and give
+ * back on demand) as free; total is the budget, or more once the program
+ * holds more than it (evicted regions included), so that CUDA's invariants
+ * hold: free <= total, and free + what the process holds <= total (PyTorch
+ * asserts the second with cuDNN's benchmark mode on). */
 EXPORT cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)
 {
     cudaError_t e = sh_real()->cudaMemGetInfo(free_bytes, total);
@@ -274,9 +277,11 @@ EXPORT cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)
     sh_pool_stats(sh_rt.pool, &st);
     size_t used = *total - *free_bytes, budget = sh_rt.cfg.budget.vram_budget.bytes;
     size_t cached = st.device_bytes > st.live_bytes ? st.device_bytes - st.live_bytes : 0;
+    size_t outside = used > st.device_bytes ? used - st.device_bytes : 0;
+    size_t held = st.live_bytes + outside;
     used = used > cached ? used - cached : 0;
-    *total = budget;
     *free_bytes = budget > used ? budget - used : 0;
+    *total = held + *free_bytes > budget ? held + *free_bytes : budget;
     return cudaSuccess;
 }
 

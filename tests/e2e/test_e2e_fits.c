@@ -277,6 +277,37 @@ static void test_pass_through_after_the_pool_filled_the_card(void **state)
         assert_int_equal(cudaFree(w[l]), cudaSuccess);
 }
 
+/* cudaMemGetInfo keeps CUDA's invariants whatever the program holds:
+ * free <= total and free + held <= total, held counting evicted regions
+ * (PyTorch asserts the second). While the program fits, total is the
+ * budget; past the card it grows with what is held. */
+static void test_mem_get_info_invariants(void **state)
+{
+    (void)state;
+    if (!preloaded || want_recorded)
+        skip();
+    enum { N = OVER_MB / REGION_MB + 8 };
+    void *w[N];
+    int n = over ? N : (int)(FIT_MB / REGION_MB / 2);
+    for (int l = 0; l < n; l++) {
+        assert_int_equal(cudaMalloc(&w[l], (size_t)REGION_MB << 20), cudaSuccess);
+        assert_int_equal(init(w[l], (uint32_t)l), cudaSuccess);
+    }
+    size_t free_b = 0, total = 0;
+    assert_int_equal(cudaMemGetInfo(&free_b, &total), cudaSuccess);
+    stagehand_stats_t st;
+    stats(&st);
+    assert_true(free_b <= total);
+    assert_true(free_b + st.live_bytes <= total);
+    assert_true(total >= st.budget_bytes);
+    if (over) /* more is held than the card: evicted, and counted */
+        assert_true(st.host_bytes > 0 && total > st.budget_bytes);
+    else
+        assert_int_equal(total, st.budget_bytes);
+    for (int l = 0; l < n; l++)
+        assert_int_equal(cudaFree(w[l]), cudaSuccess);
+}
+
 /* The Conductor hints in the last JSONL line: a planner that never ran
  * never set them, and the prefetch window shows 0. */
 static long last_prefetch_window(const char *path)
@@ -381,6 +412,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_training_loop),
         cmocka_unit_test(test_too_big_evicts_nothing),
         cmocka_unit_test(test_pass_through_after_the_pool_filled_the_card),
+        cmocka_unit_test(test_mem_get_info_invariants),
         cmocka_unit_test(test_oversubscribed),
         cmocka_unit_test(test_no_planning_while_it_fits),
         cmocka_unit_test(test_no_recording_far_below_the_card),
