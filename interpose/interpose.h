@@ -72,6 +72,13 @@ cudaError_t sh_oom(size_t size, const char *what);
 /* The same for a request larger than the pool could ever hold. */
 cudaError_t sh_oom_too_big(size_t size, const char *what);
 
+/* PyTorch's allocator settings (torch.c). sh_torch_expandable: 1 when the
+ * setting conf ("key:value,...") turns expandable_segments on for the
+ * native allocator, which then never calls cudaMalloc. sh_torch_check_env:
+ * says so once, naming the variable, when the environment does. */
+int sh_torch_expandable(const char *conf);
+void sh_torch_check_env(void);
+
 /* The engine's room (engine/) over the pool, the scheduler and the driver:
  * sh_rt.engine, set up once the pool is. */
 void sh_room_init(void);

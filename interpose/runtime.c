@@ -225,6 +225,7 @@ static void init(void)
     char summary[512];
     sh_config_summary(&sh_rt.cfg, summary, sizeof summary);
     sh_log(SH_LOG_INFO, "managing allocations on device %d: %s", (int)sh_rt.dev, summary);
+    sh_torch_check_env();
     managed = 1;
 }
 
