@@ -24,7 +24,7 @@
 static struct fake {
     size_t total, outside, dev;
     int no_info, capturing;
-    int infos; /* mem_info calls */
+    int infos;     /* mem_info calls */
     size_t can[4]; /* trim, commit_early, evict_chosen, evict_lru */
     size_t asked[4];
     char log[16]; /* the links called, in order: t c p l */
