@@ -243,10 +243,33 @@ static int decide(struct run *r)
     return 0;
 }
 
-/* Makes room for `bytes` more device bytes, waiting if it must. */
-static int make_room(struct run *r, uint64_t bytes)
+/* What holds the device when nothing can be evicted (--verbose). */
+static void dump_device(const struct run *r)
 {
-    while (!r->failed && r->used + bytes > r->sp->vram_bytes) {
+    for (size_t k = 0; k < r->nreg; k++)
+        if (r->reg[k].live && r->reg[k].res != SH_RES_HOST)
+            fprintf(stderr, "    region %llu res %d bytes %llu copy %d\n",
+                    (unsigned long long)r->reg[k].id, r->reg[k].res,
+                    (unsigned long long)r->reg[k].bytes, r->reg[k].copy);
+    for (size_t i = 0; i < r->nprot; i++)
+        fprintf(stderr, "    protected %llu\n", (unsigned long long)r->prot[i]);
+}
+
+/* Room is still wanted for region g (SIZE_MAX: an allocation): a decision
+ * taken while make_room waited may have started its restore, whose device
+ * memory is then already counted. */
+static int room_wanted(const struct run *r, size_t g, uint64_t bytes)
+{
+    if (g != SIZE_MAX && r->reg[g].res != SH_RES_HOST)
+        return 0;
+    return r->used + bytes > r->sp->vram_bytes;
+}
+
+/* Makes room for `bytes` more device bytes for region g (SIZE_MAX: an
+ * allocation), waiting if it must. */
+static int make_room(struct run *r, uint64_t bytes, size_t g)
+{
+    while (!r->failed && room_wanted(r, g, bytes)) {
         if (any_ready(r, D2H)) {
             if (commit_all(r))
                 return SH_EINVAL;
@@ -274,15 +297,8 @@ static int make_room(struct run *r, uint64_t bytes)
                 return SH_EINVAL;
             continue;
         }
-        if (n == 0 && r->sp->verbose) {
-            for (size_t g = 0; g < r->nreg; g++)
-                if (r->reg[g].live && r->reg[g].res != SH_RES_HOST)
-                    fprintf(stderr, "    region %llu res %d bytes %llu copy %d\n",
-                            (unsigned long long)r->reg[g].id, r->reg[g].res,
-                            (unsigned long long)r->reg[g].bytes, r->reg[g].copy);
-            for (size_t i = 0; i < r->nprot; i++)
-                fprintf(stderr, "    protected %llu\n", (unsigned long long)r->prot[i]);
-        }
+        if (n == 0 && r->sp->verbose)
+            dump_device(r);
         if (n == 0)
             return run_fail(r,
                             "out of memory: %llu bytes more do not fit in %llu bytes of VRAM "
@@ -300,7 +316,7 @@ static int make_room(struct run *r, uint64_t bytes)
 static int on_alloc(struct run *r, const struct sh_trace_event *e)
 {
     uint64_t t0 = r->now;
-    if (make_room(r, e->bytes))
+    if (make_room(r, e->bytes, SIZE_MAX))
         return SH_EINVAL;
     if (r->now > t0)
         tally(r)->alloc_waits++;
@@ -379,7 +395,7 @@ static int make_resident(struct run *r, const uint64_t *ids, size_t n)
         if (s->res == SH_RES_TO_HOST) {
             abandon_eviction(r, s);
         } else if (s->res == SH_RES_HOST) {
-            if (make_room(r, s->bytes))
+            if (make_room(r, s->bytes, g))
                 return SH_EINVAL;
             /* while it waited for room, a decision may have fetched it */
             if (s->res == SH_RES_HOST && start_copy(r, g, H2D, 1))
