@@ -1,6 +1,6 @@
 /* test_sim_replay.c — stagehand-sim's replay on small hand-written traces
- * (tests/unit/traces/sim_*.trace) that once made it fail: a false
- * out-of-memory. Runs the built tool
+ * (tests/unit/traces/sim_*.trace) that once made it fail: a run that never
+ * ended, and a false out-of-memory. Runs the built tool
  * ($STAGEHAND_TEST_BUILD/stagehand-sim) under a memory limit, so a replay
  * whose lists grow without end fails here instead of taking the machine's
  * memory; one that never ends is stopped by the test runner's timeout.
@@ -39,6 +39,28 @@ static int sim(const char *args)
     return WEXITSTATUS(st);
 }
 
+/* One launch needs more than the card: every policy, belady included, stops
+ * with the same error naming the launch (belady used to restore a region
+ * ahead into the room an allocation was waiting for, then evict it again to
+ * make that room, without end). */
+static void test_launch_over_vram_ends(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof policies / sizeof policies[0]; i++) {
+        char args[256], want[256];
+        snprintf(args, sizeof args,
+                 "--trace " DIR "sim_launch_over_vram.trace --vram-gb 1.5 "
+                 "--policy %s",
+                 policies[i]);
+        assert_int_equal(sim(args), 1);
+        snprintf(want, sizeof want,
+                 "stagehand-sim: policy %s: trace line 12: the launch touches 2147483648 "
+                 "bytes, more than the 1610612736 bytes of VRAM\n",
+                 policies[i]);
+        assert_string_equal(out, want);
+    }
+}
+
 /* The launch fits; while the replay made room for its region, a decision
  * restored that region ahead. Every policy finishes, no faster than the
  * bound, and moves each byte it must: per step one region in and one out. */
@@ -63,6 +85,7 @@ static void test_fetched_while_waiting_fits(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_launch_over_vram_ends),
         cmocka_unit_test(test_fetched_while_waiting_fits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -224,7 +224,7 @@ static int decide(struct run *r)
                                   .fetch_max = (size_t)fmax < half ? (size_t)fmax : half,
                                   .evict = r->buf + half,
                                   .evict_max = (size_t)emax < half ? (size_t)emax : half};
-    if (sh_policy_plan(r->pol, r->used, r->prot, r->nprot, &plan))
+    if (sh_policy_plan(r->pol, r->used + r->held, r->prot, r->nprot, &plan))
         return run_fail(r, "policy plan failed");
     r->policy_ns += clock_ns() - t0;
     if (evict_list(r, plan.evict, plan.nevict, 0))
@@ -234,7 +234,7 @@ static int decide(struct run *r)
         if (g == SIZE_MAX || r->reg[g].res != SH_RES_HOST)
             return run_fail(r, "policy fetched region %llu, which is not on the host",
                             (unsigned long long)plan.fetch[i]);
-        if (r->used + r->reg[g].bytes > r->sp->vram_bytes)
+        if (r->used + r->held + r->reg[g].bytes > r->sp->vram_bytes)
             return run_fail(r, "policy fetch of region %llu would pass the VRAM size",
                             (unsigned long long)plan.fetch[i]);
         if (start_copy(r, g, H2D, 0))
@@ -265,9 +265,7 @@ static int room_wanted(const struct run *r, size_t g, uint64_t bytes)
     return r->used + bytes > r->sp->vram_bytes;
 }
 
-/* Makes room for `bytes` more device bytes for region g (SIZE_MAX: an
- * allocation), waiting if it must. */
-static int make_room(struct run *r, uint64_t bytes, size_t g)
+static int make_room_now(struct run *r, uint64_t bytes, size_t g)
 {
     while (!r->failed && room_wanted(r, g, bytes)) {
         if (any_ready(r, D2H)) {
@@ -309,6 +307,19 @@ static int make_room(struct run *r, uint64_t bytes, size_t g)
             return SH_EINVAL;
     }
     return r->failed ? SH_EINVAL : 0;
+}
+
+/* Makes room for `bytes` more device bytes for region g (SIZE_MAX: an
+ * allocation), waiting if it must. An allocation holds the room it waits
+ * for: a plan made meanwhile that restored into it (the launch after the
+ * allocation, say) would be evicted again to make the same room, without
+ * end when that launch cannot fit. */
+static int make_room(struct run *r, uint64_t bytes, size_t g)
+{
+    r->held = g == SIZE_MAX ? bytes : 0;
+    int rc = make_room_now(r, bytes, g);
+    r->held = 0;
+    return rc;
 }
 
 /* ---- trace events ---- */
@@ -430,13 +441,33 @@ static int make_resident(struct run *r, const uint64_t *ids, size_t n)
     return commit_if_due(r, needed);
 }
 
+/* A launch runs with all its regions on the device: one that touches more
+ * than the card holds cannot run in this model. */
+static int launch_fits(struct run *r, const struct sh_trace_event *e)
+{
+    uint64_t bytes = 0;
+    r->stamp++;
+    for (size_t i = 0; i < e->n; i++) {
+        size_t g = reg_of(r, e->ids[i]);
+        if (g == SIZE_MAX)
+            return run_fail(r, "trace line %u: launch of an unknown region", e->line);
+        if (r->reg[g].seen != r->stamp)
+            bytes += r->reg[g].bytes;
+        r->reg[g].seen = r->stamp;
+    }
+    if (bytes <= r->sp->vram_bytes)
+        return 0;
+    return run_fail(
+        r, "trace line %u: the launch touches %llu bytes, more than the %llu bytes of VRAM",
+        e->line, (unsigned long long)bytes, (unsigned long long)r->sp->vram_bytes);
+}
+
 static int on_launch(struct run *r, const struct sh_trace_event *e)
 {
     r->prot = e->ids;
     r->nprot = e->n;
-    for (size_t i = 0; i < e->n; i++)
-        if (reg_of(r, e->ids[i]) == SIZE_MAX)
-            return run_fail(r, "trace line %u: launch of an unknown region", e->line);
+    if (launch_fits(r, e))
+        return SH_EINVAL;
     if (make_resident(r, e->ids, e->n))
         return SH_EINVAL;
     uint64_t t0 = clock_ns();

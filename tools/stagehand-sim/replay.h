@@ -15,10 +15,11 @@ enum { C_QUEUED, C_ISSUED, C_READY, C_DONE };
 
 struct sreg {
     uint64_t id, bytes;
-    int live;  /* allocated and not freed */
-    int res;   /* enum sh_policy_residency, as the policy was told */
-    int copy;  /* active copy, -1 for none */
-    int known; /* the policy knows it (not yet forgotten) */
+    int live;      /* allocated and not freed */
+    int res;       /* enum sh_policy_residency, as the policy was told */
+    int copy;      /* active copy, -1 for none */
+    int known;     /* the policy knows it (not yet forgotten) */
+    uint64_t seen; /* run.stamp when last counted */
 };
 
 struct copy {
@@ -50,6 +51,8 @@ struct run {
     uint64_t now;
     uint64_t used, peak;
     uint64_t evicting; /* bytes under an eviction not yet committed */
+    uint64_t held;     /* room an allocation waits for: no plan restores into it */
+    uint64_t stamp;    /* marks a launch's regions as counted (sreg.seen) */
     /* the launch being issued or running */
     const uint64_t *prot;
     size_t nprot;
