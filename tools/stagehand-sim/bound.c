@@ -1,6 +1,9 @@
 /* bound.c — what a trace needs whatever the policy: its footprint, its
- * compute per step, and the lower bound max(compute, unavoidable bytes /
- * bandwidth) (docs/POLICY.md explains why those bytes are unavoidable).
+ * compute per step, and two lower bounds on a step: max(compute, bytes off
+ * the device at the peak / bandwidth), and the same per segment of the step
+ * with the bytes that must come in and go out counted per direction
+ * (docs/POLICY.md explains why those bytes are unavoidable;
+ * tests/unit/test_sim_bound.c checks no schedule beats them).
  *
  * No shared state.
  */
@@ -11,6 +14,7 @@
 #include "sh_err.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 /* Steps from the trace's own marks: every step mark after the first launch
  * starts a step (marks before it, and the allocations there, belong to the
@@ -152,19 +156,43 @@ int sim_shape_of(const struct sh_trace *t, uint64_t default_ns, struct sim_shape
     return 0;
 }
 
-/* One step, launches e[0..n): the best partition into segments of
- * sum max(compute, (bytes live before the segment and used in it - VRAM) /
- * bandwidth). At a segment's start at most VRAM bytes are on the device, so
- * the rest of what it uses that already existed must cross PCIe within it. */
+/* The segment bound. A segment is launches [A, B) of a step; it lasts from
+ * the start of launch A to the start of launch B (or to the end of the last
+ * launch). At any instant at most VRAM bytes are on the device (resident,
+ * or with a copy in flight either way), so:
+ *
+ *   H2D: at A's start at most VRAM of what the segment uses and existed
+ *   before it is there; the rest is restored within the segment.
+ *   D2H: every region on the device at some time in the segment (used by
+ *   one of its launches, or allocated within it) and still live at B's
+ *   start, together with B's own regions (which must be there then), beyond
+ *   VRAM, was evicted within it: after its last use there (a launch keeps
+ *   its regions) and before B.
+ *
+ * Each direction's bytes take bytes / bandwidth on its own link, or the sum
+ * on a shared one, and the launches run one at a time: a segment lasts at
+ * least max(compute, link). Segments do not overlap, so the sum over any
+ * partition of the step bounds it; the best partition is found by dynamic
+ * programming. */
 struct seg_in {
     const struct sh_trace *t;
-    const size_t *launch; /* event indices of the step's launches */
-    size_t n;
-    const struct idmap *ids;
-    const uint64_t *born;  /* per region: launches seen when allocated */
-    const uint64_t *bytes; /* per region */
-    uint64_t first;        /* launches seen before the step */
+    const size_t *launch;                /* event index of each launch of the trace */
+    size_t nl;                           /* launches in the trace */
+    size_t lo, n;                        /* this step: launches [lo, lo + n) */
+    const uint64_t *born, *died, *bytes; /* per region: launches before its alloc, its free
+                                           (UINT64_MAX: never freed), its size */
+    const size_t *loff, *lreg;           /* the regions launch k touches */
+    const size_t *aoff, *alist;          /* regions allocated just before launch k */
+    const size_t *foff, *flist;          /* regions freed just before launch k */
     uint64_t default_ns;
+};
+
+/* One DP row's running sums: segments [A, B) for a fixed A, B growing. */
+struct seg_acc {
+    uint64_t mark;   /* stamp of the regions in the segment */
+    uint64_t before; /* bytes used in it that existed before A */
+    uint64_t live;   /* bytes on the device within it and still live at B */
+    uint64_t B;      /* launches covered so far, from the trace's first */
 };
 
 static double dur_s(const struct seg_in *in, size_t i)
@@ -173,7 +201,60 @@ static double dur_s(const struct seg_in *in, size_t i)
     return e->dur_us == SH_TRACE_NO_DUR ? (double)in->default_ns / 1e9 : (double)e->dur_us / 1e6;
 }
 
-static double segment_dp(const struct seg_in *in, const struct sim_params *sp, uint64_t *stamp)
+static void seg_take(const struct seg_in *in, struct seg_acc *acc, uint64_t *stamp, size_t g,
+                     uint64_t A)
+{
+    if (stamp[g] == acc->mark)
+        return;
+    stamp[g] = acc->mark;
+    acc->before += in->born[g] <= A ? in->bytes[g] : 0;
+    acc->live += in->bytes[g];
+}
+
+/* Extends the segment to launch B (exclusive): B's uses, the allocations up
+ * to B, and the frees up to B (a region freed before B is not live at B). */
+static void seg_extend(const struct seg_in *in, struct seg_acc *acc, uint64_t *stamp, uint64_t A,
+                       uint64_t B)
+{
+    for (uint64_t i = acc->B; i < B; i++) {
+        for (size_t j = in->loff[i]; j < in->loff[i + 1]; j++)
+            seg_take(in, acc, stamp, in->lreg[j], A);
+        for (size_t j = in->aoff[i + 1]; j < in->aoff[i + 2]; j++)
+            seg_take(in, acc, stamp, in->alist[j], A);
+        for (size_t j = in->foff[i + 1]; j < in->foff[i + 2]; j++)
+            if (stamp[in->flist[j]] == acc->mark)
+                acc->live -= in->bytes[in->flist[j]];
+    }
+    acc->B = B;
+}
+
+/* Bytes of launch B's regions not already counted as live in the segment. */
+static uint64_t seg_next(const struct seg_in *in, const struct seg_acc *acc, uint64_t *stamp,
+                         uint64_t *stamp2, uint64_t mark2)
+{
+    if (acc->B >= in->nl)
+        return 0;
+    uint64_t extra = 0;
+    for (size_t j = in->loff[acc->B]; j < in->loff[acc->B + 1]; j++) {
+        size_t g = in->lreg[j];
+        if (stamp[g] == acc->mark || stamp2[g] == mark2)
+            continue;
+        stamp2[g] = mark2;
+        extra += in->bytes[g];
+    }
+    return extra;
+}
+
+static double link_s(const struct sim_params *sp, uint64_t h2d, uint64_t d2h)
+{
+    uint64_t v = sp->vram_bytes;
+    double in = h2d > v ? (double)(h2d - v) : 0, out = d2h > v ? (double)(d2h - v) : 0;
+    double bytes = sp->shared_link ? in + out : in > out ? in : out;
+    return bytes / sp->pcie_bytes_per_s;
+}
+
+static double segment_dp(const struct seg_in *in, const struct sim_params *sp, uint64_t *stamp,
+                         uint64_t *stamp2, uint64_t *marks)
 {
     size_t n = in->n;
     /* long steps: segment edges only every `stride` launches (still a bound) */
@@ -186,24 +267,16 @@ static double segment_dp(const struct seg_in *in, const struct sim_params *sp, u
         return 0;
     }
     for (size_t i = 0; i < n; i++)
-        pre[i + 1] = pre[i] + dur_s(in, i);
+        pre[i + 1] = pre[i] + dur_s(in, in->lo + i);
     for (size_t a = 0; a < m; a++) {
-        uint64_t held = 0, mark = in->first + a * stride + 1;
+        uint64_t A = in->lo + a * stride;
+        struct seg_acc acc = {.mark = ++marks[0], .B = A};
         for (size_t b = a; b < m; b++) {
-            for (size_t i = b * stride; i < (b + 1) * stride && i < n; i++) {
-                const struct sh_trace_event *e = sh_trace_at(in->t, in->launch[i]);
-                for (size_t j = 0; j < e->n; j++) {
-                    size_t g = idmap_get(in->ids, e->ids[j]);
-                    if (g == SIZE_MAX || stamp[g] == mark || in->born[g] > in->first + a * stride)
-                        continue;
-                    stamp[g] = mark;
-                    held += in->bytes[g];
-                }
-            }
             size_t hi = (b + 1) * stride < n ? (b + 1) * stride : n;
+            seg_extend(in, &acc, stamp, A, in->lo + hi);
+            uint64_t next = seg_next(in, &acc, stamp, stamp2, ++marks[1]);
             double compute = pre[hi] - pre[a * stride];
-            double over = held > sp->vram_bytes ? (double)(held - sp->vram_bytes) : 0;
-            double link = over / sp->pcie_bytes_per_s;
+            double link = link_s(sp, acc.before, acc.live + next);
             double v = best[a] + (compute > link ? compute : link);
             if (v > best[b + 1])
                 best[b + 1] = v;
@@ -215,54 +288,153 @@ static double segment_dp(const struct seg_in *in, const struct sim_params *sp, u
     return r;
 }
 
+/* Per region, what the segments need: size, launches seen at its allocation
+ * and at its free. Per launch, the regions it touches (an id may be reused
+ * after a free: resolved as the trace is read). Per launch gap k (just
+ * before launch k; k = nl after the last), the regions allocated and freed
+ * there. Lists are offset lists: item k is list[off[k]] .. list[off[k + 1]]. */
+struct seg_index {
+    struct idmap ids;
+    size_t nreg, nl, nlreg;
+    uint64_t *born, *died, *bytes;
+    size_t *launch, *loff, *lreg, *aoff, *alist, *foff, *flist;
+};
+
+static void seg_index_free(struct seg_index *x)
+{
+    idmap_free(&x->ids);
+    free(x->born);
+    free(x->died);
+    free(x->bytes);
+    free(x->launch);
+    free(x->loff);
+    free(x->lreg);
+    free(x->aoff);
+    free(x->alist);
+    free(x->foff);
+    free(x->flist);
+}
+
+/* Counting sort of regions by gap (off has nl + 3 zeroed entries); after it,
+ * gap k is list[off[k]] .. list[off[k + 1]]. */
+static void seg_bucket(const uint64_t *key, size_t nreg, size_t nl, size_t *off, size_t *list)
+{
+    for (size_t g = 0; g < nreg; g++)
+        if (key[g] <= nl)
+            off[key[g] + 2]++;
+    for (size_t k = 2; k < nl + 3; k++)
+        off[k] += off[k - 1];
+    for (size_t g = 0; g < nreg; g++)
+        if (key[g] <= nl)
+            list[off[key[g] + 1]++] = g;
+}
+
+/* Records launch i's regions as they are now. */
+static void seg_index_launch(struct seg_index *x, const struct sh_trace_event *e, size_t i)
+{
+    x->launch[x->nl] = i;
+    for (size_t j = 0; j < e->n; j++) {
+        size_t g = idmap_get(&x->ids, e->ids[j]);
+        if (g != SIZE_MAX)
+            x->lreg[x->nlreg++] = g;
+    }
+    x->loff[++x->nl] = x->nlreg;
+}
+
+static int seg_index_build(const struct sh_trace *t, struct seg_index *x)
+{
+    size_t ne = sh_trace_count(t) + 1, touches = 1;
+    for (size_t i = 0; i + 1 < ne; i++)
+        if (sh_trace_at(t, i)->type == SH_TRACE_LAUNCH)
+            touches += sh_trace_at(t, i)->n;
+    memset(x, 0, sizeof *x);
+    x->lreg = malloc(touches * sizeof *x->lreg);
+    x->born = malloc(ne * sizeof *x->born);
+    x->died = malloc(ne * sizeof *x->died);
+    x->bytes = malloc(ne * sizeof *x->bytes);
+    x->launch = malloc(ne * sizeof *x->launch);
+    x->loff = calloc(ne + 1, sizeof *x->loff);
+    x->aoff = calloc(ne + 3, sizeof *x->aoff);
+    x->foff = calloc(ne + 3, sizeof *x->foff);
+    x->alist = malloc(ne * sizeof *x->alist);
+    x->flist = malloc(ne * sizeof *x->flist);
+    if (!x->born || !x->died || !x->bytes || !x->launch || !x->loff || !x->lreg || !x->aoff ||
+        !x->foff || !x->alist || !x->flist)
+        return SH_ENOMEM;
+    int rc = 0;
+    for (size_t i = 0; i + 1 < ne && !rc; i++) {
+        const struct sh_trace_event *e = sh_trace_at(t, i);
+        if (e->type == SH_TRACE_ALLOC) {
+            x->born[x->nreg] = x->nl;
+            x->died[x->nreg] = UINT64_MAX;
+            x->bytes[x->nreg] = e->bytes;
+            rc = idmap_put(&x->ids, e->id, x->nreg++);
+        } else if (e->type == SH_TRACE_FREE) {
+            size_t g = idmap_get(&x->ids, e->id);
+            if (g != SIZE_MAX)
+                x->died[g] = x->nl;
+        } else if (e->type == SH_TRACE_LAUNCH) {
+            seg_index_launch(x, e, i);
+        }
+    }
+    seg_bucket(x->born, x->nreg, x->nl, x->aoff, x->alist);
+    seg_bucket(x->died, x->nreg, x->nl, x->foff, x->flist);
+    return rc;
+}
+
+/* Launches before each step's start; lstep[nst] = all of them. */
+static void step_launches(const struct sh_trace *t, const size_t *starts, size_t nst, size_t *lstep)
+{
+    size_t nl = 0, k = 0;
+    for (size_t i = 0; i < sh_trace_count(t); i++) {
+        while (k < nst && starts[k] <= i)
+            lstep[k++] = nl;
+        nl += sh_trace_at(t, i)->type == SH_TRACE_LAUNCH;
+    }
+    while (k <= nst)
+        lstep[k++] = nl;
+}
+
 int sim_segment_bound(const struct sh_trace *t, const struct sim_params *sp, double *out)
 {
     size_t *starts, nst;
     int rc = sim_step_starts(t, &starts, &nst);
     if (rc)
         return rc;
-    size_t ne = sh_trace_count(t), nreg = 0;
-    struct idmap ids = {0};
-    uint64_t *born = malloc((ne + 1) * sizeof *born), *bytes = malloc((ne + 1) * sizeof *bytes);
-    uint64_t *stamp = calloc(ne + 1, sizeof *stamp);
-    size_t *launch = malloc((ne + 1) * sizeof *launch), *lstep = malloc((nst + 1) * sizeof *lstep);
-    if (!born || !bytes || !stamp || !launch || !lstep)
+    struct seg_index x;
+    rc = seg_index_build(t, &x);
+    size_t ne = sh_trace_count(t) + 1;
+    uint64_t *stamp = calloc(ne, sizeof *stamp), *stamp2 = calloc(ne, sizeof *stamp2);
+    size_t *lstep = malloc((nst + 1) * sizeof *lstep);
+    if (!rc && (!stamp || !stamp2 || !lstep))
         rc = SH_ENOMEM;
-    uint64_t nl = 0;
-    size_t k = 0;
-    for (size_t i = 0; i < ne && !rc; i++) {
-        while (k < nst && starts[k] <= i)
-            lstep[k++] = (size_t)nl;
-        const struct sh_trace_event *e = sh_trace_at(t, i);
-        if (e->type == SH_TRACE_ALLOC) {
-            born[nreg] = nl;
-            bytes[nreg] = e->bytes;
-            rc = idmap_put(&ids, e->id, nreg++);
-        } else if (e->type == SH_TRACE_LAUNCH) {
-            launch[nl++] = i;
-        }
-    }
-    while (k <= nst)
-        lstep[k++] = (size_t)nl;
+    if (!rc)
+        step_launches(t, starts, nst, lstep);
     double sum = 0;
+    uint64_t marks[2] = {0, 0};
     size_t first = nst > 2 ? 2 : nst - 1; /* as the replay measures */
     for (size_t s = first; s < nst && !rc; s++) {
         struct seg_in in = {.t = t,
-                            .launch = launch + lstep[s],
+                            .launch = x.launch,
+                            .nl = x.nl,
+                            .lo = lstep[s],
                             .n = lstep[s + 1] - lstep[s],
-                            .ids = &ids,
-                            .born = born,
-                            .bytes = bytes,
-                            .first = lstep[s],
+                            .loff = x.loff,
+                            .lreg = x.lreg,
+                            .born = x.born,
+                            .died = x.died,
+                            .bytes = x.bytes,
+                            .aoff = x.aoff,
+                            .alist = x.alist,
+                            .foff = x.foff,
+                            .flist = x.flist,
                             .default_ns = sp->default_ns};
-        sum += segment_dp(&in, sp, stamp);
+        sum += segment_dp(&in, sp, stamp, stamp2, marks);
     }
     *out = rc ? 0 : sum / (double)(nst - first);
-    idmap_free(&ids);
-    free(born);
-    free(bytes);
+    seg_index_free(&x);
     free(stamp);
-    free(launch);
+    free(stamp2);
     free(lstep);
     free(starts);
     return rc;
@@ -274,6 +446,10 @@ double sim_lower_bound(const struct sim_shape *s, const struct sim_params *sp,
     uint64_t over = s->used_peak > sp->vram_bytes ? s->used_peak - sp->vram_bytes : 0;
     if (unavoidable_bytes)
         *unavoidable_bytes = over;
-    double link_s = (double)over / sp->pcie_bytes_per_s * (sp->shared_link ? 2 : 1);
-    return s->compute_s > link_s ? s->compute_s : link_s;
+    /* Each byte off the device at the peak crosses the link at least once:
+     * out before the peak or back after it. Not twice on a shared link: a
+     * region evicted and never used again only goes out (the segment bound
+     * counts both directions where both are due). */
+    double link = (double)over / sp->pcie_bytes_per_s;
+    return s->compute_s > link ? s->compute_s : link;
 }

@@ -3,6 +3,8 @@
  * direction (or one shared link) that carries copies one at a time at a
  * given bandwidth, at most max_inflight issued copies per direction.
  *
+ * The link (copies queued, issued, finished) is copy.c.
+ *
  * The policy decides exactly as inside the library: at each launch (after
  * making its regions resident) and whenever a copy finishes. A launch whose
  * region is on the host waits for its restore; one whose region is being
@@ -11,9 +13,9 @@
  * under an eviction counts as used until the eviction is committed; copies
  * are committed in remap windows between launches, which cost time.
  *
- * No shared state: everything lives in one struct per run.
+ * No shared state: everything lives in one struct per run (replay.h).
  */
-#include "tools/stagehand-sim/sim.h"
+#include "tools/stagehand-sim/replay.h"
 
 #include "policy/policy.h"
 #include "policy/trace.h"
@@ -25,63 +27,7 @@
 #include <string.h>
 #include <time.h>
 
-enum { H2D = 0, D2H = 1 };
-enum { C_QUEUED, C_ISSUED, C_READY, C_DONE };
-
-struct sreg {
-    uint64_t id, bytes;
-    int live;  /* allocated and not freed */
-    int res;   /* enum sh_policy_residency, as the policy was told */
-    int copy;  /* active copy, -1 for none */
-    int known; /* the policy knows it (not yet forgotten) */
-};
-
-struct copy {
-    size_t reg;
-    int dir, state, cancelled, demand;
-    uint64_t bytes, done_ns;
-};
-
-/* A FIFO of copy indices. */
-struct fifo {
-    int *v;
-    size_t head, n, cap;
-};
-
-struct run {
-    const struct sh_trace *t;
-    const struct sim_params *sp;
-    struct sh_policy *pol;
-    int kind;
-    struct idmap ids;
-    struct sreg *reg;
-    size_t nreg;
-    struct copy *cp;
-    size_t ncp, capcp;
-    struct fifo queued[2], issued[2];
-    int *ready; /* copies finished, waiting for a remap window */
-    size_t nready, capready, nready_dir[2];
-    uint64_t link_free[2];
-    uint64_t now;
-    uint64_t used, peak;
-    uint64_t evicting; /* bytes under an eviction not yet committed */
-    /* the launch being issued or running */
-    const uint64_t *prot;
-    size_t nprot;
-    /* per-step tallies, indexed by step */
-    struct tally {
-        uint64_t start_ns, h2d, d2h, stalls, stall_ns, alloc_waits, windows, compute_ns;
-    } * steps;
-    size_t nsteps, cur_step;
-    uint64_t policy_ns, launch_ns, launches;
-    uint64_t *buf; /* scratch for victim and plan lists */
-    size_t capbuf;
-    char *err;
-    size_t errlen;
-    int failed;
-};
-
-__attribute__((format(printf, 2, 3))) static int fail(struct run *r, const char *fmt, ...)
+int run_fail(struct run *r, const char *fmt, ...)
 {
     if (!r->failed && r->err && r->errlen) {
         va_list ap;
@@ -100,157 +46,9 @@ static uint64_t clock_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static struct tally *tally(struct run *r)
-{
-    return &r->steps[r->cur_step];
-}
-
-/* ---- FIFOs ---- */
-
-static int fifo_push(struct fifo *f, int c, int front)
-{
-    if (f->head + f->n == f->cap) {
-        if (f->head) {
-            memmove(f->v, f->v + f->head, f->n * sizeof *f->v);
-            f->head = 0;
-        } else {
-            size_t cap = f->cap ? f->cap * 2 : 64;
-            int *v = realloc(f->v, cap * sizeof *v);
-            if (!v)
-                return SH_ENOMEM;
-            f->v = v;
-            f->cap = cap;
-        }
-    }
-    if (front) {
-        memmove(f->v + f->head + 1, f->v + f->head, f->n * sizeof *f->v);
-        f->v[f->head] = c;
-    } else {
-        f->v[f->head + f->n] = c;
-    }
-    f->n++;
-    return 0;
-}
-
-static int fifo_pop(struct fifo *f)
-{
-    int c = f->v[f->head++];
-    if (--f->n == 0)
-        f->head = 0;
-    return c;
-}
-
-static void fifo_remove(struct fifo *f, int c)
-{
-    for (size_t i = 0; i < f->n; i++) {
-        if (f->v[f->head + i] == c) {
-            memmove(f->v + f->head + i, f->v + f->head + i + 1, (f->n - i - 1) * sizeof *f->v);
-            f->n--;
-            return;
-        }
-    }
-}
-
-/* ---- copies ---- */
-
-static int link_of(const struct run *r, int dir)
-{
-    return r->sp->shared_link ? 0 : dir;
-}
-
-static uint64_t copy_ns(const struct run *r, uint64_t bytes)
-{
-    return (uint64_t)((double)bytes / r->sp->pcie_bytes_per_s * 1e9 + 0.5);
-}
-
-static int cap_of(struct run *r, int dir)
-{
-    struct sh_policy_hints h;
-    sh_policy_hints(r->pol, &h);
-    return dir == H2D ? h.max_inflight_h2d : h.max_inflight_d2h;
-}
-
-static void issue(struct run *r, int c)
-{
-    struct copy *cp = &r->cp[c];
-    int l = link_of(r, cp->dir);
-    uint64_t start = r->link_free[l] > r->now ? r->link_free[l] : r->now;
-    cp->done_ns = start + copy_ns(r, cp->bytes);
-    r->link_free[l] = cp->done_ns;
-    cp->state = C_ISSUED;
-    if (r->sp->verbose > 3)
-        fprintf(stderr, "      %s region %llu %s %.3f..%.3f ms %llu\n",
-                cp->dir == H2D ? "h2d" : "d2h", (unsigned long long)r->reg[cp->reg].id,
-                cp->demand ? "demand" : "ahead",
-                (double)(cp->done_ns - copy_ns(r, cp->bytes)) / 1e6, (double)cp->done_ns / 1e6,
-                (unsigned long long)cp->bytes);
-    fifo_push(&r->issued[cp->dir], c, 0);
-    if (cp->dir == H2D)
-        tally(r)->h2d += cp->bytes;
-    else
-        tally(r)->d2h += cp->bytes;
-}
-
-/* Issues queued copies while slots are free; a demand copy always gets one. */
-static void refill(struct run *r, int dir)
-{
-    while (r->queued[dir].n) {
-        int c = r->queued[dir].v[r->queued[dir].head];
-        int cap = cap_of(r, dir);
-        if (r->cp[c].demand && cap < 1)
-            cap = 1;
-        if ((int)r->issued[dir].n >= cap)
-            return;
-        fifo_pop(&r->queued[dir]);
-        issue(r, c);
-    }
-}
-
-static int start_copy(struct run *r, size_t g, int dir, int demand)
-{
-    if (r->ncp == r->capcp) {
-        size_t cap = r->capcp ? r->capcp * 2 : 1024;
-        struct copy *n = realloc(r->cp, cap * sizeof *n);
-        if (!n)
-            return fail(r, "out of memory");
-        r->cp = n;
-        r->capcp = cap;
-    }
-    int c = (int)r->ncp++;
-    struct sreg *s = &r->reg[g];
-    r->cp[c] = (struct copy){.reg = g, .dir = dir, .demand = demand, .bytes = s->bytes};
-    s->copy = c;
-    s->res = dir == H2D ? SH_RES_TO_DEVICE : SH_RES_TO_HOST;
-    if (dir == H2D)
-        r->used += s->bytes; /* the device chunks are taken now */
-    else
-        r->evicting += s->bytes;
-    if (r->used > r->peak)
-        r->peak = r->used;
-    sh_policy_residency(r->pol, s->id, s->res);
-    if (fifo_push(&r->queued[dir], c, demand))
-        return fail(r, "out of memory");
-    refill(r, dir);
-    return 0;
-}
-
 static size_t reg_of(const struct run *r, uint64_t id)
 {
     return idmap_get(&r->ids, id);
-}
-
-/* The earliest issued copy to finish, or -1. */
-static int next_done(const struct run *r)
-{
-    int best = -1;
-    for (int d = 0; d < 2; d++) {
-        if (!r->issued[d].n)
-            continue;
-        int c = r->issued[d].v[r->issued[d].head];
-        if (best < 0 || r->cp[c].done_ns < r->cp[best].done_ns)
-            best = c;
-    }
-    return best;
 }
 
 static void drop_region(struct run *r, struct sreg *s)
@@ -259,29 +57,6 @@ static void drop_region(struct run *r, struct sreg *s)
         sh_policy_forget(r->pol, s->id);
         s->known = 0;
     }
-}
-
-static int finish(struct run *r, int c)
-{
-    struct copy *cp = &r->cp[c];
-    fifo_pop(&r->issued[cp->dir]);
-    if (cp->cancelled) {
-        cp->state = C_DONE;
-    } else {
-        if (r->nready == r->capready) {
-            size_t cap = r->capready ? r->capready * 2 : 64;
-            int *v = realloc(r->ready, cap * sizeof *v);
-            if (!v)
-                return fail(r, "out of memory");
-            r->ready = v;
-            r->capready = cap;
-        }
-        cp->state = C_READY;
-        r->ready[r->nready++] = c;
-        r->nready_dir[cp->dir]++;
-    }
-    refill(r, cp->dir);
-    return 0;
 }
 
 /* ---- decisions ---- */
@@ -315,7 +90,7 @@ static int wait_one(struct run *r)
 {
     int c = next_done(r);
     if (c < 0)
-        return fail(r, "deadlock: waiting with no copy in flight");
+        return run_fail(r, "deadlock: waiting with no copy in flight");
     if (advance(r, r->cp[c].done_ns))
         return SH_EINVAL;
     if (!any_ready(r, D2H))
@@ -393,7 +168,7 @@ static int reserve_buf(struct run *r, size_t n)
         return 0;
     uint64_t *b = realloc(r->buf, n * sizeof *b);
     if (!b)
-        return fail(r, "out of memory");
+        return run_fail(r, "out of memory");
     r->buf = b;
     r->capbuf = n;
     return 0;
@@ -404,8 +179,8 @@ static int evict_list(struct run *r, const uint64_t *ids, size_t n, int demand)
     for (size_t i = 0; i < n && !r->failed; i++) {
         size_t g = reg_of(r, ids[i]);
         if (g == SIZE_MAX || r->reg[g].res != SH_RES_DEVICE)
-            return fail(r, "policy chose region %llu, which is not resident",
-                        (unsigned long long)ids[i]);
+            return run_fail(r, "policy chose region %llu, which is not resident",
+                            (unsigned long long)ids[i]);
         if (!r->reg[g].live) {
             /* a freed region: its memory goes back without a copy */
             r->used -= r->reg[g].bytes;
@@ -449,29 +224,50 @@ static int decide(struct run *r)
                                   .fetch_max = (size_t)fmax < half ? (size_t)fmax : half,
                                   .evict = r->buf + half,
                                   .evict_max = (size_t)emax < half ? (size_t)emax : half};
-    if (sh_policy_plan(r->pol, r->used, r->prot, r->nprot, &plan))
-        return fail(r, "policy plan failed");
+    if (sh_policy_plan(r->pol, r->used + r->held, r->prot, r->nprot, &plan))
+        return run_fail(r, "policy plan failed");
     r->policy_ns += clock_ns() - t0;
     if (evict_list(r, plan.evict, plan.nevict, 0))
         return SH_EINVAL;
     for (size_t i = 0; i < plan.nfetch; i++) {
         size_t g = reg_of(r, plan.fetch[i]);
         if (g == SIZE_MAX || r->reg[g].res != SH_RES_HOST)
-            return fail(r, "policy fetched region %llu, which is not on the host",
-                        (unsigned long long)plan.fetch[i]);
-        if (r->used + r->reg[g].bytes > r->sp->vram_bytes)
-            return fail(r, "policy fetch of region %llu would pass the VRAM size",
-                        (unsigned long long)plan.fetch[i]);
+            return run_fail(r, "policy fetched region %llu, which is not on the host",
+                            (unsigned long long)plan.fetch[i]);
+        if (r->used + r->held + r->reg[g].bytes > r->sp->vram_bytes)
+            return run_fail(r, "policy fetch of region %llu would pass the VRAM size",
+                            (unsigned long long)plan.fetch[i]);
         if (start_copy(r, g, H2D, 0))
             return SH_EINVAL;
     }
     return 0;
 }
 
-/* Makes room for `bytes` more device bytes, waiting if it must. */
-static int make_room(struct run *r, uint64_t bytes)
+/* What holds the device when nothing can be evicted (--verbose). */
+static void dump_device(const struct run *r)
 {
-    while (!r->failed && r->used + bytes > r->sp->vram_bytes) {
+    for (size_t k = 0; k < r->nreg; k++)
+        if (r->reg[k].live && r->reg[k].res != SH_RES_HOST)
+            fprintf(stderr, "    region %llu res %d bytes %llu copy %d\n",
+                    (unsigned long long)r->reg[k].id, r->reg[k].res,
+                    (unsigned long long)r->reg[k].bytes, r->reg[k].copy);
+    for (size_t i = 0; i < r->nprot; i++)
+        fprintf(stderr, "    protected %llu\n", (unsigned long long)r->prot[i]);
+}
+
+/* Room is still wanted for region g (SIZE_MAX: an allocation): a decision
+ * taken while make_room waited may have started its restore, whose device
+ * memory is then already counted. */
+static int room_wanted(const struct run *r, size_t g, uint64_t bytes)
+{
+    if (g != SIZE_MAX && r->reg[g].res != SH_RES_HOST)
+        return 0;
+    return r->used + bytes > r->sp->vram_bytes;
+}
+
+static int make_room_now(struct run *r, uint64_t bytes, size_t g)
+{
+    while (!r->failed && room_wanted(r, g, bytes)) {
         if (any_ready(r, D2H)) {
             if (commit_all(r))
                 return SH_EINVAL;
@@ -499,25 +295,31 @@ static int make_room(struct run *r, uint64_t bytes)
                 return SH_EINVAL;
             continue;
         }
-        if (n == 0 && r->sp->verbose) {
-            for (size_t g = 0; g < r->nreg; g++)
-                if (r->reg[g].live && r->reg[g].res != SH_RES_HOST)
-                    fprintf(stderr, "    region %llu res %d bytes %llu copy %d\n",
-                            (unsigned long long)r->reg[g].id, r->reg[g].res,
-                            (unsigned long long)r->reg[g].bytes, r->reg[g].copy);
-            for (size_t i = 0; i < r->nprot; i++)
-                fprintf(stderr, "    protected %llu\n", (unsigned long long)r->prot[i]);
-        }
+        if (n == 0 && r->sp->verbose)
+            dump_device(r);
         if (n == 0)
-            return fail(r,
-                        "out of memory: %llu bytes more do not fit in %llu bytes of VRAM "
-                        "(%llu in use, nothing evictable)",
-                        (unsigned long long)bytes, (unsigned long long)r->sp->vram_bytes,
-                        (unsigned long long)r->used);
+            return run_fail(r,
+                            "out of memory: %llu bytes more do not fit in %llu bytes of VRAM "
+                            "(%llu in use, nothing evictable)",
+                            (unsigned long long)bytes, (unsigned long long)r->sp->vram_bytes,
+                            (unsigned long long)r->used);
         if (evict_list(r, r->buf, n, 1))
             return SH_EINVAL;
     }
     return r->failed ? SH_EINVAL : 0;
+}
+
+/* Makes room for `bytes` more device bytes for region g (SIZE_MAX: an
+ * allocation), waiting if it must. An allocation holds the room it waits
+ * for: a plan made meanwhile that restored into it (the launch after the
+ * allocation, say) would be evicted again to make the same room, without
+ * end when that launch cannot fit. */
+static int make_room(struct run *r, uint64_t bytes, size_t g)
+{
+    r->held = g == SIZE_MAX ? bytes : 0;
+    int rc = make_room_now(r, bytes, g);
+    r->held = 0;
+    return rc;
 }
 
 /* ---- trace events ---- */
@@ -525,20 +327,20 @@ static int make_room(struct run *r, uint64_t bytes)
 static int on_alloc(struct run *r, const struct sh_trace_event *e)
 {
     uint64_t t0 = r->now;
-    if (make_room(r, e->bytes))
+    if (make_room(r, e->bytes, SIZE_MAX))
         return SH_EINVAL;
     if (r->now > t0)
         tally(r)->alloc_waits++;
     size_t g = r->nreg++;
     r->reg[g] = (struct sreg){.id = e->id, .bytes = e->bytes, .live = 1, .copy = -1, .known = 1};
     if (idmap_put(&r->ids, e->id, g))
-        return fail(r, "out of memory");
+        return run_fail(r, "out of memory");
     r->used += e->bytes;
     if (r->used > r->peak)
         r->peak = r->used;
     if (sh_policy_alloc(r->pol, r->now / 1000, e->id, e->bytes, e->stream))
-        return fail(r, "trace line %u: policy refused allocation %llu", e->line,
-                    (unsigned long long)e->id);
+        return run_fail(r, "trace line %u: policy refused allocation %llu", e->line,
+                        (unsigned long long)e->id);
     return 0;
 }
 
@@ -546,7 +348,7 @@ static int on_free(struct run *r, const struct sh_trace_event *e)
 {
     size_t g = reg_of(r, e->id);
     if (g == SIZE_MAX)
-        return fail(r, "trace line %u: free of unknown region", e->line);
+        return run_fail(r, "trace line %u: free of unknown region", e->line);
     struct sreg *s = &r->reg[g];
     s->live = 0;
     sh_policy_free(r->pol, r->now / 1000, e->id);
@@ -604,7 +406,7 @@ static int make_resident(struct run *r, const uint64_t *ids, size_t n)
         if (s->res == SH_RES_TO_HOST) {
             abandon_eviction(r, s);
         } else if (s->res == SH_RES_HOST) {
-            if (make_room(r, s->bytes))
+            if (make_room(r, s->bytes, g))
                 return SH_EINVAL;
             /* while it waited for room, a decision may have fetched it */
             if (s->res == SH_RES_HOST && start_copy(r, g, H2D, 1))
@@ -639,18 +441,38 @@ static int make_resident(struct run *r, const uint64_t *ids, size_t n)
     return commit_if_due(r, needed);
 }
 
+/* A launch runs with all its regions on the device: one that touches more
+ * than the card holds cannot run in this model. */
+static int launch_fits(struct run *r, const struct sh_trace_event *e)
+{
+    uint64_t bytes = 0;
+    r->stamp++;
+    for (size_t i = 0; i < e->n; i++) {
+        size_t g = reg_of(r, e->ids[i]);
+        if (g == SIZE_MAX)
+            return run_fail(r, "trace line %u: launch of an unknown region", e->line);
+        if (r->reg[g].seen != r->stamp)
+            bytes += r->reg[g].bytes;
+        r->reg[g].seen = r->stamp;
+    }
+    if (bytes <= r->sp->vram_bytes)
+        return 0;
+    return run_fail(
+        r, "trace line %u: the launch touches %llu bytes, more than the %llu bytes of VRAM",
+        e->line, (unsigned long long)bytes, (unsigned long long)r->sp->vram_bytes);
+}
+
 static int on_launch(struct run *r, const struct sh_trace_event *e)
 {
     r->prot = e->ids;
     r->nprot = e->n;
-    for (size_t i = 0; i < e->n; i++)
-        if (reg_of(r, e->ids[i]) == SIZE_MAX)
-            return fail(r, "trace line %u: launch of an unknown region", e->line);
+    if (launch_fits(r, e))
+        return SH_EINVAL;
     if (make_resident(r, e->ids, e->n))
         return SH_EINVAL;
     uint64_t t0 = clock_ns();
     if (sh_policy_launch(r->pol, r->now / 1000, e->kernel, e->stream, e->ids, e->n))
-        return fail(r, "trace line %u: policy refused the launch", e->line);
+        return run_fail(r, "trace line %u: policy refused the launch", e->line);
     r->launch_ns += clock_ns() - t0;
     r->launches++;
     if (decide(r))
@@ -676,7 +498,7 @@ static int set_future(struct run *r)
     size_t n = sh_trace_count(r->t);
     struct sh_policy_future *f = calloc(n ? n : 1, sizeof *f);
     if (!f)
-        return fail(r, "out of memory");
+        return run_fail(r, "out of memory");
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
         const struct sh_trace_event *e = sh_trace_at(r->t, i);
@@ -690,7 +512,7 @@ static int set_future(struct run *r)
     }
     int rc = sh_policy_set_future(r->pol, f, k);
     free(f);
-    return rc ? fail(r, "out of memory") : 0;
+    return rc ? run_fail(r, "out of memory") : 0;
 }
 
 /* Device bytes recounted from the regions: must equal r->used. */
@@ -743,10 +565,10 @@ static int replay(struct run *r, const size_t *starts, size_t nst)
             break;
         }
         if (rc)
-            return fail(r, "trace line %u: replay failed", e->line);
+            return run_fail(r, "trace line %u: replay failed", e->line);
         if (r->sp->verbose > 4 && recount(r) != r->used)
-            return fail(r, "event %zu (type %d): used %llu, regions hold %llu", i, e->type,
-                        (unsigned long long)r->used, (unsigned long long)recount(r));
+            return run_fail(r, "event %zu (type %d): used %llu, regions hold %llu", i, e->type,
+                            (unsigned long long)r->used, (unsigned long long)recount(r));
     }
     return r->failed ? SH_EINVAL : 0;
 }

@@ -84,12 +84,14 @@ struct sim_shape {
     int steps;          /* steps seen */
 };
 int sim_shape_of(const struct sh_trace *t, uint64_t default_ns, struct sim_shape *out);
-/* max(compute, unavoidable bytes / bandwidth) for one steady step. */
+/* max(compute, unavoidable bytes / bandwidth) for one steady step: each byte
+ * off the device at the peak crosses the link at least once. */
 double sim_lower_bound(const struct sim_shape *s, const struct sim_params *sp,
                        uint64_t *unavoidable_bytes);
 
-/* The same bound applied per segment of a step and summed, over the best
- * partition into segments (mean over steady steps). */
+/* Per segment of a step, max(compute, what must be restored / bandwidth,
+ * what must be evicted / bandwidth) (the two added on a shared link),
+ * summed over the best partition into segments (mean over steady steps). */
 int sim_segment_bound(const struct sh_trace *t, const struct sim_params *sp, double *out);
 
 /* Where steps begin in the trace: event indices of its step marks, or of

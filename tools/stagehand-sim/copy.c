@@ -1,0 +1,177 @@
+/* copy.c — the link of stagehand-sim's model: copies queued per
+ * direction, issued while the policy's in-flight cap allows (a demand copy
+ * always gets a slot), carried one at a time at the link's bandwidth (one
+ * link per direction, or one shared), then ready for a remap window.
+ *
+ * No shared state: everything lives in the run (replay.h).
+ */
+#include "tools/stagehand-sim/replay.h"
+
+#include "policy/policy.h"
+#include "sh_err.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int fifo_push(struct fifo *f, int c, int front)
+{
+    if (f->head + f->n == f->cap) {
+        if (f->head) {
+            memmove(f->v, f->v + f->head, f->n * sizeof *f->v);
+            f->head = 0;
+        } else {
+            size_t cap = f->cap ? f->cap * 2 : 64;
+            int *v = realloc(f->v, cap * sizeof *v);
+            if (!v)
+                return SH_ENOMEM;
+            f->v = v;
+            f->cap = cap;
+        }
+    }
+    if (front) {
+        memmove(f->v + f->head + 1, f->v + f->head, f->n * sizeof *f->v);
+        f->v[f->head] = c;
+    } else {
+        f->v[f->head + f->n] = c;
+    }
+    f->n++;
+    return 0;
+}
+
+int fifo_pop(struct fifo *f)
+{
+    int c = f->v[f->head++];
+    if (--f->n == 0)
+        f->head = 0;
+    return c;
+}
+
+void fifo_remove(struct fifo *f, int c)
+{
+    for (size_t i = 0; i < f->n; i++) {
+        if (f->v[f->head + i] == c) {
+            memmove(f->v + f->head + i, f->v + f->head + i + 1, (f->n - i - 1) * sizeof *f->v);
+            f->n--;
+            return;
+        }
+    }
+}
+
+static int link_of(const struct run *r, int dir)
+{
+    return r->sp->shared_link ? 0 : dir;
+}
+
+static uint64_t copy_ns(const struct run *r, uint64_t bytes)
+{
+    return (uint64_t)((double)bytes / r->sp->pcie_bytes_per_s * 1e9 + 0.5);
+}
+
+static int cap_of(struct run *r, int dir)
+{
+    struct sh_policy_hints h;
+    sh_policy_hints(r->pol, &h);
+    return dir == H2D ? h.max_inflight_h2d : h.max_inflight_d2h;
+}
+
+static void issue(struct run *r, int c)
+{
+    struct copy *cp = &r->cp[c];
+    int l = link_of(r, cp->dir);
+    uint64_t start = r->link_free[l] > r->now ? r->link_free[l] : r->now;
+    cp->done_ns = start + copy_ns(r, cp->bytes);
+    r->link_free[l] = cp->done_ns;
+    cp->state = C_ISSUED;
+    if (r->sp->verbose > 3)
+        fprintf(stderr, "      %s region %llu %s %.3f..%.3f ms %llu\n",
+                cp->dir == H2D ? "h2d" : "d2h", (unsigned long long)r->reg[cp->reg].id,
+                cp->demand ? "demand" : "ahead",
+                (double)(cp->done_ns - copy_ns(r, cp->bytes)) / 1e6, (double)cp->done_ns / 1e6,
+                (unsigned long long)cp->bytes);
+    fifo_push(&r->issued[cp->dir], c, 0);
+    if (cp->dir == H2D)
+        tally(r)->h2d += cp->bytes;
+    else
+        tally(r)->d2h += cp->bytes;
+}
+
+/* Issues queued copies while slots are free; a demand copy always gets one. */
+static void refill(struct run *r, int dir)
+{
+    while (r->queued[dir].n) {
+        int c = r->queued[dir].v[r->queued[dir].head];
+        int cap = cap_of(r, dir);
+        if (r->cp[c].demand && cap < 1)
+            cap = 1;
+        if ((int)r->issued[dir].n >= cap)
+            return;
+        fifo_pop(&r->queued[dir]);
+        issue(r, c);
+    }
+}
+
+int start_copy(struct run *r, size_t g, int dir, int demand)
+{
+    if (r->ncp == r->capcp) {
+        size_t cap = r->capcp ? r->capcp * 2 : 1024;
+        struct copy *n = realloc(r->cp, cap * sizeof *n);
+        if (!n)
+            return run_fail(r, "out of memory");
+        r->cp = n;
+        r->capcp = cap;
+    }
+    int c = (int)r->ncp++;
+    struct sreg *s = &r->reg[g];
+    r->cp[c] = (struct copy){.reg = g, .dir = dir, .demand = demand, .bytes = s->bytes};
+    s->copy = c;
+    s->res = dir == H2D ? SH_RES_TO_DEVICE : SH_RES_TO_HOST;
+    if (dir == H2D)
+        r->used += s->bytes; /* the device chunks are taken now */
+    else
+        r->evicting += s->bytes;
+    if (r->used > r->peak)
+        r->peak = r->used;
+    sh_policy_residency(r->pol, s->id, s->res);
+    if (fifo_push(&r->queued[dir], c, demand))
+        return run_fail(r, "out of memory");
+    refill(r, dir);
+    return 0;
+}
+
+/* The earliest issued copy to finish, or -1. */
+int next_done(const struct run *r)
+{
+    int best = -1;
+    for (int d = 0; d < 2; d++) {
+        if (!r->issued[d].n)
+            continue;
+        int c = r->issued[d].v[r->issued[d].head];
+        if (best < 0 || r->cp[c].done_ns < r->cp[best].done_ns)
+            best = c;
+    }
+    return best;
+}
+
+int finish(struct run *r, int c)
+{
+    struct copy *cp = &r->cp[c];
+    fifo_pop(&r->issued[cp->dir]);
+    if (cp->cancelled) {
+        cp->state = C_DONE;
+    } else {
+        if (r->nready == r->capready) {
+            size_t cap = r->capready ? r->capready * 2 : 64;
+            int *v = realloc(r->ready, cap * sizeof *v);
+            if (!v)
+                return run_fail(r, "out of memory");
+            r->ready = v;
+            r->capready = cap;
+        }
+        cp->state = C_READY;
+        r->ready[r->nready++] = c;
+        r->nready_dir[cp->dir]++;
+    }
+    refill(r, cp->dir);
+    return 0;
+}

@@ -1,0 +1,92 @@
+/* replay.h — the state of one replay (replay.c), shared with the link
+ * model that issues and finishes its copies (copy.c). Private to
+ * stagehand-sim. No shared state: everything lives in one struct per run.
+ */
+#ifndef SH_SIM_REPLAY_H
+#define SH_SIM_REPLAY_H
+
+#include "tools/stagehand-sim/sim.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum { H2D = 0, D2H = 1 };
+enum { C_QUEUED, C_ISSUED, C_READY, C_DONE };
+
+struct sreg {
+    uint64_t id, bytes;
+    int live;      /* allocated and not freed */
+    int res;       /* enum sh_policy_residency, as the policy was told */
+    int copy;      /* active copy, -1 for none */
+    int known;     /* the policy knows it (not yet forgotten) */
+    uint64_t seen; /* run.stamp when last counted */
+};
+
+struct copy {
+    size_t reg;
+    int dir, state, cancelled, demand;
+    uint64_t bytes, done_ns;
+};
+
+/* A FIFO of copy indices. */
+struct fifo {
+    int *v;
+    size_t head, n, cap;
+};
+
+struct run {
+    const struct sh_trace *t;
+    const struct sim_params *sp;
+    struct sh_policy *pol;
+    int kind;
+    struct idmap ids;
+    struct sreg *reg;
+    size_t nreg;
+    struct copy *cp;
+    size_t ncp, capcp;
+    struct fifo queued[2], issued[2];
+    int *ready; /* copies finished, waiting for a remap window */
+    size_t nready, capready, nready_dir[2];
+    uint64_t link_free[2];
+    uint64_t now;
+    uint64_t used, peak;
+    uint64_t evicting; /* bytes under an eviction not yet committed */
+    uint64_t held;     /* room an allocation waits for: no plan restores into it */
+    uint64_t stamp;    /* marks a launch's regions as counted (sreg.seen) */
+    /* the launch being issued or running */
+    const uint64_t *prot;
+    size_t nprot;
+    /* per-step tallies, indexed by step */
+    struct tally {
+        uint64_t start_ns, h2d, d2h, stalls, stall_ns, alloc_waits, windows, compute_ns;
+    } * steps;
+    size_t nsteps, cur_step;
+    uint64_t policy_ns, launch_ns, launches;
+    uint64_t *buf; /* scratch for victim and plan lists */
+    size_t capbuf;
+    char *err;
+    size_t errlen;
+    int failed;
+};
+
+/* Keeps the first error in the run's message; returns SH_EINVAL. */
+__attribute__((format(printf, 2, 3))) int run_fail(struct run *r, const char *fmt, ...);
+
+static inline struct tally *tally(struct run *r)
+{
+    return &r->steps[r->cur_step];
+}
+
+/* ---- FIFOs of copy indices and the link (copy.c) ---- */
+int fifo_push(struct fifo *f, int c, int front);
+int fifo_pop(struct fifo *f);
+void fifo_remove(struct fifo *f, int c);
+/* Starts a copy of region g (a demand one goes first); its device memory is
+ * taken now for a restore, counted as evicting for an eviction. */
+int start_copy(struct run *r, size_t g, int dir, int demand);
+/* The earliest issued copy to finish, or -1. */
+int next_done(const struct run *r);
+/* Copy c left the link: ready for a remap window, unless cancelled. */
+int finish(struct run *r, int c);
+
+#endif
