@@ -248,6 +248,8 @@ static struct {
     atomic_int launching; /* readers between enter and leave */
     atomic_int seen_window, seen_launch;
     atomic_int stop;
+    atomic_ullong max_start;                 /* latest start of a finished section */
+    atomic_int windows_done, launchers_done; /* so windows fall between sections */
     struct interval sections[LAUNCHERS][SECTIONS];
     struct interval windows[WINDOWS];
     int nsections[LAUNCHERS];
@@ -258,6 +260,8 @@ static void *launcher_main(void *arg)
     int id = (int)(intptr_t)arg;
     unsigned rng = 99u + (unsigned)id;
     for (int i = 0; i < SECTIONS; i++) {
+        while (i == SECTIONS / 2 && atomic_load(&ov.windows_done) == 0)
+            sched_yield(); /* the second half comes after a window, however threads run */
         sh_gate_enter(ov.g);
         if (i % 5 == 0)
             sh_gate_enter(ov.g); /* a hooked call inside a hooked call */
@@ -277,9 +281,13 @@ static void *launcher_main(void *arg)
         sh_gate_leave(ov.g);
         ov.sections[id][i] = (struct interval){a, b};
         ov.nsections[id] = i + 1;
+        for (uint64_t m = atomic_load(&ov.max_start);
+             m < a && !atomic_compare_exchange_weak(&ov.max_start, &m, a);)
+            ;
         if ((rng >> 8) % 4 == 0)
             sched_yield();
     }
+    atomic_fetch_add(&ov.launchers_done, 1);
     return NULL;
 }
 
@@ -287,6 +295,11 @@ static void *remapper_main(void *arg)
 {
     (void)arg;
     for (int i = 0; i < WINDOWS; i++) {
+        /* A window after the first waits for a section that started after
+         * the last one to finish (it lies between the two), unless none will. */
+        while (i > 0 && atomic_load(&ov.max_start) < ov.windows[i - 1].b &&
+               atomic_load(&ov.launchers_done) < LAUNCHERS)
+            sched_yield();
         if (sh_gate_lock(ov.g) != 0)
             continue;
         atomic_store(&ov.in_window, 1);
@@ -298,6 +311,7 @@ static void *remapper_main(void *arg)
         atomic_store(&ov.in_window, 0);
         sh_gate_unlock(ov.g);
         ov.windows[i] = (struct interval){a, b};
+        atomic_fetch_add(&ov.windows_done, 1);
         usleep(100);
     }
     return NULL;
