@@ -39,11 +39,11 @@ struct sh_node_params {
 };
 
 struct sh_node_stats {
-    uint64_t budget; /* the node budget in force */
-    uint64_t used;   /* bytes the processes of the group hold, this one included */
-    uint64_t share;  /* bytes this process holds */
-    uint32_t ranks;  /* slots in use, this one included */
-    int slot;        /* this process's slot */
+    uint64_t budget;  /* the node budget in force */
+    uint64_t used;    /* bytes the processes of the group hold, this one included */
+    uint64_t share;   /* bytes this process holds */
+    uint32_t ranks;   /* slots in use, this one included */
+    int slot;         /* this process's slot */
     uint64_t refused; /* reservations this process was refused */
 };
 

@@ -25,15 +25,15 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#define SH_NODE_MAGIC      "SHNODEB1" /* 8 bytes, no NUL stored */
-#define SH_NODE_MAJOR      1
-#define SH_NODE_MINOR      0
-#define SH_NODE_HDR_SIZE   256
-#define SH_NODE_SLOT_SIZE  64
-#define SH_NODE_MAX_SLOTS  1024 /* a reader refuses more */
-#define SH_NODE_DIR        "/dev/shm"
-#define SH_NODE_NAME_AUTO  "stagehand-node."
-#define SH_NODE_LOCK_MS    2000
+#define SH_NODE_MAGIC     "SHNODEB1" /* 8 bytes, no NUL stored */
+#define SH_NODE_MAJOR     1
+#define SH_NODE_MINOR     0
+#define SH_NODE_HDR_SIZE  256
+#define SH_NODE_SLOT_SIZE 64
+#define SH_NODE_MAX_SLOTS 1024 /* a reader refuses more */
+#define SH_NODE_DIR       "/dev/shm"
+#define SH_NODE_NAME_AUTO "stagehand-node."
+#define SH_NODE_LOCK_MS   2000
 
 struct sh_node_hdr {
     char magic[8];
@@ -41,9 +41,9 @@ struct sh_node_hdr {
     uint32_t hdr_size;
     uint64_t total_size;
     uint32_t nslots, slot_size;
-    uint32_t mutex_size;    /* sizeof(pthread_mutex_t) where it was made */
-    int32_t budget_pid;     /* the process that set the budget */
-    uint64_t budget;        /* bytes; under lock */
+    uint32_t mutex_size; /* sizeof(pthread_mutex_t) where it was made */
+    int32_t budget_pid;  /* the process that set the budget */
+    uint64_t budget;     /* bytes; under lock */
     uint64_t reserved0[2];
     union {
         pthread_mutex_t mu;

@@ -42,8 +42,8 @@ static int fail(int rc, char *err, size_t errlen, const char *fmt, ...)
 
 static int name_char(char c)
 {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '.' || c == '_' || c == '-';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+           c == '_' || c == '-';
 }
 
 int sh_node_name(const char *name, char *buf, size_t len, const char **why)

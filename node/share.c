@@ -47,8 +47,7 @@ static int lock(struct sh_node *n)
     if (rc == 0)
         return SH_OK;
     sh_log_once(&n->lock_said, SH_LOG_WARN,
-                "%s: %s; this process pins no more host memory until it can take the lock",
-                n->path,
+                "%s: %s; this process pins no more host memory until it can take the lock", n->path,
                 rc == ETIMEDOUT ? "its lock has been held for too long by another process"
                                 : "its lock is unusable");
     return SH_EBUSY;
@@ -130,7 +129,8 @@ static void say_budget(const struct sh_node *n, uint64_t mine)
         sh_log(SH_LOG_WARN,
                "%s: the node's host budget is %llu MB, set by its first process (pid %d); "
                "this process's %llu MB bounds its own share only",
-               n->path, (unsigned long long)(b >> 20), (int)__atomic_load_n(&n->hdr->budget_pid, __ATOMIC_RELAXED),
+               n->path, (unsigned long long)(b >> 20),
+               (int)__atomic_load_n(&n->hdr->budget_pid, __ATOMIC_RELAXED),
                (unsigned long long)(mine >> 20));
 }
 
@@ -209,8 +209,8 @@ void sh_node_release(struct sh_node *n, uint64_t bytes)
     if (getpid() != n->pid)
         return;
     uint64_t *b = &n->slots[n->slot].bytes, cur = load64(b);
-    while (!__atomic_compare_exchange_n(b, &cur, cur > bytes ? cur - bytes : 0, 0,
-                                        __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+    while (!__atomic_compare_exchange_n(b, &cur, cur > bytes ? cur - bytes : 0, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE))
         ;
 }
 

@@ -84,10 +84,10 @@
     X(regions_persistent, "regions", "live regions of class persistent")                           \
     X(regions_transient, "regions", "live regions of class transient")                             \
     X(regions_unknown, "regions", "live regions not yet classified")                               \
-    X(regions_pinned, "regions", "regions another party holds the pages of: never moved again")   \
+    X(regions_pinned, "regions", "regions another party holds the pages of: never moved again")    \
     X(host_node_budget, "bytes", "host budget shared by the node's processes; 0: per process")     \
-    X(host_node_used, "bytes", "pinned host bytes the processes sharing the node budget hold")   \
-    X(host_node_share, "bytes", "this process's part of host_node_used")                         \
+    X(host_node_used, "bytes", "pinned host bytes the processes sharing the node budget hold")     \
+    X(host_node_share, "bytes", "this process's part of host_node_used")                           \
     X(host_node_ranks, "processes", "processes sharing the node budget, this one included")
 
 #define SH_TM_ENUM_C_(name, unit, help) SH_TM_C_##name,

@@ -725,8 +725,8 @@ int main(void)
         cmocka_unit_test(test_env_overrides_file), cmocka_unit_test(test_env_errors),
         cmocka_unit_test(test_apply_env_atomic),   cmocka_unit_test(test_init_search_order),
         cmocka_unit_test(test_disabled),           cmocka_unit_test(test_missing_file),
-        cmocka_unit_test(test_node_scope_keys),
-        cmocka_unit_test(test_device_values),      cmocka_unit_test(test_trace_alias),
+        cmocka_unit_test(test_node_scope_keys),    cmocka_unit_test(test_device_values),
+        cmocka_unit_test(test_trace_alias),
     };
     size_t n = 0, nbad = sizeof bads / sizeof bads[0];
     while (tests[n].test_func) /* the named tests above, however many */
