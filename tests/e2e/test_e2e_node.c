@@ -132,7 +132,7 @@ static int rank_main(void)
 
 struct rank {
     pid_t pid;
-    int in;   /* its stdin */
+    int in;    /* its stdin */
     FILE *out; /* its stdout */
     int errfd; /* its stderr */
     char text[8192];

@@ -64,9 +64,11 @@ static struct sh_node *join(uint64_t budget)
     return n;
 }
 
-/* join() for a forked child: no cmocka assertion may run there. */
+/* join() for a forked child: no cmocka assertion may run there, and it
+ * must not outlive a parent whose test failed. */
 static struct sh_node *child_join(uint64_t budget)
 {
+    alarm(30);
     struct sh_node_params p = {.dir = dir, .name = "grp", .budget = budget};
     struct sh_node *n = NULL;
     if (sh_node_open(&p, &n, err, sizeof err) != SH_OK)
@@ -204,6 +206,7 @@ static pid_t child_holding(uint64_t bytes, int up[2], int hold[2])
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
+        close(hold[1]); /* the parent's end: its exit ends the wait */
         struct sh_node *n = child_join(100 * MB);
         char ok = sh_node_reserve(n, bytes) == SH_OK;
         char c;
@@ -274,11 +277,11 @@ static void test_reused_pid_and_other_namespace(void **state)
     (void)state;
     struct sh_node *a = join(100 * MB);
     struct sh_node_slot *s = &a->slots[40];
-    *s = (struct sh_node_slot){.pid = getpid(), .start_ticks = 1, .pidns = a->pidns,
-                               .bytes = 70 * MB};
+    *s = (struct sh_node_slot){
+        .pid = getpid(), .start_ticks = 1, .pidns = a->pidns, .bytes = 70 * MB};
     struct sh_node_slot *o = &a->slots[41];
-    *o = (struct sh_node_slot){.pid = 999999999, .start_ticks = 5, .pidns = a->pidns + 1,
-                               .bytes = 20 * MB};
+    *o = (struct sh_node_slot){
+        .pid = 999999999, .start_ticks = 5, .pidns = a->pidns + 1, .bytes = 20 * MB};
     assert_int_equal(stats(a).ranks, 3);
     assert_int_equal(sh_node_reserve(a, 50 * MB), SH_OK); /* after freeing slot 40 */
     assert_int_equal(s->pid, 0);
@@ -310,6 +313,8 @@ static void test_racing_processes(void **state)
         kids[k] = fork();
         assert_true(kids[k] >= 0);
         if (kids[k] == 0) {
+            close(go[1]);
+            close(done[1]);
             struct sh_node *n = child_join(UNITS * MB);
             char c;
             int got = 0;
@@ -356,6 +361,7 @@ static pid_t child_locking(int die, int up[2], int hold[2])
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
+        close(hold[1]);
         struct sh_node *n = child_join(100 * MB);
         char c = pthread_mutex_lock(&n->hdr->lock.mu) == 0;
         if (write(up[1], &c, 1) != 1)
