@@ -25,6 +25,7 @@
 #define SH_CONFIG_MAX_FILES 4   /* distinct files one struct can be loaded from */
 #define SH_CONFIG_ERR_MAX   512 /* a good size for err buffers; longer text is cut */
 
+enum sh_config_host_scope { SH_CONFIG_HOST_PROCESS = 0, SH_CONFIG_HOST_NODE = 1 };
 enum sh_config_drain { SH_CONFIG_DRAIN_DEVICE = 0, SH_CONFIG_DRAIN_TRACKED = 1 };
 enum sh_config_eviction { SH_CONFIG_EVICT_LRU = 0, SH_CONFIG_EVICT_LEARNED = 1 };
 enum sh_config_tracking {

@@ -7,6 +7,7 @@
  * it is reentrant.
  */
 #include "config/config_int.h"
+#include "node/node.h"
 #include "sh_err.h"
 
 #include <inttypes.h>
@@ -160,6 +161,18 @@ static const struct rel rels[] = {
     {KEY_conductor_optimizer_max_inflight_h2d, KEY_transfer_max_inflight_h2d, 0},
 };
 
+/* [budget] host_ram_segment names a file in /dev/shm: a name that could
+ * reach elsewhere stops the program at start. */
+static int check_segment(const struct sh_config *cfg, char *err, size_t errlen)
+{
+    char buf[SH_NODE_NAME_MAX + 1];
+    const char *why = NULL;
+    if (sh_node_name(cfg->budget.host_ram_segment, buf, sizeof buf, &why) == 0)
+        return 0;
+    return sh_cfg_blame(cfg, KEY_budget_host_ram_segment, err, errlen, "\"%s\" %s",
+                        cfg->budget.host_ram_segment, why);
+}
+
 /* A key whose value is known before the machine is: not a percentage. */
 static int absolute(const struct sh_config *cfg, int k)
 {
@@ -171,6 +184,8 @@ static int absolute(const struct sh_config *cfg, int k)
  * contradiction written in the file stops the program before it starts. */
 int sh_cfg_check_static(const struct sh_config *cfg, char *err, size_t errlen)
 {
+    if (check_segment(cfg, err, errlen))
+        return SH_EINVAL;
     for (size_t i = 0; i < sizeof rels / sizeof rels[0]; i++)
         if (absolute(cfg, rels[i].a) && absolute(cfg, rels[i].b) &&
             check_rel(cfg, &rels[i], err, errlen))
@@ -191,7 +206,7 @@ int sh_config_resolve(struct sh_config *cfg, uint64_t card_bytes, uint64_t host_
     for (size_t i = 0; i < sizeof rels / sizeof rels[0]; i++)
         if (check_rel(&tmp, &rels[i], err, errlen))
             return SH_EINVAL;
-    if (check_slabs(&tmp, err, errlen))
+    if (check_slabs(&tmp, err, errlen) || check_segment(&tmp, err, errlen))
         return SH_EINVAL;
     tmp.resolved = 1;
     *cfg = tmp;

@@ -101,6 +101,13 @@ EXPORT int stagehand_get_stats(stagehand_stats_t *out, size_t size)
             sh_hostpool_stats(sh_rt.host, &hs);
             s.pinned_bytes = hs.pinned_bytes;
         }
+        if (sh_rt.node) {
+            struct sh_node_stats ns;
+            sh_node_stats(sh_rt.node, &ns);
+            s.node_budget_bytes = ns.budget;
+            s.node_used_bytes = ns.used;
+            s.node_ranks = ns.ranks;
+        }
     }
     memcpy(out, &s, size < sizeof s ? size : sizeof s);
     return 0;

@@ -11,6 +11,7 @@
 #include "config/config.h"
 #include "engine/engine.h"
 #include "interpose/driver.h"
+#include "node/node.h"
 #include "pool/pool.h"
 #include "transfer/transfer.h"
 
@@ -36,6 +37,7 @@ struct sh_runtime {
     struct sh_driver drv;
     struct sh_pool *pool;
     struct sh_hostpool *host; /* NULL when eviction is off */
+    struct sh_node *node;     /* the node's shared host budget; NULL: per process */
     struct sh_xfer *xfer;
     struct sh_gate *gate;
     CUdevice dev;

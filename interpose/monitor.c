@@ -52,8 +52,22 @@ static void set_region_gauges(const struct sh_pool_stats *st)
     }
 }
 
+/* The node's shared host budget, when this process takes part in one. */
+static void set_node_gauges(void)
+{
+    struct sh_node_stats ns;
+    if (!sh_rt.node)
+        return;
+    sh_node_stats(sh_rt.node, &ns);
+    sh_tm_set(SH_TM_G_host_node_budget, (int64_t)ns.budget);
+    sh_tm_set(SH_TM_G_host_node_used, (int64_t)ns.used);
+    sh_tm_set(SH_TM_G_host_node_share, (int64_t)ns.share);
+    sh_tm_set(SH_TM_G_host_node_ranks, (int64_t)ns.ranks);
+}
+
 static void set_host_gauges(void)
 {
+    set_node_gauges();
     if (!sh_rt.host)
         return;
     struct sh_hostpool_stats hs;

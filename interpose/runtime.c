@@ -146,6 +146,43 @@ static int open_pool(void)
     return sh_pool_create(&p, &vmm, &fences, &sh_rt.pool);
 }
 
+static int node_reserve(void *ctx, size_t bytes)
+{
+    return sh_node_reserve(ctx, bytes);
+}
+
+static void node_release(void *ctx, size_t bytes)
+{
+    sh_node_release(ctx, bytes);
+}
+
+/* [budget] host_ram_scope = node: this process's pinned slabs come out of a
+ * budget the user's processes on this machine share. A segment that cannot
+ * be used is named with what is wrong, and the budget stays per process.
+ * The slot is never given up before exit: the grower may pin until the
+ * end, and the others reclaim it once the process is gone. */
+static void open_node(void)
+{
+    const struct sh_config *c = &sh_rt.cfg;
+    if (c->budget.host_ram_scope != SH_CONFIG_HOST_NODE)
+        return;
+    struct sh_node_params p = {.name = c->budget.host_ram_segment,
+                               .budget = c->budget.host_ram_budget.bytes};
+    char err[SH_CONFIG_ERR_MAX] = "";
+    if (sh_node_open(&p, &sh_rt.node, err, sizeof err) != SH_OK) {
+        sh_rt.node = NULL;
+        sh_log(SH_LOG_WARN,
+               "[budget] host_ram_scope = node: %s; this process keeps to a host budget of its "
+               "own (%llu MB)",
+               err, (unsigned long long)(p.budget >> 20));
+        return;
+    }
+    struct sh_node_stats ns;
+    sh_node_stats(sh_rt.node, &ns);
+    sh_log(SH_LOG_INFO, "host budget of %llu MB shared through %s with %u other process(es)",
+           (unsigned long long)(ns.budget >> 20), sh_node_path(sh_rt.node), ns.ranks - 1);
+}
+
 /* Host slabs and copy streams, set up once; on failure nothing is kept. */
 static int try_mover(void)
 {
@@ -154,6 +191,8 @@ static int try_mover(void)
                                     .ram_budget = c->budget.host_ram_budget.bytes,
                                     .prepin = c->pool.prepin.bytes,
                                     .grow_in_background = c->pool.grow_in_background};
+    if (sh_rt.node)
+        hp.share = (struct sh_hostpool_share){node_reserve, node_release, sh_rt.node};
     hp.nclasses = c->pool.classes_mb.n;
     for (unsigned i = 0; i < hp.nclasses && i < SH_HOSTPOOL_MAX_CLASSES; i++) {
         hp.class_bytes[i] = (size_t)c->pool.classes_mb.v[i] << 20;
@@ -183,6 +222,7 @@ static void open_mover(void)
                             "eviction is off");
         return;
     }
+    open_node();
     int rc = SH_EDRIVER;
     for (int i = 0; rc != SH_OK && i < START_TRIES; i++)
         rc = try_mover();
@@ -267,9 +307,17 @@ static const char *host_side(char *buf, size_t len)
         return "nothing can be evicted on this device";
     struct sh_hostpool_stats hs;
     sh_hostpool_stats(sh_rt.host, &hs);
-    snprintf(buf, len, "host side: %zu MB pinned of a %zu MB budget%s", hs.pinned_bytes >> 20,
-             hs.budget_bytes >> 20,
-             hs.pinned_bytes + (2u << 20) > hs.budget_bytes ? ", exhausted" : "");
+    int n = snprintf(buf, len, "host side: %zu MB pinned of a %zu MB budget%s",
+                     hs.pinned_bytes >> 20, hs.budget_bytes >> 20,
+                     hs.pinned_bytes + (2u << 20) > hs.budget_bytes ? ", exhausted" : "");
+    if (sh_rt.node && n > 0 && (size_t)n < len) {
+        struct sh_node_stats ns;
+        sh_node_stats(sh_rt.node, &ns);
+        snprintf(buf + n, len - (size_t)n,
+                 "; node: %llu MB of a %llu MB budget pinned by %u process(es)%s",
+                 (unsigned long long)(ns.used >> 20), (unsigned long long)(ns.budget >> 20),
+                 ns.ranks, hs.refused ? ", exhausted" : "");
+    }
     return buf;
 }
 
@@ -290,7 +338,7 @@ cudaError_t sh_oom(size_t size, const char *what)
     sh_monitor_event(SH_TM_EV_OOM, 0, size);
     struct sh_pool_stats st;
     sh_pool_stats(sh_rt.pool, &st);
-    char host[128];
+    char host[256];
     sh_log(SH_LOG_WARN,
            "%s(%zu bytes): out of memory: %zu MB on the device of a %llu MB budget, "
            "%zu MB evicted (%s)",

@@ -10,6 +10,13 @@
  * to the RAM budget. A caller that finds nothing free waits for it; when
  * the budget is spent, idle slabs of other classes make room for its slab.
  *
+ * With a shared budget (params.share: processes on one node), every slab's
+ * bytes are reserved from it before the slab is pinned and given back after
+ * it is unpinned. A refusal fails the callers waiting for that class, as a
+ * spent budget of our own does, but only for now: the grower stops growing
+ * towards its targets, and the next caller that finds nothing free asks
+ * again (another process may have left, or died, meanwhile).
+ *
  * Locking: hp->mu guards the free lists and counters; the grower creates
  * and maps slabs without it.
  */
@@ -27,7 +34,8 @@ struct slab_class {
     size_t size;
     unsigned target; /* free slabs the grower keeps ready */
     unsigned total, free_count;
-    uint64_t wanted; /* requests that found the class empty */
+    uint64_t wanted;   /* requests that found the class empty */
+    uint64_t refusals; /* times the shared budget refused a slab of this class */
     struct sh_slab *free;
 };
 
@@ -40,6 +48,8 @@ struct sh_hostpool {
     pthread_cond_t more, grow;
     pthread_t grower;
     int running, stop, exhausted_logged;
+    int share_full; /* the shared budget refused the last slab asked for */
+    struct sh_hostpool_share share;
     struct sh_slab *all; /* every slab, for teardown */
     struct sh_hostpool_stats st;
 };
@@ -73,12 +83,39 @@ static int slab_make(struct sh_hostpool *hp, unsigned c, struct sh_slab **out)
     return 0;
 }
 
+/* A slab's bytes from the shared budget: 0, or 1 when it has none to spare
+ * (or the pid is a fork child's). */
+static int share_take(struct sh_hostpool *hp, size_t bytes)
+{
+    return hp->share.reserve && hp->share.reserve(hp->share.ctx, bytes) != 0;
+}
+
+static void share_give(struct sh_hostpool *hp, size_t bytes)
+{
+    if (hp->share.release)
+        hp->share.release(hp->share.ctx, bytes);
+}
+
+/* slab_make within the shared budget; *refused set when it said no. */
+static int slab_pin(struct sh_hostpool *hp, unsigned c, struct sh_slab **out, int *refused)
+{
+    *refused = share_take(hp, hp->cls[c].size);
+    if (*refused)
+        return SH_ENOMEM;
+    int rc = slab_make(hp, c, out);
+    if (rc)
+        share_give(hp, hp->cls[c].size);
+    return rc;
+}
+
 static void slab_unmake(struct sh_hostpool *hp, struct sh_slab *s)
 {
+    size_t size = s->size;
     hp->vmm.unmap(hp->vmm.ctx, s->staging, s->size);
     hp->vmm.unreserve(hp->vmm.ctx, s->staging, s->size);
     hp->vmm.release(hp->vmm.ctx, s->handle);
     free(s);
+    share_give(hp, size);
 }
 
 /* Adds a new slab to its class; mu held. */
@@ -122,7 +159,7 @@ static int grow_choice(const struct sh_hostpool *hp)
         const struct slab_class *k = &hp->cls[c];
         if (k->wanted && fits(hp, c, 1))
             return (int)c;
-        if (best < 0 && k->free_count < k->target && fits(hp, c, 0))
+        if (best < 0 && !hp->share_full && k->free_count < k->target && fits(hp, c, 0))
             best = (int)c;
     }
     return best;
@@ -151,6 +188,16 @@ static struct sh_slab *reclaim(struct sh_hostpool *hp, unsigned c)
     return out;
 }
 
+/* The shared budget refused a slab of class c: its waiters give up; mu held. */
+static void refuse(struct sh_hostpool *hp, unsigned c)
+{
+    hp->share_full = 1;
+    hp->st.refused++;
+    hp->cls[c].refusals++;
+    hp->cls[c].wanted = 0;
+    pthread_cond_broadcast(&hp->more);
+}
+
 static void *grower_main(void *arg)
 {
     struct sh_hostpool *hp = arg;
@@ -170,9 +217,14 @@ static void *grower_main(void *arg)
             idle = next;
         }
         struct sh_slab *s = NULL;
-        int rc = slab_make(hp, (unsigned)c, &s);
+        int refused = 0;
+        int rc = slab_pin(hp, (unsigned)c, &s, &refused);
         pthread_mutex_lock(&hp->mu);
         hp->pinned -= hp->cls[c].size;
+        if (refused) {
+            refuse(hp, (unsigned)c);
+            continue;
+        }
         if (rc) {
             /* The host is out of pinnable memory: stop at what we have. */
             hp->budget = hp->pinned;
@@ -182,12 +234,36 @@ static void *grower_main(void *arg)
         }
         if (hp->cls[c].wanted)
             hp->cls[c].wanted--;
+        hp->share_full = 0;
         slab_add(hp, s);
         hp->st.grown++;
         pthread_cond_broadcast(&hp->more);
     }
     pthread_mutex_unlock(&hp->mu);
     return NULL;
+}
+
+/* Pins the targets, smallest classes first, up to `bytes`, and no further
+ * than the shared budget allows. */
+static int prepin(struct sh_hostpool *hp, size_t bytes)
+{
+    for (unsigned c = 0; c < hp->nclasses; c++)
+        for (unsigned n = 0; n < hp->cls[c].target; n++) {
+            size_t after = hp->pinned + hp->cls[c].size;
+            if (after > bytes || after > hp->budget)
+                break;
+            struct sh_slab *s;
+            int refused = 0, rc = slab_pin(hp, c, &s, &refused);
+            if (refused) {
+                hp->st.refused++;
+                hp->share_full = 1;
+                return SH_OK;
+            }
+            if (rc)
+                return rc;
+            slab_add(hp, s);
+        }
+    return SH_OK;
 }
 
 int sh_hostpool_create(const struct sh_hostpool_params *p, const struct sh_vmm_ops *vmm,
@@ -202,6 +278,7 @@ int sh_hostpool_create(const struct sh_hostpool_params *p, const struct sh_vmm_o
     hp->vmm = *vmm;
     hp->gran = p->granularity;
     hp->budget = p->ram_budget;
+    hp->share = p->share;
     for (unsigned i = 0; i < p->nclasses; i++) {
         /* A class below the granularity cannot back a chunk: lift it, merging duplicates. */
         size_t size = round_up(p->class_bytes[i], p->granularity);
@@ -214,20 +291,11 @@ int sh_hostpool_create(const struct sh_hostpool_params *p, const struct sh_vmm_o
     pthread_mutex_init(&hp->mu, NULL);
     pthread_cond_init(&hp->more, NULL);
     pthread_cond_init(&hp->grow, NULL);
-    /* Pre-pin the targets, smallest classes first, up to prepin bytes. */
-    for (unsigned c = 0; c < hp->nclasses; c++)
-        for (unsigned n = 0; n < hp->cls[c].target; n++) {
-            if (hp->pinned + hp->cls[c].size > p->prepin ||
-                hp->pinned + hp->cls[c].size > hp->budget)
-                break;
-            struct sh_slab *s;
-            int rc = slab_make(hp, c, &s);
-            if (rc) {
-                sh_hostpool_destroy(hp);
-                return rc;
-            }
-            slab_add(hp, s);
-        }
+    int rc = prepin(hp, p->prepin);
+    if (rc) {
+        sh_hostpool_destroy(hp);
+        return rc;
+    }
     hp->running = p->grow_in_background && pthread_create(&hp->grower, NULL, grower_main, hp) == 0;
     *out = hp;
     return 0;
@@ -298,8 +366,9 @@ int sh_hostpool_get(struct sh_hostpool *hp, size_t bytes, unsigned wait_ms, stru
     pthread_mutex_lock(&hp->mu);
     struct sh_slab *s;
     int asked = 0;
+    uint64_t refusals = hp->cls[c].refusals;
     while (!(s = take(hp, c))) {
-        if (!hp->running || !can_grow(hp, c))
+        if (!hp->running || !can_grow(hp, c) || hp->cls[c].refusals != refusals)
             break;
         /* One slab per caller: woken by growth elsewhere, it does not ask
          * again, unless what was grown for the class went to someone else. */

@@ -118,6 +118,15 @@ struct sh_slab {
     struct sh_slab *next, *all_next;
 };
 
+/* A budget the pool shares with other processes (node/): asked before a slab
+ * is pinned, told after one is unpinned. reserve returns 0, or non-zero
+ * when the shared budget cannot spare the bytes now. */
+struct sh_hostpool_share {
+    int (*reserve)(void *ctx, size_t bytes);
+    void (*release)(void *ctx, size_t bytes);
+    void *ctx;
+};
+
 struct sh_hostpool_params {
     size_t granularity;
     size_t class_bytes[SH_HOSTPOOL_MAX_CLASSES]; /* increasing */
@@ -126,6 +135,7 @@ struct sh_hostpool_params {
     size_t ram_budget; /* pinned bytes never exceed this */
     size_t prepin;     /* pinned at create */
     int grow_in_background;
+    struct sh_hostpool_share share; /* reserve NULL: this process's budget only */
 };
 
 struct sh_hostpool_stats {
@@ -134,6 +144,7 @@ struct sh_hostpool_stats {
     size_t class_bytes[SH_HOSTPOOL_MAX_CLASSES];
     unsigned class_total[SH_HOSTPOOL_MAX_CLASSES], class_free[SH_HOSTPOOL_MAX_CLASSES];
     uint64_t hits, fallbacks, misses, waits, grown;
+    uint64_t refused; /* slabs the shared budget would not let it pin */
 };
 
 struct sh_hostpool;
@@ -143,7 +154,8 @@ int sh_hostpool_create(const struct sh_hostpool_params *p, const struct sh_vmm_o
 void sh_hostpool_destroy(struct sh_hostpool *hp);
 /* A slab of at least bytes: the smallest class that has one, else a larger
  * class; when none is free, waits up to wait_ms for the background grower.
- * SH_ENOMEM when the RAM budget is spent; SH_EINVAL above the largest class. */
+ * SH_ENOMEM when the RAM budget (or the shared one) is spent; SH_EINVAL
+ * above the largest class. */
 int sh_hostpool_get(struct sh_hostpool *hp, size_t bytes, unsigned wait_ms, struct sh_slab **out);
 void sh_hostpool_put(struct sh_hostpool *hp, struct sh_slab *s);
 void sh_hostpool_stats(struct sh_hostpool *hp, struct sh_hostpool_stats *st);

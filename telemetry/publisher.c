@@ -398,29 +398,12 @@ static int expand_path(char *out, size_t len, const char *in, int pid)
     return SH_OK;
 }
 
-/* Opens the JSONL file for appending without following a final symbolic link or
- * blocking on a FIFO; refuses anything but a regular file this user owns. A new
- * file is readable by its owner only. */
+/* Opens the JSONL file for appending: sh_tm_open_own's checks, a new file
+ * readable by its owner only. */
 static int open_private(const char *path, const char **why)
 {
     struct stat st;
-    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
-    if (fd < 0) {
-        *why = errno == ELOOP   ? "is a symbolic link; not following it"
-               : errno == ENXIO ? "is a FIFO or a device, not a regular file"
-                                : strerror(errno);
-        return -1;
-    }
-    *why = fstat(fd, &st)                 ? strerror(errno)
-           : !S_ISREG(st.st_mode)         ? "not a regular file"
-           : st.st_uid != geteuid()       ? "owned by another user"
-           : fcntl(fd, F_SETFL, O_APPEND) ? strerror(errno)
-                                          : NULL;
-    if (*why) {
-        close(fd);
-        return -1;
-    }
-    return fd;
+    return sh_tm_open_own(path, O_WRONLY | O_CREAT | O_APPEND, 0600, &st, why);
 }
 
 static int open_jsonl(const char *path, int pid)

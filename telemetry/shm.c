@@ -8,10 +8,12 @@
 
 #include "sh_err.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -73,6 +75,28 @@ int sh_tm_seg_path(char *buf, size_t len, const char *dir, int pid)
     return n < 0 || (size_t)n >= len ? SH_ERANGE : SH_OK;
 }
 
+int sh_tm_open_own(const char *path, int flags, unsigned mode, struct stat *st, const char **why)
+{
+    int fd = open(path, flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, (mode_t)mode);
+    if (fd < 0) {
+        *why = errno == ELOOP   ? "is a symbolic link; not following it"
+               : errno == ENXIO ? "is a FIFO or a device, not a regular file"
+                                : strerror(errno);
+        return -1;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    *why = fstat(fd, st)                                    ? strerror(errno)
+           : !S_ISREG(st->st_mode)                          ? "not a regular file"
+           : st->st_uid != geteuid()                        ? "owned by another user"
+           : fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) ? strerror(errno)
+                                                            : NULL;
+    if (*why) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 /* Reads a small /proc file into buf (NUL-terminated); the byte count or -1. */
 static ssize_t read_small(const char *path, char *buf, size_t len)
 {
@@ -104,6 +128,25 @@ uint64_t sh_tm_proc_start_ticks(int pid)
             field++;
     unsigned long long v = 0;
     return sscanf(p, "%llu", &v) == 1 ? (uint64_t)v : 0;
+}
+
+/* The state letter of /proc/<pid>/stat (field 3), or 0 if unknown. */
+static char proc_state(int pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    if (read_small(path, buf, sizeof buf) <= 0)
+        return 0;
+    const char *p = strrchr(buf, ')');
+    return p && p[1] == ' ' ? p[2] : 0;
+}
+
+int sh_tm_proc_gone(int pid, uint64_t start_ticks)
+{
+    if (!sh_tm_pid_alive(pid, start_ticks))
+        return 1;
+    char s = proc_state(pid);
+    return s == 'Z' || s == 'X'; /* exited, its memory freed, not yet reaped */
 }
 
 void sh_tm_self_cmdline(char *buf, size_t len)

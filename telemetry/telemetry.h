@@ -84,7 +84,11 @@
     X(regions_persistent, "regions", "live regions of class persistent")                           \
     X(regions_transient, "regions", "live regions of class transient")                             \
     X(regions_unknown, "regions", "live regions not yet classified")                               \
-    X(regions_pinned, "regions", "regions another party holds the pages of: never moved again")
+    X(regions_pinned, "regions", "regions another party holds the pages of: never moved again")    \
+    X(host_node_budget, "bytes", "host budget shared by the node's processes; 0: per process")     \
+    X(host_node_used, "bytes", "pinned host bytes the processes sharing the node budget hold")     \
+    X(host_node_share, "bytes", "this process's part of host_node_used")                           \
+    X(host_node_ranks, "processes", "processes sharing the node budget, this one included")
 
 #define SH_TM_ENUM_C_(name, unit, help) SH_TM_C_##name,
 #define SH_TM_ENUM_G_(name, unit, help) SH_TM_G_##name,
@@ -362,6 +366,22 @@ void sh_tm_reader_version(const struct sh_tm_reader *r, int *major, int *minor);
 
 /* 1 if pid is alive and (when start_ticks != 0) started at start_ticks. */
 int sh_tm_pid_alive(int pid, uint64_t start_ticks);
+/* Field 22 of /proc/<pid>/stat (start time in clock ticks); 0 if unknown. */
+uint64_t sh_tm_proc_start_ticks(int pid);
+/* 1 when the process that started at start_ticks (0: any) is gone: no such
+ * pid, a later process under it, or a zombie (exited, its memory freed,
+ * not yet reaped). */
+int sh_tm_proc_gone(int pid, uint64_t start_ticks);
+
+/* ---- files another user may have planted ---------------------------------- */
+struct stat;
+/* Opens path with flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC (O_CREAT makes
+ * it with mode), then checks it is a regular file this user owns, and clears
+ * O_NONBLOCK again: a planted link, FIFO or device neither redirects nor
+ * hangs the caller. The fd, *st its status; or -1 with *why saying what is
+ * wrong ("is a symbolic link; not following it", "owned by another user",
+ * ...), static text. */
+int sh_tm_open_own(const char *path, int flags, unsigned mode, struct stat *st, const char **why);
 
 /* Names for the table columns: "RESIDENT"...; "persistent"...; "?" if unknown. */
 const char *sh_tm_state_name(int state);

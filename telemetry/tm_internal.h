@@ -59,8 +59,6 @@ void sh_tm_seq_write(uint64_t *seq, void *dst, const void *src, size_t n);
 int sh_tm_seq_read(const uint64_t *seq, void *dst, const void *src, size_t n, int timeout_us);
 
 /* ---- process facts ---- */
-/* Field 22 of /proc/<pid>/stat (start time in clock ticks); 0 if unknown. */
-uint64_t sh_tm_proc_start_ticks(int pid);
 /* /proc/self/cmdline with spaces for NULs, cut to len-1 bytes. */
 void sh_tm_self_cmdline(char *buf, size_t len);
 /* Copies src into dst (len bytes with the NUL), cutting it if needed. */

@@ -79,6 +79,8 @@ static void assert_defaults(const struct sh_config *c)
     assert_int_equal(c->budget.vram_high_watermark.bytes, CARD);
     assert_int_equal(c->budget.vram_low_watermark.bytes, CARD);
     assert_int_equal(c->budget.host_ram_budget.bytes, 32 * GiB);
+    assert_int_equal(c->budget.host_ram_scope, SH_CONFIG_HOST_PROCESS);
+    assert_string_equal(c->budget.host_ram_segment, "auto");
     assert_int_equal(c->regions.min_region.bytes, 1024 * 1024);
     assert_int_equal(c->regions.max_chunk.bytes, 64 * MiB);
     assert_int_equal(c->regions.va_cache.bytes, 4096 * MiB);
@@ -156,7 +158,7 @@ static void test_shipped_ini(void **state)
         assert_non_null(ki.unit);
         assert_non_null(ki.help);
     }
-    assert_int_equal(i, 38);
+    assert_int_equal(i, 40);
     assert_int_equal(sh_config_key_at(i, &ki), SH_ENOTFOUND);
     assert_origin(&c, "budget", "vram_budget_mb", "stagehand.ini:63");
 }
@@ -359,6 +361,45 @@ static void expect_string_error(const char *text, const char *want)
     err[0] = '\0';
     assert_int_equal(sh_config_load_string(&c, "x.ini", text, err, sizeof err), SH_EINVAL);
     assert_string_equal(err, want);
+}
+
+/* [budget] host_ram_scope and host_ram_segment: a segment name is a file
+ * name in /dev/shm, so one that could reach elsewhere stops the program. */
+static void expect_segment_error(const char *name, const char *why)
+{
+    struct sh_config c;
+    char text[256], want[512];
+    sh_config_defaults(&c);
+    snprintf(text, sizeof text, "[budget]\nhost_ram_segment = %s\n", name);
+    assert_int_equal(sh_config_load_string(&c, "x.ini", text, err, sizeof err), 0);
+    assert_int_equal(sh_config_resolve(&c, CARD, HOST, err, sizeof err), SH_EINVAL);
+    snprintf(want, sizeof want, "x.ini:2: host_ram_segment: \"%s\" %s", name, why);
+    assert_string_equal(err, want);
+}
+
+static void test_node_scope_keys(void **state)
+{
+    struct sh_config c;
+    (void)state;
+    sh_config_defaults(&c);
+    assert_int_equal(sh_config_load_string(&c, "x.ini",
+                                           "[budget]\nhost_ram_scope = node\n"
+                                           "host_ram_segment = job-7.a_b\n",
+                                           err, sizeof err),
+                     0);
+    resolve_ok(&c);
+    assert_int_equal(c.budget.host_ram_scope, SH_CONFIG_HOST_NODE);
+    assert_string_equal(c.budget.host_ram_segment, "job-7.a_b");
+    expect_string_error("[budget]\nhost_ram_scope = host\n",
+                        "x.ini:2: host_ram_scope: must be one of process, node (got \"host\")");
+    expect_segment_error("x/../../etc/passwd", "may hold only letters, digits, '.', '_' and '-'");
+    expect_segment_error("a/b", "may hold only letters, digits, '.', '_' and '-'");
+    expect_segment_error("..", "must not start with '.'");
+    /* Checked at load too, before the machine is known. */
+    static char *const env[] = {"STAGEHAND_BUDGET_HOST_RAM_SEGMENT=x/y", NULL};
+    sh_config_defaults(&c);
+    assert_int_equal(sh_config_load(&c, env, NULL, 0, err, sizeof err), SH_EINVAL);
+    assert_non_null(strstr(err, "host_ram_segment: \"x/y\" may hold only"));
 }
 
 static void test_device_values(void **state)
@@ -685,7 +726,8 @@ int main(void)
         cmocka_unit_test(test_env_overrides_file), cmocka_unit_test(test_env_errors),
         cmocka_unit_test(test_apply_env_atomic),   cmocka_unit_test(test_init_search_order),
         cmocka_unit_test(test_disabled),           cmocka_unit_test(test_missing_file),
-        cmocka_unit_test(test_device_values),      cmocka_unit_test(test_trace_alias),
+        cmocka_unit_test(test_node_scope_keys),    cmocka_unit_test(test_device_values),
+        cmocka_unit_test(test_trace_alias),
     };
     size_t n = 0, nbad = sizeof bads / sizeof bads[0];
     while (tests[n].test_func) /* the named tests above, however many */

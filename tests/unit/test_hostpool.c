@@ -790,6 +790,92 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
+/* ---- a budget shared with other processes ------------------------------------------ */
+
+struct fshare {
+    pthread_mutex_t mu;
+    size_t budget, used, peak;
+    int reserves, refusals, releases;
+};
+
+static struct fshare fs;
+
+static int fs_reserve(void *ctx, size_t bytes)
+{
+    struct fshare *f = ctx;
+    pthread_mutex_lock(&f->mu);
+    int no = f->used + bytes > f->budget;
+    f->reserves++;
+    f->refusals += no;
+    if (!no)
+        f->used += bytes;
+    f->peak = f->used > f->peak ? f->used : f->peak;
+    pthread_mutex_unlock(&f->mu);
+    return no;
+}
+
+static void fs_release(void *ctx, size_t bytes)
+{
+    struct fshare *f = ctx;
+    pthread_mutex_lock(&f->mu);
+    f->used -= bytes;
+    f->releases++;
+    pthread_mutex_unlock(&f->mu);
+}
+
+static void fs_set_budget(size_t budget)
+{
+    pthread_mutex_lock(&fs.mu);
+    fs.budget = budget;
+    pthread_mutex_unlock(&fs.mu);
+}
+
+/* Every slab's bytes are reserved before it is pinned and released after it
+ * is unpinned; a refusal fails the waiting caller at once, as a spent budget
+ * of its own does, and a later request asks again. */
+static void test_shared_budget(void **state)
+{
+    (void)state;
+    fs = (struct fshare){.mu = PTHREAD_MUTEX_INITIALIZER, .budget = 3 * G};
+    struct sh_hostpool_params p = params3(2, 1, 0, 64 * M, M, 1);
+    p.share = (struct sh_hostpool_share){fs_reserve, fs_release, &fs};
+    struct sh_hostpool *hp = mk(&p);
+    /* Pre-pinning stops where the shared budget does, not at its targets. */
+    struct sh_hostpool_stats st = hstats(hp);
+    assert_int_equal(st.pinned_bytes, 2 * G);
+    assert_int_equal(st.refused, 1);
+    assert_int_equal(fs.used, 2 * G);
+    struct sh_slab *a = get(hp, G, 0), *b = get(hp, G, 0);
+    /* One more slab fits the shared budget: the grower pins it for the caller. */
+    struct sh_slab *c = get(hp, G, 2000);
+    assert_int_equal(fs.used, 3 * G);
+    /* Then it is spent: refused without waiting out the 2 s. */
+    struct sh_slab *x = NULL;
+    double t0 = now_ms();
+    assert_int_equal(sh_hostpool_get(hp, G, 2000, &x), SH_ENOMEM);
+    assert_true(now_ms() - t0 < 1000);
+    assert_null(x);
+    st = hstats(hp);
+    assert_int_equal(st.pinned_bytes, 3 * G);
+    assert_true(st.refused >= 2); /* and maybe the grower, towards its targets */
+    /* Another process left: the next request asks again and gets its slab. */
+    fs_set_budget(5 * G);
+    struct sh_slab *d = get(hp, G, 2000);
+    st = hstats(hp); /* growth towards the targets resumes, within the budget */
+    assert_true(st.pinned_bytes >= 4 * G && st.pinned_bytes <= 5 * G);
+    sh_hostpool_put(hp, a);
+    sh_hostpool_put(hp, b);
+    sh_hostpool_put(hp, c);
+    sh_hostpool_put(hp, d);
+    destroy(hp);
+    /* Every byte was reserved before it was pinned, and all given back. */
+    assert_true(fs.peak <= 5 * G);
+    assert_true((size_t)fk.host_peak <= fs.peak);
+    assert_int_equal(fs.used, 0);
+    assert_int_equal(fs.releases, fk.creates);
+    books_balance();
+}
+
 static void test_threads(void **state)
 {
     (void)state;
@@ -845,6 +931,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_create_failure_while_waiting, setup, teardown),
         cmocka_unit_test_setup_teardown(test_idle_slabs_make_room, setup, teardown),
         cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_shared_budget, setup, teardown),
     };
     return cmocka_run_group_tests_name("hostpool", tests, NULL, NULL);
 }

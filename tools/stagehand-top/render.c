@@ -293,6 +293,22 @@ static void pct(char *buf, size_t len, double v)
         snprintf(buf, len, "%.1f%%", v * 100.0);
 }
 
+/* The host budget this process shares with the node's others: its share,
+ * what they all hold of the budget, how many they are. */
+static void node_line(struct top_canvas *cv, const struct top_rect *r, int y, const int64_t *g)
+{
+    char a[32], b[72], u[32], d[32];
+    top_human_bytes(a, sizeof a, (double)g[SH_TM_G_host_node_share]);
+    top_human_bytes(u, sizeof u, (double)g[SH_TM_G_host_node_used]);
+    top_human_bytes(d, sizeof d, (double)g[SH_TM_G_host_node_budget]);
+    snprintf(b, sizeof b, "%s/%s", u, d);
+    int full = g[SH_TM_G_host_node_used] >= g[SH_TM_G_host_node_budget];
+    int x = pair(cv, r, y, r->x, "Node host", TA_VALUE, a);
+    x = pair(cv, r, y, x, "all", full ? TA_WARN : TA_VALUE, b);
+    snprintf(a, sizeof a, "%lld", (long long)g[SH_TM_G_host_node_ranks]);
+    pair(cv, r, y, x, "ranks", TA_VALUE, a);
+}
+
 static void info(struct top_canvas *cv, const struct top_rect *r, const struct top_model *m)
 {
     const struct sh_tm_snapshot *s = &m->snap;
@@ -350,7 +366,10 @@ static void info(struct top_canvas *cv, const struct top_rect *r, const struct t
         x = pair(cv, r, y, r->x, "Regions", TA_VALUE, a);
         x = pair(cv, r, y, x, "pers/trans", TA_VALUE, b);
         pair(cv, r, y, x, "Tracking", TA_VALUE, sh_tm_tracking_name((int)g[SH_TM_G_tracking]));
+        y++;
     }
+    if (y < r->y + r->h && g[SH_TM_G_host_node_budget] > 0)
+        node_line(cv, r, y, g);
 }
 
 /* ---- sparklines ----------------------------------------------------------------------- */
