@@ -65,6 +65,7 @@ STATS_FIELDS = [
     ("remap_windows", False),
     ("device_drains", False),
     ("lost_writes", False), ("opaque_work", False), ("regions_pinned", False),
+    ("node_budget_bytes", False), ("node_used_bytes", False), ("node_ranks", False),
 ]
 
 # Figures reported per step as the difference from the step before.
