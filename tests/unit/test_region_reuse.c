@@ -315,10 +315,54 @@ static void test_small_churn_no_vmm(void **state)
     assert_books_balanced();
 }
 
+/* The per-thread cache of lookups that launches and copies go through
+ * (sh_pool_bases) answers as the index does, however regions come, go,
+ * are reused at the same address with another size, or are dropped:
+ * every address is asked again after every change, so a stale entry
+ * would answer for a region that is no longer there. */
+static void test_lookup_cache_follows_the_index(void **state)
+{
+    (void)state;
+    struct sh_pool_params p = defaults();
+    struct sh_pool *pool = mkpool(&p);
+    enum { SLOTS = 12, ROUNDS = 300, PROBES = 3 };
+    uintptr_t live[SLOTS] = {0}, seen[4 * SLOTS];
+    size_t nseen = 0;
+    unsigned rng = 12345;
+    for (int round = 0; round < ROUNDS; round++) {
+        rng = rng * 1103515245u + 12345u;
+        int k = (int)((rng >> 16) % SLOTS);
+        if (live[k]) {
+            xfree(pool, live[k], 0, 0);
+            live[k] = 0;
+            if ((rng >> 8) % 3 == 0)
+                sh_pool_trim(pool, SIZE_MAX); /* dropped from the index */
+        } else {
+            live[k] = xalloc(pool, (size_t)(1 + (rng >> 4) % 4) * G, SH_PATH_MALLOC, 0);
+            if (nseen < sizeof seen / sizeof seen[0])
+                seen[nseen++] = live[k];
+        }
+        for (size_t i = 0; i < nseen; i++)
+            for (int o = 0; o < PROBES; o++) {
+                uintptr_t a = seen[i] + (size_t)o * G + 8, base = 0;
+                struct sh_region_info ri;
+                int found = sh_pool_lookup(pool, a, &ri) == 0 && ri.path != SH_PATH_SLAB;
+                assert_int_equal(sh_pool_bases(pool, &a, 1, &base), found);
+                if (found)
+                    assert_int_equal(base, ri.va);
+            }
+    }
+    for (int k = 0; k < SLOTS; k++)
+        if (live[k])
+            xfree(pool, live[k], 0, 0);
+    sh_pool_destroy(pool);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_reuse_same_size, setup),
+        cmocka_unit_test_setup(test_lookup_cache_follows_the_index, setup),
         cmocka_unit_test_setup(test_other_size_builds, setup),
         cmocka_unit_test_setup(test_churn_no_vmm, setup),
         cmocka_unit_test_setup(test_async_stream_order, setup),
