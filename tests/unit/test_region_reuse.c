@@ -326,7 +326,7 @@ static void test_lookup_cache_follows_the_index(void **state)
     struct sh_pool_params p = defaults();
     struct sh_pool *pool = mkpool(&p);
     enum { SLOTS = 12, ROUNDS = 300, PROBES = 3 };
-    uintptr_t live[SLOTS] = {0}, seen[4 * SLOTS];
+    uintptr_t live[SLOTS] = {0}, seen[4 * SLOTS] = {0};
     size_t nseen = 0;
     unsigned rng = 12345;
     for (int round = 0; round < ROUNDS; round++) {
