@@ -17,6 +17,9 @@
  *              program keeping such pointers sets it) shows up as a
  *              mismatch naming the region, and the results stay exact
  *
+ * The exhausted child runs again on a CUDA 12.0 driver, where the library
+ * passes every call through and says why in one line.
+ *
  * Under STAGEHAND_DISABLE=1 the same children run on the plain (simulated)
  * card; what only applies to the library is skipped.
  */
@@ -162,9 +165,10 @@ static int child_fill_up(void)
     printf("bad=%zu\n", bad);
     stagehand_stats_t st;
     get_stats(&st);
-    printf("evictions=%llu\noom=%llu\npinned_mb=%llu\nhost_mb=%llu\n",
-           (unsigned long long)st.evictions, (unsigned long long)st.oom,
-           (unsigned long long)(st.pinned_bytes >> 20), (unsigned long long)(st.host_bytes >> 20));
+    printf("active=%llu\nevictions=%llu\noom=%llu\npinned_mb=%llu\nhost_mb=%llu\n",
+           (unsigned long long)st.active, (unsigned long long)st.evictions,
+           (unsigned long long)st.oom, (unsigned long long)(st.pinned_bytes >> 20),
+           (unsigned long long)(st.host_bytes >> 20));
     /* Room comes back with a free. */
     if (n > 1 && e != cudaSuccess) {
         if (cudaFree(r[0]) != cudaSuccess)
@@ -479,6 +483,28 @@ static void test_no_host_vmm(void **state)
     assert_int_equal(count_lines(c.err, "stagehand:", NULL, NULL, 0), 2);
 }
 
+/* A CUDA 12.0 driver cannot map host memory for the device, so nothing
+ * could ever be evicted: the library passes every call through, the budget
+ * does not apply, and one line says why. */
+static void test_cuda_12_0_passes_through(void **state)
+{
+    (void)state;
+    static const char *const env[] = {"SIMCUDA_VRAM_MB=512", "SIMCUDA_DRIVER_VERSION=12000",
+                                      "STAGEHAND_BUDGET_VRAM_BUDGET_MB=256", NULL};
+    static struct child c;
+    run_child("exhausted", env, &c);
+    long n = value(&c, "allocated");
+    assert_int_equal(value(&c, "error"), cudaErrorMemoryAllocation);
+    assert_int_equal(value(&c, "bad"), 0);
+    assert_int_equal(value(&c, "realloc"), cudaSuccess);
+    assert_true(n * REGION_MB > 256 && n * REGION_MB <= 512); /* the card, not the budget */
+    assert_int_equal(value(&c, "active"), 0);
+    assert_int_equal(value(&c, "evictions"), 0);
+    static const char *const why[] = {"12.0", "host-located", "12.2", "passing through", NULL};
+    assert_int_equal(count_lines(c.err, "stagehand:", NULL, NULL, 0), preloaded ? 1 : 0);
+    assert_int_equal(count_lines(c.err, "stagehand:", why, NULL, 0), preloaded ? 1 : 0);
+}
+
 static void test_checksums(void **state)
 {
     (void)state;
@@ -577,8 +603,11 @@ int main(int argc, char **argv)
         return child_fill_up();
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_host_side_exhausted), cmocka_unit_test(test_no_host_vmm),
-        cmocka_unit_test(test_checksums),           cmocka_unit_test(test_device_key),
+        cmocka_unit_test(test_host_side_exhausted),
+        cmocka_unit_test(test_no_host_vmm),
+        cmocka_unit_test(test_cuda_12_0_passes_through),
+        cmocka_unit_test(test_checksums),
+        cmocka_unit_test(test_device_key),
         cmocka_unit_test(test_cupti_path_reason),
     };
     return cmocka_run_group_tests_name(
