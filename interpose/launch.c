@@ -674,6 +674,8 @@ static const CUpti_CallbackId driver_ids[] = {
     CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz,
 };
 
+static const char *cupti_loaded; /* the path that subscribed, for the log */
+
 static const char *start_cupti_at(const char *path)
 {
     static char why[SH_CONFIG_STR_MAX + 256]; /* start-up runs once */
@@ -704,6 +706,7 @@ static const char *start_cupti_at(const char *path)
         enable(1, sub, CUPTI_CB_DOMAIN_RUNTIME_API, runtime_ids[i]);
     for (size_t i = 0; i < sizeof driver_ids / sizeof *driver_ids; i++)
         enable(1, sub, CUPTI_CB_DOMAIN_DRIVER_API, driver_ids[i]);
+    cupti_loaded = path;
     return NULL;
 }
 
@@ -747,7 +750,7 @@ int sh_launch_init(void)
         why = start_cupti(sh_rt.cfg.tracking.cupti_path);
         if (!why) {
             mode = SH_TRACK_CUPTI;
-            sh_log(SH_LOG_INFO, "launch tracking: CUPTI callbacks");
+            sh_log(SH_LOG_INFO, "launch tracking: CUPTI callbacks (%s)", cupti_loaded);
             return 0;
         }
         if (sh_rt.cfg.tracking.mode == SH_CONFIG_TRACK_CUPTI)

@@ -36,6 +36,7 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -587,6 +588,81 @@ static void test_cupti_path_reason(void **state)
     assert_non_null(strstr(c.err, "No such file or directory"));
 }
 
+/* A child that loads libcudart.so.12 first, as a CUDA 12 program has,
+ * then makes the library start with one allocation. */
+static int child_runtime12(void)
+{
+    if (!dlopen("libcudart.so.12", RTLD_NOW | RTLD_GLOBAL))
+        return 2;
+    void *p = NULL;
+    return cudaMalloc(&p, REGION) == cudaSuccess && cudaFree(p) == cudaSuccess ? 0 : 3;
+}
+
+/* A copy, not a link: the loader takes a file it has loaded under one
+ * name for the same library under any other. */
+static int copy_file(const char *from, const char *to)
+{
+    static char buf[1 << 16];
+    FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
+    size_t n = 0;
+    int rc = in && out ? 0 : -1;
+    while (rc == 0 && (n = fread(buf, 1, sizeof buf, in)) > 0)
+        rc = fwrite(buf, 1, n, out) == n ? 0 : -1;
+    if (in)
+        fclose(in);
+    if (out && fclose(out) != 0)
+        rc = -1;
+    return rc;
+}
+
+/* Which CUPTI the library subscribed with, from its info line. */
+static void cupti_used(const char *mode, const char *libdir, char *out, size_t len)
+{
+    static char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "LD_LIBRARY_PATH=%s:%s", libdir, getenv("LD_LIBRARY_PATH"));
+    const char *const env[] = {"STAGEHAND_GENERAL_LOG_LEVEL=info", "STAGEHAND_TRACKING_MODE=cupti",
+                               path, NULL};
+    static struct child c;
+    run_child(mode, env, &c);
+    const char *at = strstr(c.err, "launch tracking: CUPTI callbacks (");
+    assert_non_null(at);
+    at += strlen("launch tracking: CUPTI callbacks (");
+    snprintf(out, len, "%.*s", (int)strcspn(at, ")"), at);
+}
+
+/* cupti_path = auto: the CUPTI of the runtime the program loaded (12 or
+ * 13), the other one if that is missing. Copies of the simulated runtime
+ * and CUPTI stand in for the CUDA 12 ones under their names. */
+static void test_cupti_follows_the_runtime(void **state)
+{
+    (void)state;
+    if (!preloaded)
+        skip();
+    char dir[] = "/tmp/e2e_limits_rt12_XXXXXX", link[PATH_MAX], cwd[PATH_MAX], used[128];
+    static char target[2 * PATH_MAX];
+    assert_non_null(mkdtemp(dir));
+    assert_non_null(getcwd(cwd, sizeof cwd));
+    const char *build = getenv("STAGEHAND_TEST_BUILD") ? getenv("STAGEHAND_TEST_BUILD") : "build";
+    static const char *const libs[][2] = {{"libcudart.so.12", "libcudart.so.13"},
+                                          {"libcupti.so.12", "libcupti.so.13"}};
+    for (int i = 0; i < 2; i++) {
+        snprintf(link, sizeof link, "%s/%s", dir, libs[i][0]);
+        snprintf(target, sizeof target, "%s/%s/sim/%s", cwd, build, libs[i][1]);
+        assert_int_equal(copy_file(target, link), 0);
+    }
+    cupti_used("exhausted", dir, used, sizeof used); /* a CUDA 13 program */
+    assert_string_equal(used, "libcupti.so.13");
+    cupti_used("runtime12", dir, used, sizeof used);
+    assert_string_equal(used, "libcupti.so.12");
+    snprintf(link, sizeof link, "%s/libcupti.so.12", dir);
+    unlink(link);
+    cupti_used("runtime12", dir, used, sizeof used); /* no CUPTI 12: the other */
+    assert_string_equal(used, "libcupti.so.13");
+    snprintf(link, sizeof link, "%s/libcudart.so.12", dir);
+    unlink(link);
+    rmdir(dir);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -600,6 +676,8 @@ int main(int argc, char **argv)
             return 2;
         if (strcmp(mode, "checksums") == 0)
             return child_checksums();
+        if (strcmp(mode, "runtime12") == 0)
+            return child_runtime12();
         return child_fill_up();
     }
     const struct CMUnitTest tests[] = {
@@ -609,6 +687,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_checksums),
         cmocka_unit_test(test_device_key),
         cmocka_unit_test(test_cupti_path_reason),
+        cmocka_unit_test(test_cupti_follows_the_runtime),
     };
     return cmocka_run_group_tests_name(
         preloaded ? "e2e_limits (preloaded)" : "e2e_limits (disabled)", tests, NULL, NULL);
