@@ -336,14 +336,10 @@ static void test_random_vs_reference(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_empty),
-        cmocka_unit_test(test_every_address),
-        cmocka_unit_test(test_refuse),
-        cmocka_unit_test(test_remove),
-        cmocka_unit_test(test_foreach),
-        cmocka_unit_test(test_balanced),
-        cmocka_unit_test(test_generation),
-        cmocka_unit_test(test_random_vs_reference),
+        cmocka_unit_test(test_empty),      cmocka_unit_test(test_every_address),
+        cmocka_unit_test(test_refuse),     cmocka_unit_test(test_remove),
+        cmocka_unit_test(test_foreach),    cmocka_unit_test(test_balanced),
+        cmocka_unit_test(test_generation), cmocka_unit_test(test_random_vs_reference),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
