@@ -36,6 +36,16 @@ int sh_driver_load(struct sh_driver *drv, const char *path)
                drv->version);
         return SH_EDRIVER;
     }
+    /* Evicting maps host memory at a region's address, which only drivers
+     * from 12.2 can do: on an older one the library would only change how
+     * memory is allocated, with nothing to gain. */
+    if (drv->version < SH_DRIVER_EVICTS) {
+        sh_log(SH_LOG_WARN,
+               "the CUDA driver is %d.%d: eviction needs host-located virtual memory, from "
+               "CUDA 12.2; passing through",
+               drv->version / 1000, drv->version % 1000 / 10);
+        return SH_EDRIVER;
+    }
     CUdriverProcAddressQueryResult status;
 #define SH_DRIVER_LOAD(name)                                                                       \
     if (get_proc(#name, (void **)&drv->name, SH_DRIVER_ABI, CU_GET_PROC_ADDRESS_DEFAULT,           \

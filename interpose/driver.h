@@ -67,6 +67,10 @@ struct sh_driver {
  * from 12.0 on answers (one older than the version asked refuses). */
 #define SH_DRIVER_ABI 12000
 
+/* The first CUDA version whose driver maps host-located memory
+ * (CU_MEM_LOCATION_TYPE_HOST_NUMA): older ones are passed through. */
+#define SH_DRIVER_EVICTS 12020
+
 /* Loads the driver; SH_EDRIVER with a log line naming what is missing.
  * drv->version is the driver's CUDA version (12040 for 12.4). */
 int sh_driver_load(struct sh_driver *drv, const char *path);

@@ -36,7 +36,8 @@
 struct layout {
     const void *key;
     int kind, nparams;
-    int opaque; /* a kernel of a library known to keep pointers in memory */
+    int opaque; /* a kernel of a library known to keep pointers in memory, or one
+                 * whose parameters cannot be read: its accesses have no bound */
     uint16_t off[MAX_PARAMS], size[MAX_PARAMS];
 };
 
@@ -83,21 +84,23 @@ static const char *kernel_name(const struct layout *l, const void *key, CUfuncti
 }
 
 /* Reads the layout from the module images (cubin.c), for drivers without
- * cuFuncGetParamInfo. */
-static void fill_from_images(struct layout *l, const void *key, CUfunction f)
+ * cuFuncGetParamInfo. 0 if no image describes the kernel (or it has no
+ * name here: cuFuncGetName came in 12.3): its pointers cannot be seen. */
+static int fill_from_images(struct layout *l, const void *key, CUfunction f)
 {
     const char *name = kernel_name(l, key, f);
     struct sh_cubin_param p[MAX_PARAMS];
     size_t n = 0;
     if (!name || sh_modules_layout(name, p, MAX_PARAMS, &n) != 0)
-        return;
+        return 0;
     for (size_t i = 0; i < n; i++) {
         if (p[i].offset > UINT16_MAX || p[i].size > UINT16_MAX)
-            break;
+            return 0;
         l->off[i] = (uint16_t)p[i].offset;
         l->size[i] = (uint16_t)p[i].size;
         l->nparams = (int)i + 1;
     }
+    return 1;
 }
 
 /* NCCL's kernels take their buffers from work queues in device memory:
@@ -114,6 +117,7 @@ static void fill_layout(struct layout *l, const void *key)
         real_get_func((cudaFunction_t *)&f, key);
     else if (l->kind == SH_KEY_FUNCTION)
         f = (CUfunction)(uintptr_t)key;
+    int known = 1;
     for (int i = 0; i < MAX_PARAMS; i++) {
         size_t off = 0, size = 0;
         CUresult r = CUDA_ERROR_INVALID_VALUE;
@@ -123,7 +127,7 @@ static void fill_layout(struct layout *l, const void *key)
             r = func_param_info(f, (size_t)i, &off, &size);
         if (i == 0 && (r == CUDA_ERROR_NOT_SUPPORTED || (!func_param_info && !kernel_param_info))) {
             driver_lacks_layouts = 1; /* keep images loaded from now on */
-            fill_from_images(l, key, f);
+            known = fill_from_images(l, key, f);
             break;
         }
         if (r != CUDA_SUCCESS || off > UINT16_MAX || size > UINT16_MAX)
@@ -132,7 +136,7 @@ static void fill_layout(struct layout *l, const void *key)
         l->size[i] = (uint16_t)size;
         l->nparams = i + 1;
     }
-    l->opaque = keeps_pointers(kernel_name(l, key, f));
+    l->opaque = !known || keeps_pointers(kernel_name(l, key, f));
 }
 
 /* The cached layout of a function. A slot's key is published last, with
@@ -670,6 +674,8 @@ static const CUpti_CallbackId driver_ids[] = {
     CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz,
 };
 
+static const char *cupti_loaded; /* the path that subscribed, for the log */
+
 static const char *start_cupti_at(const char *path)
 {
     static char why[SH_CONFIG_STR_MAX + 256]; /* start-up runs once */
@@ -700,6 +706,7 @@ static const char *start_cupti_at(const char *path)
         enable(1, sub, CUPTI_CB_DOMAIN_RUNTIME_API, runtime_ids[i]);
     for (size_t i = 0; i < sizeof driver_ids / sizeof *driver_ids; i++)
         enable(1, sub, CUPTI_CB_DOMAIN_DRIVER_API, driver_ids[i]);
+    cupti_loaded = path;
     return NULL;
 }
 
@@ -743,7 +750,7 @@ int sh_launch_init(void)
         why = start_cupti(sh_rt.cfg.tracking.cupti_path);
         if (!why) {
             mode = SH_TRACK_CUPTI;
-            sh_log(SH_LOG_INFO, "launch tracking: CUPTI callbacks");
+            sh_log(SH_LOG_INFO, "launch tracking: CUPTI callbacks (%s)", cupti_loaded);
             return 0;
         }
         if (sh_rt.cfg.tracking.mode == SH_CONFIG_TRACK_CUPTI)

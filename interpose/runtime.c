@@ -244,7 +244,9 @@ static void init(void)
 {
     if (disabled || !sh_real()->cudaMalloc)
         return;
-    if (sh_driver_load(&sh_rt.drv, "libcuda.so.1") != SH_OK || open_device() != SH_OK) {
+    if (sh_driver_load(&sh_rt.drv, "libcuda.so.1") != SH_OK)
+        return; /* it said why */
+    if (open_device() != SH_OK) {
         sh_log(SH_LOG_WARN, "CUDA driver unavailable; passing all calls through");
         return;
     }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs cmocka test programs from the repository root against the simulated
 # GPU and prints one closing line: "tests: N passed, N failed".
-# Usage: tests/run.sh PROGRAM...   (BUILD, TEST_TIMEOUT, SAN, E2E and WRAP from the
-# environment)
+# Usage: tests/run.sh PROGRAM...   (BUILD, TEST_TIMEOUT, SAN, E2E, E2E_DRIVERS and WRAP
+# from the environment)
 set -u
 build=${BUILD:-build}
 timeout_s=${TEST_TIMEOUT:-300}
@@ -19,6 +19,11 @@ runs=("$@")
 for e in ${E2E:-}; do
     runs+=("env LD_PRELOAD=$PWD/$build/libstagehand.so ${WRAP:+$WRAP }$e"
         "env STAGEHAND_DISABLE=1 LD_PRELOAD=$PWD/$build/libstagehand.so ${WRAP:+$WRAP }$e")
+done
+# E2E_DRIVERS: VERSION:PROGRAM pairs, run once more under the library with
+# the simulated driver claiming that CUDA version.
+for d in ${E2E_DRIVERS:-}; do
+    runs+=("env SIMCUDA_DRIVER_VERSION=${d%%:*} LD_PRELOAD=$PWD/$build/libstagehand.so ${WRAP:+$WRAP }${d#*:}")
 done
 export ASAN_OPTIONS="$ASAN_OPTIONS:verify_asan_link_order=0"
 

@@ -1,8 +1,11 @@
 /* test_e2e_cubin.c — parameter layouts from module images, for drivers
  * without cuFuncGetParamInfo. The simulated driver is made to refuse that
- * call (SIMCUDA_FAIL); the program registers a real nvcc-built fatbin as
- * nvcc-generated code would, and a launch of the kernel it describes must
- * still bring an evicted region back before it runs.
+ * call (SIMCUDA_FAIL; a driver older than 12.4 lacks it, and one older than
+ * 12.3 cuFuncGetName too); the program registers a real nvcc-built fatbin
+ * and its kernel as nvcc-generated code would, and a launch of the kernel it
+ * describes must still bring an evicted region back before it runs. A
+ * kernel no image describes cannot be scanned: its launch counts as opaque
+ * work (it may use any region).
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -26,6 +29,8 @@
 #define NREG   24 /* 384 MB against a 256 MB budget */
 
 static int preloaded;
+typedef void (*register_fn_t)(void **, const char *, char *, const char *, int, uint3 *, uint3 *,
+                              dim3 *, dim3 *, int *);
 static const dim3 one = {1, 1, 1};
 
 /* Registered under the name of the fixture's extern "C" kernel
@@ -35,6 +40,13 @@ static void k_ptrs(void **args)
     uint32_t *a = *(uint32_t **)args[0];
     for (size_t i = 0; i < REGION / 4; i++)
         a[i] += 7;
+}
+
+/* Registered with no image: its parameters cannot be read. */
+static void k_unknown(void **args)
+{
+    uint32_t *a = *(uint32_t **)args[0];
+    a[0] += 1;
 }
 
 static unsigned long long *load_fixture(void)
@@ -67,8 +79,10 @@ static void test_layout_from_fatbin(void **state)
      * no modules itself, so only the library (when preloaded) sees it. */
     void **(*register_fatbin)(void *) =
         (void **(*)(void *))dlsym(RTLD_DEFAULT, "__cudaRegisterFatBinary");
-    if (register_fatbin)
-        register_fatbin(&wrapper);
+    register_fn_t register_fn = (register_fn_t)dlsym(RTLD_DEFAULT, "__cudaRegisterFunction");
+    if (register_fatbin && register_fn) /* the kernel's name, before cuFuncGetName (12.3) */
+        register_fn(register_fatbin(&wrapper), (const char *)k_ptrs, "k_ptrs", "k_ptrs", -1, NULL,
+                    NULL, NULL, NULL, NULL);
 
     void *r[NREG];
     for (int i = 0; i < NREG; i++) {
@@ -85,7 +99,14 @@ static void test_layout_from_fatbin(void **state)
     if (preloaded) {
         assert_true(before.evictions > 0);
         assert_true(after.restores >= before.restores + 2); /* both pointers were seen */
+        assert_int_equal(after.opaque_work, before.opaque_work);
     }
+    void *unknown_args[] = {&r[2]};
+    assert_int_equal(cudaLaunchKernel((const void *)k_unknown, one, one, unknown_args, 0, NULL),
+                     cudaSuccess);
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    if (preloaded)
+        assert_int_equal(stats().opaque_work, after.opaque_work + 1);
     uint8_t *h = malloc(REGION);
     assert_int_equal(cudaMemcpy(h, r[0], REGION, cudaMemcpyDeviceToHost), cudaSuccess);
     for (size_t i = 0; i < REGION; i += 4)
@@ -109,7 +130,8 @@ int main(int argc, char **argv)
     }
     preloaded = dlsym(RTLD_DEFAULT, "stagehand_get_stats") && !getenv("STAGEHAND_DISABLE");
     size_t sizes[] = {sizeof(void *), sizeof(void *), sizeof(void *)};
-    if (simcuda_register_kernel(k_ptrs, "k_ptrs", 3, sizes, 0) != 0)
+    if (simcuda_register_kernel(k_ptrs, "k_ptrs", 3, sizes, 0) != 0 ||
+        simcuda_register_kernel(k_unknown, "k_unknown", 1, sizes, 0) != 0)
         return 1;
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_layout_from_fatbin)};
     return cmocka_run_group_tests_name(preloaded ? "e2e_cubin (preloaded)" : "e2e_cubin (disabled)",

@@ -314,10 +314,11 @@ static void test_startup_failures_recover(void **state)
     assert_int_equal(bad, 0);
 }
 
-/* Drivers of the CUDA 12 era: the library comes up on each (it asks for
- * entry points at 12.0, newer ones where the driver has them) and evicts
- * from 12.2 (host-located VMM); on 12.0 it manages memory without eviction.
- * Every byte is right on each. */
+/* Drivers of the CUDA 12 era: the library comes up on each from 12.2 (it
+ * asks for entry points at 12.0, newer ones where the driver has them) and
+ * evicts (host-located VMM); on 12.0 it passes through (test_e2e_limits'
+ * test_cuda_12_0_passes_through checks what it says). Every byte is right
+ * on each. */
 static void test_cuda12_drivers(void **state)
 {
     (void)state;

@@ -17,6 +17,9 @@
  *              program keeping such pointers sets it) shows up as a
  *              mismatch naming the region, and the results stay exact
  *
+ * The exhausted child runs again on a CUDA 12.0 driver, where the library
+ * passes every call through and says why in one line.
+ *
  * Under STAGEHAND_DISABLE=1 the same children run on the plain (simulated)
  * card; what only applies to the library is skipped.
  */
@@ -33,6 +36,7 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -162,9 +166,10 @@ static int child_fill_up(void)
     printf("bad=%zu\n", bad);
     stagehand_stats_t st;
     get_stats(&st);
-    printf("evictions=%llu\noom=%llu\npinned_mb=%llu\nhost_mb=%llu\n",
-           (unsigned long long)st.evictions, (unsigned long long)st.oom,
-           (unsigned long long)(st.pinned_bytes >> 20), (unsigned long long)(st.host_bytes >> 20));
+    printf("active=%llu\nevictions=%llu\noom=%llu\npinned_mb=%llu\nhost_mb=%llu\n",
+           (unsigned long long)st.active, (unsigned long long)st.evictions,
+           (unsigned long long)st.oom, (unsigned long long)(st.pinned_bytes >> 20),
+           (unsigned long long)(st.host_bytes >> 20));
     /* Room comes back with a free. */
     if (n > 1 && e != cudaSuccess) {
         if (cudaFree(r[0]) != cudaSuccess)
@@ -479,6 +484,28 @@ static void test_no_host_vmm(void **state)
     assert_int_equal(count_lines(c.err, "stagehand:", NULL, NULL, 0), 2);
 }
 
+/* A CUDA 12.0 driver cannot map host memory for the device, so nothing
+ * could ever be evicted: the library passes every call through, the budget
+ * does not apply, and one line says why. */
+static void test_cuda_12_0_passes_through(void **state)
+{
+    (void)state;
+    static const char *const env[] = {"SIMCUDA_VRAM_MB=512", "SIMCUDA_DRIVER_VERSION=12000",
+                                      "STAGEHAND_BUDGET_VRAM_BUDGET_MB=256", NULL};
+    static struct child c;
+    run_child("exhausted", env, &c);
+    long n = value(&c, "allocated");
+    assert_int_equal(value(&c, "error"), cudaErrorMemoryAllocation);
+    assert_int_equal(value(&c, "bad"), 0);
+    assert_int_equal(value(&c, "realloc"), cudaSuccess);
+    assert_true(n * REGION_MB > 256 && n * REGION_MB <= 512); /* the card, not the budget */
+    assert_int_equal(value(&c, "active"), 0);
+    assert_int_equal(value(&c, "evictions"), 0);
+    static const char *const why[] = {"12.0", "host-located", "12.2", "passing through", NULL};
+    assert_int_equal(count_lines(c.err, "stagehand:", NULL, NULL, 0), preloaded ? 1 : 0);
+    assert_int_equal(count_lines(c.err, "stagehand:", why, NULL, 0), preloaded ? 1 : 0);
+}
+
 static void test_checksums(void **state)
 {
     (void)state;
@@ -561,6 +588,81 @@ static void test_cupti_path_reason(void **state)
     assert_non_null(strstr(c.err, "No such file or directory"));
 }
 
+/* A child that loads libcudart.so.12 first, as a CUDA 12 program has,
+ * then makes the library start with one allocation. */
+static int child_runtime12(void)
+{
+    if (!dlopen("libcudart.so.12", RTLD_NOW | RTLD_GLOBAL))
+        return 2;
+    void *p = NULL;
+    return cudaMalloc(&p, REGION) == cudaSuccess && cudaFree(p) == cudaSuccess ? 0 : 3;
+}
+
+/* A copy, not a link: the loader takes a file it has loaded under one
+ * name for the same library under any other. */
+static int copy_file(const char *from, const char *to)
+{
+    static char buf[1 << 16];
+    FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
+    size_t n = 0;
+    int rc = in && out ? 0 : -1;
+    while (rc == 0 && (n = fread(buf, 1, sizeof buf, in)) > 0)
+        rc = fwrite(buf, 1, n, out) == n ? 0 : -1;
+    if (in)
+        fclose(in);
+    if (out && fclose(out) != 0)
+        rc = -1;
+    return rc;
+}
+
+/* Which CUPTI the library subscribed with, from its info line. */
+static void cupti_used(const char *mode, const char *libdir, char *out, size_t len)
+{
+    static char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "LD_LIBRARY_PATH=%s:%s", libdir, getenv("LD_LIBRARY_PATH"));
+    const char *const env[] = {"STAGEHAND_GENERAL_LOG_LEVEL=info", "STAGEHAND_TRACKING_MODE=cupti",
+                               path, NULL};
+    static struct child c;
+    run_child(mode, env, &c);
+    const char *at = strstr(c.err, "launch tracking: CUPTI callbacks (");
+    assert_non_null(at);
+    at += strlen("launch tracking: CUPTI callbacks (");
+    snprintf(out, len, "%.*s", (int)strcspn(at, ")"), at);
+}
+
+/* cupti_path = auto: the CUPTI of the runtime the program loaded (12 or
+ * 13), the other one if that is missing. Copies of the simulated runtime
+ * and CUPTI stand in for the CUDA 12 ones under their names. */
+static void test_cupti_follows_the_runtime(void **state)
+{
+    (void)state;
+    if (!preloaded)
+        skip();
+    char dir[] = "/tmp/e2e_limits_rt12_XXXXXX", link[PATH_MAX], cwd[PATH_MAX], used[128];
+    static char target[2 * PATH_MAX];
+    assert_non_null(mkdtemp(dir));
+    assert_non_null(getcwd(cwd, sizeof cwd));
+    const char *build = getenv("STAGEHAND_TEST_BUILD") ? getenv("STAGEHAND_TEST_BUILD") : "build";
+    static const char *const libs[][2] = {{"libcudart.so.12", "libcudart.so.13"},
+                                          {"libcupti.so.12", "libcupti.so.13"}};
+    for (int i = 0; i < 2; i++) {
+        snprintf(link, sizeof link, "%s/%s", dir, libs[i][0]);
+        snprintf(target, sizeof target, "%s/%s/sim/%s", cwd, build, libs[i][1]);
+        assert_int_equal(copy_file(target, link), 0);
+    }
+    cupti_used("exhausted", dir, used, sizeof used); /* a CUDA 13 program */
+    assert_string_equal(used, "libcupti.so.13");
+    cupti_used("runtime12", dir, used, sizeof used);
+    assert_string_equal(used, "libcupti.so.12");
+    snprintf(link, sizeof link, "%s/libcupti.so.12", dir);
+    unlink(link);
+    cupti_used("runtime12", dir, used, sizeof used); /* no CUPTI 12: the other */
+    assert_string_equal(used, "libcupti.so.13");
+    snprintf(link, sizeof link, "%s/libcudart.so.12", dir);
+    unlink(link);
+    rmdir(dir);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -574,12 +676,18 @@ int main(int argc, char **argv)
             return 2;
         if (strcmp(mode, "checksums") == 0)
             return child_checksums();
+        if (strcmp(mode, "runtime12") == 0)
+            return child_runtime12();
         return child_fill_up();
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_host_side_exhausted), cmocka_unit_test(test_no_host_vmm),
-        cmocka_unit_test(test_checksums),           cmocka_unit_test(test_device_key),
+        cmocka_unit_test(test_host_side_exhausted),
+        cmocka_unit_test(test_no_host_vmm),
+        cmocka_unit_test(test_cuda_12_0_passes_through),
+        cmocka_unit_test(test_checksums),
+        cmocka_unit_test(test_device_key),
         cmocka_unit_test(test_cupti_path_reason),
+        cmocka_unit_test(test_cupti_follows_the_runtime),
     };
     return cmocka_run_group_tests_name(
         preloaded ? "e2e_limits (preloaded)" : "e2e_limits (disabled)", tests, NULL, NULL);

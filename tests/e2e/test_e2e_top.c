@@ -41,7 +41,7 @@ static int workload(int out, int in)
 {
     size_t sizes[] = {sizeof(void *)};
     simcuda_register_kernel(k_bump, "bump", 1, sizes, 0);
-    void *r[NREG];
+    void *r[NREG + 1];
     for (int i = 0; i < NREG; i++)
         if (cudaMalloc(&r[i], REGION) != cudaSuccess)
             return 2;
@@ -50,6 +50,11 @@ static int workload(int out, int in)
             void *args[] = {&r[i]};
             cudaLaunchKernel((const void *)k_bump, one, one, args, 0, NULL);
         }
+    /* Last, a region of two thirds of the budget, which must make room
+     * however much the scheduler evicted early: its pressure event is among
+     * the recent ones the snapshot keeps. */
+    if (cudaMalloc(&r[NREG], 64u << 20) != cudaSuccess)
+        return 2;
     cudaDeviceSynchronize();
     simcuda_stats_t st;
     simcuda_get_stats(&st);

@@ -924,10 +924,16 @@ SIM_EXPORT cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void
 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations" /* CUDA 12 programs still call it */
+/* Documented as comparing the symbol's version with the runtime's only: a
+ * runtime newer than the driver (minor-version compatibility) still gets
+ * the driver's symbols, so the lookup asks at the older of the two. */
 SIM_EXPORT cudaError_t cudaGetDriverEntryPoint(const char *symbol, void **pfn,
                                                unsigned long long flags,
                                                enum cudaDriverEntryPointQueryResult *st)
 {
-    return cudaGetDriverEntryPointByVersion(symbol, pfn, CUDART_VERSION, flags, st);
+    int driver = CUDART_VERSION;
+    if (cuDriverGetVersion(&driver) != CUDA_SUCCESS || driver > CUDART_VERSION)
+        driver = CUDART_VERSION;
+    return cudaGetDriverEntryPointByVersion(symbol, pfn, (unsigned)driver, flags, st);
 }
 #pragma GCC diagnostic pop

@@ -20,7 +20,7 @@ struct sim_stats sim_stats;
 
 /* The CUDA version the simulated driver claims: SIMCUDA_DRIVER_VERSION
  * (12000 for 12.0), 13000 by default. It may be asked before cuInit. */
-static int driver_version(void)
+int sim_driver_version(void)
 {
     static atomic_int version;
     int v = atomic_load(&version);
@@ -299,7 +299,7 @@ SIM_EXPORT CUresult cuDriverGetVersion(int *v)
         return r;
     if (!v)
         return CUDA_ERROR_INVALID_VALUE;
-    *v = driver_version();
+    *v = sim_driver_version();
     return CUDA_SUCCESS;
 }
 
@@ -406,7 +406,7 @@ static int attribute(CUdevice_attribute a, int *known)
     case CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID:
         return 0;
     case CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
-        return !sim_cfg.no_host_vmm && driver_version() >= 12020; /* from CUDA 12.2 */
+        return !sim_cfg.no_host_vmm;
     case CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED:
         return 1;
     default:
@@ -424,6 +424,12 @@ SIM_EXPORT CUresult cuDeviceGetAttribute(int *value, CUdevice_attribute attrib, 
         return CUDA_ERROR_INVALID_VALUE;
     if (dev != 0)
         return CUDA_ERROR_INVALID_DEVICE;
+    /* The host-NUMA attributes came with host-located memory in 12.2: an
+     * older driver knows no such attribute. */
+    if ((attrib == CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID ||
+         attrib == CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) &&
+        sim_driver_version() < SIM_HOST_VMM_SINCE)
+        return CUDA_ERROR_INVALID_VALUE;
     int known;
     int v = attribute(attrib, &known);
     if (!known) {
@@ -703,13 +709,13 @@ SIM_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda
     if (!symbol || !pfn)
         return CUDA_ERROR_INVALID_VALUE;
     *pfn = NULL;
-    if (cudaVersion > driver_version())
+    if (cudaVersion > sim_driver_version())
         return CUDA_ERROR_INVALID_VALUE;
     int since = introduced(symbol);
-    if (since > driver_version() || since > cudaVersion) {
+    if (since > sim_driver_version() || since > cudaVersion) {
         if (status)
-            *status = since > driver_version() ? CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND
-                                               : CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
+            *status = since > sim_driver_version() ? CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND
+                                                   : CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
         return CUDA_SUCCESS;
     }
     void *self = self_handle(), *stub = NULL;

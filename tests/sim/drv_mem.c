@@ -313,6 +313,8 @@ static CUresult check_location(const CUmemLocation *l)
     case CU_MEM_LOCATION_TYPE_HOST:
     case CU_MEM_LOCATION_TYPE_HOST_NUMA:
     case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+        if (sim_driver_version() < SIM_HOST_VMM_SINCE) /* a location type it does not know */
+            return CUDA_ERROR_INVALID_VALUE;
         return sim_cfg.no_host_vmm ? CUDA_ERROR_NOT_SUPPORTED : CUDA_SUCCESS;
     default:
         return CUDA_ERROR_INVALID_VALUE;

@@ -29,6 +29,11 @@ struct sim_cfg {
 extern struct sim_cfg sim_cfg;
 
 /* ---- core ---- */
+/* The CUDA version the driver claims (SIMCUDA_DRIVER_VERSION, 13000). */
+int sim_driver_version(void);
+/* Host-located VMM memory (CU_MEM_LOCATION_TYPE_HOST*) came in CUDA 12.2. */
+#define SIM_HOST_VMM_SINCE 12020
+
 /* Common prologue: CUDA_ERROR_NOT_INITIALIZED before cuInit, the sticky
  * error once the context has faulted, CUDA_SUCCESS otherwise. */
 CUresult sim_check(void);
