@@ -84,9 +84,11 @@ typedef struct stagehand_stats {
     uint64_t launches_recorded; /* launches the policy recorded ([policy] record_above_pct) */
     /* [budget] host_ram_scope = node: the host budget this user's processes
      * on the machine share; all 0 when the budget is per process. */
-    uint64_t node_budget_bytes; /* the shared budget */
-    uint64_t node_used_bytes;   /* pinned bytes the sharing processes hold, this one included */
-    uint64_t node_ranks;        /* processes sharing it, this one included */
+    uint64_t node_budget_bytes;  /* the shared budget */
+    uint64_t node_used_bytes;    /* pinned bytes the sharing processes hold, this one included */
+    uint64_t node_ranks;         /* processes sharing it, this one included */
+    uint64_t launches_unscanned; /* launches issued without a look at their
+                                  * arguments: nothing was off the device */
 } stagehand_stats_t;
 
 /* Fills *out (at most size bytes of it); 0, or -1 if out is NULL. */

@@ -87,6 +87,7 @@ EXPORT int stagehand_get_stats(stagehand_stats_t *out, size_t size)
         s.regions_pinned = st.pinned;
         s.launches = atomic_load(&sh_rt.launches);
         s.tracking_mode = (uint64_t)sh_launch_mode();
+        s.launches_unscanned = sh_launch_unscanned();
         struct sh_sched_stats ss;
         if (sh_sched_stats(&ss) == 0)
             s.launches_recorded = ss.launches;

@@ -98,6 +98,8 @@ int sh_stream_capturing(CUstream s);
  * begin restores what it points into and enters the remap gate. */
 int sh_launch_init(void);
 int sh_launch_mode(void);
+/* Launches issued without a scan: nothing was off the device or moving. */
+uint64_t sh_launch_unscanned(void);
 void sh_launch_begin(const void *key, int kind, void **args, CUstream stream);
 void sh_launch_end(void);
 /* For launches whose regions are known already (graphs). */

@@ -53,7 +53,9 @@ static _Thread_local struct {
     CUstream stream;
     int opaque; /* its accesses cannot be bounded: it counts as using every region */
     int any;    /* on streams the library cannot name: a drain waits for the device */
+    int quiet;  /* not scanned: it counts as using every region on any stream */
 } pending;      /* the launch being issued on this thread */
+static atomic_ullong unscanned; /* launches issued without a scan */
 static int mode = SH_TRACK_NONE;
 
 static __typeof__(cudaGetFuncBySymbol) *real_get_func;
@@ -333,6 +335,12 @@ static int stream_slot(CUstream s)
  * recorded for real: it marks nothing (the graph's launch does). */
 static void mark_issued(void)
 {
+    if (pending.quiet) {
+        /* the next move's drain waits for the whole device */
+        sh_pool_issued_any(sh_rt.pool, tracked() ? 1ull << STREAM_SLOTS : 0);
+        pending.quiet = 0;
+        return;
+    }
     if (pending.n == 0 && !pending.opaque)
         return;
     uint64_t streams = 0;
@@ -348,7 +356,7 @@ static void mark_issued(void)
         streams = 1ull << slot;
     }
     if (streams == 0 && pending.n && sh_sched_quiet())
-        sh_pool_issued_any(sh_rt.pool); /* nothing moves: no region needs its own stamp */
+        sh_pool_issued_any(sh_rt.pool, 0); /* nothing moves: no region needs its own stamp */
     else
         sh_pool_issued(sh_rt.pool, pending.bases, pending.n, streams);
     if (pending.opaque || atomic_load_explicit(&hidden_pointers, memory_order_relaxed))
@@ -500,13 +508,43 @@ void sh_launch_tracked_drain(int (**drain)(void *, uint64_t), int (**idle)(void 
     *idle = tracked() ? streams_idle : NULL;
 }
 
+/* A launch while no region is off the device or moving, launches are not
+ * recorded and no capture is under way has nothing to restore and nothing
+ * to teach: it is not scanned, which is what keeps a program that fits
+ * free of the library's cost. It is marked as using every region on any
+ * stream (one stamp, no lookup): a move that began meanwhile sees the
+ * stamp and redoes its copy, and the first drain after waits for the whole
+ * device. Recency is not kept meanwhile: LRU order is stale until the
+ * first eviction, which costs speed at worst. */
+static int quiet_launch(void)
+{
+    if (!sh_sched_quiet() || sh_engine_armed(&sh_rt.engine) || sh_capturing())
+        return 0;
+    atomic_fetch_add_explicit(&sh_rt.launches, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&unscanned, 1, memory_order_relaxed);
+    pending.quiet = 1;
+    return 1;
+}
+
+uint64_t sh_launch_unscanned(void)
+{
+    return atomic_load_explicit(&unscanned, memory_order_relaxed);
+}
+
+static void pending_begin(CUstream stream)
+{
+    pending.stream = stream;
+    pending.n = 0;
+    pending.opaque = 0;
+    pending.quiet = 0;
+}
+
 void sh_launch_begin(const void *key, int kind, void **args, CUstream stream)
 {
     if (depth++ == 0) {
-        pending.stream = stream;
-        pending.n = 0;
-        pending.opaque = 0;
-        prepare(key, kind, args);
+        pending_begin(stream);
+        if (!quiet_launch())
+            prepare(key, kind, args);
         sh_gate_enter(sh_rt.gate);
     }
 }
@@ -514,9 +552,11 @@ void sh_launch_begin(const void *key, int kind, void **args, CUstream stream)
 void sh_launch_begin_addrs(uint64_t key, const uintptr_t *addrs, size_t n, CUstream stream)
 {
     if (depth++ == 0) {
-        pending.stream = stream;
-        pending.n = 0;
-        pending.opaque = 0;
+        pending_begin(stream);
+        if (quiet_launch()) {
+            sh_gate_enter(sh_rt.gate);
+            return;
+        }
         uintptr_t vals[MAX_ADDRS];
         n = n < MAX_ADDRS ? n : MAX_ADDRS;
         if (n > 0) /* addrs may be NULL when there are none */

@@ -167,23 +167,23 @@ def wrapper(idx, name, rtype, plist, access):
     missing = "CUDA_ERROR_NOT_FOUND" if rtype == "CUresult" else "cudaErrorSymbolNotFound"
     # Work that might reach memory the library cannot map again (sh_work_issue).
     refused = "CUDA_ERROR_OUT_OF_MEMORY" if rtype == "CUresult" else "cudaErrorMemoryAllocation"
-    real = "((%s(*)(%s))sh_icept_real(%d))" % (rtype, types, idx)
     return """
 EXPORT %(rtype)s %(name)s(%(decl)s);
 %(rtype)s %(name)s(%(decl)s)
 {
-    struct sh_work w;
-    if (!sh_icept_real(%(idx)d))
+    %(rtype)s (*real)(%(types)s) = (%(rtype)s(*)(%(types)s))sh_icept_real(%(idx)d);
+    if (!real)
         return %(missing)s;
+    struct sh_work w;
     if (!sh_work_begin(&w, (CUstream)%(stream)s, %(ptsz)d))
-        return %(real)s(%(args)s);
+        return real(%(args)s);
     %(access)s;
-    %(rtype)s r = sh_work_issue(&w) ? %(refused)s : %(real)s(%(args)s);
+    %(rtype)s r = sh_work_issue(&w) ? %(refused)s : real(%(args)s);
     sh_work_end(&w, (int)r);
     return r;
 }
 """ % dict(rtype=rtype, name=name, decl=decl, idx=idx, missing=missing, stream=stream, ptsz=ptsz,
-           real=real, args=args, access=access, refused=refused)
+           types=types, args=args, access=access, refused=refused)
 
 
 def zero_call(idx, name, rtype, plist):

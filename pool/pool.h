@@ -231,11 +231,12 @@ void sh_pool_issued(struct sh_pool *pool, const uintptr_t *bases, size_t n, uint
  * stays resident, and a tracked drain waits for those streams. Work using
  * a region that holds pointers is opaque (sh_pool_bases_ptrs tells). */
 void sh_pool_issued_opaque(struct sh_pool *pool, uint64_t streams);
-/* Work is being issued, inside the gate, whose regions the caller does not
- * name because nothing is moving: one stamp for every region instead of a
- * lookup for each (safe at any time, as stamps only make moves cautious;
- * cheap when no move is in flight). Not counted as opaque. */
-void sh_pool_issued_any(struct sh_pool *pool);
+/* Work is being issued, inside the gate, on the streams in mask, whose
+ * regions the caller does not name because nothing is moving: one stamp
+ * for every region instead of a lookup for each (safe at any time, as
+ * stamps only make moves cautious; cheap when no move is in flight). Not
+ * counted as opaque. */
+void sh_pool_issued_any(struct sh_pool *pool, uint64_t streams);
 /* The n bytes at bytes are about to land at into (a host-to-device copy's
  * source): 1 if any 4-byte-aligned 8 bytes of them is an address inside a
  * region, and then the region containing into, if any, is marked as

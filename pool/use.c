@@ -130,6 +130,16 @@ void sh_pool_touch(struct sh_pool *pool, const uintptr_t *addrs, size_t n, size_
     pthread_rwlock_unlock(&pool->index_lock);
 }
 
+/* Stamps only grow: two threads' stamps may land in either order, and a
+ * move that read the later one must not see it replaced by the earlier. */
+static void raise_stamp(uint64_t *stamp, uint64_t now)
+{
+    uint64_t cur = __atomic_load_n(stamp, __ATOMIC_RELAXED);
+    while (cur < now &&
+           !__atomic_compare_exchange_n(stamp, &cur, now, 1, __ATOMIC_RELEASE, __ATOMIC_RELAXED))
+        ;
+}
+
 void sh_pool_issued(struct sh_pool *pool, const uintptr_t *bases, size_t n, uint64_t streams)
 {
     if (n == 0)
@@ -143,7 +153,7 @@ void sh_pool_issued(struct sh_pool *pool, const uintptr_t *bases, size_t n, uint
         /* The streams first: whoever sees the stamp sees them (ev_idle). */
         if (streams)
             __atomic_or_fetch(&r->use_streams, streams, __ATOMIC_RELAXED);
-        __atomic_store_n(&r->issued, now, __ATOMIC_RELEASE);
+        raise_stamp(&r->issued, now);
     }
     pthread_rwlock_unlock(&pool->index_lock);
 }
@@ -156,7 +166,7 @@ static void stamp_all(struct sh_pool *pool, uint64_t streams)
     uint64_t now = __atomic_add_fetch(&pool->clock, 1, __ATOMIC_RELAXED);
     if (streams)
         __atomic_or_fetch(&pool->opaque_streams, streams, __ATOMIC_RELAXED);
-    __atomic_store_n(&pool->opaque, now, __ATOMIC_RELEASE);
+    raise_stamp(&pool->opaque, now);
 }
 
 void sh_pool_issued_opaque(struct sh_pool *pool, uint64_t streams)
@@ -165,7 +175,7 @@ void sh_pool_issued_opaque(struct sh_pool *pool, uint64_t streams)
     __atomic_add_fetch(&pool->st.opaque, 1, __ATOMIC_RELAXED);
 }
 
-void sh_pool_issued_any(struct sh_pool *pool)
+void sh_pool_issued_any(struct sh_pool *pool, uint64_t streams)
 {
-    stamp_all(pool, 0);
+    stamp_all(pool, streams);
 }

@@ -11,8 +11,11 @@
 # The simulated copies' own instructions (copy_run) are left out: they stand
 # for the copy engine, not for the CPU; so are the simulated driver's VMM
 # calls' (its map is a sorted array, linear in the mappings: a stand-in for
-# the real driver's cost, not the library's). The scan of evicted bytes for
-# pointers is CPU work per byte moved: counted, and also shown on its own.
+# the real driver's cost, not the library's). Neither is the simulated
+# CUPTI's dispatch of its callbacks (a mutex and a table per callback, four
+# per launch): it stands for the real CUPTI's, which only a GPU can measure;
+# shown on its own. The scan of evicted bytes for pointers is CPU work per
+# byte moved: counted, and also shown on its own.
 # Usage: tests/bench/launch.sh BUILD_DIR
 set -euo pipefail
 build=${1:-build}
@@ -36,24 +39,31 @@ count() {
         / tests\/sim\/drv_mem.c:cuMem(Map|Unmap|SetAccess|Create|Release)(_v2)? / {
             gsub(",", "", $1); copy += $1 }
         /:sh_pool_scan_landed / { gsub(",", "", $1); scan = $1 }
-        END { print total - copy, scan + 0 }'
+        / tests\/sim\/cupti.c:hook / { gsub(",", "", $1); hook = $1 }
+        /:on_callback / { gsub(",", "", $1); cb = $1 }
+        END { print total - copy - (hook - cb), scan + 0, hook - cb }'
 }
 
 bin="$build/tests/bench/bench_launch"
-printf '%-8s %-15s %10s %10s %10s %12s\n' regions case direct lib added "(ptr scan)"
+printf '%-8s %-15s %10s %10s %10s %12s %12s\n' regions case direct lib added "(ptr scan)" "(dispatch)"
 row() {
-    awk -v n="$1" -v c="$2" -v d="$3" -v x="$4" -v s="$5" -v l="$launches" 'BEGIN {
-        printf "%-8d %-15s %10.0f %10.0f %10.0f %12.0f\n", n, c, d / l, x / l, (x - d) / l, s / l }'
+    awk -v n="$1" -v c="$2" -v d="$3" -v x="$4" -v s="$5" -v h="$6" -v l="$launches" 'BEGIN {
+        printf "%-8d %-15s %10.0f %10.0f %10.0f %12.0f %12.0f\n", n, c, d / l, x / l, (x - d) / l,
+            s / l, h / l }'
 }
+lib="$PWD/$build/libstagehand.so"
 # 64 KB buffers, 32 in the working set: 2 MB.
 for n in 100 1000 10000; do
-    read -r d _ < <(count "d$n" "$bin" "$n" "$launches" 65536)
-    read -r f fs < <(LD_PRELOAD="$PWD/$build/libstagehand.so" count "f$n" "$bin" "$n" "$launches" 65536)
-    read -r o os < <(STAGEHAND_BUDGET_VRAM_BUDGET_MB=4 \
-        LD_PRELOAD="$PWD/$build/libstagehand.so" count "o$n" "$bin" "$n" "$launches" 65536)
-    read -r m ms < <(STAGEHAND_BUDGET_VRAM_BUDGET_MB=1 \
-        LD_PRELOAD="$PWD/$build/libstagehand.so" count "m$n" "$bin" "$n" "$launches" 65536)
-    row "$n" fits "$d" "$f" "$fs"
-    row "$n" oversubscribed "$d" "$o" "$os"
-    row "$n" moving "$d" "$m" "$ms"
+    read -r d _ _ < <(count "d$n" "$bin" "$n" "$launches" 65536)
+    read -r f fs fh < <(LD_PRELOAD="$lib" count "f$n" "$bin" "$n" "$launches" 65536)
+    read -r k ks kh < <(STAGEHAND_TRACKING_MODE=hooks LD_PRELOAD="$lib" \
+        count "k$n" "$bin" "$n" "$launches" 65536)
+    read -r o os oh < <(STAGEHAND_BUDGET_VRAM_BUDGET_MB=4 \
+        LD_PRELOAD="$lib" count "o$n" "$bin" "$n" "$launches" 65536)
+    read -r m ms mh < <(STAGEHAND_BUDGET_VRAM_BUDGET_MB=1 \
+        LD_PRELOAD="$lib" count "m$n" "$bin" "$n" "$launches" 65536)
+    row "$n" fits "$d" "$f" "$fs" "$fh"
+    row "$n" "fits, hooks" "$d" "$k" "$ks" "$kh"
+    row "$n" oversubscribed "$d" "$o" "$os" "$oh"
+    row "$n" moving "$d" "$m" "$ms" "$mh"
 done

@@ -497,11 +497,47 @@ struct launch_op {
     _Alignas(SIM_MAX_PARAM_ALIGN) unsigned char buf[];
 };
 
+/* The VMM mappings a launch's pointer parameters fall in, by serial. */
+static void watch(const struct launch_op *l, uint64_t *serials)
+{
+    for (int i = 0; i < l->k->nparams; i++) {
+        uintptr_t v = 0;
+        if (l->k->sizes[i] == sizeof v)
+            memcpy(&v, l->args[i], sizeof v);
+        serials[i] = v ? sim_map_serial(v) : 0;
+    }
+}
+
+/* A pointer parameter whose memory was unmapped or mapped anew since
+ * watch(), or 0. */
+static uintptr_t remapped(const struct launch_op *l, const uint64_t *serials)
+{
+    for (int i = 0; i < l->k->nparams; i++) {
+        uintptr_t v;
+        if (serials[i] && (memcpy(&v, l->args[i], sizeof v), sim_map_serial(v) != serials[i]))
+            return v;
+    }
+    return 0;
+}
+
 static void launch_run(struct sim_op *op)
 {
     struct launch_op *l = (struct launch_op *)op;
-    sim_sleep_us(l->us); /* results appear when the kernel ends */
-    l->k->fn(l->args);
+    if (l->us <= 0) {
+        l->k->fn(l->args);
+        return;
+    }
+    /* A GPU kernel reads and writes all the while it runs: memory remapped
+     * under it faults (or, between two chunks, loses writes). Here results
+     * appear when it ends, so a remap meanwhile is caught at the end. */
+    uint64_t serials[MAX_PARAMS];
+    watch(l, serials);
+    sim_sleep_us(l->us);
+    uintptr_t moved = remapped(l, serials);
+    if (moved)
+        sim_fault(moved, "a kernel whose memory was remapped while it ran");
+    else
+        l->k->fn(l->args);
 }
 
 /* A copied launch must point its args at its own copy of the values. */

@@ -41,7 +41,8 @@ struct map_entry {
      * HOST_NUMA alike). The pages get the union of the two, since kernels
      * run on the CPU here. */
     unsigned long long dev_access, host_access;
-    bool vmm; /* mapped by cuMemMap (not a cuMemAlloc allocation) */
+    bool vmm;        /* mapped by cuMemMap (not a cuMemAlloc allocation) */
+    uint64_t serial; /* which cuMemMap made it: never the same twice */
 };
 struct resv_entry {
     uintptr_t va;
@@ -495,7 +496,9 @@ SIM_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
         r = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
         /* A new mapping starts with no access for anyone. */
-        struct map_entry m = {.va = ptr, .size = size, .handle = handle, .vmm = true};
+        static uint64_t serials;
+        struct map_entry m = {
+            .va = ptr, .size = size, .handle = handle, .vmm = true, .serial = ++serials};
         if (insert(&maps, &m) != 0) {
             map_none((void *)ptr, size, true);
             r = CUDA_ERROR_OUT_OF_MEMORY;
@@ -543,6 +546,15 @@ static bool all_vmm(size_t first, size_t count)
         if (!((struct map_entry *)at(&maps, first + k))->vmm)
             return false;
     return true;
+}
+
+uint64_t sim_map_serial(uintptr_t va)
+{
+    pthread_mutex_lock(&mem_mu);
+    const struct map_entry *m = find(&maps, va);
+    uint64_t serial = m && m->vmm ? m->serial : 0;
+    pthread_mutex_unlock(&mem_mu);
+    return serial;
 }
 
 SIM_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)

@@ -52,6 +52,9 @@ CUresult sim_inject(const char *fn);
 /* Records a device fault: sets the sticky error and names the address. */
 void sim_fault(uintptr_t addr, const char *what);
 bool sim_faulted(void);
+/* Which cuMemMap mapped the VMM memory at va (a new number for each map),
+ * 0 when none does: a kernel checks that its memory stayed mapped. */
+uint64_t sim_map_serial(uintptr_t va);
 int sim_refuse_driver(const char *name, int code);
 void sim_sleep_us(double us);
 
