@@ -35,7 +35,7 @@ static u128 order_score(struct sh_policy *p, struct region *r, uint64_t dist)
     if (kind_is(p, SH_POLICY_BELADY))
         return (u128)dist;
     if (kind_is(p, SH_POLICY_LEARNED) && predicting(p))
-        return dist == FAR ? ~(u128)0 : (u128)dist * r->bytes;
+        return dist >= DEAD ? ~(u128)0 : (u128)dist * r->bytes;
     return lru_score(r);
 }
 
@@ -58,7 +58,12 @@ static int window_of(const struct sh_policy *p)
     return h.prefetch_window;
 }
 
-/* Candidates: resident, not protected, not chosen in this pass. */
+/* Candidates: resident, not protected, not chosen in this pass. In order:
+ * freed regions (no copy), those used later than the window, those the
+ * recording says are freed before any use (one copy out for bytes nobody
+ * reads again, where the free would have released them for nothing), then
+ * those needed within the window (a copy out and a copy back soon). */
+enum { VG_FREED, VG_LATER, VG_DEAD, VG_SOON };
 static size_t collect_victims(struct sh_policy *p)
 {
     size_t n = 0;
@@ -72,13 +77,13 @@ static size_t collect_victims(struct sh_policy *p)
         struct victim *v = &p->vic[n++];
         v->slot = i;
         if (r->freed) {
-            v->group = 0;
+            v->group = VG_FREED;
             v->score = (u128)r->bytes;
             continue;
         }
         uint64_t d = pred ? pol_distance(p, r) : FAR;
-        v->group = pred && d < window ? 2 : 1;
-        v->score = v->group == 2 ? (u128)d : order_score(p, r, d);
+        v->group = d == DEAD ? VG_DEAD : pred && d < window ? VG_SOON : VG_LATER;
+        v->score = v->group == VG_SOON ? (u128)d : order_score(p, r, d);
     }
     return n;
 }

@@ -419,6 +419,7 @@ int sh_policy_next_use(struct sh_policy *p, uint64_t id, uint64_t *launches)
     struct region *r = find(p, id);
     if (!r)
         return SH_ENOTFOUND;
-    *launches = pol_distance(p, r);
+    uint64_t d = pol_distance(p, r);
+    *launches = d == DEAD ? FAR : d;
     return 0;
 }

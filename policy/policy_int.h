@@ -23,6 +23,7 @@
 
 #define NONE32         UINT32_MAX
 #define FAR            UINT64_MAX
+#define DEAD           (UINT64_MAX - 1) /* freed with no use left: no next use */
 #define MAX_RECORDINGS 4
 #define POS_LIMIT      ((int64_t)1 << 39) /* positional identities are |relpos| below this */
 #define RIDX_LIMIT     ((uint32_t)1 << 23)

@@ -77,7 +77,7 @@ const uint32_t *pol_key_uses(const struct recording *rc, uint32_t k)
 }
 
 /* Position (in launches from this step's start) at which key k is used
- * next, given c uses so far; FAR when never. */
+ * next, given c uses so far; DEAD when it is freed first, FAR when never. */
 static uint64_t key_next(const struct recording *rc, uint32_t k, uint32_t c, uint32_t pos)
 {
     const struct rkey *key = &rc->keys[k];
@@ -87,7 +87,7 @@ static uint64_t key_next(const struct recording *rc, uint32_t k, uint32_t c, uin
     if (c < key->nuse)
         return u[c];
     if (key->free_pos != NONE32)
-        return FAR;
+        return DEAD;
     /* Alive at the end: its role in the next step. */
     uint32_t k2 = NONE32;
     if (key->positional && key->relpos - (int64_t)rc->nl > -POS_LIMIT)
@@ -97,7 +97,8 @@ static uint64_t key_next(const struct recording *rc, uint32_t k, uint32_t c, uin
     return rc->keys[k2].nuse ? (uint64_t)rc->nl + pol_key_uses(rc, k2)[0] : FAR;
 }
 
-/* Launches from now to the region's next use; FAR when unknown. */
+/* Launches from now to the region's next use; DEAD when the recording says
+ * it is freed before any, FAR when unknown. */
 uint64_t pol_distance(struct sh_policy *p, struct region *r)
 {
     if (kind_is(p, SH_POLICY_BELADY)) {
@@ -112,5 +113,5 @@ uint64_t pol_distance(struct sh_policy *p, struct region *r)
     if (k == NONE32)
         return FAR;
     uint64_t at = key_next(&p->recs[p->active], k, uses_now(p, r), p->pos);
-    return at == FAR ? FAR : at - p->pos;
+    return at >= DEAD ? at : at - p->pos;
 }

@@ -419,6 +419,41 @@ static void test_freed_first(void **state)
     sh_policy_destroy(p);
 }
 
+/* One step of the loop with a scratch region T (id 50) allocated first,
+ * used by the first launch only and freed at the end. */
+static void step_with_scratch(struct sh_policy *p)
+{
+    assert_int_equal(sh_policy_alloc(p, t_now, 50, 300, 7), 0);
+    uint64_t first[] = {1, 50};
+    launch(p, KF, first, 2);
+    fwd_bwd(p, 1);
+    assert_int_equal(sh_policy_free(p, t_now, 50), 0);
+    assert_int_equal(sh_policy_forget(p, 50), 0);
+}
+
+/* A region the recording says is freed before any further use goes after
+ * every region needed later than the window: copying it out moves bytes
+ * nobody reads again. It still goes before those needed within the window
+ * (a copy out and a copy back soon). */
+static void test_dead_after_later(void **state)
+{
+    (void)state;
+    struct sh_policy *p = mk(SH_POLICY_LEARNED);
+    alloc_weights(p, same);
+    assert_int_equal(sh_policy_step(p, t_now), 0);
+    step_with_scratch(p);
+    assert_int_equal(sh_policy_step(p, t_now), 0);
+    assert_int_equal(stats(p).trace_ready, 1);
+    assert_int_equal(sh_policy_alloc(p, t_now, 50, 300, 7), 0);
+    uint64_t first[] = {1, 50};
+    launch(p, KF, first, 2);
+    assert_true(next_use(p, 50) == FAR); /* no use left */
+    /* W1 next at 7 (outside the window of 4), T dead, W4 2, W3 1, W2 0 */
+    static const uint64_t want[] = {1, 50, 4, 3, 2};
+    victims_are(p, 10000, NULL, 0, want, 5);
+    sh_policy_destroy(p);
+}
+
 static void test_protect_and_in_flight(void **state)
 {
     (void)state;
@@ -944,6 +979,7 @@ int main(void)
         cmocka_unit_test(test_learned_score_uses_size),
         cmocka_unit_test(test_belady_order),
         cmocka_unit_test(test_freed_first),
+        cmocka_unit_test(test_dead_after_later),
         cmocka_unit_test(test_protect_and_in_flight),
         cmocka_unit_test(test_prefetch_soonest_first),
         cmocka_unit_test(test_prefetch_window),
