@@ -1,9 +1,13 @@
 /* sim.h — internals shared by the files of the simulated driver.
  *
- * Layout: drv_core.c (init, devices, contexts, sticky errors, strings,
- * cuGetProcAddress, the API-callback hub), drv_mem.c (physical handles,
- * reservations, mappings, allocations), drv_stream.c (streams, events,
- * worker threads), drv_exec.c (kernels, launches, copies, fault guard).
+ * Layout: drv_core.c (init, sticky errors, fault injection, strings,
+ * cuGetProcAddress, the API-callback hub), drv_device.c (devices, contexts),
+ * drv_mem.c (tables, physical handles, pointer information), drv_vmm.c
+ * (reservations, mappings, access), drv_alloc.c (allocations, pinned host
+ * memory), drv_ptr.c (pointer queries), drv_stream.c (streams, worker
+ * threads), drv_event.c (events), drv_exec.c (kernels, launches, copies,
+ * fault guard), drv_graph.c (capture and graphs). mem.h is shared by the
+ * memory files.
  */
 #ifndef SIM_H
 #define SIM_H
@@ -37,6 +41,8 @@ int sim_driver_version(void);
 /* Common prologue: CUDA_ERROR_NOT_INITIALIZED before cuInit, the sticky
  * error once the context has faulted, CUDA_SUCCESS otherwise. */
 CUresult sim_check(void);
+/* The calling thread's current context (drv_device.c), or NULL. */
+CUcontext sim_ctx_current(void);
 /* As sim_check, and also CUDA_ERROR_INVALID_CONTEXT with no current context. */
 CUresult sim_check_ctx(void);
 /* The prologue of an entry point, called once per call with the entry
