@@ -5,8 +5,14 @@
  * last error. This file has that state, the errors and the devices;
  * cudart_mem.c and cudart_work.c the rest (rt.h).
  *
- * Shared state: none beyond the once-flag; the last error and the "context
- * is current" flag are thread-local.
+ * Each thread has a current device, as in CUDA: device 0 until it calls
+ * cudaSetDevice, or the device of a context it made current through the
+ * driver. The runtime retains each device's primary context the first time
+ * it needs it.
+ *
+ * Shared state: the once-flag, and the primary contexts retained so far
+ * (ctx_mu); the last error and the "context is current" flag are
+ * thread-local.
  */
 #include "rt.h"
 
@@ -16,7 +22,8 @@
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static CUresult init_result;
-static CUcontext primary_ctx;
+static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;
+static CUcontext primary_ctx[SIM_MAX_DEVICES]; /* ctx_mu */
 static _Thread_local bool ctx_set;
 static _Thread_local cudaError_t last_error;
 
@@ -27,7 +34,31 @@ static void init(void)
     if (init_result == CUDA_SUCCESS)
         init_result = cuDeviceGet(&dev, 0);
     if (init_result == CUDA_SUCCESS)
-        init_result = cuDevicePrimaryCtxRetain(&primary_ctx, dev);
+        init_result = cuDevicePrimaryCtxRetain(&primary_ctx[0], dev);
+}
+
+bool rt_device_valid(int dev)
+{
+    return dev >= 0 && dev < simcuda__device_count();
+}
+
+CUresult rt_primary(int dev, CUcontext *out)
+{
+    if (!rt_device_valid(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&ctx_mu);
+    CUresult r = CUDA_SUCCESS;
+    if (!primary_ctx[dev])
+        r = cuDevicePrimaryCtxRetain(&primary_ctx[dev], dev);
+    *out = primary_ctx[dev];
+    pthread_mutex_unlock(&ctx_mu);
+    return r;
+}
+
+int rt_device(void)
+{
+    int d = simcuda__current_device();
+    return d >= 0 ? d : 0;
 }
 
 cudaError_t rt_from_cu(CUresult r)
@@ -78,7 +109,10 @@ cudaError_t rt_enter(void)
     if (init_result != CUDA_SUCCESS)
         return rt_ret_cu(init_result);
     if (!ctx_set) {
-        CUresult r = cuCtxSetCurrent(primary_ctx);
+        /* A context of another device made current through the driver is
+         * the thread's device; otherwise device 0's. */
+        int d = simcuda__current_device();
+        CUresult r = d > 0 ? CUDA_SUCCESS : cuCtxSetCurrent(primary_ctx[0]);
         if (r != CUDA_SUCCESS)
             return rt_ret_cu(r);
         ctx_set = true;
@@ -211,14 +245,22 @@ SIM_EXPORT cudaError_t cudaGetDevice(int *device)
     ENTER();
     if (!device)
         return rt_ret(cudaErrorInvalidValue);
-    *device = 0;
+    *device = rt_device();
     return cudaSuccess;
 }
 
+/* Makes the device's primary context current on this thread (no call when
+ * it already is). */
 SIM_EXPORT cudaError_t cudaSetDevice(int device)
 {
     ENTER();
-    return device == 0 ? cudaSuccess : rt_ret(cudaErrorInvalidDevice);
+    if (!rt_device_valid(device))
+        return rt_ret(cudaErrorInvalidDevice);
+    if (simcuda__current_device() == device)
+        return cudaSuccess;
+    CUcontext c = NULL;
+    CUresult r = rt_primary(device, &c);
+    return rt_ret_cu(r ? r : cuCtxSetCurrent(c));
 }
 
 SIM_EXPORT cudaError_t cudaDeviceSynchronize(void)
@@ -247,7 +289,7 @@ SIM_EXPORT cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int 
     ENTER();
     if (!prop)
         return rt_ret(cudaErrorInvalidValue);
-    if (device != 0)
+    if (!rt_device_valid(device))
         return rt_ret(cudaErrorInvalidDevice);
     struct cudaDeviceProp p;
     memset(&p, 0, sizeof p);
@@ -327,4 +369,36 @@ SIM_EXPORT cudaError_t cudaDeviceReset(void)
     CUresult r = cuCtxSynchronize();
     last_error = cudaSuccess;
     return rt_ret_cu(r);
+}
+
+/* ---- peer access: from the current device to another ---- */
+
+SIM_EXPORT cudaError_t cudaDeviceCanAccessPeer(int *can, int device, int peer)
+{
+    ENTER();
+    return rt_ret_cu(cuDeviceCanAccessPeer(can, device, peer));
+}
+
+/* cuda_runtime_api.h: cudaErrorInvalidDevice where cudaDeviceCanAccessPeer
+ * says no (the current device itself among them). */
+SIM_EXPORT cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags)
+{
+    ENTER();
+    if (!rt_device_valid(peer) || peer == rt_device())
+        return rt_ret(cudaErrorInvalidDevice);
+    if (flags != 0)
+        return rt_ret(cudaErrorInvalidValue);
+    CUcontext c = NULL;
+    CUresult r = rt_primary(peer, &c);
+    return rt_ret_cu(r ? r : cuCtxEnablePeerAccess(c, 0));
+}
+
+SIM_EXPORT cudaError_t cudaDeviceDisablePeerAccess(int peer)
+{
+    ENTER();
+    if (!rt_device_valid(peer))
+        return rt_ret(cudaErrorInvalidDevice);
+    CUcontext c = NULL;
+    CUresult r = rt_primary(peer, &c);
+    return rt_ret_cu(r ? r : cuCtxDisablePeerAccess(c));
 }

@@ -180,6 +180,36 @@ SIM_EXPORT cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n,
         cuMemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, n, (CUstream)s));
 }
 
+/* Copies between devices, through the devices' primary contexts. */
+static cudaError_t memcpy_peer(void *dst, int dst_dev, const void *src, int src_dev, size_t n,
+                               cudaStream_t s, bool sync)
+{
+    ENTER();
+    if (!rt_device_valid(dst_dev) || !rt_device_valid(src_dev))
+        return rt_ret(cudaErrorInvalidDevice);
+    CUcontext dc = NULL, sc = NULL;
+    CUresult r = rt_primary(dst_dev, &dc);
+    if (r == CUDA_SUCCESS)
+        r = rt_primary(src_dev, &sc);
+    if (r != CUDA_SUCCESS)
+        return rt_ret_cu(r);
+    CUdeviceptr d = (CUdeviceptr)(uintptr_t)dst, from = (CUdeviceptr)(uintptr_t)src;
+    return rt_ret_cu(sync ? cuMemcpyPeer(d, dc, from, sc, n)
+                          : cuMemcpyPeerAsync(d, dc, from, sc, n, (CUstream)s));
+}
+
+SIM_EXPORT cudaError_t cudaMemcpyPeer(void *dst, int dst_dev, const void *src, int src_dev,
+                                      size_t n)
+{
+    return memcpy_peer(dst, dst_dev, src, src_dev, n, NULL, true);
+}
+
+SIM_EXPORT cudaError_t cudaMemcpyPeerAsync(void *dst, int dst_dev, const void *src, int src_dev,
+                                           size_t n, cudaStream_t s)
+{
+    return memcpy_peer(dst, dst_dev, src, src_dev, n, s, false);
+}
+
 SIM_EXPORT cudaError_t cudaMemset(void *dst, int value, size_t n)
 {
     ENTER();

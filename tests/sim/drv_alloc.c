@@ -14,7 +14,9 @@
 
 /* ---- cuMemAlloc: a private reservation with one device handle ---- */
 
-static CUresult alloc_device(uintptr_t *out, size_t size)
+/* Allocates size bytes on dev; pool: from dev's memory pool (stream-ordered
+ * or graph), whose memory no other device reaches. */
+static CUresult alloc_device(uintptr_t *out, size_t size, int dev, bool pool)
 {
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     size_t mapped = round_up(size, page);
@@ -23,13 +25,11 @@ static CUresult alloc_device(uintptr_t *out, size_t size)
         return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&mem_mu);
     unsigned long long h = 0;
-    CUresult r = handle_create(mapped, CU_MEM_LOCATION_TYPE_DEVICE, &h);
+    CUresult r = handle_create(mapped, CU_MEM_LOCATION_TYPE_DEVICE, dev, &h);
     if (r == CUDA_SUCCESS) {
-        struct alloc_entry a = {va, size, mapped, h, false};
-        struct map_entry m = {.va = va,
-                              .size = mapped,
-                              .handle = h,
-                              .dev_access = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+        struct alloc_entry a = {va, size, mapped, h, false, pool, dev};
+        struct map_entry m = {.va = va, .size = mapped, .handle = h};
+        m.dev_access[dev] = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
         if (mmap((void *)va, mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, handles[h]->fd,
                  0) == MAP_FAILED ||
             vec_insert(&allocs, &a) != 0 || vec_insert(&maps, &m) != 0) {
@@ -59,7 +59,7 @@ SIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     if (!dptr || bytesize == 0)
         return CUDA_ERROR_INVALID_VALUE;
     uintptr_t va = 0;
-    r = alloc_device(&va, bytesize);
+    r = alloc_device(&va, bytesize, sim_current_device(), false);
     if (r == CUDA_SUCCESS)
         *dptr = va;
     return r;
@@ -161,7 +161,8 @@ static CUresult capture_alloc(CUdeviceptr *dptr, size_t bytesize, struct sim_str
     uintptr_t va = 0;
     struct gmem_op *op = calloc(1, sizeof *op);
     struct gmem *g = calloc(1, sizeof *g);
-    CUresult r = op && g ? alloc_device(&va, bytesize) : CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = op && g ? alloc_device(&va, bytesize, sim_stream_device(s), true)
+                         : CUDA_ERROR_OUT_OF_MEMORY;
     if (r) {
         free(op);
         free(g);
@@ -198,7 +199,8 @@ static CUresult capture_free(CUdeviceptr dptr, struct sim_stream *s)
 }
 
 /* Stream-ordered allocation: memory is usable at once; the free runs when
- * the stream reaches it. */
+ * the stream reaches it. cuda.h: it comes from the pool of the stream's
+ * device. */
 SIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
 {
     CUresult r = sim_enter(__func__, true);
@@ -215,12 +217,12 @@ SIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream
     if (cs != CU_STREAM_CAPTURE_STATUS_NONE)
         return capture_alloc(dptr, bytesize, s);
     uintptr_t va = 0;
-    r = alloc_device(&va, bytesize);
+    r = alloc_device(&va, bytesize, sim_stream_device(s), true);
     if (r == CUDA_ERROR_OUT_OF_MEMORY) {
         /* Memory freed earlier on this stream is this allocation's to
          * reuse, in stream order: let those frees happen, then retry. */
         sim_stream_drain(s);
-        r = alloc_device(&va, bytesize);
+        r = alloc_device(&va, bytesize, sim_stream_device(s), true);
     }
     if (r == CUDA_SUCCESS)
         *dptr = va;
@@ -288,16 +290,16 @@ static CUresult host_alloc(const char *api, void **pp, size_t bytesize, unsigned
         return CUDA_ERROR_INVALID_VALUE;
     size_t size = round_up(bytesize, (size_t)sysconf(_SC_PAGESIZE));
     pthread_mutex_lock(&mem_mu);
-    if (!charge(CU_MEM_LOCATION_TYPE_HOST, size)) {
+    if (!charge(CU_MEM_LOCATION_TYPE_HOST, 0, size)) {
         pthread_mutex_unlock(&mem_mu);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    struct host_entry e = {(uintptr_t)p, size, false};
+    struct host_entry e = {(uintptr_t)p, size, false, sim_current_device()};
     if (p == MAP_FAILED || vec_insert(&hosts, &e) != 0) {
         if (p != MAP_FAILED)
             munmap(p, size);
-        uncharge(CU_MEM_LOCATION_TYPE_HOST, size);
+        uncharge(CU_MEM_LOCATION_TYPE_HOST, 0, size);
         r = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
         *pp = p;
@@ -327,7 +329,7 @@ SIM_EXPORT CUresult cuMemFreeHost(void *p)
         r = CUDA_ERROR_INVALID_VALUE;
     } else {
         munmap(p, e->size);
-        uncharge(CU_MEM_LOCATION_TYPE_HOST, e->size);
+        uncharge(CU_MEM_LOCATION_TYPE_HOST, 0, e->size);
         vec_erase(&hosts, e);
     }
     pthread_mutex_unlock(&mem_mu);
@@ -344,12 +346,12 @@ SIM_EXPORT CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int 
     pthread_mutex_lock(&mem_mu);
     if (vec_overlaps(&hosts, (uintptr_t)p, bytesize)) {
         r = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
-    } else if (!charge(CU_MEM_LOCATION_TYPE_HOST, bytesize)) {
+    } else if (!charge(CU_MEM_LOCATION_TYPE_HOST, 0, bytesize)) {
         r = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
-        struct host_entry e = {(uintptr_t)p, bytesize, true};
+        struct host_entry e = {(uintptr_t)p, bytesize, true, sim_current_device()};
         if (vec_insert(&hosts, &e) != 0) {
-            uncharge(CU_MEM_LOCATION_TYPE_HOST, bytesize);
+            uncharge(CU_MEM_LOCATION_TYPE_HOST, 0, bytesize);
             r = CUDA_ERROR_OUT_OF_MEMORY;
         }
     }
@@ -367,7 +369,7 @@ SIM_EXPORT CUresult cuMemHostUnregister(void *p)
     if (!e || e->va != (uintptr_t)p || !e->registered) {
         r = CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
     } else {
-        uncharge(CU_MEM_LOCATION_TYPE_HOST, e->size);
+        uncharge(CU_MEM_LOCATION_TYPE_HOST, 0, e->size);
         vec_erase(&hosts, e);
     }
     pthread_mutex_unlock(&mem_mu);

@@ -8,6 +8,7 @@
  */
 #include "sim.h"
 
+#include <ctype.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
@@ -41,8 +42,10 @@ int sim_driver_version(void)
     return (int)n;
 }
 
+/* 0 before cuInit, 2 while it runs, 1 once it succeeded, 3 if it failed. */
 static atomic_int initialised;
-static atomic_int sticky = CUDA_SUCCESS;
+static atomic_int init_error;
+static atomic_int sticky[SIM_MAX_DEVICES]; /* per device: its context's */
 static atomic_uint corr_ids;
 
 static size_t env_size(const char *name, size_t dflt, size_t unit)
@@ -75,9 +78,73 @@ static double env_double(const char *name)
     return d;
 }
 
-static void read_config(void)
+/* SIMCUDA_DEVICES: 1 to SIM_MAX_DEVICES, or -1 after naming the problem. */
+static int env_devices(void)
 {
-    sim_cfg.vram_bytes = env_size("SIMCUDA_VRAM_MB", 1024ull << 20, 1 << 20);
+    const char *v = getenv("SIMCUDA_DEVICES");
+    if (!v || !*v)
+        return 1;
+    char *end;
+    errno = 0;
+    long n = strtol(v, &end, 10);
+    if (errno || *end || !isdigit((unsigned char)*v) || n < 1 || n > SIM_MAX_DEVICES) {
+        fprintf(stderr,
+                "simcuda: SIMCUDA_DEVICES=%s: expected a number of devices from 1 to %d; "
+                "cuInit fails with CUDA_ERROR_NO_DEVICE\n",
+                v, SIM_MAX_DEVICES);
+        return -1;
+    }
+    return (int)n;
+}
+
+/* One size in MiB, or false. */
+static bool parse_mib(const char *s, const char **end, size_t *bytes)
+{
+    char *e;
+    errno = 0;
+    unsigned long long n = strtoull(s, &e, 10);
+    *end = e;
+    if (errno || e == s || n == 0 || n > (SIZE_MAX >> 20))
+        return false;
+    *bytes = (size_t)n << 20;
+    return true;
+}
+
+/* SIMCUDA_VRAM_MB: one size for every device, or one per device separated
+ * by commas ("1024,512"). */
+static void read_vram(void)
+{
+    size_t dflt = 1024ull << 20, v[SIM_MAX_DEVICES + 1];
+    int n = 0;
+    const char *e = getenv("SIMCUDA_VRAM_MB"), *p = e;
+    bool ok = true;
+    while (ok && p && *p) {
+        ok = n <= SIM_MAX_DEVICES && parse_mib(p, &p, &v[n++]) && (*p == '\0' || *p++ == ',');
+        ok = ok && (*p || p[-1] != ',');
+    }
+    if (ok && n > 1 && n != sim_cfg.ndevices)
+        ok = false;
+    if (!ok) {
+        fprintf(stderr,
+                "simcuda: SIMCUDA_VRAM_MB=%s: expected a size in MiB, or one per device "
+                "(SIMCUDA_DEVICES=%d); using 1024\n",
+                e, sim_cfg.ndevices);
+        n = 0;
+    }
+    sim_cfg.vram_total = 0;
+    for (int d = 0; d < sim_cfg.ndevices; d++) {
+        sim_cfg.vram_bytes[d] = n == 0 ? dflt : v[n == 1 ? 0 : d];
+        sim_cfg.vram_total += sim_cfg.vram_bytes[d];
+    }
+}
+
+/* False if the configuration leaves no device. */
+static bool read_config(void)
+{
+    sim_cfg.ndevices = env_devices();
+    if (sim_cfg.ndevices < 1)
+        return false;
+    read_vram();
     sim_cfg.host_bytes = env_size("SIMCUDA_HOST_MB", 8192ull << 20, 1 << 20);
     sim_cfg.gran = env_size("SIMCUDA_GRANULARITY_KB", 2048ull << 10, 1 << 10);
     if (sim_cfg.gran & (sim_cfg.gran - 1) || sim_cfg.gran < 4096) {
@@ -90,6 +157,7 @@ static void read_config(void)
     sim_cfg.kernel_us = (unsigned)env_double("SIMCUDA_KERNEL_US");
     const char *nh = getenv("SIMCUDA_NO_HOST_VMM");
     sim_cfg.no_host_vmm = nh && *nh && strcmp(nh, "0") != 0;
+    return true;
 }
 
 SIM_EXPORT CUresult cuInit(unsigned int flags)
@@ -101,20 +169,48 @@ SIM_EXPORT CUresult cuInit(unsigned int flags)
         return inj;
     int expected = 0;
     if (atomic_compare_exchange_strong(&initialised, &expected, 2)) {
-        read_config();
-        sim_exec_init();
-        atomic_store(&initialised, 1);
+        if (!read_config()) {
+            atomic_store(&init_error, CUDA_ERROR_NO_DEVICE);
+            atomic_store(&initialised, 3);
+        } else {
+            sim_exec_init();
+            atomic_store(&initialised, 1);
+        }
     }
     while (atomic_load(&initialised) == 2)
         ; /* another thread is initialising */
-    return atomic_load(&sticky);
+    if (atomic_load(&initialised) == 3)
+        return (CUresult)atomic_load(&init_error);
+    return sim_check();
+}
+
+/* The sticky error the caller sees: its current context's, or with none
+ * current, the first faulted device's (one device: always its own). */
+static CUresult sticky_error(void)
+{
+    CUcontext c = sim_ctx_current();
+    if (c)
+        return (CUresult)atomic_load(&sticky[sim_ctx_device(c)]);
+    for (int d = 0; d < sim_cfg.ndevices; d++)
+        if (atomic_load(&sticky[d]))
+            return (CUresult)atomic_load(&sticky[d]);
+    return CUDA_SUCCESS;
 }
 
 CUresult sim_check(void)
 {
     if (atomic_load(&initialised) != 1)
         return CUDA_ERROR_NOT_INITIALIZED;
-    return atomic_load(&sticky);
+    return sticky_error();
+}
+
+static CUresult check_dev(int dev)
+{
+    if (atomic_load(&initialised) != 1)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (dev < 0 || dev >= sim_cfg.ndevices)
+        return sticky_error();
+    return (CUresult)atomic_load(&sticky[dev]);
 }
 
 CUresult sim_check_ctx(void)
@@ -252,6 +348,16 @@ CUresult sim_enter(const char *fn, bool needs_ctx)
     return fail ? injected(fail, nth) : CUDA_SUCCESS;
 }
 
+CUresult sim_enter_dev(const char *fn, int dev)
+{
+    unsigned long nth = 0;
+    struct fail_rule *fail = count_call(fn, &nth);
+    CUresult r = check_dev(dev);
+    if (r != CUDA_SUCCESS)
+        return r;
+    return fail ? injected(fail, nth) : CUDA_SUCCESS;
+}
+
 void sim_fault(uintptr_t addr, const char *what)
 {
     /* Named and counted before the error turns sticky: whoever sees the
@@ -260,12 +366,12 @@ void sim_fault(uintptr_t addr, const char *what)
             (unsigned long long)addr, what);
     atomic_fetch_add(&sim_stats.faults, 1);
     int ok = CUDA_SUCCESS;
-    atomic_compare_exchange_strong(&sticky, &ok, CUDA_ERROR_ILLEGAL_ADDRESS);
+    atomic_compare_exchange_strong(&sticky[sim_running_device()], &ok, CUDA_ERROR_ILLEGAL_ADDRESS);
 }
 
-bool sim_faulted(void)
+bool sim_device_faulted(int dev)
 {
-    return atomic_load(&sticky) != CUDA_SUCCESS;
+    return atomic_load(&sticky[dev]) != CUDA_SUCCESS;
 }
 
 int sim_refuse_driver(const char *name, int code)
@@ -520,7 +626,7 @@ void sim_api_enter(struct sim_api_call *call, CUpti_CallbackDomain domain, CUpti
         .functionReturnValue = NULL,
         .symbolName = symbol,
         .context = sim_ctx_current(),
-        .contextUid = 1,
+        .contextUid = (uint32_t)sim_current_device() + 1,
         .correlationData = &call->corr_data,
         .correlationId = atomic_fetch_add(&corr_ids, 1) + 1,
     };

@@ -1,5 +1,9 @@
 /* drv_event.c — events: a point in a stream, recorded as that stream's
- * ticket, so "has the event happened" is one comparison.
+ * ticket, so "has the event happened" is one comparison. An event belongs
+ * to the device current when it was made: recording it on another device's
+ * stream, or timing two of different devices, is an invalid handle, while
+ * querying, synchronising and waiting work across devices (the CUDA
+ * Programming Guide's "Stream and Event Behavior").
  *
  * Locking: event_mu guards the free list; each event's mu guards its
  * record. Event structs are never returned to malloc: destroyed ones are
@@ -17,6 +21,7 @@
 struct sim_event {
     unsigned magic;
     unsigned flags;
+    int dev; /* the device current when it was created */
     pthread_mutex_t mu;
     struct sim_stream *stream; /* NULL until recorded */
     uint64_t ticket, gen;
@@ -67,6 +72,7 @@ SIM_EXPORT CUresult cuEventCreate(CUevent *ph, unsigned int flags)
     }
     pthread_mutex_lock(&e->mu);
     e->flags = flags;
+    e->dev = sim_current_device();
     e->stream = NULL;
     e->ticket = 0;
     e->gen++;
@@ -123,7 +129,8 @@ static CUresult event_record(const char *api, CUevent h, CUstream hs, unsigned f
         return CUDA_ERROR_INVALID_VALUE;
     struct sim_event *e = event_get(h);
     struct sim_stream *s = sim_stream_get(hs);
-    if (!e || !s)
+    /* cuda.h: "event and stream must be on the same CUDA context" */
+    if (!e || !s || e->dev != sim_stream_device(s))
         return CUDA_ERROR_INVALID_HANDLE;
     struct record_op *op = calloc(1, sizeof *op);
     if (!op)
@@ -208,7 +215,7 @@ SIM_EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end)
         return CUDA_ERROR_INVALID_HANDLE;
     if (!ms)
         return CUDA_ERROR_INVALID_VALUE;
-    if ((a->flags | b->flags) & CU_EVENT_DISABLE_TIMING)
+    if ((a->flags | b->flags) & CU_EVENT_DISABLE_TIMING || a->dev != b->dev)
         return CUDA_ERROR_INVALID_HANDLE;
     struct sim_stream *sa, *sb;
     uint64_t ta, tb;

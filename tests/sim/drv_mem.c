@@ -27,7 +27,7 @@ struct vec maps = {.elem = sizeof(struct map_entry)};
 struct vec resvs = {.elem = sizeof(struct resv_entry)};
 struct vec hosts = {.elem = sizeof(struct host_entry)};
 struct vec allocs = {.elem = sizeof(struct alloc_entry)};
-static size_t dev_in_use, dev_peak, host_in_use;
+static size_t dev_in_use[SIM_MAX_DEVICES], all_in_use, all_peak, host_in_use;
 
 /* ---- sorted range vectors ---- */
 
@@ -94,14 +94,15 @@ void vec_erase(struct vec *v, void *entry)
 
 /* ---- accounting ---- */
 
-bool charge(int loc, size_t bytes)
+bool charge(int loc, int dev, size_t bytes)
 {
     if (loc == CU_MEM_LOCATION_TYPE_DEVICE) {
-        if (bytes > sim_cfg.vram_bytes - dev_in_use)
+        if (bytes > sim_cfg.vram_bytes[dev] - dev_in_use[dev])
             return false;
-        dev_in_use += bytes;
-        if (dev_in_use > dev_peak)
-            dev_peak = dev_in_use;
+        dev_in_use[dev] += bytes;
+        all_in_use += bytes;
+        if (all_in_use > all_peak)
+            all_peak = all_in_use;
     } else {
         if (bytes > sim_cfg.host_bytes - host_in_use)
             return false;
@@ -110,19 +111,20 @@ bool charge(int loc, size_t bytes)
     return true;
 }
 
-void uncharge(int loc, size_t bytes)
+void uncharge(int loc, int dev, size_t bytes)
 {
-    if (loc == CU_MEM_LOCATION_TYPE_DEVICE)
-        dev_in_use -= bytes;
-    else
+    if (loc == CU_MEM_LOCATION_TYPE_DEVICE) {
+        dev_in_use[dev] -= bytes;
+        all_in_use -= bytes;
+    } else
         host_in_use -= bytes;
 }
 
 void sim_mem_stats(size_t *dev, size_t *peak, size_t *host)
 {
     pthread_mutex_lock(&mem_mu);
-    *dev = dev_in_use;
-    *peak = dev_peak;
+    *dev = all_in_use;
+    *peak = all_peak;
     *host = host_in_use;
     pthread_mutex_unlock(&mem_mu);
 }
@@ -134,9 +136,10 @@ SIM_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
         return r;
     if (!free_bytes || !total)
         return CUDA_ERROR_INVALID_VALUE;
+    int dev = sim_current_device();
     pthread_mutex_lock(&mem_mu);
-    *total = sim_cfg.vram_bytes;
-    *free_bytes = sim_cfg.vram_bytes - dev_in_use;
+    *total = sim_cfg.vram_bytes[dev];
+    *free_bytes = sim_cfg.vram_bytes[dev] - dev_in_use[dev];
     pthread_mutex_unlock(&mem_mu);
     return CUDA_SUCCESS;
 }
@@ -182,7 +185,7 @@ static size_t nspares, capspares, spare_bytes;
 
 static void spare_put(int fd, size_t size)
 {
-    if (spare_bytes + size > sim_cfg.vram_bytes) {
+    if (spare_bytes + size > sim_cfg.vram_total) {
         close(fd);
         return;
     }
@@ -215,7 +218,7 @@ static int spare_take(size_t size)
 void handle_destroy(unsigned long long h)
 {
     struct sim_handle *sh = handles[h];
-    uncharge(sh->loc, sh->size);
+    uncharge(sh->loc, sh->dev, sh->size);
     if (sh->loc == CU_MEM_LOCATION_TYPE_DEVICE)
         spare_put(sh->fd, sh->size);
     else
@@ -238,9 +241,9 @@ static int new_backing(size_t size, int loc)
 }
 
 /* Creates a handle; mem_mu held. */
-CUresult handle_create(size_t size, int loc, unsigned long long *out)
+CUresult handle_create(size_t size, int loc, int dev, unsigned long long *out)
 {
-    if (!charge(loc, size))
+    if (!charge(loc, dev, size))
         return CUDA_ERROR_OUT_OF_MEMORY;
     struct sim_handle *sh = calloc(1, sizeof *sh);
     int fd = sh ? new_backing(size, loc) : -1;
@@ -248,7 +251,7 @@ CUresult handle_create(size_t size, int loc, unsigned long long *out)
         if (fd >= 0)
             close(fd);
         free(sh);
-        uncharge(loc, size);
+        uncharge(loc, dev, size);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     size_t id = 1;
@@ -260,7 +263,7 @@ CUresult handle_create(size_t size, int loc, unsigned long long *out)
         if (!t) {
             close(fd);
             free(sh);
-            uncharge(loc, size);
+            uncharge(loc, dev, size);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
         memset(t + caphandles, 0, (cap - caphandles) * sizeof *t);
@@ -269,7 +272,7 @@ CUresult handle_create(size_t size, int loc, unsigned long long *out)
     }
     if (id >= nhandles)
         nhandles = id + 1;
-    *sh = (struct sim_handle){.fd = fd, .size = size, .loc = loc, .loc_type = loc};
+    *sh = (struct sim_handle){.fd = fd, .size = size, .loc = loc, .loc_type = loc, .dev = dev};
     handles[id] = sh;
     *out = id;
     return CUDA_SUCCESS;
@@ -279,7 +282,7 @@ static CUresult check_location(const CUmemLocation *l)
 {
     switch (l->type) {
     case CU_MEM_LOCATION_TYPE_DEVICE:
-        return l->id == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+        return sim_device_valid(l->id) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
     case CU_MEM_LOCATION_TYPE_HOST:
     case CU_MEM_LOCATION_TYPE_HOST_NUMA:
     case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
@@ -310,9 +313,10 @@ SIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t siz
         return r;
     int loc = prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? CU_MEM_LOCATION_TYPE_DEVICE
                                                                  : CU_MEM_LOCATION_TYPE_HOST;
+    int dev = loc == CU_MEM_LOCATION_TYPE_DEVICE ? prop->location.id : 0;
     pthread_mutex_lock(&mem_mu);
     unsigned long long h = 0;
-    r = handle_create(size, loc, &h);
+    r = handle_create(size, loc, dev, &h);
     if (r == CUDA_SUCCESS)
         handles[h]->loc_type = prop->location.type;
     pthread_mutex_unlock(&mem_mu);
@@ -376,16 +380,49 @@ struct sim_ptr_info sim_ptr_info(uintptr_t p)
     const struct map_entry *m = a ? NULL : vec_find(&maps, p);
     const struct host_entry *h = a || m ? NULL : vec_find(&hosts, p);
     if (a)
-        i = (struct sim_ptr_info){CU_MEMORYTYPE_DEVICE, a->va, a->size, false};
+        i = (struct sim_ptr_info){CU_MEMORYTYPE_DEVICE, a->va, a->size, false, a->dev};
     else if (m)
         i = (struct sim_ptr_info){handles[m->handle]->loc == CU_MEM_LOCATION_TYPE_DEVICE
                                       ? CU_MEMORYTYPE_DEVICE
                                       : CU_MEMORYTYPE_HOST,
-                                  m->va, m->size, m->vmm};
+                                  m->va, m->size, m->vmm, handles[m->handle]->dev};
     else if (h)
-        i = (struct sim_ptr_info){CU_MEMORYTYPE_HOST, h->va, h->size, false};
+        i = (struct sim_ptr_info){CU_MEMORYTYPE_HOST, h->va, h->size, false, h->dev};
     pthread_mutex_unlock(&mem_mu);
     return i;
+}
+
+/* ---- what a kernel on a device may touch (sim.h) ---- */
+
+/* Whether device dev may touch a cuMemAlloc or pool allocation; mem_mu held. */
+static bool alloc_reachable(int dev, const struct alloc_entry *a, char *why, size_t n)
+{
+    if (a->dev == dev || (!a->pool && sim_peer_enabled(dev, a->dev)))
+        return true;
+    if (a->pool)
+        snprintf(why, n,
+                 "a stream-ordered allocation of device %d (only cuMemPoolSetAccess, which "
+                 "the simulated GPU does not offer, opens one to another device)",
+                 a->dev);
+    else
+        snprintf(why, n, "memory of device %d, with no peer access from device %d", a->dev, dev);
+    return false;
+}
+
+bool sim_kernel_may_touch(int dev, uintptr_t p, char *why, size_t n)
+{
+    bool ok = true;
+    pthread_mutex_lock(&mem_mu);
+    const struct alloc_entry *a = vec_find(&allocs, p);
+    const struct map_entry *m = a ? NULL : vec_find(&maps, p);
+    if (a) {
+        ok = alloc_reachable(dev, a, why, n);
+    } else if (m && !m->dev_access[dev]) {
+        ok = false;
+        snprintf(why, n, "a VMM mapping with no access for device %d (cuMemSetAccess)", dev);
+    }
+    pthread_mutex_unlock(&mem_mu);
+    return ok;
 }
 
 /* ---- handles behind addresses, and IPC ---- */
@@ -428,6 +465,8 @@ SIM_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *
         memset(prop, 0, sizeof *prop);
         prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
         prop->location.type = (CUmemLocationType)sh->loc_type;
+        if (sh->loc == CU_MEM_LOCATION_TYPE_DEVICE)
+            prop->location.id = sh->dev;
     }
     pthread_mutex_unlock(&mem_mu);
     return r;

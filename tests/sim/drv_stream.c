@@ -2,8 +2,10 @@
  *
  * Every stream runs its queue in order on its own worker thread. Each op gets
  * a ticket; a stream's `completed` is the ticket of its last finished op, so
- * "has the stream passed this point" is one comparison. The legacy default
- * stream waits for all blocking streams and they wait for it, as on a GPU.
+ * "has the stream passed this point" is one comparison. Streams belong to a
+ * device; each device has its own legacy default stream, which waits for
+ * all that device's blocking streams while they wait for it, as on a GPU,
+ * and each thread its own per-thread stream on each device.
  *
  * Locking: submit_mu serialises submissions (tickets and the legacy barriers
  * are taken together) and guards the stream list and each stream's state
@@ -33,6 +35,7 @@
 struct sim_stream {
     unsigned magic;
     bool legacy;
+    atomic_int dev; /* rewritten when a dead struct is reused */
     unsigned flags;
     int priority;
     pthread_mutex_t mu;
@@ -47,11 +50,16 @@ struct sim_stream {
 };
 
 static pthread_mutex_t submit_mu = PTHREAD_MUTEX_INITIALIZER;
-static int capturing;                  /* streams capturing now; submit_mu */
+static int capturing[SIM_MAX_DEVICES]; /* streams capturing now; submit_mu */
 static struct sim_stream *all_streams; /* live and dead, for barriers and sync */
-static struct sim_stream legacy_stream;
+static struct sim_stream legacy_streams[SIM_MAX_DEVICES];
 static pthread_once_t legacy_once = PTHREAD_ONCE_INIT;
-static _Thread_local struct sim_stream *per_thread;
+
+/* The calling thread's per-thread streams, one per device. */
+struct per_thread {
+    struct sim_stream *s[SIM_MAX_DEVICES];
+};
+static _Thread_local struct per_thread *per_thread;
 
 /* ---- workers ---- */
 
@@ -64,6 +72,7 @@ static void run_op(void *arg)
 static void *worker(void *arg)
 {
     struct sim_stream *s = arg;
+    sim_set_running_device(s->dev); /* a fault here is this device's */
     for (;;) {
         pthread_mutex_lock(&s->mu);
         while (!s->head && !s->stop)
@@ -80,7 +89,7 @@ static void *worker(void *arg)
         }
         for (int i = 0; i < op->nwaits; i++)
             sim_stream_wait_ticket(op->waits[i].stream, op->waits[i].ticket);
-        if (!sim_faulted() && op->run) /* a faulted context runs nothing more */
+        if (!sim_device_faulted(s->dev) && op->run) /* a faulted context runs nothing more */
             sim_guarded(run_op, op, "stream work");
         pthread_mutex_lock(&s->mu);
         s->head = op->next;
@@ -94,10 +103,11 @@ static void *worker(void *arg)
     }
 }
 
-static int stream_start(struct sim_stream *s, bool legacy, unsigned flags, int priority)
+static int stream_start(struct sim_stream *s, int dev, bool legacy, unsigned flags, int priority)
 {
     s->magic = STREAM_MAGIC;
     s->legacy = legacy;
+    s->dev = dev;
     s->flags = flags;
     s->priority = priority;
     s->head = s->tail = NULL;
@@ -118,10 +128,11 @@ static int stream_start(struct sim_stream *s, bool legacy, unsigned flags, int p
 
 static void legacy_init(void)
 {
-    if (stream_start(&legacy_stream, true, 0, 0) != 0) {
-        fprintf(stderr, "simcuda: cannot start the default stream's worker\n");
-        abort();
-    }
+    for (int d = 0; d < sim_cfg.ndevices; d++)
+        if (stream_start(&legacy_streams[d], d, true, 0, 0) != 0) {
+            fprintf(stderr, "simcuda: cannot start the default stream's worker\n");
+            abort();
+        }
 }
 
 /* Retires a live stream without waiting: its worker finishes the queued
@@ -149,7 +160,11 @@ static pthread_once_t per_thread_once = PTHREAD_ONCE_INIT;
 
 static void per_thread_exit(void *arg)
 {
-    stream_retire(arg);
+    struct per_thread *pt = arg;
+    for (int d = 0; d < SIM_MAX_DEVICES; d++)
+        if (pt->s[d])
+            stream_retire(pt->s[d]);
+    free(pt);
 }
 
 static void per_thread_key_init(void)
@@ -157,28 +172,33 @@ static void per_thread_key_init(void)
     pthread_key_create(&per_thread_key, per_thread_exit);
 }
 
-static struct sim_stream *per_thread_stream(void)
+static struct sim_stream *per_thread_stream(int dev)
 {
     if (!per_thread) {
         pthread_once(&per_thread_once, per_thread_key_init);
+        per_thread = calloc(1, sizeof *per_thread);
+        if (!per_thread)
+            return NULL;
+        pthread_setspecific(per_thread_key, per_thread);
+    }
+    if (!per_thread->s[dev]) {
         struct sim_stream *s = calloc(1, sizeof *s);
-        if (!s || stream_start(s, false, CU_STREAM_DEFAULT, 0) != 0) {
+        if (!s || stream_start(s, dev, false, CU_STREAM_DEFAULT, 0) != 0) {
             free(s);
             return NULL;
         }
-        pthread_setspecific(per_thread_key, s);
-        per_thread = s;
+        per_thread->s[dev] = s;
     }
-    return per_thread;
+    return per_thread->s[dev];
 }
 
 struct sim_stream *sim_stream_get(CUstream h)
 {
     pthread_once(&legacy_once, legacy_init);
     if (h == NULL || h == CU_STREAM_LEGACY)
-        return &legacy_stream;
+        return &legacy_streams[sim_current_device()];
     if (h == CU_STREAM_PER_THREAD)
-        return per_thread_stream();
+        return per_thread_stream(sim_current_device());
     struct sim_stream *found = NULL;
     pthread_mutex_lock(&submit_mu);
     for (struct sim_stream *s = all_streams; s; s = s->next_all)
@@ -186,6 +206,11 @@ struct sim_stream *sim_stream_get(CUstream h)
             found = s;
     pthread_mutex_unlock(&submit_mu);
     return found;
+}
+
+int sim_stream_device(const struct sim_stream *s)
+{
+    return s->dev;
 }
 
 static uint64_t submitted(struct sim_stream *s)
@@ -215,27 +240,29 @@ static bool in_use(const struct sim_stream *t)
     return t->magic == STREAM_MAGIC || t->magic == STREAM_DYING;
 }
 
-/* The implicit legacy-stream ordering (with the work a destroyed blocking
- * stream still has queued too); submit_mu held. */
+/* The implicit legacy-stream ordering within s's device (with the work a
+ * destroyed blocking stream still has queued too); submit_mu held. */
 static CUresult add_barriers(struct sim_stream *s, struct sim_op *op)
 {
     if (s->legacy) {
         for (struct sim_stream *t = all_streams; t; t = t->next_all)
-            if (t != s && in_use(t) && !(t->flags & CU_STREAM_NON_BLOCKING))
+            if (t != s && t->dev == s->dev && in_use(t) && !(t->flags & CU_STREAM_NON_BLOCKING))
                 if (sim_op_add_wait(op, t, submitted(t)))
                     return CUDA_ERROR_OUT_OF_MEMORY;
         return CUDA_SUCCESS;
     }
     if (s->flags & CU_STREAM_NON_BLOCKING)
         return CUDA_SUCCESS;
-    return sim_op_add_wait(op, &legacy_stream, legacy_stream.submitted);
+    struct sim_stream *l = &legacy_streams[s->dev];
+    return sim_op_add_wait(op, l, l->submitted);
 }
 
-/* Invalidates every capture in progress (global capture mode); submit_mu held. */
-static void invalidate_captures(void)
+/* Invalidates every capture in progress on dev (global capture mode);
+ * submit_mu held. */
+static void invalidate_captures(int dev)
 {
     for (struct sim_stream *t = all_streams; t; t = t->next_all)
-        if (t->capture)
+        if (t->capture && t->dev == dev)
             t->capture_invalid = true;
 }
 
@@ -269,9 +296,9 @@ CUresult sim_stream_submit(struct sim_stream *s, struct sim_op *op, uint64_t *ti
         pthread_mutex_unlock(&submit_mu);
         return c;
     }
-    if (capturing > 0 && s->legacy) {
+    if (capturing[s->dev] > 0 && s->legacy) {
         /* The legacy stream would join the capture implicitly: refused. */
-        invalidate_captures();
+        invalidate_captures(s->dev);
         pthread_mutex_unlock(&submit_mu);
         if (op->fini)
             op->fini(op);
@@ -314,21 +341,38 @@ bool sim_stream_done(struct sim_stream *s, uint64_t ticket)
     return done;
 }
 
-CUresult sim_ctx_synchronize(void)
+/* Waits for what dev's streams have been given so far. */
+static void drain_device(int dev, struct sim_stream *list)
+{
+    /* Streams are only ever prepended, so walking from a snapshot is safe;
+     * destroyed streams are on the list too, with whatever they still run. */
+    for (struct sim_stream *s = list; s; s = s->next_all)
+        if (s->dev == dev)
+            sim_stream_wait_ticket(s, submitted(s));
+}
+
+void sim_device_synchronize(int dev)
 {
     pthread_once(&legacy_once, legacy_init);
     pthread_mutex_lock(&submit_mu);
     struct sim_stream *list = all_streams;
-    if (capturing > 0) {
-        invalidate_captures();
+    pthread_mutex_unlock(&submit_mu);
+    drain_device(dev, list);
+}
+
+CUresult sim_ctx_synchronize(void)
+{
+    int dev = sim_current_device();
+    pthread_once(&legacy_once, legacy_init);
+    pthread_mutex_lock(&submit_mu);
+    struct sim_stream *list = all_streams;
+    if (capturing[dev] > 0) {
+        invalidate_captures(dev);
         pthread_mutex_unlock(&submit_mu);
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     }
     pthread_mutex_unlock(&submit_mu);
-    /* Streams are only ever prepended, so walking from a snapshot is safe;
-     * destroyed streams are on the list too, with whatever they still run. */
-    for (struct sim_stream *s = list; s; s = s->next_all)
-        sim_stream_wait_ticket(s, submitted(s));
+    drain_device(dev, list);
     return sim_check();
 }
 
@@ -357,7 +401,7 @@ CUresult sim_capture_begin(struct sim_stream *s)
     } else {
         s->capture = g;
         s->capture_invalid = false;
-        capturing++;
+        capturing[s->dev]++;
     }
     pthread_mutex_unlock(&submit_mu);
     if (r != CUDA_SUCCESS)
@@ -372,7 +416,7 @@ CUresult sim_capture_end(struct sim_stream *s, struct sim_graph **out, bool *inv
     *invalid = s->capture_invalid;
     if (g) {
         s->capture = NULL;
-        capturing--;
+        capturing[s->dev]--;
     }
     pthread_mutex_unlock(&submit_mu);
     *out = g;
@@ -392,7 +436,7 @@ CUstreamCaptureStatus sim_capture_status(struct sim_stream *s)
 CUresult sim_capture_query(struct sim_stream *s, CUstreamCaptureStatus *status)
 {
     pthread_mutex_lock(&submit_mu);
-    bool implicit = s->legacy && capturing > 0;
+    bool implicit = s->legacy && capturing[s->dev] > 0;
     pthread_mutex_unlock(&submit_mu);
     if (implicit) /* the legacy stream would join another stream's capture */
         return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
@@ -415,11 +459,12 @@ static CUresult create_stream(const char *api, CUstream *ph, unsigned flags, int
     struct sim_stream *s = NULL;
     pthread_mutex_lock(&submit_mu);
     for (struct sim_stream *t = all_streams; t && !s; t = t->next_all)
-        if (t->magic == 0 && t != &legacy_stream)
+        if (t->magic == 0 && !t->legacy)
             s = t; /* a destroyed stream whose worker is gone */
     if (s) {
         s->magic = STREAM_CLAIMED; /* ours, but not live until its worker runs */
         s->legacy = false;
+        s->dev = sim_current_device();
         s->flags = flags;
         s->priority = priority;
         s->capture = NULL;
@@ -438,7 +483,7 @@ static CUresult create_stream(const char *api, CUstream *ph, unsigned flags, int
             return CUDA_ERROR_OUT_OF_MEMORY;
     } else {
         s = calloc(1, sizeof *s);
-        if (!s || stream_start(s, false, flags, priority) != 0) {
+        if (!s || stream_start(s, sim_current_device(), false, flags, priority) != 0) {
             free(s);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }

@@ -212,9 +212,63 @@ static bool host_location(CUmemLocationType t)
            t == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
 }
 
+/* What cuMemSetAccess asks for: each location's new flags, or -1 to leave
+ * them as they are. */
+struct access_req {
+    int dev[SIM_MAX_DEVICES], host;
+    bool host_numa;
+};
+
+static CUresult parse_access(const CUmemAccessDesc *desc, size_t count, struct access_req *q)
+{
+    for (int d = 0; d < SIM_MAX_DEVICES; d++)
+        q->dev[d] = -1;
+    q->host = -1;
+    q->host_numa = false;
+    for (size_t i = 0; i < count; i++) {
+        const CUmemLocation *l = &desc[i].location;
+        if (desc[i].flags > CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+            return CUDA_ERROR_INVALID_VALUE;
+        if (l->type == CU_MEM_LOCATION_TYPE_DEVICE) {
+            if (!sim_device_valid(l->id))
+                return CUDA_ERROR_INVALID_DEVICE;
+            q->dev[l->id] = (int)desc[i].flags;
+        } else if (l->type == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
+                   l->type == CU_MEM_LOCATION_TYPE_HOST) {
+            q->host = (int)desc[i].flags;
+            q->host_numa |= l->type == CU_MEM_LOCATION_TYPE_HOST_NUMA;
+        } else {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+/* Gives the part of m in [ptr, ptr + size) the access q asks for; the pages
+ * get the union of every location's. mem_mu held. */
+static CUresult apply_access(struct map_entry *m, const struct access_req *q, uintptr_t ptr,
+                             size_t size)
+{
+    unsigned char dev[SIM_MAX_DEVICES];
+    int prot = PROT_NONE;
+    for (int d = 0; d < SIM_MAX_DEVICES; d++) {
+        dev[d] = q->dev[d] >= 0 ? (unsigned char)q->dev[d] : m->dev_access[d];
+        prot |= prot_of(dev[d]);
+    }
+    unsigned long long h = q->host >= 0 ? (unsigned long long)q->host : m->host_access;
+    uintptr_t lo = m->va > ptr ? m->va : ptr;
+    uintptr_t hi = m->va + m->size < ptr + size ? m->va + m->size : ptr + size;
+    if (mprotect((void *)lo, hi - lo, prot | prot_of(h)) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    memcpy(m->dev_access, dev, sizeof dev);
+    m->host_access = h;
+    return CUDA_SUCCESS;
+}
+
 /* Sets the access of each location named in desc and leaves the others as
  * they were. HOST_NUMA access is refused on memory created elsewhere, as
- * cuda.h says; the pages get the union of the device's and the host's. */
+ * cuda.h says. Any device may be given access to memory of any other (every
+ * pair can access each other's, cuDeviceCanAccessPeer). */
 SIM_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
                                    size_t count)
 {
@@ -223,49 +277,22 @@ SIM_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcce
         return r;
     if (!desc || count == 0 || size == 0 || !aligned(size) || !aligned(ptr))
         return CUDA_ERROR_INVALID_VALUE;
-    unsigned long long dev = 0, host = 0;
-    bool set_dev = false, set_host = false, host_numa = false;
-    for (size_t i = 0; i < count; i++) {
-        if (desc[i].flags > CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
-            return CUDA_ERROR_INVALID_VALUE;
-        if (desc[i].location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
-            if (desc[i].location.id != 0)
-                return CUDA_ERROR_INVALID_DEVICE;
-            dev = desc[i].flags;
-            set_dev = true;
-        } else if (desc[i].location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
-                   desc[i].location.type == CU_MEM_LOCATION_TYPE_HOST) {
-            host = desc[i].flags;
-            set_host = true;
-            host_numa |= desc[i].location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA;
-        } else {
-            return CUDA_ERROR_INVALID_VALUE;
-        }
-    }
+    struct access_req q;
+    if ((r = parse_access(desc, count, &q)))
+        return r;
     pthread_mutex_lock(&mem_mu);
     size_t first = 0, n = 0;
     if (!covers(ptr, size, &first, &n) || !all_vmm(first, n)) {
         r = CUDA_ERROR_INVALID_VALUE;
     } else {
-        for (size_t k = 0; k < n && host_numa; k++) {
+        for (size_t k = 0; k < n && q.host_numa; k++) {
             struct map_entry *m = (struct map_entry *)vec_at(&maps, first + k);
             if (handles[m->handle]->loc_type != CU_MEM_LOCATION_TYPE_HOST_NUMA)
                 r = CUDA_ERROR_INVALID_VALUE;
         }
     }
-    for (size_t k = 0; r == CUDA_SUCCESS && k < n; k++) {
-        struct map_entry *m = (struct map_entry *)vec_at(&maps, first + k);
-        unsigned long long d = set_dev ? dev : m->dev_access;
-        unsigned long long h = set_host ? host : m->host_access;
-        uintptr_t lo = m->va > ptr ? m->va : ptr;
-        uintptr_t hi = m->va + m->size < ptr + size ? m->va + m->size : ptr + size;
-        if (mprotect((void *)lo, hi - lo, prot_of(d) | prot_of(h)) != 0) {
-            r = CUDA_ERROR_INVALID_VALUE;
-        } else {
-            m->dev_access = d;
-            m->host_access = h;
-        }
-    }
+    for (size_t k = 0; r == CUDA_SUCCESS && k < n; k++)
+        r = apply_access((struct map_entry *)vec_at(&maps, first + k), &q, ptr, size);
     pthread_mutex_unlock(&mem_mu);
     return r;
 }
@@ -278,7 +305,7 @@ SIM_EXPORT CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocatio
         return r;
     if (!flags || !location)
         return CUDA_ERROR_INVALID_VALUE;
-    if (location->type == CU_MEM_LOCATION_TYPE_DEVICE && location->id != 0)
+    if (location->type == CU_MEM_LOCATION_TYPE_DEVICE && !sim_device_valid(location->id))
         return CUDA_ERROR_INVALID_DEVICE;
     if (location->type != CU_MEM_LOCATION_TYPE_DEVICE && !host_location(location->type))
         return CUDA_ERROR_INVALID_VALUE;
@@ -287,7 +314,8 @@ SIM_EXPORT CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocatio
     if (!m)
         r = CUDA_ERROR_INVALID_VALUE;
     else
-        *flags = location->type == CU_MEM_LOCATION_TYPE_DEVICE ? m->dev_access : m->host_access;
+        *flags = location->type == CU_MEM_LOCATION_TYPE_DEVICE ? m->dev_access[location->id]
+                                                               : m->host_access;
     pthread_mutex_unlock(&mem_mu);
     return r;
 }

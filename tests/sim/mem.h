@@ -18,6 +18,7 @@ struct sim_handle {
     size_t size;
     int loc;      /* CU_MEM_LOCATION_TYPE_DEVICE or _HOST: what it is charged to */
     int loc_type; /* the CU_MEM_LOCATION_TYPE_* it was created with */
+    int dev;      /* the device of a device-located handle */
     int nmaps;
     int retains; /* references cuMemRetainAllocationHandle handed out */
     bool released;
@@ -32,10 +33,12 @@ struct map_entry {
     uintptr_t va;
     size_t size;
     unsigned long long handle;
-    /* CUmemAccess_flags per location: the device, and the host (HOST and
-     * HOST_NUMA alike). The pages get the union of the two, since kernels
-     * run on the CPU here. */
-    unsigned long long dev_access, host_access;
+    /* CUmemAccess_flags per location: each device, and the host (HOST and
+     * HOST_NUMA alike). The pages get the union of them all, since kernels
+     * run on the CPU here; a kernel on a device without access is caught by
+     * its launch's pointer check (sim_kernel_may_touch). */
+    unsigned char dev_access[SIM_MAX_DEVICES];
+    unsigned long long host_access;
     bool vmm; /* mapped by cuMemMap (not a cuMemAlloc allocation) */
 };
 struct resv_entry {
@@ -46,12 +49,15 @@ struct host_entry {
     uintptr_t va;
     size_t size;
     bool registered; /* cuMemHostRegister'd (not ours to unmap) */
+    int dev;         /* the device current when it was allocated */
 };
 struct alloc_entry {
     uintptr_t va;
     size_t size, mapped;
     unsigned long long handle;
     bool graph; /* a graph allocation: the graph's until its last node goes */
+    bool pool;  /* from a pool (stream-ordered or graph): its device's alone */
+    int dev;
 };
 
 struct vec {
@@ -74,14 +80,15 @@ bool vec_overlaps(struct vec *v, uintptr_t va, size_t size);
 int vec_insert(struct vec *v, const void *entry);
 void vec_erase(struct vec *v, void *entry);
 
-/* Counts bytes against the device's or the host's limit; false if over. */
-bool charge(int loc, size_t bytes);
-void uncharge(int loc, size_t bytes);
+/* Counts bytes against device dev's limit (loc DEVICE) or the host's;
+ * false if over. */
+bool charge(int loc, int dev, size_t bytes);
+void uncharge(int loc, int dev, size_t bytes);
 /* A multiple of the allocation granularity. */
 bool aligned(size_t x);
 /* A usable handle, or NULL. */
 struct sim_handle *handle_get(unsigned long long h);
-CUresult handle_create(size_t size, int loc, unsigned long long *out);
+CUresult handle_create(size_t size, int loc, int dev, unsigned long long *out);
 void handle_destroy(unsigned long long h);
 
 /* A PROT_NONE mapping at at_addr (anywhere if NULL; replacing what is
