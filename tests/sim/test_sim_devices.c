@@ -451,7 +451,10 @@ static void streams_and_events_belong_to_a_device(void **state)
     assert_int_equal(store_on(k_store, p0, 1, s1), cudaErrorInvalidResourceHandle);
     assert_int_equal(cudaGetLastError(), cudaErrorInvalidResourceHandle);
     assert_int_equal(store_on(k_store, p0, 2, s0), cudaSuccess);
+    assert_int_equal(cudaStreamSynchronize(s0), cudaSuccess);
     assert_int_equal(store_on(k_store, p0, 3, cudaStreamPerThread), cudaSuccess);
+    assert_int_equal(cudaStreamSynchronize(cudaStreamPerThread), cudaSuccess);
+    assert_int_equal(peek(p0), 3);
     /* A copy may use another device's stream. */
     assert_int_equal(cudaMemcpyAsync(p0, &v, sizeof v, cudaMemcpyHostToDevice, s1), cudaSuccess);
     assert_int_equal(cudaStreamSynchronize(s1), cudaSuccess);
