@@ -114,7 +114,7 @@ static bool parse_mib(const char *s, const char **end, size_t *bytes)
  * by commas ("1024,512"). */
 static void read_vram(void)
 {
-    size_t dflt = 1024ull << 20, v[SIM_MAX_DEVICES + 1];
+    size_t dflt = 1024ull << 20, v[SIM_MAX_DEVICES + 1] = {0};
     int n = 0;
     const char *e = getenv("SIMCUDA_VRAM_MB"), *p = e;
     bool ok = true;
