@@ -1,13 +1,14 @@
 /* sim.h — internals shared by the files of the simulated driver.
  *
- * Layout: drv_core.c (init, sticky errors, fault injection, strings,
- * cuGetProcAddress, the API-callback hub), drv_device.c (devices, contexts),
- * drv_mem.c (tables, physical handles, pointer information), drv_vmm.c
- * (reservations, mappings, access), drv_alloc.c (allocations, pinned host
- * memory), drv_ptr.c (pointer queries), drv_stream.c (streams, worker
- * threads), drv_event.c (events), drv_exec.c (kernels, launches, copies,
- * fault guard), drv_graph.c (capture and graphs). mem.h is shared by the
- * memory files.
+ * Layout: drv_core.c (init and configuration, sticky errors, fault
+ * injection, strings, cuGetProcAddress, the API-callback hub), drv_device.c
+ * (devices, contexts, peer access), drv_mem.c (tables, physical handles,
+ * pointer information), drv_vmm.c (reservations, mappings, access),
+ * drv_alloc.c (allocations, pinned host memory), drv_ptr.c (pointer
+ * queries), drv_stream.c (streams, worker threads), drv_event.c (events),
+ * drv_exec.c (kernels, launches, fault guard), drv_copy.c (copies,
+ * memsets), drv_graph.c (capture and graphs). mem.h is shared by the memory
+ * files.
  */
 #ifndef SIM_H
 #define SIM_H
