@@ -35,7 +35,7 @@ LIB_LIBS := -ldl -linih -lm -lz -lelf
 SIM_DRV_SRCS := $(wildcard tests/sim/drv_*.c)
 SIM_DRV_OBJS := $(SIM_DRV_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/sim/stubs_cuda.o \
                 $(BUILD)/obj/sim/errors_cuda.o
-SIM_RT_OBJS  := $(BUILD)/obj/tests/sim/cudart.o $(BUILD)/obj/sim/stubs_cudart.o \
+SIM_RT_OBJS  := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/sim/cudart*.c)) $(BUILD)/obj/sim/stubs_cudart.o \
                 $(BUILD)/obj/sim/errors_cudart.o
 SIM_CUPTI_OBJS := $(BUILD)/obj/tests/sim/cupti.o $(BUILD)/obj/sim/stubs_cupti.o
 SIM_LIBS := $(BUILD)/sim/libcuda.so.1 $(BUILD)/sim/libcudart.so.13 $(BUILD)/sim/libcupti.so.13

@@ -2,28 +2,28 @@
  * simulated driver as the real runtime is built on the real one: it
  * initialises the driver lazily, makes the primary context current on each
  * thread, maps driver results to runtime errors and keeps the per-thread
- * last error. Launches raise runtime API callbacks, then call the driver,
- * which raises its own, as on a GPU (a tool sees both).
+ * last error. This file has that state, the errors and the devices;
+ * cudart_mem.c and cudart_work.c the rest (rt.h).
  *
- * Shared state: none beyond the once-flag; the last error and the "context
- * is current" flag are thread-local.
+ * Each thread has a current device, as in CUDA: device 0 until it calls
+ * cudaSetDevice, or the device of a context it made current through the
+ * driver. The runtime retains each device's primary context the first time
+ * it needs it.
+ *
+ * Shared state: the once-flag, and the primary contexts retained so far
+ * (ctx_mu); the last error and the "context is current" flag are
+ * thread-local.
  */
-#include "sim.h"
+#include "rt.h"
 
-#include <cuda_runtime_api.h>
-#include <cupti.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
-SIM_EXPORT void simcuda__api_enter(struct sim_api_call *call, int domain, int cbid,
-                                   const char *fname, const char *symbol, const void *params);
-SIM_EXPORT void simcuda__api_exit(struct sim_api_call *call, void *ret);
-SIM_EXPORT const char *simcuda__function_name(CUfunction f);
-
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static CUresult init_result;
-static CUcontext primary_ctx;
+static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;
+static CUcontext primary_ctx[SIM_MAX_DEVICES]; /* ctx_mu */
 static _Thread_local bool ctx_set;
 static _Thread_local cudaError_t last_error;
 
@@ -34,10 +34,34 @@ static void init(void)
     if (init_result == CUDA_SUCCESS)
         init_result = cuDeviceGet(&dev, 0);
     if (init_result == CUDA_SUCCESS)
-        init_result = cuDevicePrimaryCtxRetain(&primary_ctx, dev);
+        init_result = cuDevicePrimaryCtxRetain(&primary_ctx[0], dev);
 }
 
-static cudaError_t to_rt(CUresult r)
+bool rt_device_valid(int dev)
+{
+    return dev >= 0 && dev < simcuda__device_count();
+}
+
+CUresult rt_primary(int dev, CUcontext *out)
+{
+    if (!rt_device_valid(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&ctx_mu);
+    CUresult r = CUDA_SUCCESS;
+    if (!primary_ctx[dev])
+        r = cuDevicePrimaryCtxRetain(&primary_ctx[dev], dev);
+    *out = primary_ctx[dev];
+    pthread_mutex_unlock(&ctx_mu);
+    return r;
+}
+
+int rt_device(void)
+{
+    int d = simcuda__current_device();
+    return d >= 0 ? d : 0;
+}
+
+cudaError_t rt_from_cu(CUresult r)
 {
     switch (r) {
     case CUDA_SUCCESS:
@@ -67,46 +91,40 @@ static cudaError_t to_rt(CUresult r)
     }
 }
 
-/* Records err as the thread's last error (success never overwrites it). */
-static cudaError_t ret(cudaError_t err)
+cudaError_t rt_ret(cudaError_t err)
 {
     if (err != cudaSuccess && err != cudaErrorNotReady)
         last_error = err;
     return err;
 }
 
-static cudaError_t ret_cu(CUresult r)
+cudaError_t rt_ret_cu(CUresult r)
 {
-    return ret(to_rt(r));
+    return rt_ret(rt_from_cu(r));
 }
 
-/* Lazy initialisation and a current context on this thread. */
-static cudaError_t enter(void)
+cudaError_t rt_enter(void)
 {
     pthread_once(&init_once, init);
     if (init_result != CUDA_SUCCESS)
-        return ret_cu(init_result);
+        return rt_ret_cu(init_result);
     if (!ctx_set) {
-        CUresult r = cuCtxSetCurrent(primary_ctx);
+        /* A context of another device made current through the driver is
+         * the thread's device; otherwise device 0's. */
+        int d = simcuda__current_device();
+        CUresult r = d > 0 ? CUDA_SUCCESS : cuCtxSetCurrent(primary_ctx[0]);
         if (r != CUDA_SUCCESS)
-            return ret_cu(r);
+            return rt_ret_cu(r);
         ctx_set = true;
     }
     return cudaSuccess;
 }
 
-#define ENTER()                                                                                    \
-    do {                                                                                           \
-        cudaError_t e_ = enter();                                                                  \
-        if (e_ != cudaSuccess)                                                                     \
-            return e_;                                                                             \
-    } while (0)
-
 int sim_refuse_runtime(const char *name, int code);
 int sim_refuse_runtime(const char *name, int code)
 {
     fprintf(stderr, "simcuda: %s is not supported by the simulated runtime\n", name);
-    return ret(code);
+    return rt_ret(code);
 }
 
 /* ---- errors and versions ---- */
@@ -118,7 +136,7 @@ SIM_EXPORT cudaError_t cudaGetLastError(void)
     CUcontext c;
     CUresult sticky = cuCtxGetCurrent(&c);
     if (sticky == CUDA_ERROR_ILLEGAL_ADDRESS) /* sticky errors cannot be cleared */
-        last_error = e = to_rt(sticky);
+        last_error = e = rt_from_cu(sticky);
     return e;
 }
 
@@ -201,13 +219,13 @@ SIM_EXPORT const char *cudaGetErrorString(cudaError_t error)
 
 SIM_EXPORT cudaError_t cudaDriverGetVersion(int *v)
 {
-    return ret_cu(cuDriverGetVersion(v));
+    return rt_ret_cu(cuDriverGetVersion(v));
 }
 
 SIM_EXPORT cudaError_t cudaRuntimeGetVersion(int *v)
 {
     if (!v)
-        return ret(cudaErrorInvalidValue);
+        return rt_ret(cudaErrorInvalidValue);
     *v = CUDART_VERSION;
     return cudaSuccess;
 }
@@ -218,41 +236,49 @@ SIM_EXPORT cudaError_t cudaGetDeviceCount(int *count)
 {
     pthread_once(&init_once, init);
     if (init_result != CUDA_SUCCESS && init_result != CUDA_ERROR_ILLEGAL_ADDRESS)
-        return ret(cudaErrorNoDevice);
-    return ret_cu(cuDeviceGetCount(count));
+        return rt_ret(cudaErrorNoDevice);
+    return rt_ret_cu(cuDeviceGetCount(count));
 }
 
 SIM_EXPORT cudaError_t cudaGetDevice(int *device)
 {
     ENTER();
     if (!device)
-        return ret(cudaErrorInvalidValue);
-    *device = 0;
+        return rt_ret(cudaErrorInvalidValue);
+    *device = rt_device();
     return cudaSuccess;
 }
 
+/* Makes the device's primary context current on this thread (no call when
+ * it already is). */
 SIM_EXPORT cudaError_t cudaSetDevice(int device)
 {
     ENTER();
-    return device == 0 ? cudaSuccess : ret(cudaErrorInvalidDevice);
+    if (!rt_device_valid(device))
+        return rt_ret(cudaErrorInvalidDevice);
+    if (simcuda__current_device() == device)
+        return cudaSuccess;
+    CUcontext c = NULL;
+    CUresult r = rt_primary(device, &c);
+    return rt_ret_cu(r ? r : cuCtxSetCurrent(c));
 }
 
 SIM_EXPORT cudaError_t cudaDeviceSynchronize(void)
 {
     ENTER();
-    return ret_cu(cuCtxSynchronize());
+    return rt_ret_cu(cuCtxSynchronize());
 }
 
 SIM_EXPORT cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device)
 {
     ENTER();
-    return ret_cu(cuDeviceGetAttribute(value, (CUdevice_attribute)attr, device));
+    return rt_ret_cu(cuDeviceGetAttribute(value, (CUdevice_attribute)attr, device));
 }
 
 SIM_EXPORT cudaError_t cudaDeviceGetStreamPriorityRange(int *least, int *greatest)
 {
     ENTER();
-    return ret_cu(cuCtxGetStreamPriorityRange(least, greatest));
+    return rt_ret_cu(cuCtxGetStreamPriorityRange(least, greatest));
 }
 
 /* The simulated device as cudaDeviceProp: what the driver models comes from
@@ -262,9 +288,9 @@ SIM_EXPORT cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int 
 {
     ENTER();
     if (!prop)
-        return ret(cudaErrorInvalidValue);
-    if (device != 0)
-        return ret(cudaErrorInvalidDevice);
+        return rt_ret(cudaErrorInvalidValue);
+    if (!rt_device_valid(device))
+        return rt_ret(cudaErrorInvalidDevice);
     struct cudaDeviceProp p;
     memset(&p, 0, sizeof p);
     CUresult r = cuDeviceGetName(p.name, sizeof p.name, device);
@@ -303,7 +329,7 @@ SIM_EXPORT cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int 
     for (size_t i = 0; r == CUDA_SUCCESS && i < sizeof attrs / sizeof *attrs; i++)
         r = cuDeviceGetAttribute((int *)((char *)&p + attrs[i].offset), attrs[i].attr, device);
     if (r != CUDA_SUCCESS)
-        return ret_cu(r);
+        return rt_ret_cu(r);
     p.sharedMemPerBlock = 48 << 10;
     p.sharedMemPerBlockOptin = 227 << 10;
     p.sharedMemPerMultiprocessor = 228 << 10;
@@ -342,598 +368,37 @@ SIM_EXPORT cudaError_t cudaDeviceReset(void)
     ENTER();
     CUresult r = cuCtxSynchronize();
     last_error = cudaSuccess;
-    return ret_cu(r);
+    return rt_ret_cu(r);
 }
 
-/* ---- memory ---- */
+/* ---- peer access: from the current device to another ---- */
 
-SIM_EXPORT cudaError_t cudaMalloc(void **p, size_t size)
+SIM_EXPORT cudaError_t cudaDeviceCanAccessPeer(int *can, int device, int peer)
 {
     ENTER();
-    if (!p)
-        return ret(cudaErrorInvalidValue);
-    if (size == 0) {
-        *p = NULL; /* the runtime accepts 0 and returns NULL */
-        return cudaSuccess;
-    }
-    CUdeviceptr d = 0;
-    CUresult r = cuMemAlloc(&d, size);
-    *p = (void *)(uintptr_t)d;
-    return ret_cu(r);
+    return rt_ret_cu(cuDeviceCanAccessPeer(can, device, peer));
 }
 
-SIM_EXPORT cudaError_t cudaFree(void *p)
+/* cuda_runtime_api.h: cudaErrorInvalidDevice where cudaDeviceCanAccessPeer
+ * says no (the current device itself among them). */
+SIM_EXPORT cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags)
 {
     ENTER();
-    return ret_cu(cuMemFree((CUdeviceptr)(uintptr_t)p));
+    if (!rt_device_valid(peer) || peer == rt_device())
+        return rt_ret(cudaErrorInvalidDevice);
+    if (flags != 0)
+        return rt_ret(cudaErrorInvalidValue);
+    CUcontext c = NULL;
+    CUresult r = rt_primary(peer, &c);
+    return rt_ret_cu(r ? r : cuCtxEnablePeerAccess(c, 0));
 }
 
-SIM_EXPORT cudaError_t cudaMallocAsync(void **p, size_t size, cudaStream_t s)
+SIM_EXPORT cudaError_t cudaDeviceDisablePeerAccess(int peer)
 {
     ENTER();
-    if (!p)
-        return ret(cudaErrorInvalidValue);
-    if (size == 0) {
-        *p = NULL;
-        return cudaSuccess;
-    }
-    CUdeviceptr d = 0;
-    CUresult r = cuMemAllocAsync(&d, size, (CUstream)s);
-    *p = (void *)(uintptr_t)d;
-    return ret_cu(r);
+    if (!rt_device_valid(peer))
+        return rt_ret(cudaErrorInvalidDevice);
+    CUcontext c = NULL;
+    CUresult r = rt_primary(peer, &c);
+    return rt_ret_cu(r ? r : cuCtxDisablePeerAccess(c));
 }
-
-SIM_EXPORT cudaError_t cudaFreeAsync(void *p, cudaStream_t s)
-{
-    ENTER();
-    if (!p)
-        return cudaSuccess;
-    return ret_cu(cuMemFreeAsync((CUdeviceptr)(uintptr_t)p, (CUstream)s));
-}
-
-/* What a program built with --default-stream per-thread calls: stream 0
- * there is the calling thread's own stream. */
-static cudaStream_t per_thread(cudaStream_t s)
-{
-    return s ? s : cudaStreamPerThread;
-}
-
-SIM_EXPORT cudaError_t cudaMallocAsync_ptsz(void **p, size_t size, cudaStream_t s);
-SIM_EXPORT cudaError_t cudaFreeAsync_ptsz(void *p, cudaStream_t s);
-
-cudaError_t cudaMallocAsync_ptsz(void **p, size_t size, cudaStream_t s)
-{
-    return cudaMallocAsync(p, size, per_thread(s));
-}
-
-cudaError_t cudaFreeAsync_ptsz(void *p, cudaStream_t s)
-{
-    return cudaFreeAsync(p, per_thread(s));
-}
-
-SIM_EXPORT cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)
-{
-    ENTER();
-    return ret_cu(cuMemGetInfo(free_bytes, total));
-}
-
-/* As the runtime does since CUDA 11: memory the driver does not know is
- * cudaMemoryTypeUnregistered, not an error; host memory has both
- * pointers, device memory only its device pointer. */
-SIM_EXPORT cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, const void *ptr)
-{
-    ENTER();
-    if (!attr)
-        return ret(cudaErrorInvalidValue);
-    unsigned type = 0;
-    int ordinal = 0;
-    CUpointer_attribute what[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                                  CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
-    void *data[] = {&type, &ordinal};
-    CUresult r = cuPointerGetAttributes(2, what, data, (CUdeviceptr)(uintptr_t)ptr);
-    if (r != CUDA_SUCCESS)
-        return ret_cu(r);
-    memset(attr, 0, sizeof *attr);
-    attr->device = ordinal;
-    if (type == CU_MEMORYTYPE_DEVICE) {
-        attr->type = cudaMemoryTypeDevice;
-        attr->devicePointer = (void *)ptr;
-    } else if (type == CU_MEMORYTYPE_HOST) {
-        attr->type = cudaMemoryTypeHost;
-        attr->devicePointer = (void *)ptr;
-        attr->hostPointer = (void *)ptr;
-    } else {
-        attr->type = cudaMemoryTypeUnregistered;
-    }
-    return cudaSuccess;
-}
-
-SIM_EXPORT cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *ptr)
-{
-    ENTER();
-    return ret_cu(cuIpcGetMemHandle((CUipcMemHandle *)handle, (CUdeviceptr)(uintptr_t)ptr));
-}
-
-SIM_EXPORT cudaError_t cudaHostAlloc(void **p, size_t size, unsigned int flags)
-{
-    ENTER();
-    return ret_cu(cuMemHostAlloc(p, size, flags));
-}
-
-SIM_EXPORT cudaError_t cudaMallocHost(void **p, size_t size)
-{
-    return cudaHostAlloc(p, size, 0);
-}
-
-SIM_EXPORT cudaError_t cudaFreeHost(void *p)
-{
-    ENTER();
-    return ret_cu(cuMemFreeHost(p));
-}
-
-SIM_EXPORT cudaError_t cudaHostRegister(void *p, size_t size, unsigned int flags)
-{
-    ENTER();
-    return ret_cu(cuMemHostRegister(p, size, flags));
-}
-
-SIM_EXPORT cudaError_t cudaHostUnregister(void *p)
-{
-    ENTER();
-    return ret_cu(cuMemHostUnregister(p));
-}
-
-SIM_EXPORT cudaError_t cudaHostGetDevicePointer(void **dev, void *host, unsigned int flags)
-{
-    ENTER();
-    if (!dev)
-        return ret(cudaErrorInvalidValue);
-    CUdeviceptr d = 0;
-    CUresult r = cuMemHostGetDevicePointer(&d, host, flags);
-    if (r == CUDA_SUCCESS)
-        *dev = (void *)(uintptr_t)d;
-    return ret_cu(r);
-}
-
-static bool valid_kind(enum cudaMemcpyKind kind)
-{
-    return kind >= cudaMemcpyHostToHost && kind <= cudaMemcpyDefault;
-}
-
-SIM_EXPORT cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
-{
-    ENTER();
-    if (!valid_kind(kind))
-        return ret(cudaErrorInvalidMemcpyDirection);
-    return ret_cu(cuMemcpy((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, n));
-}
-
-SIM_EXPORT cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n,
-                                       enum cudaMemcpyKind kind, cudaStream_t s)
-{
-    ENTER();
-    if (!valid_kind(kind))
-        return ret(cudaErrorInvalidMemcpyDirection);
-    return ret_cu(
-        cuMemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, n, (CUstream)s));
-}
-
-SIM_EXPORT cudaError_t cudaMemset(void *dst, int value, size_t n)
-{
-    ENTER();
-    return ret_cu(cuMemsetD8((CUdeviceptr)(uintptr_t)dst, (unsigned char)value, n));
-}
-
-SIM_EXPORT cudaError_t cudaMemsetAsync(void *dst, int value, size_t n, cudaStream_t s)
-{
-    ENTER();
-    return ret_cu(
-        cuMemsetD8Async((CUdeviceptr)(uintptr_t)dst, (unsigned char)value, n, (CUstream)s));
-}
-
-/* ---- streams and events ---- */
-
-SIM_EXPORT cudaError_t cudaStreamCreateWithPriority(cudaStream_t *s, unsigned int flags,
-                                                    int priority)
-{
-    ENTER();
-    return ret_cu(cuStreamCreateWithPriority((CUstream *)s, flags, priority));
-}
-
-SIM_EXPORT cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags)
-{
-    return cudaStreamCreateWithPriority(s, flags, 0);
-}
-
-SIM_EXPORT cudaError_t cudaStreamCreate(cudaStream_t *s)
-{
-    return cudaStreamCreateWithPriority(s, cudaStreamDefault, 0);
-}
-
-SIM_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t s)
-{
-    ENTER();
-    return ret_cu(cuStreamDestroy((CUstream)s));
-}
-
-SIM_EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t s)
-{
-    ENTER();
-    return ret_cu(cuStreamSynchronize((CUstream)s));
-}
-
-SIM_EXPORT cudaError_t cudaStreamQuery(cudaStream_t s)
-{
-    ENTER();
-    return ret_cu(cuStreamQuery((CUstream)s));
-}
-
-SIM_EXPORT cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags)
-{
-    ENTER();
-    return ret_cu(cuStreamWaitEvent((CUstream)s, (CUevent)e, flags));
-}
-
-SIM_EXPORT cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *status)
-{
-    ENTER();
-    return ret_cu(cuStreamIsCapturing((CUstream)s, (CUstreamCaptureStatus *)status));
-}
-
-SIM_EXPORT cudaError_t cudaStreamGetPriority(cudaStream_t s, int *priority)
-{
-    ENTER();
-    return ret_cu(cuStreamGetPriority((CUstream)s, priority));
-}
-
-SIM_EXPORT cudaError_t cudaStreamGetFlags(cudaStream_t s, unsigned int *flags)
-{
-    ENTER();
-    return ret_cu(cuStreamGetFlags((CUstream)s, flags));
-}
-
-SIM_EXPORT cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *user)
-{
-    ENTER();
-    return ret_cu(cuLaunchHostFunc((CUstream)s, fn, user));
-}
-
-SIM_EXPORT cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags)
-{
-    ENTER();
-    return ret_cu(cuEventCreate((CUevent *)e, flags));
-}
-
-SIM_EXPORT cudaError_t cudaEventCreate(cudaEvent_t *e)
-{
-    return cudaEventCreateWithFlags(e, cudaEventDefault);
-}
-
-SIM_EXPORT cudaError_t cudaEventDestroy(cudaEvent_t e)
-{
-    ENTER();
-    return ret_cu(cuEventDestroy((CUevent)e));
-}
-
-SIM_EXPORT cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
-{
-    ENTER();
-    return ret_cu(cuEventRecord((CUevent)e, (CUstream)s));
-}
-
-SIM_EXPORT cudaError_t cudaEventQuery(cudaEvent_t e)
-{
-    ENTER();
-    return ret_cu(cuEventQuery((CUevent)e));
-}
-
-SIM_EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t e)
-{
-    ENTER();
-    return ret_cu(cuEventSynchronize((CUevent)e));
-}
-
-SIM_EXPORT cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
-{
-    ENTER();
-    return ret_cu(cuEventElapsedTime((float *)ms, (CUevent)a, (CUevent)b));
-}
-
-/* ---- capture and graphs ---- */
-
-SIM_EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode)
-{
-    ENTER();
-    return ret_cu(cuStreamBeginCapture((CUstream)s, (CUstreamCaptureMode)mode));
-}
-
-SIM_EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph)
-{
-    ENTER();
-    return ret_cu(cuStreamEndCapture((CUstream)s, (CUgraph *)graph));
-}
-
-SIM_EXPORT cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph,
-                                            unsigned long long flags)
-{
-    ENTER();
-    return ret_cu(cuGraphInstantiate((CUgraphExec *)exec, (CUgraph)graph, flags));
-}
-
-SIM_EXPORT cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *exec, cudaGraph_t graph,
-                                                     unsigned long long flags)
-{
-    return cudaGraphInstantiate(exec, graph, flags);
-}
-
-SIM_EXPORT cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s)
-{
-    ENTER();
-    cudaGraphLaunch_v10000_params p = {exec, s};
-    struct sim_api_call call;
-    simcuda__api_enter(&call, CUPTI_CB_DOMAIN_RUNTIME_API,
-                       CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000, "cudaGraphLaunch", NULL,
-                       &p);
-    cudaError_t r = ret_cu(cuGraphLaunch((CUgraphExec)exec, (CUstream)s));
-    simcuda__api_exit(&call, &r);
-    return r;
-}
-
-SIM_EXPORT cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t *nodes, size_t *num)
-{
-    ENTER();
-    return ret_cu(cuGraphGetNodes((CUgraph)graph, (CUgraphNode *)nodes, num));
-}
-
-SIM_EXPORT cudaError_t cudaGraphNodeGetType(cudaGraphNode_t node, enum cudaGraphNodeType *type)
-{
-    ENTER();
-    return ret_cu(cuGraphNodeGetType((CUgraphNode)node, (CUgraphNodeType *)type));
-}
-
-SIM_EXPORT cudaError_t cudaGraphExecKernelNodeSetParams(cudaGraphExec_t exec, cudaGraphNode_t node,
-                                                        const struct cudaKernelNodeParams *p)
-{
-    ENTER();
-    if (!p)
-        return ret(cudaErrorInvalidValue);
-    CUDA_KERNEL_NODE_PARAMS k = {
-        .func = simcuda_function((simcuda_kernel_fn)p->func),
-        .gridDimX = p->gridDim.x,
-        .gridDimY = p->gridDim.y,
-        .gridDimZ = p->gridDim.z,
-        .blockDimX = p->blockDim.x,
-        .blockDimY = p->blockDim.y,
-        .blockDimZ = p->blockDim.z,
-        .sharedMemBytes = p->sharedMemBytes,
-        .kernelParams = p->kernelParams,
-        .extra = p->extra,
-    };
-    if (!k.func)
-        return ret(cudaErrorInvalidDeviceFunction);
-    return ret_cu(cuGraphExecKernelNodeSetParams((CUgraphExec)exec, (CUgraphNode)node, &k));
-}
-
-SIM_EXPORT cudaError_t cudaGraphExecMemsetNodeSetParams(cudaGraphExec_t exec, cudaGraphNode_t node,
-                                                        const struct cudaMemsetParams *p)
-{
-    ENTER();
-    if (!p)
-        return ret(cudaErrorInvalidValue);
-    CUDA_MEMSET_NODE_PARAMS m = {
-        (CUdeviceptr)(uintptr_t)p->dst, p->pitch, p->value, p->elementSize, p->width, p->height};
-    return ret_cu(cuGraphExecMemsetNodeSetParams((CUgraphExec)exec, (CUgraphNode)node, &m, NULL));
-}
-
-SIM_EXPORT cudaError_t cudaGraphExecMemcpyNodeSetParams(cudaGraphExec_t exec, cudaGraphNode_t node,
-                                                        const struct cudaMemcpy3DParms *p)
-{
-    ENTER();
-    if (!p)
-        return ret(cudaErrorInvalidValue);
-    if (p->srcArray || p->dstArray)
-        return ret(cudaErrorNotSupported); /* no arrays on the simulated GPU */
-    /* Pointers of either kind: the driver tells them apart (unified). */
-    CUDA_MEMCPY3D c = {
-        .srcXInBytes = p->srcPos.x,
-        .srcY = p->srcPos.y,
-        .srcZ = p->srcPos.z,
-        .srcMemoryType = CU_MEMORYTYPE_UNIFIED,
-        .srcDevice = (CUdeviceptr)(uintptr_t)p->srcPtr.ptr,
-        .srcPitch = p->srcPtr.pitch,
-        .srcHeight = p->srcPtr.ysize,
-        .dstXInBytes = p->dstPos.x,
-        .dstY = p->dstPos.y,
-        .dstZ = p->dstPos.z,
-        .dstMemoryType = CU_MEMORYTYPE_UNIFIED,
-        .dstDevice = (CUdeviceptr)(uintptr_t)p->dstPtr.ptr,
-        .dstPitch = p->dstPtr.pitch,
-        .dstHeight = p->dstPtr.ysize,
-        .WidthInBytes = p->extent.width,
-        .Height = p->extent.height,
-        .Depth = p->extent.depth,
-    };
-    return ret_cu(cuGraphExecMemcpyNodeSetParams((CUgraphExec)exec, (CUgraphNode)node, &c, NULL));
-}
-
-SIM_EXPORT cudaError_t cudaGraphExecUpdate(cudaGraphExec_t exec, cudaGraph_t graph,
-                                           cudaGraphExecUpdateResultInfo *info)
-{
-    ENTER();
-    return ret_cu(
-        cuGraphExecUpdate((CUgraphExec)exec, (CUgraph)graph, (CUgraphExecUpdateResultInfo *)info));
-}
-
-SIM_EXPORT cudaError_t cudaGraphDestroy(cudaGraph_t graph)
-{
-    ENTER();
-    return ret_cu(cuGraphDestroy((CUgraph)graph));
-}
-
-SIM_EXPORT cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec)
-{
-    ENTER();
-    return ret_cu(cuGraphExecDestroy((CUgraphExec)exec));
-}
-
-/* ---- launches ---- */
-
-/* The limits cudaGetDeviceProperties reports; beyond them a launch is
- * cudaErrorInvalidConfiguration ("requesting too many threads or blocks"),
- * as is an empty grid or block. */
-static bool valid_config(dim3 g, dim3 b)
-{
-    if (!g.x || !g.y || !g.z || !b.x || !b.y || !b.z)
-        return false;
-    if (g.y > 65535 || g.z > 65535 || g.x > 2147483647u)
-        return false;
-    return b.x <= 1024 && b.y <= 1024 && b.z <= 64 && (unsigned long long)b.x * b.y * b.z <= 1024;
-}
-
-static cudaError_t launch(CUfunction f, dim3 g, dim3 b, void **args, size_t shmem, cudaStream_t s,
-                          bool cooperative)
-{
-    if (!f)
-        return ret(cudaErrorInvalidDeviceFunction);
-    if (!valid_config(g, b))
-        return ret(cudaErrorInvalidConfiguration);
-    if (cooperative)
-        return ret_cu(cuLaunchCooperativeKernel(f, g.x, g.y, g.z, b.x, b.y, b.z, (unsigned)shmem,
-                                                (CUstream)s, args));
-    return ret_cu(
-        cuLaunchKernel(f, g.x, g.y, g.z, b.x, b.y, b.z, (unsigned)shmem, (CUstream)s, args, NULL));
-}
-
-/* Runtime launch callbacks name the kernel, as CUPTI's symbolName does. */
-static const char *kernel_name(CUfunction f)
-{
-    return f ? simcuda__function_name(f) : NULL;
-}
-
-SIM_EXPORT cudaError_t cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockDim, void **args,
-                                        size_t sharedMem, cudaStream_t stream)
-{
-    ENTER();
-    cudaLaunchKernel_v7000_params p = {func, gridDim, blockDim, args, sharedMem, stream};
-    CUfunction f = simcuda_function((simcuda_kernel_fn)func);
-    struct sim_api_call call;
-    simcuda__api_enter(&call, CUPTI_CB_DOMAIN_RUNTIME_API,
-                       CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000, "cudaLaunchKernel",
-                       kernel_name(f), &p);
-    cudaError_t r = launch(f, gridDim, blockDim, args, sharedMem, stream, false);
-    simcuda__api_exit(&call, &r);
-    return r;
-}
-
-SIM_EXPORT cudaError_t cudaLaunchCooperativeKernel(const void *func, dim3 gridDim, dim3 blockDim,
-                                                   void **args, size_t sharedMem,
-                                                   cudaStream_t stream)
-{
-    ENTER();
-    cudaLaunchCooperativeKernel_v9000_params p = {func, gridDim, blockDim, args, sharedMem, stream};
-    CUfunction f = simcuda_function((simcuda_kernel_fn)func);
-    struct sim_api_call call;
-    simcuda__api_enter(&call, CUPTI_CB_DOMAIN_RUNTIME_API,
-                       CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_v9000,
-                       "cudaLaunchCooperativeKernel", kernel_name(f), &p);
-    cudaError_t r = launch(f, gridDim, blockDim, args, sharedMem, stream, true);
-    simcuda__api_exit(&call, &r);
-    return r;
-}
-
-/* What nvcc-generated launch stubs call in CUDA 13: a kernel handle from
- * __cudaGetKernel, then __cudaLaunchKernel (__cudaLaunchKernel_ptsz when
- * compiled with --default-stream per-thread). */
-SIM_EXPORT cudaError_t __cudaGetKernel(cudaKernel_t *kernel, const void *func);
-cudaError_t __cudaGetKernel(cudaKernel_t *kernel, const void *func)
-{
-    ENTER();
-    if (!kernel)
-        return ret(cudaErrorInvalidValue);
-    *kernel = (cudaKernel_t)simcuda_function((simcuda_kernel_fn)func);
-    return *kernel ? cudaSuccess : ret(cudaErrorInvalidDeviceFunction);
-}
-
-typedef struct {
-    cudaKernel_t kernel;
-    dim3 gridDim, blockDim;
-    void **args;
-    size_t sharedMem;
-    cudaStream_t stream;
-} sim_cudaLaunchKernel_v13000_params;
-
-static cudaError_t stub_launch(int cbid, const char *fname, cudaKernel_t kernel, dim3 gridDim,
-                               dim3 blockDim, void **args, size_t sharedMem, cudaStream_t stream,
-                               cudaStream_t dflt)
-{
-    ENTER();
-    sim_cudaLaunchKernel_v13000_params p = {kernel, gridDim, blockDim, args, sharedMem, stream};
-    struct sim_api_call call;
-    simcuda__api_enter(&call, CUPTI_CB_DOMAIN_RUNTIME_API, cbid, fname,
-                       kernel_name((CUfunction)kernel), &p);
-    cudaError_t r = launch((CUfunction)kernel, gridDim, blockDim, args, sharedMem,
-                           stream ? stream : dflt, false);
-    simcuda__api_exit(&call, &r);
-    return r;
-}
-
-SIM_EXPORT cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim,
-                                          void **args, size_t sharedMem, cudaStream_t stream);
-cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim, void **args,
-                               size_t sharedMem, cudaStream_t stream)
-{
-    return stub_launch(CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_v13000, "__cudaLaunchKernel",
-                       kernel, gridDim, blockDim, args, sharedMem, stream, NULL);
-}
-
-SIM_EXPORT cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim,
-                                               void **args, size_t sharedMem, cudaStream_t stream);
-cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim, void **args,
-                                    size_t sharedMem, cudaStream_t stream)
-{
-    return stub_launch(CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_ptsz_v13000,
-                       "__cudaLaunchKernel_ptsz", kernel, gridDim, blockDim, args, sharedMem,
-                       stream, (cudaStream_t)CU_STREAM_PER_THREAD);
-}
-
-SIM_EXPORT cudaError_t cudaGetFuncBySymbol(cudaFunction_t *functionPtr, const void *symbolPtr)
-{
-    ENTER();
-    if (!functionPtr)
-        return ret(cudaErrorInvalidValue);
-    *functionPtr = (cudaFunction_t)simcuda_function((simcuda_kernel_fn)symbolPtr);
-    return *functionPtr ? cudaSuccess : ret(cudaErrorInvalidDeviceFunction);
-}
-
-/* ---- driver entry points: through the driver's cuGetProcAddress, as the
- * real runtime does (the flags have the same values in both APIs). ---- */
-
-SIM_EXPORT cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **pfn,
-                                                        unsigned int version,
-                                                        unsigned long long flags,
-                                                        enum cudaDriverEntryPointQueryResult *st)
-{
-    CUdriverProcAddressQueryResult q = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-    CUresult r = cuGetProcAddress_v2(symbol, pfn, (int)version, flags, &q);
-    if (st)
-        *st = q == CU_GET_PROC_ADDRESS_SUCCESS            ? cudaDriverEntryPointSuccess
-              : q == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND ? cudaDriverEntryPointSymbolNotFound
-                                                          : cudaDriverEntryPointVersionNotSufficent;
-    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
-}
-
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations" /* CUDA 12 programs still call it */
-/* Documented as comparing the symbol's version with the runtime's only: a
- * runtime newer than the driver (minor-version compatibility) still gets
- * the driver's symbols, so the lookup asks at the older of the two. */
-SIM_EXPORT cudaError_t cudaGetDriverEntryPoint(const char *symbol, void **pfn,
-                                               unsigned long long flags,
-                                               enum cudaDriverEntryPointQueryResult *st)
-{
-    int driver = CUDART_VERSION;
-    if (cuDriverGetVersion(&driver) != CUDA_SUCCESS || driver > CUDART_VERSION)
-        driver = CUDART_VERSION;
-    return cudaGetDriverEntryPointByVersion(symbol, pfn, (unsigned)driver, flags, st);
-}
-#pragma GCC diagnostic pop

@@ -1,12 +1,14 @@
-/* drv_core.c — the simulated driver's front: cuInit, the one device, its
- * primary context, sticky errors, error strings, cuGetProcAddress and the
- * hub that feeds API callbacks to the simulated CUPTI.
+/* drv_core.c — the simulated driver's front: cuInit and its configuration,
+ * sticky errors, fault injection, error strings, cuGetProcAddress and the
+ * hub that feeds API callbacks to the simulated CUPTI. Devices and contexts
+ * are in drv_device.c.
  *
- * Shared state: `initialised` and `sticky` are atomics; the current context
- * is thread-local; the callback hook is an atomic pointer set by libcupti.
+ * Shared state: `initialised` and `sticky` are atomics; the callback hook is
+ * an atomic pointer set by libcupti.
  */
 #include "sim.h"
 
+#include <ctype.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
@@ -40,16 +42,11 @@ int sim_driver_version(void)
     return (int)n;
 }
 
+/* 0 before cuInit, 2 while it runs, 1 once it succeeded, 3 if it failed. */
 static atomic_int initialised;
-static atomic_int sticky = CUDA_SUCCESS;
+static atomic_int init_error;
+static atomic_int sticky[SIM_MAX_DEVICES]; /* per device: its context's */
 static atomic_uint corr_ids;
-
-/* The primary context. Its address is the CUcontext handle. */
-static struct {
-    int retains;
-    int dummy;
-} primary;
-static _Thread_local CUcontext current;
 
 static size_t env_size(const char *name, size_t dflt, size_t unit)
 {
@@ -81,9 +78,73 @@ static double env_double(const char *name)
     return d;
 }
 
-static void read_config(void)
+/* SIMCUDA_DEVICES: 1 to SIM_MAX_DEVICES, or -1 after naming the problem. */
+static int env_devices(void)
 {
-    sim_cfg.vram_bytes = env_size("SIMCUDA_VRAM_MB", 1024ull << 20, 1 << 20);
+    const char *v = getenv("SIMCUDA_DEVICES");
+    if (!v || !*v)
+        return 1;
+    char *end;
+    errno = 0;
+    long n = strtol(v, &end, 10);
+    if (errno || *end || !isdigit((unsigned char)*v) || n < 1 || n > SIM_MAX_DEVICES) {
+        fprintf(stderr,
+                "simcuda: SIMCUDA_DEVICES=%s: expected a number of devices from 1 to %d; "
+                "cuInit fails with CUDA_ERROR_NO_DEVICE\n",
+                v, SIM_MAX_DEVICES);
+        return -1;
+    }
+    return (int)n;
+}
+
+/* One size in MiB, or false. */
+static bool parse_mib(const char *s, const char **end, size_t *bytes)
+{
+    char *e;
+    errno = 0;
+    unsigned long long n = strtoull(s, &e, 10);
+    *end = e;
+    if (errno || e == s || n == 0 || n > (SIZE_MAX >> 20))
+        return false;
+    *bytes = (size_t)n << 20;
+    return true;
+}
+
+/* SIMCUDA_VRAM_MB: one size for every device, or one per device separated
+ * by commas ("1024,512"). */
+static void read_vram(void)
+{
+    size_t dflt = 1024ull << 20, v[SIM_MAX_DEVICES + 1] = {0};
+    int n = 0;
+    const char *e = getenv("SIMCUDA_VRAM_MB"), *p = e;
+    bool ok = true;
+    while (ok && p && *p) {
+        ok = n <= SIM_MAX_DEVICES && parse_mib(p, &p, &v[n++]) && (*p == '\0' || *p++ == ',');
+        ok = ok && (*p || p[-1] != ',');
+    }
+    if (ok && n > 1 && n != sim_cfg.ndevices)
+        ok = false;
+    if (!ok) {
+        fprintf(stderr,
+                "simcuda: SIMCUDA_VRAM_MB=%s: expected a size in MiB, or one per device "
+                "(SIMCUDA_DEVICES=%d); using 1024\n",
+                e, sim_cfg.ndevices);
+        n = 0;
+    }
+    sim_cfg.vram_total = 0;
+    for (int d = 0; d < sim_cfg.ndevices; d++) {
+        sim_cfg.vram_bytes[d] = n == 0 ? dflt : v[n == 1 ? 0 : d];
+        sim_cfg.vram_total += sim_cfg.vram_bytes[d];
+    }
+}
+
+/* False if the configuration leaves no device. */
+static bool read_config(void)
+{
+    sim_cfg.ndevices = env_devices();
+    if (sim_cfg.ndevices < 1)
+        return false;
+    read_vram();
     sim_cfg.host_bytes = env_size("SIMCUDA_HOST_MB", 8192ull << 20, 1 << 20);
     sim_cfg.gran = env_size("SIMCUDA_GRANULARITY_KB", 2048ull << 10, 1 << 10);
     if (sim_cfg.gran & (sim_cfg.gran - 1) || sim_cfg.gran < 4096) {
@@ -96,6 +157,7 @@ static void read_config(void)
     sim_cfg.kernel_us = (unsigned)env_double("SIMCUDA_KERNEL_US");
     const char *nh = getenv("SIMCUDA_NO_HOST_VMM");
     sim_cfg.no_host_vmm = nh && *nh && strcmp(nh, "0") != 0;
+    return true;
 }
 
 SIM_EXPORT CUresult cuInit(unsigned int flags)
@@ -107,26 +169,54 @@ SIM_EXPORT CUresult cuInit(unsigned int flags)
         return inj;
     int expected = 0;
     if (atomic_compare_exchange_strong(&initialised, &expected, 2)) {
-        read_config();
-        sim_exec_init();
-        atomic_store(&initialised, 1);
+        if (!read_config()) {
+            atomic_store(&init_error, CUDA_ERROR_NO_DEVICE);
+            atomic_store(&initialised, 3);
+        } else {
+            sim_exec_init();
+            atomic_store(&initialised, 1);
+        }
     }
     while (atomic_load(&initialised) == 2)
         ; /* another thread is initialising */
-    return atomic_load(&sticky);
+    if (atomic_load(&initialised) == 3)
+        return (CUresult)atomic_load(&init_error);
+    return sim_check();
+}
+
+/* The sticky error the caller sees: its current context's, or with none
+ * current, the first faulted device's (one device: always its own). */
+static CUresult sticky_error(void)
+{
+    CUcontext c = sim_ctx_current();
+    if (c)
+        return (CUresult)atomic_load(&sticky[sim_ctx_device(c)]);
+    for (int d = 0; d < sim_cfg.ndevices; d++)
+        if (atomic_load(&sticky[d]))
+            return (CUresult)atomic_load(&sticky[d]);
+    return CUDA_SUCCESS;
 }
 
 CUresult sim_check(void)
 {
     if (atomic_load(&initialised) != 1)
         return CUDA_ERROR_NOT_INITIALIZED;
-    return atomic_load(&sticky);
+    return sticky_error();
+}
+
+static CUresult check_dev(int dev)
+{
+    if (atomic_load(&initialised) != 1)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (dev < 0 || dev >= sim_cfg.ndevices)
+        return sticky_error();
+    return (CUresult)atomic_load(&sticky[dev]);
 }
 
 CUresult sim_check_ctx(void)
 {
     CUresult r = sim_check();
-    if (r == CUDA_SUCCESS && current == NULL)
+    if (r == CUDA_SUCCESS && sim_ctx_current() == NULL)
         return CUDA_ERROR_INVALID_CONTEXT;
     return r;
 }
@@ -258,6 +348,16 @@ CUresult sim_enter(const char *fn, bool needs_ctx)
     return fail ? injected(fail, nth) : CUDA_SUCCESS;
 }
 
+CUresult sim_enter_dev(const char *fn, int dev)
+{
+    unsigned long nth = 0;
+    struct fail_rule *fail = count_call(fn, &nth);
+    CUresult r = check_dev(dev);
+    if (r != CUDA_SUCCESS)
+        return r;
+    return fail ? injected(fail, nth) : CUDA_SUCCESS;
+}
+
 void sim_fault(uintptr_t addr, const char *what)
 {
     /* Named and counted before the error turns sticky: whoever sees the
@@ -266,12 +366,12 @@ void sim_fault(uintptr_t addr, const char *what)
             (unsigned long long)addr, what);
     atomic_fetch_add(&sim_stats.faults, 1);
     int ok = CUDA_SUCCESS;
-    atomic_compare_exchange_strong(&sticky, &ok, CUDA_ERROR_ILLEGAL_ADDRESS);
+    atomic_compare_exchange_strong(&sticky[sim_running_device()], &ok, CUDA_ERROR_ILLEGAL_ADDRESS);
 }
 
-bool sim_faulted(void)
+bool sim_device_faulted(int dev)
 {
-    return atomic_load(&sticky) != CUDA_SUCCESS;
+    return atomic_load(&sticky[dev]) != CUDA_SUCCESS;
 }
 
 int sim_refuse_driver(const char *name, int code)
@@ -290,7 +390,7 @@ void sim_sleep_us(double us)
         ;
 }
 
-/* ---- versions and the device ---- */
+/* ---- versions ---- */
 
 SIM_EXPORT CUresult cuDriverGetVersion(int *v)
 {
@@ -300,266 +400,6 @@ SIM_EXPORT CUresult cuDriverGetVersion(int *v)
     if (!v)
         return CUDA_ERROR_INVALID_VALUE;
     *v = sim_driver_version();
-    return CUDA_SUCCESS;
-}
-
-SIM_EXPORT CUresult cuDeviceGetCount(int *count)
-{
-    CUresult r = sim_enter(__func__, false);
-    if (r)
-        return r;
-    if (!count)
-        return CUDA_ERROR_INVALID_VALUE;
-    *count = 1;
-    return CUDA_SUCCESS;
-}
-
-SIM_EXPORT CUresult cuDeviceGet(CUdevice *dev, int ordinal)
-{
-    CUresult r = sim_enter(__func__, false);
-    if (r)
-        return r;
-    if (!dev)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (ordinal != 0)
-        return CUDA_ERROR_INVALID_DEVICE;
-    *dev = 0;
-    return CUDA_SUCCESS;
-}
-
-SIM_EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
-{
-    CUresult r = sim_enter(__func__, false);
-    if (r)
-        return r;
-    if (dev != 0)
-        return CUDA_ERROR_INVALID_DEVICE;
-    if (!name || len <= 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    snprintf(name, (size_t)len, "Simulated GPU (simcuda)");
-    return CUDA_SUCCESS;
-}
-
-SIM_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
-{
-    CUresult r = sim_enter(__func__, false);
-    if (r)
-        return r;
-    if (dev != 0)
-        return CUDA_ERROR_INVALID_DEVICE;
-    if (!bytes)
-        return CUDA_ERROR_INVALID_VALUE;
-    *bytes = sim_cfg.vram_bytes;
-    return CUDA_SUCCESS;
-}
-
-static int attribute(CUdevice_attribute a, int *known)
-{
-    *known = 1;
-    switch (a) {
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
-        return 9;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
-        return 0;
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
-        return 132;
-    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
-        return 1024;
-    case CU_DEVICE_ATTRIBUTE_WARP_SIZE:
-        return 32;
-    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
-        return 1;
-    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY:
-        return 1;
-    case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS:
-        return 1;
-    case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT:
-        return 2;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID:
-        return 1;
-    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID:
-        return 0;
-    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID:
-        return 0;
-    case CU_DEVICE_ATTRIBUTE_INTEGRATED:
-        return 0;
-    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY:
-        return 0;
-    case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS:
-        return 0;
-    case CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS:
-        return 0;
-    case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH:
-        return 1;
-    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
-        return 1;
-    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
-        return 1;
-    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
-        return 0;
-    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED:
-        return 0;
-    case CU_DEVICE_ATTRIBUTE_NUMA_CONFIG:
-        return CU_DEVICE_NUMA_CONFIG_NONE;
-    case CU_DEVICE_ATTRIBUTE_NUMA_ID:
-        return -1;
-    case CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID:
-        return 0;
-    case CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
-        return !sim_cfg.no_host_vmm;
-    case CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED:
-        return 1;
-    default:
-        *known = 0;
-        return 0;
-    }
-}
-
-SIM_EXPORT CUresult cuDeviceGetAttribute(int *value, CUdevice_attribute attrib, CUdevice dev)
-{
-    CUresult r = sim_enter(__func__, false);
-    if (r)
-        return r;
-    if (!value || (int)attrib <= 0 || attrib >= CU_DEVICE_ATTRIBUTE_MAX)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (dev != 0)
-        return CUDA_ERROR_INVALID_DEVICE;
-    /* The host-NUMA attributes came with host-located memory in 12.2: an
-     * older driver knows no such attribute. */
-    if ((attrib == CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID ||
-         attrib == CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) &&
-        sim_driver_version() < SIM_HOST_VMM_SINCE)
-        return CUDA_ERROR_INVALID_VALUE;
-    int known;
-    int v = attribute(attrib, &known);
-    if (!known) {
-        fprintf(stderr, "simcuda: cuDeviceGetAttribute: attribute %d is not modelled\n",
-                (int)attrib);
-        return CUDA_ERROR_NOT_SUPPORTED;
-    }
-    *value = v;
-    return CUDA_SUCCESS;
-}
-
-/* ---- contexts: one primary context, current per thread ---- */
-
-SIM_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
-{
-    CUresult r = sim_enter(__func__, false);
-    if (r)
-        return r;
-    if (!pctx)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (dev != 0)
-        return CUDA_ERROR_INVALID_DEVICE;
-    __atomic_add_fetch(&primary.retains, 1, __ATOMIC_RELAXED);
-    *pctx = (CUcontext)&primary;
-    return CUDA_SUCCESS;
-}
-
-SIM_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
-{
-    CUresult r = sim_enter(__func__, false);
-    if (r)
-        return r;
-    if (dev != 0)
-        return CUDA_ERROR_INVALID_DEVICE;
-    if (__atomic_load_n(&primary.retains, __ATOMIC_RELAXED) <= 0)
-        return CUDA_ERROR_INVALID_CONTEXT;
-    __atomic_sub_fetch(&primary.retains, 1, __ATOMIC_RELAXED);
-    return CUDA_SUCCESS;
-}
-
-SIM_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
-{
-    CUresult r = sim_enter(__func__, false);
-    if (r)
-        return r;
-    if (dev != 0)
-        return CUDA_ERROR_INVALID_DEVICE;
-    if (!flags || !active)
-        return CUDA_ERROR_INVALID_VALUE;
-    *flags = 0;
-    *active = __atomic_load_n(&primary.retains, __ATOMIC_RELAXED) > 0;
-    return CUDA_SUCCESS;
-}
-
-static bool valid_ctx(CUcontext c)
-{
-    return c == (CUcontext)&primary;
-}
-
-static CUresult set_current(const char *api, CUcontext ctx)
-{
-    CUresult r = sim_enter(api, false);
-    if (r)
-        return r;
-    if (ctx && !valid_ctx(ctx))
-        return CUDA_ERROR_INVALID_CONTEXT;
-    current = ctx;
-    return CUDA_SUCCESS;
-}
-
-SIM_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
-{
-    return set_current(__func__, ctx);
-}
-
-SIM_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
-{
-    CUresult r = sim_enter(__func__, false);
-    if (r)
-        return r;
-    if (!pctx)
-        return CUDA_ERROR_INVALID_VALUE;
-    *pctx = current;
-    return CUDA_SUCCESS;
-}
-
-SIM_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
-{
-    return set_current(__func__, ctx); /* one context: the stack has depth one */
-}
-
-SIM_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
-{
-    CUresult r = sim_enter(__func__, true);
-    if (r)
-        return r;
-    if (pctx)
-        *pctx = current;
-    current = NULL;
-    return CUDA_SUCCESS;
-}
-
-SIM_EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
-{
-    CUresult r = sim_enter(__func__, true);
-    if (r)
-        return r;
-    if (!dev)
-        return CUDA_ERROR_INVALID_VALUE;
-    *dev = 0;
-    return CUDA_SUCCESS;
-}
-
-SIM_EXPORT CUresult cuCtxSynchronize(void)
-{
-    CUresult r = sim_enter(__func__, true);
-    if (r)
-        return r;
-    return sim_ctx_synchronize();
-}
-
-SIM_EXPORT CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest)
-{
-    CUresult r = sim_enter(__func__, true);
-    if (r)
-        return r;
-    if (least)
-        *least = 0;
-    if (greatest)
-        *greatest = -5;
     return CUDA_SUCCESS;
 }
 
@@ -785,8 +625,8 @@ void sim_api_enter(struct sim_api_call *call, CUpti_CallbackDomain domain, CUpti
         .functionParams = params,
         .functionReturnValue = NULL,
         .symbolName = symbol,
-        .context = current,
-        .contextUid = 1,
+        .context = sim_ctx_current(),
+        .contextUid = (uint32_t)sim_current_device() + 1,
         .correlationData = &call->corr_data,
         .correlationId = atomic_fetch_add(&corr_ids, 1) + 1,
     };

@@ -1,4 +1,5 @@
-/* drv_mem.c — simulated device and host memory.
+/* drv_mem.c — simulated device and host memory: the tables, accounting,
+ * physical handles, and what the driver knows of an address.
  *
  * A physical handle is a memfd; a reservation is a PROT_NONE mapping; cuMemMap
  * maps the memfd there still PROT_NONE, and only cuMemSetAccess opens it, so
@@ -6,9 +7,9 @@
  * located handles count against SIMCUDA_VRAM_MB, host-located handles and
  * pinned allocations against SIMCUDA_HOST_MB.
  *
- * Locking: mem_mu guards every table below and the byte counters.
+ * Locking: mem_mu guards every table (mem.h) and the byte counters.
  */
-#include "sim.h"
+#include "mem.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -18,76 +19,30 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-struct sim_handle {
-    int fd;
-    size_t size;
-    int loc;      /* CU_MEM_LOCATION_TYPE_DEVICE or _HOST: what it is charged to */
-    int loc_type; /* the CU_MEM_LOCATION_TYPE_* it was created with */
-    int nmaps;
-    int retains; /* references cuMemRetainAllocationHandle handed out */
-    bool released;
-};
-
-/* Ranges kept sorted by va in growable arrays; `va` and `size` come first. */
-struct range {
-    uintptr_t va;
-    size_t size;
-};
-struct map_entry {
-    uintptr_t va;
-    size_t size;
-    unsigned long long handle;
-    /* CUmemAccess_flags per location: the device, and the host (HOST and
-     * HOST_NUMA alike). The pages get the union of the two, since kernels
-     * run on the CPU here. */
-    unsigned long long dev_access, host_access;
-    bool vmm;        /* mapped by cuMemMap (not a cuMemAlloc allocation) */
-    uint64_t serial; /* which cuMemMap made it: never the same twice */
-};
-struct resv_entry {
-    uintptr_t va;
-    size_t size;
-};
-struct host_entry {
-    uintptr_t va;
-    size_t size;
-    bool registered; /* cuMemHostRegister'd (not ours to unmap) */
-};
-struct alloc_entry {
-    uintptr_t va;
-    size_t size, mapped;
-    unsigned long long handle;
-    bool graph; /* a graph allocation: the graph's until its last node goes */
-};
-
-struct vec {
-    void *data;
-    size_t n, cap, elem;
-};
-
-static pthread_mutex_t mem_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct sim_handle **handles; /* index = handle value; 0 unused */
-static size_t nhandles, caphandles;
-static struct vec maps = {.elem = sizeof(struct map_entry)};
-static struct vec resvs = {.elem = sizeof(struct resv_entry)};
-static struct vec hosts = {.elem = sizeof(struct host_entry)};
-static struct vec allocs = {.elem = sizeof(struct alloc_entry)};
-static size_t dev_in_use, dev_peak, host_in_use;
+pthread_mutex_t mem_mu = PTHREAD_MUTEX_INITIALIZER;
+struct sim_handle **handles; /* index = handle value; 0 unused */
+size_t nhandles;
+static size_t caphandles;
+struct vec maps = {.elem = sizeof(struct map_entry)};
+struct vec resvs = {.elem = sizeof(struct resv_entry)};
+struct vec hosts = {.elem = sizeof(struct host_entry)};
+struct vec allocs = {.elem = sizeof(struct alloc_entry)};
+static size_t dev_in_use[SIM_MAX_DEVICES], all_in_use, all_peak, host_in_use;
 
 /* ---- sorted range vectors ---- */
 
-static struct range *at(struct vec *v, size_t i)
+struct range *vec_at(struct vec *v, size_t i)
 {
     return (struct range *)((char *)v->data + i * v->elem);
 }
 
 /* Index of the first entry with va > addr. */
-static size_t upper(struct vec *v, uintptr_t addr)
+size_t vec_upper(struct vec *v, uintptr_t addr)
 {
     size_t lo = 0, hi = v->n;
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
-        if (at(v, mid)->va <= addr)
+        if (vec_at(v, mid)->va <= addr)
             lo = mid + 1;
         else
             hi = mid;
@@ -96,24 +51,24 @@ static size_t upper(struct vec *v, uintptr_t addr)
 }
 
 /* The entry containing addr, or NULL. */
-static void *find(struct vec *v, uintptr_t addr)
+void *vec_find(struct vec *v, uintptr_t addr)
 {
-    size_t i = upper(v, addr);
+    size_t i = vec_upper(v, addr);
     if (i == 0)
         return NULL;
-    struct range *r = at(v, i - 1);
+    struct range *r = vec_at(v, i - 1);
     return addr - r->va < r->size ? r : NULL;
 }
 
-static bool overlaps(struct vec *v, uintptr_t va, size_t size)
+bool vec_overlaps(struct vec *v, uintptr_t va, size_t size)
 {
-    size_t i = upper(v, va);
-    if (i > 0 && va - at(v, i - 1)->va < at(v, i - 1)->size)
+    size_t i = vec_upper(v, va);
+    if (i > 0 && va - vec_at(v, i - 1)->va < vec_at(v, i - 1)->size)
         return true;
-    return i < v->n && at(v, i)->va < va + size;
+    return i < v->n && vec_at(v, i)->va < va + size;
 }
 
-static int insert(struct vec *v, const void *entry)
+int vec_insert(struct vec *v, const void *entry)
 {
     if (v->n == v->cap) {
         size_t cap = v->cap ? v->cap * 2 : 64;
@@ -123,30 +78,31 @@ static int insert(struct vec *v, const void *entry)
         v->data = d;
         v->cap = cap;
     }
-    size_t i = upper(v, ((const struct range *)entry)->va);
-    memmove(at(v, i + 1), at(v, i), (v->n - i) * v->elem);
-    memcpy(at(v, i), entry, v->elem);
+    size_t i = vec_upper(v, ((const struct range *)entry)->va);
+    memmove(vec_at(v, i + 1), vec_at(v, i), (v->n - i) * v->elem);
+    memcpy(vec_at(v, i), entry, v->elem);
     v->n++;
     return 0;
 }
 
-static void erase(struct vec *v, void *entry)
+void vec_erase(struct vec *v, void *entry)
 {
     size_t i = (size_t)((char *)entry - (char *)v->data) / v->elem;
-    memmove(at(v, i), at(v, i + 1), (v->n - i - 1) * v->elem);
+    memmove(vec_at(v, i), vec_at(v, i + 1), (v->n - i - 1) * v->elem);
     v->n--;
 }
 
 /* ---- accounting ---- */
 
-static bool charge(int loc, size_t bytes)
+bool charge(int loc, int dev, size_t bytes)
 {
     if (loc == CU_MEM_LOCATION_TYPE_DEVICE) {
-        if (bytes > sim_cfg.vram_bytes - dev_in_use)
+        if (bytes > sim_cfg.vram_bytes[dev] - dev_in_use[dev])
             return false;
-        dev_in_use += bytes;
-        if (dev_in_use > dev_peak)
-            dev_peak = dev_in_use;
+        dev_in_use[dev] += bytes;
+        all_in_use += bytes;
+        if (all_in_use > all_peak)
+            all_peak = all_in_use;
     } else {
         if (bytes > sim_cfg.host_bytes - host_in_use)
             return false;
@@ -155,32 +111,48 @@ static bool charge(int loc, size_t bytes)
     return true;
 }
 
-static void uncharge(int loc, size_t bytes)
+void uncharge(int loc, int dev, size_t bytes)
 {
-    if (loc == CU_MEM_LOCATION_TYPE_DEVICE)
-        dev_in_use -= bytes;
-    else
+    if (loc == CU_MEM_LOCATION_TYPE_DEVICE) {
+        dev_in_use[dev] -= bytes;
+        all_in_use -= bytes;
+    } else
         host_in_use -= bytes;
 }
 
 void sim_mem_stats(size_t *dev, size_t *peak, size_t *host)
 {
     pthread_mutex_lock(&mem_mu);
-    *dev = dev_in_use;
-    *peak = dev_peak;
+    *dev = all_in_use;
+    *peak = all_peak;
     *host = host_in_use;
     pthread_mutex_unlock(&mem_mu);
+}
+
+SIM_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
+{
+    CUresult r = sim_enter(__func__, true);
+    if (r)
+        return r;
+    if (!free_bytes || !total)
+        return CUDA_ERROR_INVALID_VALUE;
+    int dev = sim_current_device();
+    pthread_mutex_lock(&mem_mu);
+    *total = sim_cfg.vram_bytes[dev];
+    *free_bytes = sim_cfg.vram_bytes[dev] - dev_in_use[dev];
+    pthread_mutex_unlock(&mem_mu);
+    return CUDA_SUCCESS;
 }
 
 enum sim_memkind sim_mem_kind(uintptr_t addr)
 {
     enum sim_memkind k = SIM_MEM_PAGEABLE;
     pthread_mutex_lock(&mem_mu);
-    struct map_entry *m = find(&maps, addr);
+    struct map_entry *m = vec_find(&maps, addr);
     if (m)
         k = handles[m->handle]->loc == CU_MEM_LOCATION_TYPE_DEVICE ? SIM_MEM_DEVICE
                                                                    : SIM_MEM_PINNED;
-    else if (find(&hosts, addr))
+    else if (vec_find(&hosts, addr))
         k = SIM_MEM_PINNED;
     pthread_mutex_unlock(&mem_mu);
     return k;
@@ -188,12 +160,12 @@ enum sim_memkind sim_mem_kind(uintptr_t addr)
 
 /* ---- physical handles ---- */
 
-static bool aligned(size_t x)
+bool aligned(size_t x)
 {
     return (x & (sim_cfg.gran - 1)) == 0;
 }
 
-static struct sim_handle *handle_get(unsigned long long h)
+struct sim_handle *handle_get(unsigned long long h)
 {
     if (h == 0 || h >= nhandles || !handles[h] || (handles[h]->released && !handles[h]->retains))
         return NULL; /* a retained reference keeps it usable */
@@ -213,7 +185,7 @@ static size_t nspares, capspares, spare_bytes;
 
 static void spare_put(int fd, size_t size)
 {
-    if (spare_bytes + size > sim_cfg.vram_bytes) {
+    if (spare_bytes + size > sim_cfg.vram_total) {
         close(fd);
         return;
     }
@@ -243,10 +215,10 @@ static int spare_take(size_t size)
     return -1;
 }
 
-static void handle_destroy(unsigned long long h)
+void handle_destroy(unsigned long long h)
 {
     struct sim_handle *sh = handles[h];
-    uncharge(sh->loc, sh->size);
+    uncharge(sh->loc, sh->dev, sh->size);
     if (sh->loc == CU_MEM_LOCATION_TYPE_DEVICE)
         spare_put(sh->fd, sh->size);
     else
@@ -269,9 +241,9 @@ static int new_backing(size_t size, int loc)
 }
 
 /* Creates a handle; mem_mu held. */
-static CUresult handle_create(size_t size, int loc, unsigned long long *out)
+CUresult handle_create(size_t size, int loc, int dev, unsigned long long *out)
 {
-    if (!charge(loc, size))
+    if (!charge(loc, dev, size))
         return CUDA_ERROR_OUT_OF_MEMORY;
     struct sim_handle *sh = calloc(1, sizeof *sh);
     int fd = sh ? new_backing(size, loc) : -1;
@@ -279,7 +251,7 @@ static CUresult handle_create(size_t size, int loc, unsigned long long *out)
         if (fd >= 0)
             close(fd);
         free(sh);
-        uncharge(loc, size);
+        uncharge(loc, dev, size);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     size_t id = 1;
@@ -291,7 +263,7 @@ static CUresult handle_create(size_t size, int loc, unsigned long long *out)
         if (!t) {
             close(fd);
             free(sh);
-            uncharge(loc, size);
+            uncharge(loc, dev, size);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
         memset(t + caphandles, 0, (cap - caphandles) * sizeof *t);
@@ -300,7 +272,7 @@ static CUresult handle_create(size_t size, int loc, unsigned long long *out)
     }
     if (id >= nhandles)
         nhandles = id + 1;
-    *sh = (struct sim_handle){.fd = fd, .size = size, .loc = loc, .loc_type = loc};
+    *sh = (struct sim_handle){.fd = fd, .size = size, .loc = loc, .loc_type = loc, .dev = dev};
     handles[id] = sh;
     *out = id;
     return CUDA_SUCCESS;
@@ -310,7 +282,7 @@ static CUresult check_location(const CUmemLocation *l)
 {
     switch (l->type) {
     case CU_MEM_LOCATION_TYPE_DEVICE:
-        return l->id == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+        return sim_device_valid(l->id) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
     case CU_MEM_LOCATION_TYPE_HOST:
     case CU_MEM_LOCATION_TYPE_HOST_NUMA:
     case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
@@ -341,9 +313,10 @@ SIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t siz
         return r;
     int loc = prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? CU_MEM_LOCATION_TYPE_DEVICE
                                                                  : CU_MEM_LOCATION_TYPE_HOST;
+    int dev = loc == CU_MEM_LOCATION_TYPE_DEVICE ? prop->location.id : 0;
     pthread_mutex_lock(&mem_mu);
     unsigned long long h = 0;
-    r = handle_create(size, loc, &h);
+    r = handle_create(size, loc, dev, &h);
     if (r == CUDA_SUCCESS)
         handles[h]->loc_type = prop->location.type;
     pthread_mutex_unlock(&mem_mu);
@@ -392,695 +365,6 @@ SIM_EXPORT CUresult cuMemGetAllocationGranularity(size_t *granularity,
     return CUDA_SUCCESS;
 }
 
-/* ---- reservations ---- */
-
-static void *map_none(void *at_addr, size_t size, bool fixed)
-{
-    int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
-    if (fixed)
-        flags |= MAP_FIXED;
-    else if (at_addr)
-        flags |= MAP_FIXED_NOREPLACE;
-    void *p = mmap(at_addr, size, PROT_NONE, flags, -1, 0);
-    return p == MAP_FAILED ? NULL : p;
-}
-
-/* Reserves size bytes aligned to align (a power of two >= granularity). */
-static uintptr_t reserve(size_t size, size_t align, uintptr_t hint)
-{
-    if (hint && (hint & (align - 1)) == 0) {
-        void *p = map_none((void *)hint, size, false);
-        if (p == (void *)hint)
-            return hint;
-        if (p)
-            munmap(p, size);
-    }
-    char *p = map_none(NULL, size + align, false);
-    if (!p)
-        return 0;
-    uintptr_t base = ((uintptr_t)p + align - 1) & ~(uintptr_t)(align - 1);
-    if (base > (uintptr_t)p)
-        munmap(p, base - (uintptr_t)p);
-    size_t tail = (uintptr_t)p + size + align - (base + size);
-    if (tail)
-        munmap((void *)(base + size), tail);
-    return base;
-}
-
-SIM_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
-                                        CUdeviceptr addr, unsigned long long flags)
-{
-    CUresult r = sim_enter(__func__, false);
-    if (r)
-        return r;
-    /* cuda.h: size and address "must be a multiple of the host page size". */
-    size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    if (!ptr || size == 0 || size % page || flags != 0 || addr % page ||
-        (alignment & (alignment - 1)))
-        return CUDA_ERROR_INVALID_VALUE;
-    size_t align = alignment > sim_cfg.gran ? alignment : sim_cfg.gran;
-    uintptr_t va = reserve(size, align, addr);
-    if (!va)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    pthread_mutex_lock(&mem_mu);
-    struct resv_entry e = {va, size};
-    int bad = insert(&resvs, &e);
-    pthread_mutex_unlock(&mem_mu);
-    if (bad) {
-        munmap((void *)va, size);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    *ptr = va;
-    return CUDA_SUCCESS;
-}
-
-SIM_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
-{
-    CUresult r = sim_enter(__func__, false);
-    if (r)
-        return r;
-    pthread_mutex_lock(&mem_mu);
-    struct resv_entry *e = find(&resvs, ptr);
-    if (!e || e->va != ptr || e->size != size || overlaps(&maps, ptr, size)) {
-        r = CUDA_ERROR_INVALID_VALUE;
-    } else {
-        erase(&resvs, e);
-        munmap((void *)ptr, size);
-    }
-    pthread_mutex_unlock(&mem_mu);
-    return r;
-}
-
-/* ---- mappings ---- */
-
-static bool in_one_reservation(uintptr_t va, size_t size)
-{
-    struct resv_entry *e = find(&resvs, va);
-    return e && va + size <= e->va + e->size;
-}
-
-SIM_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
-                             CUmemGenericAllocationHandle handle, unsigned long long flags)
-{
-    CUresult r = sim_enter(__func__, false);
-    if (r)
-        return r;
-    if (offset != 0 || flags != 0 || size == 0 || !aligned(size) || !aligned(ptr))
-        return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&mem_mu);
-    struct sim_handle *sh = handle_get(handle);
-    if (!sh || size > sh->size || !in_one_reservation(ptr, size) || overlaps(&maps, ptr, size)) {
-        r = CUDA_ERROR_INVALID_VALUE;
-    } else if (mmap((void *)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, sh->fd, 0) ==
-               MAP_FAILED) {
-        r = CUDA_ERROR_OUT_OF_MEMORY;
-    } else {
-        /* A new mapping starts with no access for anyone. */
-        static uint64_t serials;
-        struct map_entry m = {
-            .va = ptr, .size = size, .handle = handle, .vmm = true, .serial = ++serials};
-        if (insert(&maps, &m) != 0) {
-            map_none((void *)ptr, size, true);
-            r = CUDA_ERROR_OUT_OF_MEMORY;
-        } else {
-            sh->nmaps++;
-        }
-    }
-    pthread_mutex_unlock(&mem_mu);
-    return r;
-}
-
-/* The mappings [first, first+count) cover [va, va+size) exactly and
- * contiguously; mem_mu held. Returns false for gaps or partial overlap. */
-static bool covers(uintptr_t va, size_t size, size_t *first, size_t *count)
-{
-    size_t i = upper(&maps, va);
-    if (i == 0)
-        return false;
-    i--;
-    struct map_entry *m = (struct map_entry *)at(&maps, i);
-    *first = i;
-    uintptr_t next = m->va;
-    size_t n = 0;
-    while (next < va + size && i + n < maps.n) {
-        m = (struct map_entry *)at(&maps, i + n);
-        if (m->va != next)
-            return false;
-        next = m->va + m->size;
-        n++;
-    }
-    *count = n;
-    return next >= va + size;
-}
-
-static bool ends_at(size_t i, uintptr_t end)
-{
-    struct map_entry *m = (struct map_entry *)at(&maps, i);
-    return m->va + m->size == end;
-}
-
-/* Every mapping in [first, first+count) was made by cuMemMap; mem_mu held. */
-static bool all_vmm(size_t first, size_t count)
-{
-    for (size_t k = 0; k < count; k++)
-        if (!((struct map_entry *)at(&maps, first + k))->vmm)
-            return false;
-    return true;
-}
-
-uint64_t sim_map_serial(uintptr_t va)
-{
-    pthread_mutex_lock(&mem_mu);
-    const struct map_entry *m = find(&maps, va);
-    uint64_t serial = m && m->vmm ? m->serial : 0;
-    pthread_mutex_unlock(&mem_mu);
-    return serial;
-}
-
-SIM_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
-{
-    CUresult r = sim_enter(__func__, false);
-    if (r)
-        return r;
-    if (size == 0 || !aligned(size) || !aligned(ptr))
-        return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&mem_mu);
-    size_t first, count;
-    struct map_entry *m0 = find(&maps, ptr);
-    /* Only what cuMemMap mapped: cuMemAlloc memory goes back with cuMemFree. */
-    if (!m0 || m0->va != ptr || !covers(ptr, size, &first, &count) ||
-        !ends_at(first + count - 1, ptr + size) || !all_vmm(first, count)) {
-        r = CUDA_ERROR_INVALID_VALUE;
-    } else {
-        /* No wait for in-flight work: a kernel still using the range faults. */
-        map_none((void *)ptr, size, true);
-        for (size_t k = 0; k < count; k++) {
-            struct map_entry *m = (struct map_entry *)at(&maps, first);
-            struct sim_handle *sh = handles[m->handle];
-            if (--sh->nmaps == 0 && sh->released && sh->retains == 0)
-                handle_destroy(m->handle);
-            erase(&maps, m);
-        }
-    }
-    pthread_mutex_unlock(&mem_mu);
-    return r;
-}
-
-static int prot_of(unsigned long long flags)
-{
-    switch (flags) {
-    case CU_MEM_ACCESS_FLAGS_PROT_READ:
-        return PROT_READ;
-    case CU_MEM_ACCESS_FLAGS_PROT_READWRITE:
-        return PROT_READ | PROT_WRITE;
-    default:
-        return PROT_NONE;
-    }
-}
-
-static bool host_location(CUmemLocationType t)
-{
-    return t == CU_MEM_LOCATION_TYPE_HOST || t == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
-           t == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
-}
-
-/* Sets the access of each location named in desc and leaves the others as
- * they were. HOST_NUMA access is refused on memory created elsewhere, as
- * cuda.h says; the pages get the union of the device's and the host's. */
-SIM_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
-                                   size_t count)
-{
-    CUresult r = sim_enter(__func__, false);
-    if (r)
-        return r;
-    if (!desc || count == 0 || size == 0 || !aligned(size) || !aligned(ptr))
-        return CUDA_ERROR_INVALID_VALUE;
-    unsigned long long dev = 0, host = 0;
-    bool set_dev = false, set_host = false, host_numa = false;
-    for (size_t i = 0; i < count; i++) {
-        if (desc[i].flags > CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
-            return CUDA_ERROR_INVALID_VALUE;
-        if (desc[i].location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
-            if (desc[i].location.id != 0)
-                return CUDA_ERROR_INVALID_DEVICE;
-            dev = desc[i].flags;
-            set_dev = true;
-        } else if (desc[i].location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
-                   desc[i].location.type == CU_MEM_LOCATION_TYPE_HOST) {
-            host = desc[i].flags;
-            set_host = true;
-            host_numa |= desc[i].location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA;
-        } else {
-            return CUDA_ERROR_INVALID_VALUE;
-        }
-    }
-    pthread_mutex_lock(&mem_mu);
-    size_t first = 0, n = 0;
-    if (!covers(ptr, size, &first, &n) || !all_vmm(first, n)) {
-        r = CUDA_ERROR_INVALID_VALUE;
-    } else {
-        for (size_t k = 0; k < n && host_numa; k++) {
-            struct map_entry *m = (struct map_entry *)at(&maps, first + k);
-            if (handles[m->handle]->loc_type != CU_MEM_LOCATION_TYPE_HOST_NUMA)
-                r = CUDA_ERROR_INVALID_VALUE;
-        }
-    }
-    for (size_t k = 0; r == CUDA_SUCCESS && k < n; k++) {
-        struct map_entry *m = (struct map_entry *)at(&maps, first + k);
-        unsigned long long d = set_dev ? dev : m->dev_access;
-        unsigned long long h = set_host ? host : m->host_access;
-        uintptr_t lo = m->va > ptr ? m->va : ptr;
-        uintptr_t hi = m->va + m->size < ptr + size ? m->va + m->size : ptr + size;
-        if (mprotect((void *)lo, hi - lo, prot_of(d) | prot_of(h)) != 0) {
-            r = CUDA_ERROR_INVALID_VALUE;
-        } else {
-            m->dev_access = d;
-            m->host_access = h;
-        }
-    }
-    pthread_mutex_unlock(&mem_mu);
-    return r;
-}
-
-SIM_EXPORT CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocation *location,
-                                   CUdeviceptr ptr)
-{
-    CUresult r = sim_enter(__func__, false);
-    if (r)
-        return r;
-    if (!flags || !location)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (location->type == CU_MEM_LOCATION_TYPE_DEVICE && location->id != 0)
-        return CUDA_ERROR_INVALID_DEVICE;
-    if (location->type != CU_MEM_LOCATION_TYPE_DEVICE && !host_location(location->type))
-        return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&mem_mu);
-    struct map_entry *m = find(&maps, ptr);
-    if (!m)
-        r = CUDA_ERROR_INVALID_VALUE;
-    else
-        *flags = location->type == CU_MEM_LOCATION_TYPE_DEVICE ? m->dev_access : m->host_access;
-    pthread_mutex_unlock(&mem_mu);
-    return r;
-}
-
-/* ---- cuMemAlloc: a private reservation with one device handle ---- */
-
-static size_t round_up(size_t x, size_t to)
-{
-    return (x + to - 1) / to * to;
-}
-
-static CUresult alloc_device(uintptr_t *out, size_t size)
-{
-    size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    size_t mapped = round_up(size, page);
-    uintptr_t va = reserve(mapped, 256 > page ? 256 : page, 0);
-    if (!va)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    pthread_mutex_lock(&mem_mu);
-    unsigned long long h = 0;
-    CUresult r = handle_create(mapped, CU_MEM_LOCATION_TYPE_DEVICE, &h);
-    if (r == CUDA_SUCCESS) {
-        struct alloc_entry a = {va, size, mapped, h, false};
-        struct map_entry m = {.va = va,
-                              .size = mapped,
-                              .handle = h,
-                              .dev_access = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
-        if (mmap((void *)va, mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, handles[h]->fd,
-                 0) == MAP_FAILED ||
-            insert(&allocs, &a) != 0 || insert(&maps, &m) != 0) {
-            struct alloc_entry *e = find(&allocs, va);
-            if (e)
-                erase(&allocs, e);
-            handle_destroy(h);
-            r = CUDA_ERROR_OUT_OF_MEMORY;
-        } else {
-            handles[h]->nmaps = 1;
-            handles[h]->released = true;
-        }
-    }
-    pthread_mutex_unlock(&mem_mu);
-    if (r != CUDA_SUCCESS)
-        munmap((void *)va, mapped);
-    else
-        *out = va;
-    return r;
-}
-
-SIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
-{
-    CUresult r = sim_enter(__func__, true);
-    if (r)
-        return r;
-    if (!dptr || bytesize == 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    uintptr_t va = 0;
-    r = alloc_device(&va, bytesize);
-    if (r == CUDA_SUCCESS)
-        *dptr = va;
-    return r;
-}
-
-/* Frees a cuMemAlloc allocation; mem_mu held. */
-static CUresult free_device(uintptr_t va)
-{
-    struct alloc_entry *a = find(&allocs, va);
-    if (!a || a->va != va)
-        return CUDA_ERROR_INVALID_VALUE;
-    struct map_entry *m = find(&maps, va);
-    size_t mapped = a->mapped;
-    handle_destroy(a->handle);
-    erase(&maps, m);
-    erase(&allocs, a);
-    munmap((void *)va, mapped);
-    return CUDA_SUCCESS;
-}
-
-static bool graph_alloc(uintptr_t va);
-
-SIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
-{
-    CUresult r = sim_enter(__func__, true);
-    if (r)
-        return r;
-    if (dptr == 0)
-        return CUDA_SUCCESS;
-    /* Like the real driver, freeing waits for the device. */
-    if ((r = sim_ctx_synchronize()))
-        return r;
-    if (graph_alloc(dptr))
-        return CUDA_SUCCESS; /* the graph gives it back when it goes */
-    pthread_mutex_lock(&mem_mu);
-    r = free_device(dptr);
-    pthread_mutex_unlock(&mem_mu);
-    return r;
-}
-
-/* ---- graph memory nodes ----
- * cuMemAllocAsync inside a capture makes an allocation node: the address is
- * fixed when it is captured and belongs to the graph (and every executable
- * graph made from it) until the last of them is destroyed. Every copy of
- * the node holds a reference; the last one frees the memory. A free of a
- * graph allocation (a free node in the capture, or a plain free outside
- * it) leaves the memory to the graph. */
-
-struct gmem {
-    _Atomic int refs;
-    uintptr_t va;
-};
-
-struct gmem_op {
-    struct sim_op op;
-    struct gmem *g;
-};
-
-static void gmem_run(struct sim_op *op)
-{
-    (void)op; /* the memory is there from capture to destruction */
-}
-
-static void gmem_ref(struct sim_op *op)
-{
-    struct gmem *g = ((struct gmem_op *)op)->g;
-    if (g)
-        atomic_fetch_add(&g->refs, 1);
-}
-
-static void gmem_fini(struct sim_op *op)
-{
-    struct gmem *g = ((struct gmem_op *)op)->g;
-    if (g && atomic_fetch_sub(&g->refs, 1) == 1) {
-        pthread_mutex_lock(&mem_mu);
-        struct alloc_entry *a = find(&allocs, g->va);
-        if (a && a->va == g->va)
-            a->graph = false;
-        free_device(g->va);
-        pthread_mutex_unlock(&mem_mu);
-        free(g);
-    }
-    free(op->waits);
-    free(op);
-}
-
-/* 1 when va is the start of a graph allocation. */
-static bool graph_alloc(uintptr_t va)
-{
-    pthread_mutex_lock(&mem_mu);
-    struct alloc_entry *a = find(&allocs, va);
-    bool g = a && a->va == va && a->graph;
-    pthread_mutex_unlock(&mem_mu);
-    return g;
-}
-
-static CUresult capture_alloc(CUdeviceptr *dptr, size_t bytesize, struct sim_stream *s)
-{
-    uintptr_t va = 0;
-    struct gmem_op *op = calloc(1, sizeof *op);
-    struct gmem *g = calloc(1, sizeof *g);
-    CUresult r = op && g ? alloc_device(&va, bytesize) : CUDA_ERROR_OUT_OF_MEMORY;
-    if (r) {
-        free(op);
-        free(g);
-        return r;
-    }
-    pthread_mutex_lock(&mem_mu);
-    ((struct alloc_entry *)find(&allocs, va))->graph = true;
-    pthread_mutex_unlock(&mem_mu);
-    *g = (struct gmem){1, va};
-    *op = (struct gmem_op){.op = {.run = gmem_run,
-                                  .fini = gmem_fini,
-                                  .size = sizeof *op,
-                                  .node_type = CU_GRAPH_NODE_TYPE_MEM_ALLOC,
-                                  .relocate = gmem_ref},
-                           .g = g};
-    if ((r = sim_stream_submit(s, &op->op, NULL))) /* op->fini has freed it */
-        return r;
-    *dptr = va;
-    return CUDA_SUCCESS;
-}
-
-static CUresult capture_free(CUdeviceptr dptr, struct sim_stream *s)
-{
-    if (!graph_alloc(dptr)) /* a free node must free a graph allocation */
-        return CUDA_ERROR_INVALID_VALUE;
-    struct gmem_op *op = calloc(1, sizeof *op);
-    if (!op)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    *op = (struct gmem_op){.op = {.run = gmem_run,
-                                  .fini = gmem_fini,
-                                  .size = sizeof *op,
-                                  .node_type = CU_GRAPH_NODE_TYPE_MEM_FREE}};
-    return sim_stream_submit(s, &op->op, NULL);
-}
-
-/* Stream-ordered allocation: memory is usable at once; the free runs when
- * the stream reaches it. */
-SIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
-{
-    CUresult r = sim_enter(__func__, true);
-    if (r)
-        return r;
-    struct sim_stream *s = sim_stream_get(stream);
-    if (!s)
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (!dptr || bytesize == 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    CUstreamCaptureStatus cs;
-    if ((r = sim_capture_query(s, &cs)))
-        return r; /* the legacy stream while another captures */
-    if (cs != CU_STREAM_CAPTURE_STATUS_NONE)
-        return capture_alloc(dptr, bytesize, s);
-    uintptr_t va = 0;
-    r = alloc_device(&va, bytesize);
-    if (r == CUDA_ERROR_OUT_OF_MEMORY) {
-        /* Memory freed earlier on this stream is this allocation's to
-         * reuse, in stream order: let those frees happen, then retry. */
-        sim_stream_drain(s);
-        r = alloc_device(&va, bytesize);
-    }
-    if (r == CUDA_SUCCESS)
-        *dptr = va;
-    return r;
-}
-
-struct free_op {
-    struct sim_op op;
-    uintptr_t va;
-};
-
-static void free_op_run(struct sim_op *op)
-{
-    pthread_mutex_lock(&mem_mu);
-    free_device(((struct free_op *)op)->va);
-    pthread_mutex_unlock(&mem_mu);
-}
-
-static void op_free(struct sim_op *op)
-{
-    free(op->waits);
-    free(op);
-}
-
-SIM_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
-{
-    CUresult r = sim_enter(__func__, true);
-    if (r)
-        return r;
-    struct sim_stream *s = sim_stream_get(stream);
-    if (!s)
-        return CUDA_ERROR_INVALID_HANDLE;
-    pthread_mutex_lock(&mem_mu);
-    struct alloc_entry *a = find(&allocs, dptr);
-    bool ok = a && a->va == dptr;
-    pthread_mutex_unlock(&mem_mu);
-    if (!ok)
-        return CUDA_ERROR_INVALID_VALUE;
-    CUstreamCaptureStatus cs;
-    if ((r = sim_capture_query(s, &cs)))
-        return r;
-    if (cs != CU_STREAM_CAPTURE_STATUS_NONE)
-        return capture_free(dptr, s);
-    if (graph_alloc(dptr))
-        return CUDA_SUCCESS; /* the graph gives it back when it goes */
-    struct free_op *op = calloc(1, sizeof *op);
-    if (!op)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    op->op.run = free_op_run;
-    op->op.fini = op_free;
-    op->op.size = sizeof *op;
-    op->op.capture = SIM_CAP_REFUSE; /* a free node frees only graph memory */
-    op->va = dptr;
-    return sim_stream_submit(s, &op->op, NULL);
-}
-
-SIM_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
-{
-    CUresult r = sim_enter(__func__, true);
-    if (r)
-        return r;
-    if (!free_bytes || !total)
-        return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&mem_mu);
-    *total = sim_cfg.vram_bytes;
-    *free_bytes = sim_cfg.vram_bytes - dev_in_use;
-    pthread_mutex_unlock(&mem_mu);
-    return CUDA_SUCCESS;
-}
-
-/* ---- pinned host memory ---- */
-
-static CUresult host_alloc(const char *api, void **pp, size_t bytesize, unsigned int flags)
-{
-    CUresult r = sim_enter(api, true);
-    if (r)
-        return r;
-    if (!pp || bytesize == 0 || (flags & ~0xfu))
-        return CUDA_ERROR_INVALID_VALUE;
-    size_t size = round_up(bytesize, (size_t)sysconf(_SC_PAGESIZE));
-    pthread_mutex_lock(&mem_mu);
-    if (!charge(CU_MEM_LOCATION_TYPE_HOST, size)) {
-        pthread_mutex_unlock(&mem_mu);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    struct host_entry e = {(uintptr_t)p, size, false};
-    if (p == MAP_FAILED || insert(&hosts, &e) != 0) {
-        if (p != MAP_FAILED)
-            munmap(p, size);
-        uncharge(CU_MEM_LOCATION_TYPE_HOST, size);
-        r = CUDA_ERROR_OUT_OF_MEMORY;
-    } else {
-        *pp = p;
-    }
-    pthread_mutex_unlock(&mem_mu);
-    return r;
-}
-
-SIM_EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags)
-{
-    return host_alloc(__func__, pp, bytesize, flags);
-}
-
-SIM_EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
-{
-    return host_alloc(__func__, pp, bytesize, 0);
-}
-
-SIM_EXPORT CUresult cuMemFreeHost(void *p)
-{
-    CUresult r = sim_enter(__func__, true);
-    if (r)
-        return r;
-    pthread_mutex_lock(&mem_mu);
-    struct host_entry *e = find(&hosts, (uintptr_t)p);
-    if (!e || e->va != (uintptr_t)p || e->registered) {
-        r = CUDA_ERROR_INVALID_VALUE;
-    } else {
-        munmap(p, e->size);
-        uncharge(CU_MEM_LOCATION_TYPE_HOST, e->size);
-        erase(&hosts, e);
-    }
-    pthread_mutex_unlock(&mem_mu);
-    return r;
-}
-
-SIM_EXPORT CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int flags)
-{
-    CUresult r = sim_enter(__func__, true);
-    if (r)
-        return r;
-    if (!p || bytesize == 0 || (flags & ~0xfu))
-        return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&mem_mu);
-    if (overlaps(&hosts, (uintptr_t)p, bytesize)) {
-        r = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
-    } else if (!charge(CU_MEM_LOCATION_TYPE_HOST, bytesize)) {
-        r = CUDA_ERROR_OUT_OF_MEMORY;
-    } else {
-        struct host_entry e = {(uintptr_t)p, bytesize, true};
-        if (insert(&hosts, &e) != 0) {
-            uncharge(CU_MEM_LOCATION_TYPE_HOST, bytesize);
-            r = CUDA_ERROR_OUT_OF_MEMORY;
-        }
-    }
-    pthread_mutex_unlock(&mem_mu);
-    return r;
-}
-
-SIM_EXPORT CUresult cuMemHostUnregister(void *p)
-{
-    CUresult r = sim_enter(__func__, true);
-    if (r)
-        return r;
-    pthread_mutex_lock(&mem_mu);
-    struct host_entry *e = find(&hosts, (uintptr_t)p);
-    if (!e || e->va != (uintptr_t)p || !e->registered) {
-        r = CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
-    } else {
-        uncharge(CU_MEM_LOCATION_TYPE_HOST, e->size);
-        erase(&hosts, e);
-    }
-    pthread_mutex_unlock(&mem_mu);
-    return r;
-}
-
-SIM_EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int flags)
-{
-    CUresult r = sim_enter(__func__, true);
-    if (r)
-        return r;
-    if (!pdptr || flags != 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&mem_mu);
-    bool known = find(&hosts, (uintptr_t)p) != NULL;
-    pthread_mutex_unlock(&mem_mu);
-    if (!known)
-        return CUDA_ERROR_INVALID_VALUE;
-    *pdptr = (CUdeviceptr)p; /* unified addressing */
-    return CUDA_SUCCESS;
-}
-
 /* ---- pointer queries (drv_ptr.c answers them) ---- */
 
 /* (sim.h) A cuMemAlloc
@@ -1092,20 +376,53 @@ struct sim_ptr_info sim_ptr_info(uintptr_t p)
 {
     struct sim_ptr_info i = {0};
     pthread_mutex_lock(&mem_mu);
-    const struct alloc_entry *a = find(&allocs, p);
-    const struct map_entry *m = a ? NULL : find(&maps, p);
-    const struct host_entry *h = a || m ? NULL : find(&hosts, p);
+    const struct alloc_entry *a = vec_find(&allocs, p);
+    const struct map_entry *m = a ? NULL : vec_find(&maps, p);
+    const struct host_entry *h = a || m ? NULL : vec_find(&hosts, p);
     if (a)
-        i = (struct sim_ptr_info){CU_MEMORYTYPE_DEVICE, a->va, a->size, false};
+        i = (struct sim_ptr_info){CU_MEMORYTYPE_DEVICE, a->va, a->size, false, a->dev};
     else if (m)
         i = (struct sim_ptr_info){handles[m->handle]->loc == CU_MEM_LOCATION_TYPE_DEVICE
                                       ? CU_MEMORYTYPE_DEVICE
                                       : CU_MEMORYTYPE_HOST,
-                                  m->va, m->size, m->vmm};
+                                  m->va, m->size, m->vmm, handles[m->handle]->dev};
     else if (h)
-        i = (struct sim_ptr_info){CU_MEMORYTYPE_HOST, h->va, h->size, false};
+        i = (struct sim_ptr_info){CU_MEMORYTYPE_HOST, h->va, h->size, false, h->dev};
     pthread_mutex_unlock(&mem_mu);
     return i;
+}
+
+/* ---- what a kernel on a device may touch (sim.h) ---- */
+
+/* Whether device dev may touch a cuMemAlloc or pool allocation; mem_mu held. */
+static bool alloc_reachable(int dev, const struct alloc_entry *a, char *why, size_t n)
+{
+    if (a->dev == dev || (!a->pool && sim_peer_enabled(dev, a->dev)))
+        return true;
+    if (a->pool)
+        snprintf(why, n,
+                 "a stream-ordered allocation of device %d (only cuMemPoolSetAccess, which "
+                 "the simulated GPU does not offer, opens one to another device)",
+                 a->dev);
+    else
+        snprintf(why, n, "memory of device %d, with no peer access from device %d", a->dev, dev);
+    return false;
+}
+
+bool sim_kernel_may_touch(int dev, uintptr_t p, char *why, size_t n)
+{
+    bool ok = true;
+    pthread_mutex_lock(&mem_mu);
+    const struct alloc_entry *a = vec_find(&allocs, p);
+    const struct map_entry *m = a ? NULL : vec_find(&maps, p);
+    if (a) {
+        ok = alloc_reachable(dev, a, why, n);
+    } else if (m && !m->dev_access[dev]) {
+        ok = false;
+        snprintf(why, n, "a VMM mapping with no access for device %d (cuMemSetAccess)", dev);
+    }
+    pthread_mutex_unlock(&mem_mu);
+    return ok;
 }
 
 /* ---- handles behind addresses, and IPC ---- */
@@ -1121,7 +438,7 @@ SIM_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *ha
     if (!handle)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&mem_mu);
-    const struct map_entry *m = find(&maps, (uintptr_t)addr);
+    const struct map_entry *m = vec_find(&maps, (uintptr_t)addr);
     if (!m || !m->vmm) {
         r = CUDA_ERROR_INVALID_VALUE;
     } else {
@@ -1148,6 +465,8 @@ SIM_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *
         memset(prop, 0, sizeof *prop);
         prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
         prop->location.type = (CUmemLocationType)sh->loc_type;
+        if (sh->loc == CU_MEM_LOCATION_TYPE_DEVICE)
+            prop->location.id = sh->dev;
     }
     pthread_mutex_unlock(&mem_mu);
     return r;
@@ -1164,7 +483,7 @@ SIM_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr)
     if (!handle)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&mem_mu);
-    const struct alloc_entry *a = find(&allocs, dptr);
+    const struct alloc_entry *a = vec_find(&allocs, dptr);
     if (!a || a->va != dptr) {
         r = CUDA_ERROR_INVALID_VALUE;
     } else {

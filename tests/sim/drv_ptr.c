@@ -33,7 +33,7 @@ static CUresult attribute(void *data, CUpointer_attribute a, uintptr_t p,
         *(size_t *)data = i->size;
         return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
-        *(int *)data = 0;
+        *(int *)data = i->dev;
         return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_IS_MANAGED:
     case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
@@ -48,12 +48,10 @@ static CUresult attribute(void *data, CUpointer_attribute a, uintptr_t p,
     case CU_POINTER_ATTRIBUTE_BUFFER_ID:
         *(unsigned long long *)data = i->base;
         return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_CONTEXT: {
-        CUcontext ctx = NULL;
-        cuCtxGetCurrent(&ctx);
-        *(CUcontext *)data = ctx;
+    case CU_POINTER_ATTRIBUTE_CONTEXT: /* device memory: its device's */
+        *(CUcontext *)data =
+            i->type == CU_MEMORYTYPE_DEVICE ? sim_primary_ctx(i->dev) : sim_ctx_current();
         return CUDA_SUCCESS;
-    }
     default:
         return CUDA_ERROR_INVALID_VALUE;
     }

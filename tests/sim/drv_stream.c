@@ -1,16 +1,17 @@
-/* drv_stream.c — streams and events.
+/* drv_stream.c — streams (events are in drv_event.c).
  *
  * Every stream runs its queue in order on its own worker thread. Each op gets
  * a ticket; a stream's `completed` is the ticket of its last finished op, so
- * "has the stream passed this point" is one comparison. The legacy default
- * stream waits for all blocking streams and they wait for it, as on a GPU.
+ * "has the stream passed this point" is one comparison. Streams belong to a
+ * device; each device has its own legacy default stream, which waits for
+ * all that device's blocking streams while they wait for it, as on a GPU,
+ * and each thread its own per-thread stream on each device.
  *
  * Locking: submit_mu serialises submissions (tickets and the legacy barriers
- * are taken together) and guards the stream and event lists and each
- * stream's state (magic); each stream's mu guards its queue and counters;
- * each event's mu guards its record. Stream and event structs are never
- * returned to malloc: destroyed ones are marked dead and reused, so a stale
- * handle is detected, never dereferenced freed.
+ * are taken together) and guards the stream list and each stream's state
+ * (magic); each stream's mu guards its queue and counters. Stream structs
+ * are never returned to malloc: destroyed ones are marked dead and reused,
+ * so a stale handle is detected, never dereferenced freed.
  *
  * A stream's life: live (STREAM_MAGIC) until cuStreamDestroy, which returns
  * at once; dying (STREAM_DYING) while its detached worker finishes the queued
@@ -26,16 +27,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define STREAM_MAGIC   0x5354524du
 #define STREAM_DYING   0x44594e47u
 #define STREAM_CLAIMED 0x434c4d44u
-#define EVENT_MAGIC    0x45564e54u
 
 struct sim_stream {
     unsigned magic;
     bool legacy;
+    atomic_int dev; /* rewritten when a dead struct is reused */
     unsigned flags;
     int priority;
     pthread_mutex_t mu;
@@ -49,31 +49,17 @@ struct sim_stream {
     bool capture_invalid;
 };
 
-struct sim_event {
-    unsigned magic;
-    unsigned flags;
-    pthread_mutex_t mu;
-    struct sim_stream *stream; /* NULL until recorded */
-    uint64_t ticket, gen;
-    double stamp_us;
-    bool stamped;
-    struct sim_event *next_free;
-};
-
 static pthread_mutex_t submit_mu = PTHREAD_MUTEX_INITIALIZER;
-static int capturing;                  /* streams capturing now; submit_mu */
+static int capturing[SIM_MAX_DEVICES]; /* streams capturing now; submit_mu */
 static struct sim_stream *all_streams; /* live and dead, for barriers and sync */
-static struct sim_stream legacy_stream;
-static struct sim_event *free_events;
+static struct sim_stream legacy_streams[SIM_MAX_DEVICES];
 static pthread_once_t legacy_once = PTHREAD_ONCE_INIT;
-static _Thread_local struct sim_stream *per_thread;
 
-static double now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
+/* The calling thread's per-thread streams, one per device. */
+struct per_thread {
+    struct sim_stream *s[SIM_MAX_DEVICES];
+};
+static _Thread_local struct per_thread *per_thread;
 
 /* ---- workers ---- */
 
@@ -86,6 +72,7 @@ static void run_op(void *arg)
 static void *worker(void *arg)
 {
     struct sim_stream *s = arg;
+    sim_set_running_device(s->dev); /* a fault here is this device's */
     for (;;) {
         pthread_mutex_lock(&s->mu);
         while (!s->head && !s->stop)
@@ -102,7 +89,7 @@ static void *worker(void *arg)
         }
         for (int i = 0; i < op->nwaits; i++)
             sim_stream_wait_ticket(op->waits[i].stream, op->waits[i].ticket);
-        if (!sim_faulted() && op->run) /* a faulted context runs nothing more */
+        if (!sim_device_faulted(s->dev) && op->run) /* a faulted context runs nothing more */
             sim_guarded(run_op, op, "stream work");
         pthread_mutex_lock(&s->mu);
         s->head = op->next;
@@ -116,10 +103,11 @@ static void *worker(void *arg)
     }
 }
 
-static int stream_start(struct sim_stream *s, bool legacy, unsigned flags, int priority)
+static int stream_start(struct sim_stream *s, int dev, bool legacy, unsigned flags, int priority)
 {
     s->magic = STREAM_MAGIC;
     s->legacy = legacy;
+    s->dev = dev;
     s->flags = flags;
     s->priority = priority;
     s->head = s->tail = NULL;
@@ -140,10 +128,11 @@ static int stream_start(struct sim_stream *s, bool legacy, unsigned flags, int p
 
 static void legacy_init(void)
 {
-    if (stream_start(&legacy_stream, true, 0, 0) != 0) {
-        fprintf(stderr, "simcuda: cannot start the default stream's worker\n");
-        abort();
-    }
+    for (int d = 0; d < sim_cfg.ndevices; d++)
+        if (stream_start(&legacy_streams[d], d, true, 0, 0) != 0) {
+            fprintf(stderr, "simcuda: cannot start the default stream's worker\n");
+            abort();
+        }
 }
 
 /* Retires a live stream without waiting: its worker finishes the queued
@@ -171,7 +160,11 @@ static pthread_once_t per_thread_once = PTHREAD_ONCE_INIT;
 
 static void per_thread_exit(void *arg)
 {
-    stream_retire(arg);
+    struct per_thread *pt = arg;
+    for (int d = 0; d < SIM_MAX_DEVICES; d++)
+        if (pt->s[d])
+            stream_retire(pt->s[d]);
+    free(pt);
 }
 
 static void per_thread_key_init(void)
@@ -179,28 +172,33 @@ static void per_thread_key_init(void)
     pthread_key_create(&per_thread_key, per_thread_exit);
 }
 
-static struct sim_stream *per_thread_stream(void)
+static struct sim_stream *per_thread_stream(int dev)
 {
     if (!per_thread) {
         pthread_once(&per_thread_once, per_thread_key_init);
+        per_thread = calloc(1, sizeof *per_thread);
+        if (!per_thread)
+            return NULL;
+        pthread_setspecific(per_thread_key, per_thread);
+    }
+    if (!per_thread->s[dev]) {
         struct sim_stream *s = calloc(1, sizeof *s);
-        if (!s || stream_start(s, false, CU_STREAM_DEFAULT, 0) != 0) {
+        if (!s || stream_start(s, dev, false, CU_STREAM_DEFAULT, 0) != 0) {
             free(s);
             return NULL;
         }
-        pthread_setspecific(per_thread_key, s);
-        per_thread = s;
+        per_thread->s[dev] = s;
     }
-    return per_thread;
+    return per_thread->s[dev];
 }
 
 struct sim_stream *sim_stream_get(CUstream h)
 {
     pthread_once(&legacy_once, legacy_init);
     if (h == NULL || h == CU_STREAM_LEGACY)
-        return &legacy_stream;
+        return &legacy_streams[sim_current_device()];
     if (h == CU_STREAM_PER_THREAD)
-        return per_thread_stream();
+        return per_thread_stream(sim_current_device());
     struct sim_stream *found = NULL;
     pthread_mutex_lock(&submit_mu);
     for (struct sim_stream *s = all_streams; s; s = s->next_all)
@@ -208,6 +206,11 @@ struct sim_stream *sim_stream_get(CUstream h)
             found = s;
     pthread_mutex_unlock(&submit_mu);
     return found;
+}
+
+int sim_stream_device(const struct sim_stream *s)
+{
+    return s->dev;
 }
 
 static uint64_t submitted(struct sim_stream *s)
@@ -237,27 +240,29 @@ static bool in_use(const struct sim_stream *t)
     return t->magic == STREAM_MAGIC || t->magic == STREAM_DYING;
 }
 
-/* The implicit legacy-stream ordering (with the work a destroyed blocking
- * stream still has queued too); submit_mu held. */
+/* The implicit legacy-stream ordering within s's device (with the work a
+ * destroyed blocking stream still has queued too); submit_mu held. */
 static CUresult add_barriers(struct sim_stream *s, struct sim_op *op)
 {
     if (s->legacy) {
         for (struct sim_stream *t = all_streams; t; t = t->next_all)
-            if (t != s && in_use(t) && !(t->flags & CU_STREAM_NON_BLOCKING))
+            if (t != s && t->dev == s->dev && in_use(t) && !(t->flags & CU_STREAM_NON_BLOCKING))
                 if (sim_op_add_wait(op, t, submitted(t)))
                     return CUDA_ERROR_OUT_OF_MEMORY;
         return CUDA_SUCCESS;
     }
     if (s->flags & CU_STREAM_NON_BLOCKING)
         return CUDA_SUCCESS;
-    return sim_op_add_wait(op, &legacy_stream, legacy_stream.submitted);
+    struct sim_stream *l = &legacy_streams[s->dev];
+    return sim_op_add_wait(op, l, l->submitted);
 }
 
-/* Invalidates every capture in progress (global capture mode); submit_mu held. */
-static void invalidate_captures(void)
+/* Invalidates every capture in progress on dev (global capture mode);
+ * submit_mu held. */
+static void invalidate_captures(int dev)
 {
     for (struct sim_stream *t = all_streams; t; t = t->next_all)
-        if (t->capture)
+        if (t->capture && t->dev == dev)
             t->capture_invalid = true;
 }
 
@@ -291,9 +296,9 @@ CUresult sim_stream_submit(struct sim_stream *s, struct sim_op *op, uint64_t *ti
         pthread_mutex_unlock(&submit_mu);
         return c;
     }
-    if (capturing > 0 && s->legacy) {
+    if (capturing[s->dev] > 0 && s->legacy) {
         /* The legacy stream would join the capture implicitly: refused. */
-        invalidate_captures();
+        invalidate_captures(s->dev);
         pthread_mutex_unlock(&submit_mu);
         if (op->fini)
             op->fini(op);
@@ -336,21 +341,38 @@ bool sim_stream_done(struct sim_stream *s, uint64_t ticket)
     return done;
 }
 
-CUresult sim_ctx_synchronize(void)
+/* Waits for what dev's streams have been given so far. */
+static void drain_device(int dev, struct sim_stream *list)
+{
+    /* Streams are only ever prepended, so walking from a snapshot is safe;
+     * destroyed streams are on the list too, with whatever they still run. */
+    for (struct sim_stream *s = list; s; s = s->next_all)
+        if (s->dev == dev)
+            sim_stream_wait_ticket(s, submitted(s));
+}
+
+void sim_device_synchronize(int dev)
 {
     pthread_once(&legacy_once, legacy_init);
     pthread_mutex_lock(&submit_mu);
     struct sim_stream *list = all_streams;
-    if (capturing > 0) {
-        invalidate_captures();
+    pthread_mutex_unlock(&submit_mu);
+    drain_device(dev, list);
+}
+
+CUresult sim_ctx_synchronize(void)
+{
+    int dev = sim_current_device();
+    pthread_once(&legacy_once, legacy_init);
+    pthread_mutex_lock(&submit_mu);
+    struct sim_stream *list = all_streams;
+    if (capturing[dev] > 0) {
+        invalidate_captures(dev);
         pthread_mutex_unlock(&submit_mu);
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     }
     pthread_mutex_unlock(&submit_mu);
-    /* Streams are only ever prepended, so walking from a snapshot is safe;
-     * destroyed streams are on the list too, with whatever they still run. */
-    for (struct sim_stream *s = list; s; s = s->next_all)
-        sim_stream_wait_ticket(s, submitted(s));
+    drain_device(dev, list);
     return sim_check();
 }
 
@@ -379,7 +401,7 @@ CUresult sim_capture_begin(struct sim_stream *s)
     } else {
         s->capture = g;
         s->capture_invalid = false;
-        capturing++;
+        capturing[s->dev]++;
     }
     pthread_mutex_unlock(&submit_mu);
     if (r != CUDA_SUCCESS)
@@ -394,7 +416,7 @@ CUresult sim_capture_end(struct sim_stream *s, struct sim_graph **out, bool *inv
     *invalid = s->capture_invalid;
     if (g) {
         s->capture = NULL;
-        capturing--;
+        capturing[s->dev]--;
     }
     pthread_mutex_unlock(&submit_mu);
     *out = g;
@@ -414,7 +436,7 @@ CUstreamCaptureStatus sim_capture_status(struct sim_stream *s)
 CUresult sim_capture_query(struct sim_stream *s, CUstreamCaptureStatus *status)
 {
     pthread_mutex_lock(&submit_mu);
-    bool implicit = s->legacy && capturing > 0;
+    bool implicit = s->legacy && capturing[s->dev] > 0;
     pthread_mutex_unlock(&submit_mu);
     if (implicit) /* the legacy stream would join another stream's capture */
         return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
@@ -437,11 +459,12 @@ static CUresult create_stream(const char *api, CUstream *ph, unsigned flags, int
     struct sim_stream *s = NULL;
     pthread_mutex_lock(&submit_mu);
     for (struct sim_stream *t = all_streams; t && !s; t = t->next_all)
-        if (t->magic == 0 && t != &legacy_stream)
+        if (t->magic == 0 && !t->legacy)
             s = t; /* a destroyed stream whose worker is gone */
     if (s) {
         s->magic = STREAM_CLAIMED; /* ours, but not live until its worker runs */
         s->legacy = false;
+        s->dev = sim_current_device();
         s->flags = flags;
         s->priority = priority;
         s->capture = NULL;
@@ -460,7 +483,7 @@ static CUresult create_stream(const char *api, CUstream *ph, unsigned flags, int
             return CUDA_ERROR_OUT_OF_MEMORY;
     } else {
         s = calloc(1, sizeof *s);
-        if (!s || stream_start(s, false, flags, priority) != 0) {
+        if (!s || stream_start(s, sim_current_device(), false, flags, priority) != 0) {
             free(s);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
@@ -608,226 +631,4 @@ SIM_EXPORT CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void *userData)
     *op = (struct host_fn_op){
         .op = {.run = host_fn_run, .fini = op_free}, .fn = fn, .user = userData};
     return sim_stream_submit(s, &op->op, NULL);
-}
-
-/* ---- events ---- */
-
-static struct sim_event *event_get(CUevent h)
-{
-    struct sim_event *e = (struct sim_event *)h;
-    return e && e->magic == EVENT_MAGIC ? e : NULL;
-}
-
-SIM_EXPORT CUresult cuEventCreate(CUevent *ph, unsigned int flags)
-{
-    CUresult r = sim_enter(__func__, true);
-    if (r)
-        return r;
-    if (!ph || (flags & ~0xfu))
-        return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&submit_mu);
-    struct sim_event *e = free_events;
-    if (e)
-        free_events = e->next_free;
-    pthread_mutex_unlock(&submit_mu);
-    if (!e) {
-        e = calloc(1, sizeof *e);
-        if (!e)
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        pthread_mutex_init(&e->mu, NULL);
-    }
-    pthread_mutex_lock(&e->mu);
-    e->flags = flags;
-    e->stream = NULL;
-    e->ticket = 0;
-    e->gen++;
-    e->stamped = false;
-    e->magic = EVENT_MAGIC;
-    pthread_mutex_unlock(&e->mu);
-    *ph = (CUevent)e;
-    return CUDA_SUCCESS;
-}
-
-SIM_EXPORT CUresult cuEventDestroy_v2(CUevent h)
-{
-    CUresult r = sim_enter(__func__, true);
-    if (r)
-        return r;
-    struct sim_event *e = event_get(h);
-    if (!e)
-        return CUDA_ERROR_INVALID_HANDLE;
-    pthread_mutex_lock(&e->mu);
-    e->magic = 0;
-    e->gen++;
-    pthread_mutex_unlock(&e->mu);
-    pthread_mutex_lock(&submit_mu);
-    e->next_free = free_events;
-    free_events = e;
-    pthread_mutex_unlock(&submit_mu);
-    return CUDA_SUCCESS;
-}
-
-struct record_op {
-    struct sim_op op;
-    struct sim_event *event;
-    uint64_t gen;
-};
-
-static void record_run(struct sim_op *op)
-{
-    struct record_op *ro = (struct record_op *)op;
-    struct sim_event *e = ro->event;
-    pthread_mutex_lock(&e->mu);
-    if (e->gen == ro->gen) {
-        e->stamp_us = now_us();
-        e->stamped = true;
-    }
-    pthread_mutex_unlock(&e->mu);
-}
-
-static CUresult event_record(const char *api, CUevent h, CUstream hs, unsigned flags)
-{
-    CUresult r = sim_enter(api, true);
-    if (r)
-        return r;
-    if (flags & ~(unsigned)CU_EVENT_RECORD_EXTERNAL)
-        return CUDA_ERROR_INVALID_VALUE;
-    struct sim_event *e = event_get(h);
-    struct sim_stream *s = sim_stream_get(hs);
-    if (!e || !s)
-        return CUDA_ERROR_INVALID_HANDLE;
-    struct record_op *op = calloc(1, sizeof *op);
-    if (!op)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    op->op.run = record_run;
-    op->op.fini = op_free;
-    op->op.size = sizeof *op;
-    op->op.capture = SIM_CAP_DROP; /* a linear capture needs no event nodes */
-    op->event = e;
-    /* The event now stands for this point of this stream. Hold e->mu across
-     * the submission so a concurrent query never sees the new generation
-     * paired with the old ticket. */
-    pthread_mutex_lock(&e->mu);
-    op->gen = ++e->gen;
-    e->stamped = false;
-    uint64_t ticket = 0;
-    r = sim_stream_submit(s, &op->op, &ticket);
-    if (r == CUDA_SUCCESS) {
-        e->stream = s;
-        e->ticket = ticket;
-    }
-    pthread_mutex_unlock(&e->mu);
-    return r;
-}
-
-SIM_EXPORT CUresult cuEventRecord(CUevent h, CUstream hs)
-{
-    return event_record(__func__, h, hs, 0);
-}
-
-SIM_EXPORT CUresult cuEventRecordWithFlags(CUevent h, CUstream hs, unsigned int flags)
-{
-    return event_record(__func__, h, hs, flags);
-}
-
-/* Where the event stands: its stream and ticket (stream NULL if never recorded). */
-static void event_point(struct sim_event *e, struct sim_stream **s, uint64_t *ticket)
-{
-    pthread_mutex_lock(&e->mu);
-    *s = e->stream;
-    *ticket = e->ticket;
-    pthread_mutex_unlock(&e->mu);
-}
-
-SIM_EXPORT CUresult cuEventQuery(CUevent h)
-{
-    CUresult r = sim_enter(__func__, true);
-    if (r)
-        return r;
-    struct sim_event *e = event_get(h);
-    if (!e)
-        return CUDA_ERROR_INVALID_HANDLE;
-    struct sim_stream *s;
-    uint64_t t;
-    event_point(e, &s, &t);
-    return !s || sim_stream_done(s, t) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
-}
-
-SIM_EXPORT CUresult cuEventSynchronize(CUevent h)
-{
-    CUresult r = sim_enter(__func__, true);
-    if (r)
-        return r;
-    struct sim_event *e = event_get(h);
-    if (!e)
-        return CUDA_ERROR_INVALID_HANDLE;
-    struct sim_stream *s;
-    uint64_t t;
-    event_point(e, &s, &t);
-    if (s)
-        sim_stream_wait_ticket(s, t);
-    return sim_check();
-}
-
-SIM_EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end)
-{
-    CUresult r = sim_enter(__func__, true);
-    if (r)
-        return r;
-    struct sim_event *a = event_get(start), *b = event_get(end);
-    if (!a || !b)
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (!ms)
-        return CUDA_ERROR_INVALID_VALUE;
-    if ((a->flags | b->flags) & CU_EVENT_DISABLE_TIMING)
-        return CUDA_ERROR_INVALID_HANDLE;
-    struct sim_stream *sa, *sb;
-    uint64_t ta, tb;
-    event_point(a, &sa, &ta);
-    event_point(b, &sb, &tb);
-    if (!sa || !sb)
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (!sim_stream_done(sa, ta) || !sim_stream_done(sb, tb))
-        return CUDA_ERROR_NOT_READY;
-    pthread_mutex_lock(&a->mu);
-    double t0 = a->stamp_us;
-    bool ok = a->stamped;
-    pthread_mutex_unlock(&a->mu);
-    pthread_mutex_lock(&b->mu);
-    double t1 = b->stamp_us;
-    ok = ok && b->stamped;
-    pthread_mutex_unlock(&b->mu);
-    if (!ok)
-        return CUDA_ERROR_NOT_READY;
-    *ms = (float)((t1 - t0) / 1e3);
-    return CUDA_SUCCESS;
-}
-
-SIM_EXPORT CUresult cuStreamWaitEvent(CUstream hs, CUevent h, unsigned int flags)
-{
-    CUresult r = sim_enter(__func__, true);
-    if (r)
-        return r;
-    struct sim_stream *s = sim_stream_get(hs);
-    struct sim_event *e = event_get(h);
-    if (!s || !e)
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (flags & ~(unsigned)CU_EVENT_WAIT_EXTERNAL)
-        return CUDA_ERROR_INVALID_VALUE;
-    struct sim_stream *es;
-    uint64_t t;
-    event_point(e, &es, &t);
-    if (!es || es == s)
-        return CUDA_SUCCESS; /* nothing to wait for, or already in order */
-    struct sim_op *op = calloc(1, sizeof *op);
-    if (!op)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    op->fini = op_free;
-    op->size = sizeof *op;
-    op->capture = SIM_CAP_DROP;
-    if ((r = sim_op_add_wait(op, es, t))) {
-        free(op);
-        return r;
-    }
-    return sim_stream_submit(s, op, NULL);
 }

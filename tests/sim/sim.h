@@ -1,9 +1,14 @@
 /* sim.h — internals shared by the files of the simulated driver.
  *
- * Layout: drv_core.c (init, devices, contexts, sticky errors, strings,
- * cuGetProcAddress, the API-callback hub), drv_mem.c (physical handles,
- * reservations, mappings, allocations), drv_stream.c (streams, events,
- * worker threads), drv_exec.c (kernels, launches, copies, fault guard).
+ * Layout: drv_core.c (init and configuration, sticky errors, fault
+ * injection, strings, cuGetProcAddress, the API-callback hub), drv_device.c
+ * (devices, contexts, peer access), drv_mem.c (tables, physical handles,
+ * pointer information), drv_vmm.c (reservations, mappings, access),
+ * drv_alloc.c (allocations, pinned host memory), drv_ptr.c (pointer
+ * queries), drv_stream.c (streams, worker threads), drv_event.c (events),
+ * drv_exec.c (kernels, launches, fault guard), drv_copy.c (copies,
+ * memsets), drv_graph.c (capture and graphs). mem.h is shared by the memory
+ * files.
  */
 #ifndef SIM_H
 #define SIM_H
@@ -20,8 +25,13 @@
 #define SIM_EXPORT __attribute__((visibility("default")))
 
 /* ---- configuration (read once, at cuInit) ---- */
+/* The most devices SIMCUDA_DEVICES may ask for. */
+#define SIM_MAX_DEVICES 8
+
 struct sim_cfg {
-    size_t vram_bytes, host_bytes, gran;
+    int ndevices;                       /* SIMCUDA_DEVICES */
+    size_t vram_bytes[SIM_MAX_DEVICES]; /* SIMCUDA_VRAM_MB, per device */
+    size_t vram_total, host_bytes, gran;
     double pcie_bytes_per_us; /* 0: copies take no modelled time */
     unsigned kernel_us;
     bool no_host_vmm;
@@ -35,7 +45,9 @@ int sim_driver_version(void);
 #define SIM_HOST_VMM_SINCE 12020
 
 /* Common prologue: CUDA_ERROR_NOT_INITIALIZED before cuInit, the sticky
- * error once the context has faulted, CUDA_SUCCESS otherwise. */
+ * error once the context has faulted, CUDA_SUCCESS otherwise. A fault is
+ * sticky to the device whose work faulted: the caller sees its current
+ * context's, or with none current, that of any device. */
 CUresult sim_check(void);
 /* As sim_check, and also CUDA_ERROR_INVALID_CONTEXT with no current context. */
 CUresult sim_check_ctx(void);
@@ -47,11 +59,18 @@ CUresult sim_check_ctx(void);
  * outcome; _v2/_ptsz suffixes are ignored. A call refused by the prologue
  * itself returns that error, counted but not injected. */
 CUresult sim_enter(const char *fn, bool needs_ctx);
+/* As sim_enter(fn, false) for a call about device dev (a device query, its
+ * primary context, making one of its contexts current): dev's sticky error
+ * rather than the current context's, so that one device's fault leaves the
+ * others usable. An invalid dev: as sim_enter. */
+CUresult sim_enter_dev(const char *fn, int dev);
 /* The injection alone, for entry points with their own prologue. */
 CUresult sim_inject(const char *fn);
-/* Records a device fault: sets the sticky error and names the address. */
+/* Records a fault of the device whose work the calling thread runs
+ * (sim_running_device): sets its sticky error and names the address. */
 void sim_fault(uintptr_t addr, const char *what);
-bool sim_faulted(void);
+/* Whether dev's context has faulted. */
+bool sim_device_faulted(int dev);
 /* Which cuMemMap mapped the VMM memory at va (a new number for each map),
  * 0 when none does: a kernel checks that its memory stayed mapped. */
 uint64_t sim_map_serial(uintptr_t va);
@@ -85,6 +104,24 @@ void sim_api_enter(struct sim_api_call *call, CUpti_CallbackDomain domain, CUpti
                    const char *fname, const char *symbol, const void *params);
 void sim_api_exit(struct sim_api_call *call, void *ret);
 
+/* ---- devices and contexts (drv_device.c) ---- */
+/* The calling thread's current context, or NULL. */
+CUcontext sim_ctx_current(void);
+/* The device of the current context; 0 with none current. */
+int sim_current_device(void);
+/* The device whose work the calling thread runs: a stream worker's
+ * stream's, else the current one. */
+int sim_running_device(void);
+void sim_set_running_device(int dev);
+bool sim_device_valid(CUdevice dev);
+/* dev's primary context (its handle: valid whether retained or not). */
+CUcontext sim_primary_ctx(int dev);
+/* The device of a context handle; -1 if it is none. */
+int sim_ctx_device(CUcontext ctx);
+/* Whether contexts on `from` may access cuMemAlloc memory of `to`
+ * (cuCtxEnablePeerAccess). */
+bool sim_peer_enabled(int from, int to);
+
 /* ---- memory ---- */
 enum sim_memkind { SIM_MEM_PAGEABLE = 0, SIM_MEM_PINNED = 1, SIM_MEM_DEVICE = 2 };
 /* Where the byte at addr lives, for modelling copy time. */
@@ -100,8 +137,15 @@ struct sim_ptr_info {
     uintptr_t base;
     size_t size;
     bool vmm;
+    int dev; /* the owning device (device memory), or the allocating one */
 };
 struct sim_ptr_info sim_ptr_info(uintptr_t p);
+/* Whether a kernel running on dev may touch the memory at p (several
+ * devices only): memory of another device needs peer access (cuMemAlloc
+ * memory) or access granted to dev (VMM mappings); stream-ordered and graph
+ * allocations are their device's alone. Memory the driver does not know is
+ * not its business. On refusal, says why in why[n]. */
+bool sim_kernel_may_touch(int dev, uintptr_t p, char *why, size_t n);
 
 /* ---- streams ---- */
 struct sim_stream;
@@ -131,8 +175,11 @@ struct sim_op {
 };
 
 /* Resolves a CUstream handle (NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
- * or a created stream); NULL if the handle is not a live stream. */
+ * — the current device's — or a created stream); NULL if the handle is not
+ * a live stream. */
 struct sim_stream *sim_stream_get(CUstream h);
+/* The device a stream belongs to. */
+int sim_stream_device(const struct sim_stream *s);
 /* Enqueues op (allocated by the caller, freed by op->fini) and returns its
  * ticket through *ticket (may be NULL). Adds the legacy-stream barriers. */
 CUresult sim_stream_submit(struct sim_stream *s, struct sim_op *op, uint64_t *ticket);
@@ -140,7 +187,10 @@ void sim_stream_wait_ticket(struct sim_stream *s, uint64_t ticket);
 /* Waits for everything submitted to s so far. */
 void sim_stream_drain(struct sim_stream *s);
 bool sim_stream_done(struct sim_stream *s, uint64_t ticket);
+/* Waits for every stream of the current device; its sticky error. */
 CUresult sim_ctx_synchronize(void);
+/* Waits for every stream of dev. */
+void sim_device_synchronize(int dev);
 /* Stream capture (drv_graph.c keeps the graphs). */
 struct sim_graph;
 /* Begins or ends capture on s; see cuStreamBeginCapture/EndCapture. */

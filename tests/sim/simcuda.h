@@ -5,7 +5,8 @@
  * cuLaunchKernel(simcuda_function(fn), ...); the simulated stream runs it on
  * its worker thread, where device memory is real process memory.
  *
- * Environment: SIMCUDA_VRAM_MB (1024), SIMCUDA_HOST_MB (8192),
+ * Environment: SIMCUDA_DEVICES (1, up to 8), SIMCUDA_VRAM_MB (1024; or one
+ * size per device, "64,32"), SIMCUDA_HOST_MB (8192),
  * SIMCUDA_GRANULARITY_KB (2048), SIMCUDA_PCIE_GBPS (0 = instant),
  * SIMCUDA_KERNEL_US (0), SIMCUDA_NO_HOST_VMM (0: host-located VMM supported),
  * SIMCUDA_DRIVER_VERSION (13000; see README).
