@@ -260,6 +260,10 @@ def test_preload_accepts_settings_this_pytorch_obeys(torch, monkeypatch, version
      r"PYTORCH_ALLOC_CONF=backend:cudaMallocAsync is ignored \(PyTorch up to 2.9 reads the "
      r"allocator backend from PYTORCH_CUDA_ALLOC_CONF only\): set "
      r"PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync"),
+    ("2.9.1", {"PYTORCH_ALLOC_CONF": "backend:cudaMallocAsync,max_split_size_mb:64",
+               "PYTORCH_CUDA_ALLOC_CONF": "roundup_power2_divisions:4"},
+     r"is ignored \(PyTorch up to 2.9 .*\): set PYTORCH_CUDA_ALLOC_CONF="
+     r"roundup_power2_divisions:4,backend:cudaMallocAsync"),
     # >= 2.10: a PYTORCH_ALLOC_CONF without the backend hides the old variable
     ("2.10.1", {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync",
                 "PYTORCH_ALLOC_CONF": "max_split_size_mb:128"},
