@@ -96,6 +96,22 @@ def test_run_reads_the_commands_pytorch_version(tmp_path, version, var, other):
     assert "for PyTorch %s of " % version in r.stderr
 
 
+def test_run_asks_the_python_the_command_names(tmp_path):
+    # "python3.99" has torch 2.10; the launcher's own Python has none.
+    site = fake_torch_metadata(tmp_path, "2.10.0")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    wrapper = bindir / "python3.99"
+    wrapper.write_text("#!/bin/sh\nPYTHONPATH=%s exec %s \"$@\"\n" % (site, sys.executable))
+    wrapper.chmod(0o755)
+    r = launcher(["run", "--print-env", "--", "python3.99", "train.py"],
+                 extra={"PATH": "%s:%s" % (bindir, os.environ.get("PATH", ""))})
+    assert r.returncode == 0, r.stderr
+    assert NEW + "=backend:cudaMallocAsync" in r.stdout.splitlines()
+    assert OLD not in r.stdout
+    assert "for PyTorch 2.10.0 of %s" % wrapper in r.stderr
+
+
 def test_run_without_pytorch_sets_both(tmp_path):
     r = launcher(["run", "--print-env", "--", "/bin/true"])
     assert r.returncode == 0, r.stderr
@@ -197,6 +213,18 @@ def test_top_found_nowhere(tmp_path):
     r = launcher(["top", "--once"], extra={"STAGEHAND_LIB": str(alone), "PATH": str(tmp_path)})
     assert r.returncode == 2
     assert "stagehand-top not found beside libstagehand.so or on PATH" in r.stderr
+
+
+def test_top_is_found_in_the_prefix_of_the_library(tmp_path):
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "lib" / "libstagehand.so").write_bytes(b"")
+    top = tmp_path / "bin" / "stagehand-top"
+    top.write_text("#!/bin/sh\necho prefix top \"$@\"\n")
+    top.chmod(0o755)
+    r = launcher(["top", "-p", "1"], extra={"STAGEHAND_LIB": str(tmp_path / "lib" /
+                                                                 "libstagehand.so")})
+    assert (r.returncode, r.stdout) == (0, "prefix top -p 1\n"), r.stderr
 
 
 def test_top_is_found_beside_the_library():
