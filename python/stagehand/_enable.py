@@ -12,7 +12,10 @@ allocation on the device is routed to: PyTorch's caching allocator then
 sits on top, so an allocation the library cannot meet raises
 torch.cuda.OutOfMemoryError (change_current_allocator would make a tensor
 at address 0 of it) and record_stream and PyTorch's memory statistics keep
-working. The price: the library sees PyTorch's segments, not each tensor.
+working. The price: the library sees PyTorch's segments, not each tensor,
+and while the pool takes the device's allocations PyTorch acts as if a CUDA
+graph capture were under way, so it does not reuse a block that was used on
+a second stream (record_stream) once freed. mempool=False avoids both.
 """
 
 import collections
