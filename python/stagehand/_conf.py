@@ -25,8 +25,8 @@ def parse_version(text):
 
 def installed_torch_version(python=None):
     """The torch version installed for `python` (default: this interpreter),
-    read from the package metadata so that torch is not imported (seconds,
-    and it would start CUDA in the launcher). None when there is no torch."""
+    read from the package metadata: importing torch would take seconds and
+    load its CUDA libraries into the launcher. None when there is no torch."""
     code = ("import importlib.metadata as m\n"
             "try:\n print(m.version('torch'))\n"
             "except m.PackageNotFoundError:\n pass\n")
