@@ -2,6 +2,7 @@
 #
 #   make            library, tools and the simulated GPU
 #   make test       build and run every test (simulated GPU)
+#   make test-python  the Python package's tests (python/, tests/python)
 #   make check      format, cppcheck and a -Werror build
 #   make asan|ubsan|tsan   the test suite under a sanitizer
 #   make stress     the data-loss programs 20 times over (STRESS_RUNS=N)
@@ -52,7 +53,7 @@ TOOLS     := $(TOOL_DIRS:tools/%=$(BUILD)/%)
 
 PREREQ := $(BUILD)/.prereqs
 
-.PHONY: all test test-bins check format asan ubsan tsan install clean bench bench-policy demo valgrind faults \
+.PHONY: all test test-python test-bins check format asan ubsan tsan install clean bench bench-policy demo valgrind faults \
         stress
 .DEFAULT_GOAL := all
 
@@ -209,7 +210,12 @@ E2E_DRIVERS := $(if $(SAN),,$(E2E_12020:%=12020:%) $(E2E_12040:%=12040:%))
 test: all $(TEST_BINS)
 	@BUILD=$(BUILD) SAN=$(SAN) E2E="$(E2E_BINS)" E2E_DRIVERS="$(E2E_DRIVERS)" \
 	    tests/run.sh $(SIM_TESTS) $(UNIT_TESTS) \
-	    "tests/tools/top_tmux.sh $(BUILD)" tests/tools/intercept_check.sh
+	    "tests/tools/top_tmux.sh $(BUILD)" tests/tools/intercept_check.sh \
+	    "tests/python/run.sh $(BUILD)"
+
+# The Python package's tests alone (make test runs them too).
+test-python: all
+	@tests/python/run.sh $(BUILD)
 
 # The data-loss programs, STRESS_RUNS times over (not part of make test).
 STRESS_RUNS ?= 20
@@ -301,6 +307,7 @@ install: all
 	install -m 0644 include/stagehand.h $(DESTDIR)$(PREFIX)/include/
 	$(if $(TOOLS),install -m 0755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin/)
 	install -m 0644 stagehand.ini $(DESTDIR)$(PREFIX)/share/stagehand/stagehand.ini.example
+	./mk/install_python.sh "$(DESTDIR)" "$(PREFIX)"
 
 clean:
 	rm -rf build

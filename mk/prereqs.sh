@@ -14,6 +14,18 @@ need_file() { # need_file PATH PACKAGE
 need_cmd() { # need_cmd COMMAND PACKAGE
     command -v "$1" >/dev/null 2>&1 || missing+=("$2")
 }
+# The Python package's tests (tests/python/run.sh) need a python3 with
+# pytest, and pip and setuptools to check that the package installs. The
+# python3 first on PATH may be another installation (pyenv, a venv): then
+# the system one gets them.
+need_python_test() {
+    local py
+    for py in python3 /usr/bin/python3; do
+        "$py" -c 'import setuptools, pytest' >/dev/null 2>&1 &&
+            "$py" -m pip --version >/dev/null 2>&1 && return
+    done
+    missing+=(python3-pytest python3-pip python3-setuptools)
+}
 
 for what in "${@:-build}"; do
     case "$what" in
@@ -28,6 +40,7 @@ for what in "${@:-build}"; do
         need_file /usr/include/json-c/json.h libjson-c-dev
         need_cmd tmux tmux
         need_cmd python3 python3
+        need_python_test
         ;;
     check)
         need_cmd clang-format clang-format

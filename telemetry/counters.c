@@ -27,7 +27,7 @@ struct tm_slot {
     int live;
 };
 
-_Thread_local struct sh_tm_slots *sh_tm_tls_ __attribute__((tls_model("initial-exec")));
+_Thread_local struct sh_tm_slots *sh_tm_tls_;
 
 static pthread_mutex_t slots_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct tm_slot *slots_head;

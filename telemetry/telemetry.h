@@ -117,12 +117,17 @@ const char *sh_tm_gauge_help(int g);
  * is its only writer (relaxed load + store: a plain add, yet race-free for a
  * concurrent reader). A thread registers on its first add; when it exits its
  * figures are folded into a shared total, so nothing is ever lost.
+ * The pointer has the default TLS model, not initial-exec: that would mark
+ * the library STATIC_TLS, and dlopen (PyTorch's CUDAPluggableAllocator
+ * without LD_PRELOAD) then fails with "cannot allocate memory in static TLS
+ * block". With TLS descriptors (the Makefile's -mtls-dialect=gnu2) the
+ * access costs about the same.
  */
 struct sh_tm_slots {
     _Atomic uint64_t v[SH_TM_NCOUNTERS];
 };
 
-extern _Thread_local struct sh_tm_slots *sh_tm_tls_ __attribute__((tls_model("initial-exec")));
+extern _Thread_local struct sh_tm_slots *sh_tm_tls_;
 struct sh_tm_slots *sh_tm_register_(void);
 
 static inline void sh_tm_add(enum sh_tm_counter c, uint64_t n)

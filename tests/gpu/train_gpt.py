@@ -23,14 +23,20 @@ Run it as tests/gpu/run.sh does:
   python3 tests/gpu/train_gpt.py --steps 20                       # reference
   STAGEHAND_BUDGET_VRAM_BUDGET_MB=12288 \\
       LD_PRELOAD=build/libstagehand.so python3 tests/gpu/train_gpt.py
-  ... --allocator async          # PYTORCH_ALLOC_CONF=backend:cudaMallocAsync
-  ... --allocator pluggable      # CUDAPluggableAllocator(stagehand_malloc/free)
+  ... --allocator async          # backend:cudaMallocAsync, in the variable the
+                                 # installed PyTorch reads (as stagehand run sets it)
+  ... --allocator pluggable      # stagehand.enable("pluggable"): a MemPool where
+                                 # PyTorch has one (--mempool no: replace the allocator)
   ... --save-on-cpu | --accelerate-offload | --profiler
   python3 tests/gpu/train_gpt.py --compare ref.jsonl run.jsonl
   python3 tests/gpu/train_gpt.py --dry-run                        # CPU only
 
-Only the standard library is imported at module level, so --compare and
-the report (tests/gpu/report.py) work where torch is not installed.
+Only the standard library and the stagehand package (python/, itself
+standard library only) are imported at module level, so --compare and the
+report (tests/gpu/report.py) work where torch is not installed. Under
+LD_PRELOAD the run starts with stagehand.enable("preload"), which stops it
+(exit status 2) when PyTorch's allocator settings would leave the library
+nothing to manage.
 """
 
 import argparse
@@ -49,26 +55,12 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-
-# stagehand_stats_t (include/stagehand.h), in order; signed fields marked.
-STATS_FIELDS = [
-    ("active", False), ("step", True), ("phase", True),
-    ("budget_bytes", False), ("high_watermark", False),
-    ("low_watermark", False), ("device_bytes", False), ("live_bytes", False),
-    ("regions_live", False), ("regions_freed", False), ("allocs", False),
-    ("frees", False), ("reuses", False), ("small_allocs", False),
-    ("small_frees", False), ("passthrough", False), ("vmm_maps", False),
-    ("vmm_unmaps", False), ("oom", False), ("evictions", False),
-    ("restores", False), ("d2h_bytes", False), ("h2d_bytes", False),
-    ("host_bytes", False), ("pinned_bytes", False), ("launches", False),
-    ("tracking_mode", False), ("checksum_mismatches", False),
-    ("remap_windows", False),
-    ("device_drains", False),
-    ("lost_writes", False), ("opaque_work", False), ("regions_pinned", False),
-    ("launches_recorded", False),
-    ("node_budget_bytes", False), ("node_used_bytes", False), ("node_ranks", False),
-    ("launches_unscanned", False),
-]
+try:
+    import stagehand  # installed (pip install ./python), or ...
+except ImportError:
+    sys.path.insert(0, os.path.join(REPO, "python"))  # ... the repository's copy
+    import stagehand
+from stagehand import _conf  # noqa: E402  the launcher's reading of the allocator variables
 
 # Figures reported per step as the difference from the step before.
 STATS_DELTAS = ("evictions", "restores", "d2h_bytes", "h2d_bytes",
@@ -97,14 +89,14 @@ def header_fields(path):
 
 
 def check_header():
-    """The ctypes layout below must match the C header, field for field."""
+    """The package's ctypes layout must match the C header, field for field."""
     path = os.path.join(REPO, "include", "stagehand.h")
     if not os.path.exists(path):
         return "no header at %s; layout not checked" % path
     fields = header_fields(path)
-    if fields != STATS_FIELDS:
-        raise SystemExit("train_gpt.py: STATS_FIELDS differs from %s:\n  %s\n  %s"
-                         % (path, fields, STATS_FIELDS))
+    if fields != list(stagehand.STATS_FIELDS):
+        raise SystemExit("train_gpt.py: stagehand.STATS_FIELDS differs from %s:\n  %s\n  %s"
+                         % (path, fields, list(stagehand.STATS_FIELDS)))
     return "stagehand_stats_t layout matches %s (%d fields)" % (path, len(fields))
 
 
@@ -173,51 +165,24 @@ def compare_files(ref_path, run_path, tolerance=None, steps=None):
     return 0 if res["ok"] else 1
 
 
-class StatsT(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_int64 if signed else ctypes.c_uint64)
-                for name, signed in STATS_FIELDS]
-
-
 class Stagehand:
-    """The library's control API through ctypes, when it is loaded."""
-
-    def __init__(self, lib_path, load):
-        self.lib = None
-        try:
-            glob = ctypes.CDLL(None)
-            glob.stagehand_get_stats  # raises AttributeError when absent
-            self.lib = glob
-        except AttributeError:
-            pass
-        if self.lib is None and load and lib_path and os.path.exists(lib_path):
-            # The pluggable allocator loaded it RTLD_LOCAL: the same path
-            # gives the same instance.
-            self.lib = ctypes.CDLL(lib_path)
-        if self.lib is not None:
-            self.lib.stagehand_get_stats.argtypes = [ctypes.POINTER(StatsT),
-                                                     ctypes.c_size_t]
-            self.lib.stagehand_get_stats.restype = ctypes.c_int
-            self.lib.stagehand_step.restype = ctypes.c_int64
-            self.lib.stagehand_phase.argtypes = [ctypes.c_int]
+    """The stagehand package's control API, or nothing when the library is not
+    loaded (the reference runs): the training loop is the same either way."""
 
     @property
     def present(self):
-        return self.lib is not None
+        return stagehand.loaded()
 
     def stats(self):
-        if self.lib is None:
-            return {}
-        st = StatsT()
-        self.lib.stagehand_get_stats(ctypes.byref(st), ctypes.sizeof(st))
-        return {name: getattr(st, name) for name, _ in STATS_FIELDS}
+        return stagehand.stats() if self.present else {}
 
     def step(self):
-        if self.lib is not None:
-            self.lib.stagehand_step()
+        if self.present:
+            stagehand.step()
 
     def phase(self, p):
-        if self.lib is not None:
-            self.lib.stagehand_phase(p)
+        if self.present:
+            stagehand.mark_phase(p)
 
 
 class DeviceMemorySampler:
@@ -290,8 +255,11 @@ def parse_args(argv):
     p.add_argument("--allocator", choices=("default", "async", "pluggable"),
                    default="default")
     p.add_argument("--lib", default=None,
-                   help="libstagehand.so (default: $STAGEHAND_LIB, the LD_PRELOAD "
-                        "entry, or build/libstagehand.so)")
+                   help="libstagehand.so for --allocator pluggable (default: the preloaded "
+                        "one, $STAGEHAND_LIB, or build/libstagehand.so)")
+    p.add_argument("--mempool", choices=("auto", "yes", "no"), default="auto",
+                   help="--allocator pluggable: install the allocator in a torch.cuda.MemPool "
+                        "(auto: where PyTorch has it) or with change_current_allocator (no)")
     p.add_argument("--deterministic", choices=("strict", "warn", "off"),
                    default="strict",
                    help="strict: torch.use_deterministic_algorithms(True), which also "
@@ -336,15 +304,17 @@ def parse_args(argv):
     return args
 
 
-def default_lib_path(args):
-    if args.lib:
-        return os.path.realpath(args.lib)
-    if os.environ.get("STAGEHAND_LIB"):
-        return os.path.realpath(os.environ["STAGEHAND_LIB"])
-    for entry in re.split(r"[: ]", os.environ.get("LD_PRELOAD", "")):
-        if "libstagehand" in entry:
-            return os.path.realpath(entry)
-    return os.path.join(REPO, "build", "libstagehand.so")
+def set_async_backend(environ):
+    """backend:cudaMallocAsync in the variable the installed PyTorch reads
+    (PYTORCH_CUDA_ALLOC_CONF up to 2.9, PYTORCH_ALLOC_CONF from 2.10, both
+    when the version cannot be read), as `python -m stagehand run` sets it,
+    keeping the other settings. Before torch is imported: PyTorch picks its
+    backend when it loads."""
+    version = _conf.parse_version(_conf.installed_torch_version())
+    env = _conf.launch_env(environ, "", version, "async")
+    for var in (_conf.OLD_VAR, _conf.NEW_VAR):
+        if var in env:
+            environ[var] = env[var]
 
 
 # ---- the model (built once torch is imported) ----------------------------
@@ -599,7 +569,7 @@ def dry_run(args):
     args.distinct_batches, args.warmup = 1, 0
     device = torch.device("cpu")
     setup_determinism(torch, args.deterministic)
-    sh = Stagehand(None, load=False)
+    sh = Stagehand()
     runs = {}
     for tag, save_on_cpu in (("first", False), ("again", False), ("save-on-cpu", True)):
         args.save_on_cpu = save_on_cpu
@@ -639,8 +609,7 @@ def main(argv):
     # Read by PyTorch when it loads and when cuBLAS starts: set them first.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     if args.allocator == "async":
-        for var in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
-            os.environ.setdefault(var, "backend:cudaMallocAsync")
+        set_async_backend(os.environ)
     if args.accelerate_offload:
         if importlib.util.find_spec("accelerate") is None:
             print(json.dumps({"skipped": "accelerate not installed"}))
@@ -658,18 +627,18 @@ def main(argv):
         return 2
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", 0)
-    lib = default_lib_path(args)
-    if args.allocator == "pluggable":
-        if not os.path.exists(lib):
-            print("train_gpt.py: %s not found (use --lib)" % lib, file=sys.stderr)
-            return 2
-        if not hasattr(torch.cuda.memory, "CUDAPluggableAllocator"):
-            print("train_gpt.py: this PyTorch (%s) has no CUDAPluggableAllocator"
-                  % torch.__version__, file=sys.stderr)
-            return 2
-        alloc = torch.cuda.memory.CUDAPluggableAllocator(lib, "stagehand_malloc",
-                                                         "stagehand_free")
-        torch.cuda.memory.change_current_allocator(alloc)
+    # The package installs the pluggable allocator, and under LD_PRELOAD
+    # checks that PyTorch's allocator settings leave the library work to do.
+    enabled = None
+    try:
+        if args.allocator == "pluggable":
+            enabled = stagehand.enable("pluggable", lib=args.lib, mempool={
+                "auto": None, "yes": True, "no": False}[args.mempool])
+        elif "libstagehand" in os.environ.get("LD_PRELOAD", ""):
+            enabled = stagehand.enable("preload")
+    except stagehand.StagehandError as e:
+        print("train_gpt.py: %s" % e, file=sys.stderr)
+        return 2
     prof = None
     if args.profiler:
         # Before the first CUDA allocation, so that the profiler, not the
@@ -678,7 +647,7 @@ def main(argv):
         prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
         prof.__enter__()
     setup_determinism(torch, args.deterministic)
-    sh = Stagehand(lib, load=args.allocator == "pluggable")
+    sh = Stagehand()
 
     out = open(args.out, "w", encoding="utf-8") if args.out else None
     tag = args.allocator + ("-save-on-cpu" if args.save_on_cpu else "") + \
@@ -686,6 +655,7 @@ def main(argv):
         ("-profiler" if args.profiler else "")
     try:
         records, summary = train(torch, args, device, out, sh, tag)
+        summary["enabled"] = enabled._asdict() if enabled else None
     except RuntimeError as e:
         msg = str(e)
         if isinstance(e, getattr(torch.cuda, "OutOfMemoryError", ())) or \

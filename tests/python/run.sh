@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The Python package's tests (pytest), from the repository root, ending with
+# the lines tests/run.sh counts. They need the built library and the
+# simulated GPU in BUILD, and neither torch nor a GPU.
+# Usage: tests/python/run.sh [BUILD]   (PYTHON picks the interpreter)
+set -u
+build=${1:-${BUILD:-build}}
+if [ -n "${SAN:-}" ]; then
+    # An instrumented library cannot be preloaded into an uninstrumented python.
+    echo "python tests: skipped under SAN=$SAN"
+    exit 0
+fi
+# The first python3 on PATH may be another installation without pytest
+# (pyenv, a venv); mk/prereqs.sh gives the system one what it needs.
+py=${PYTHON:-}
+if [ -z "$py" ]; then
+    for c in python3 /usr/bin/python3; do
+        if "$c" -c 'import pytest' >/dev/null 2>&1; then
+            py=$c
+            break
+        fi
+    done
+fi
+if [ -z "$py" ]; then
+    echo "python tests: no python3 with pytest here; run mk/prereqs.sh build (as root) or" \
+        "apt-get install python3-pytest"
+    exit 1
+fi
+export STAGEHAND_TEST_BUILD=$build PYTHONDONTWRITEBYTECODE=1
+exec "$py" -m pytest -q -p no:cacheprovider tests/python
