@@ -186,7 +186,7 @@ EXPORT cudaError_t cudaFree(void *ptr)
     if (info.state == SH_RS_FREED)
         return bad_free("cudaFree", ptr);
     /* cudaFree synchronises the device; so do we, so the memory is idle. */
-    CUresult r = sh_rt.drv.cuCtxSynchronize();
+    CUresult r = sh_driver_sync(&sh_rt.drv);
     if (r != CUDA_SUCCESS)
         return (cudaError_t)r;
     if (info.path != SH_PATH_SLAB)
@@ -240,7 +240,7 @@ static int managed_free_async(void *ptr, cudaStream_t stream, const char *what)
         sh_sched_free((uintptr_t)ptr);
     uint64_t fence = sh_driver_fence_record(&sh_rt.drv, (CUstream)stream);
     if (!fence)
-        sh_rt.drv.cuCtxSynchronize(); /* no event: fall back to a full wait */
+        sh_driver_sync(&sh_rt.drv); /* no event: fall back to a full wait */
     int rc = sh_pool_free(sh_rt.pool, (uintptr_t)ptr, sh_stream_key((CUstream)stream), fence);
     if (rc != SH_OK)
         bad_free(what, ptr); /* a small block freed twice */

@@ -70,6 +70,19 @@ void *sh_driver_optional(const struct sh_driver *drv, const char *name, int sinc
     return f;
 }
 
+CUresult sh_driver_sync(const struct sh_driver *drv)
+{
+    if (!drv->ctx)
+        return drv->cuCtxSynchronize();
+    CUresult r = drv->cuCtxPushCurrent(drv->ctx);
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = drv->cuCtxSynchronize();
+    CUcontext popped;
+    drv->cuCtxPopCurrent(&popped);
+    return r;
+}
+
 const char *sh_driver_error(const struct sh_driver *drv, CUresult r)
 {
     const char *s = NULL;
@@ -192,7 +205,7 @@ static int fence_done(void *ctx, uint64_t fence)
         return r == CUDA_SUCCESS;
     /* The query failed: memory is reused only once the work is surely done. */
     if (drv->cuEventSynchronize((CUevent)(uintptr_t)fence) != CUDA_SUCCESS)
-        drv->cuCtxSynchronize();
+        sh_driver_sync(drv);
     return 1;
 }
 
@@ -202,10 +215,10 @@ static void fence_wait(void *ctx, uint64_t fence)
 {
     struct sh_driver *drv = ctx;
     if (drv->cuEventSynchronize((CUevent)(uintptr_t)fence) == CUDA_SUCCESS ||
-        drv->cuCtxSynchronize() == CUDA_SUCCESS || drv->cuCtxSynchronize() == CUDA_SUCCESS)
+        sh_driver_sync(drv) == CUDA_SUCCESS || sh_driver_sync(drv) == CUDA_SUCCESS)
         return;
     sh_log(SH_LOG_ERROR, "cannot wait for the work before a free (%s); the context has failed",
-           sh_driver_error(drv, drv->cuCtxSynchronize()));
+           sh_driver_error(drv, sh_driver_sync(drv)));
 }
 
 static void fence_drop(void *ctx, uint64_t fence)
@@ -261,9 +274,9 @@ static int copy_wait(void *ctx, uint64_t token)
     struct sh_driver *drv = copier.drv;
     if (token == 0 || drv->cuEventSynchronize((CUevent)(uintptr_t)token) == CUDA_SUCCESS)
         return SH_OK;
-    CUresult r = drv->cuCtxSynchronize();
+    CUresult r = sh_driver_sync(drv);
     if (r != CUDA_SUCCESS)
-        r = drv->cuCtxSynchronize();
+        r = sh_driver_sync(drv);
     return result(drv, r, "waiting for a copy");
 }
 
@@ -277,7 +290,7 @@ static void copy_forget(void *ctx, uint64_t token)
 static int copy_drain(void *ctx)
 {
     (void)ctx;
-    return result(copier.drv, copier.drv->cuCtxSynchronize(), "cuCtxSynchronize");
+    return result(copier.drv, sh_driver_sync(copier.drv), "cuCtxSynchronize");
 }
 
 int sh_driver_copy_ops(struct sh_driver *drv, struct sh_copy_ops *ops)

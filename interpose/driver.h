@@ -23,6 +23,8 @@
     X(cuCtxGetCurrent)                                                                             \
     X(cuCtxSetCurrent)                                                                             \
     X(cuCtxSynchronize)                                                                            \
+    X(cuCtxPushCurrent)                                                                            \
+    X(cuCtxPopCurrent)                                                                             \
     X(cuMemGetInfo)                                                                                \
     X(cuMemAddressReserve)                                                                         \
     X(cuMemAddressFree)                                                                            \
@@ -60,6 +62,7 @@ struct sh_driver {
 #undef SH_DRIVER_FIELD
     void *lib;
     int version;
+    CUcontext ctx; /* the managed device's context, once known: what a drain waits for */
 };
 
 /* Every entry in the table has had the signature cuda.h declares since
@@ -74,6 +77,13 @@ struct sh_driver {
 /* Loads the driver; SH_EDRIVER with a log line naming what is missing.
  * drv->version is the driver's CUDA version (12040 for 12.4). */
 int sh_driver_load(struct sh_driver *drv, const char *path);
+
+/* Waits for all work in the managed device's context (drv->ctx), whatever
+ * context the calling thread has current: a program that drives two GPUs
+ * calls in with the other one's current, and a wait for that one would
+ * let the managed device's kernels run on under a remap. Before drv->ctx
+ * is known: the current context. */
+CUresult sh_driver_sync(const struct sh_driver *drv);
 
 /* An entry point newer than CUDA 12.0, asked for at the version that
  * brought it in (since, as 12040); NULL where this driver lacks it. */

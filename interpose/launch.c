@@ -415,7 +415,7 @@ static int drain_streams(void *ctx, uint64_t mask)
 {
     (void)ctx;
     if (mask >> STREAM_SLOTS)
-        return sh_rt.drv.cuCtxSynchronize() == CUDA_SUCCESS ? 0 : -1;
+        return sh_driver_sync(&sh_rt.drv) == CUDA_SUCCESS ? 0 : -1;
     for (int i = 0; i < STREAM_SLOTS; i++)
         if (mask >> i & 1 && sh_rt.drv.cuEventSynchronize(slot_event[i]) != CUDA_SUCCESS)
             return -1;

@@ -112,6 +112,7 @@ static int open_device(void)
     if (d->cuDevicePrimaryCtxRetain(&sh_rt.ctx, sh_rt.dev) != CUDA_SUCCESS ||
         d->cuDeviceTotalMem(&sh_rt.card_bytes, sh_rt.dev) != CUDA_SUCCESS)
         return SH_EDRIVER;
+    d->ctx = sh_rt.ctx;
     if (!attribute(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)) {
         sh_log(SH_LOG_WARN, "device %d has no virtual memory management; passing through", dev);
         return SH_EDRIVER;

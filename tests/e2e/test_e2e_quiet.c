@@ -12,6 +12,11 @@
  * tracked (the drain waits for streams, and the unscanned launch named
  * none) and device; a launch while a region is on the host is scanned.
  *
+ * Then the same with two simulated GPUs, the eviction made while the
+ * program has the other device current (a program that drives two cards
+ * does that all the time): the move must wait for the managed device's
+ * kernels, not for the current context's.
+ *
  * The program re-executes itself to set the card and the configuration
  * before anything (the library reads them as it loads).
  */
@@ -29,6 +34,7 @@
 #include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 
 #define REGION_MB 8
 #define WORDS     (((size_t)REGION_MB << 20) / 4)
@@ -96,6 +102,25 @@ static int push_out(const void *a, void **more)
     return n;
 }
 
+/* Allocates through the pluggable entry point, for device 0, with device
+ * 1 current, until a is evicted; the regions allocated go to more[]. */
+static int push_out_from_device_1(const void *a, void **more)
+{
+    void *(*pmalloc)(ssize_t, int, void *) =
+        (void *(*)(ssize_t, int, void *))dlsym(RTLD_DEFAULT, "stagehand_malloc");
+    assert_non_null(pmalloc);
+    assert_int_equal(cudaSetDevice(1), cudaSuccess);
+    int n = 0;
+    while (n < MAX_FILL && residency(a) == 1) {
+        more[n] = pmalloc((ssize_t)REGION_MB << 20, 0, NULL);
+        assert_non_null(more[n]);
+        n++;
+    }
+    assert_int_equal(residency(a), 0);
+    assert_int_equal(cudaSetDevice(0), cudaSuccess);
+    return n;
+}
+
 /* The whole story, in a child with the drain mode set. */
 static void quiet_then_evicted(void)
 {
@@ -113,7 +138,8 @@ static void quiet_then_evicted(void)
     assert_int_equal(after.launches_unscanned, before.launches_unscanned + 1);
     assert_int_equal(after.launches, before.launches + 1);
 
-    int n = push_out(a, more); /* the kernel is still running */
+    /* the kernel is still running */
+    int n = getenv("E2E_QUIET_TWO") ? push_out_from_device_1(a, more) : push_out(a, more);
     assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
     assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
     check(a, 77);
@@ -161,6 +187,27 @@ static void test_device_drain(void **state)
     assert_int_equal(e2e_rerun(saved_argv, env), 0);
 }
 
+static void test_other_device_current(void **state)
+{
+    (void)state;
+    if (!preloaded || getenv("E2E_QUIET_CHILD"))
+        skip();
+    static const char *const tracked[] = {"E2E_QUIET_CHILD=1",
+                                          "E2E_QUIET_TWO=1",
+                                          "SIMCUDA_DEVICES=2",
+                                          "SIMCUDA_VRAM_MB=256",
+                                          "STAGEHAND_TRANSFER_DRAIN_MODE=tracked",
+                                          NULL};
+    static const char *const device[] = {"E2E_QUIET_CHILD=1",
+                                         "E2E_QUIET_TWO=1",
+                                         "SIMCUDA_DEVICES=2",
+                                         "SIMCUDA_VRAM_MB=256",
+                                         "STAGEHAND_TRANSFER_DRAIN_MODE=device",
+                                         NULL};
+    assert_int_equal(e2e_rerun(saved_argv, tracked), 0);
+    assert_int_equal(e2e_rerun(saved_argv, device), 0);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -185,6 +232,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_in_child),
         cmocka_unit_test(test_tracked_drain),
         cmocka_unit_test(test_device_drain),
+        cmocka_unit_test(test_other_device_current),
     };
     return cmocka_run_group_tests_name(preloaded ? "e2e_quiet (preloaded)" : "e2e_quiet (disabled)",
                                        tests, setup, NULL);
