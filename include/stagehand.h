@@ -87,6 +87,10 @@ typedef struct stagehand_stats {
     uint64_t node_budget_bytes; /* the shared budget */
     uint64_t node_used_bytes;   /* pinned bytes the sharing processes hold, this one included */
     uint64_t node_ranks;        /* processes sharing it, this one included */
+    /* Another CUPTI subscriber (a profiler) took CUPTI over: launches were
+     * tracked through the runtime and driver hooks until it unsubscribed. */
+    uint64_t cupti_handovers; /* times the library gave CUPTI up */
+    uint64_t cupti_returns;   /* times it took CUPTI back */
 } stagehand_stats_t;
 
 /* Fills *out (at most size bytes of it); 0, or -1 if out is NULL. */
