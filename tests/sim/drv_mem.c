@@ -56,7 +56,8 @@ struct alloc_entry {
     uintptr_t va;
     size_t size, mapped;
     unsigned long long handle;
-    bool graph; /* a graph allocation: the graph's until its last node goes */
+    bool graph;            /* a graph allocation: the graph's until its last node goes */
+    struct sim_pool *pool; /* the pool a stream-ordered allocation came from */
 };
 
 struct vec {
@@ -690,7 +691,7 @@ static CUresult alloc_device(uintptr_t *out, size_t size)
     unsigned long long h = 0;
     CUresult r = handle_create(mapped, CU_MEM_LOCATION_TYPE_DEVICE, &h);
     if (r == CUDA_SUCCESS) {
-        struct alloc_entry a = {va, size, mapped, h, false};
+        struct alloc_entry a = {va, size, mapped, h, false, NULL};
         struct map_entry m = {.va = va,
                               .size = mapped,
                               .handle = h,
@@ -738,6 +739,8 @@ static CUresult free_device(uintptr_t va)
         return CUDA_ERROR_INVALID_VALUE;
     struct map_entry *m = find(&maps, va);
     size_t mapped = a->mapped;
+    if (a->pool)
+        sim_pool_charge(a->pool, a->size, false);
     handle_destroy(a->handle);
     erase(&maps, m);
     erase(&allocs, a);
@@ -862,13 +865,12 @@ static CUresult capture_free(CUdeviceptr dptr, struct sim_stream *s)
     return sim_stream_submit(s, &op->op, NULL);
 }
 
-/* Stream-ordered allocation: memory is usable at once; the free runs when
- * the stream reaches it. */
-SIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
+/* Stream-ordered allocation from pool: memory is usable at once; the free
+ * runs when the stream reaches it. */
+static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, struct sim_pool *pool,
+                            CUstream stream)
 {
-    CUresult r = sim_enter(__func__, true);
-    if (r)
-        return r;
+    CUresult r;
     struct sim_stream *s = sim_stream_get(stream);
     if (!s)
         return CUDA_ERROR_INVALID_HANDLE;
@@ -887,9 +889,30 @@ SIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream
         sim_stream_drain(s);
         r = alloc_device(&va, bytesize);
     }
-    if (r == CUDA_SUCCESS)
-        *dptr = va;
-    return r;
+    if (r != CUDA_SUCCESS)
+        return r;
+    pthread_mutex_lock(&mem_mu);
+    ((struct alloc_entry *)find(&allocs, va))->pool = pool;
+    sim_pool_charge(pool, bytesize, true);
+    pthread_mutex_unlock(&mem_mu);
+    *dptr = va;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
+{
+    CUresult r = sim_enter(__func__, true);
+    return r ? r : alloc_async(dptr, bytesize, sim_pool_current(), stream);
+}
+
+SIM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                            CUstream stream)
+{
+    CUresult r = sim_enter(__func__, true);
+    if (r)
+        return r;
+    struct sim_pool *p = sim_pool_get(pool);
+    return p ? alloc_async(dptr, bytesize, p, stream) : CUDA_ERROR_INVALID_VALUE;
 }
 
 struct free_op {

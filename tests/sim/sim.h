@@ -2,8 +2,9 @@
  *
  * Layout: drv_core.c (init, devices, contexts, sticky errors, strings,
  * cuGetProcAddress, the API-callback hub), drv_mem.c (physical handles,
- * reservations, mappings, allocations), drv_stream.c (streams, events,
- * worker threads), drv_exec.c (kernels, launches, copies, fault guard).
+ * reservations, mappings, allocations), drv_pool.c (memory pools and their
+ * attributes), drv_stream.c (streams, events, worker threads), drv_exec.c
+ * (kernels, launches, copies, fault guard).
  */
 #ifndef SIM_H
 #define SIM_H
@@ -99,6 +100,18 @@ struct sim_ptr_info {
     bool vmm;
 };
 struct sim_ptr_info sim_ptr_info(uintptr_t p);
+
+/* ---- memory pools (drv_pool.c) ---- */
+/* Stream-ordered allocations come from a pool: the device's current one
+ * (its default pool unless cuDeviceSetMemPool chose another) or the one
+ * named. The simulated pool keeps no memory back: a free returns it at
+ * once, so a pool's reserved bytes are its used bytes. */
+struct sim_pool;
+struct sim_pool *sim_pool_current(void);
+/* The live pool behind a handle, or NULL. */
+struct sim_pool *sim_pool_get(CUmemoryPool h);
+/* bytes allocated from (add) or freed to the pool. */
+void sim_pool_charge(struct sim_pool *p, size_t bytes, bool add);
 
 /* ---- streams ---- */
 struct sim_stream;
