@@ -88,6 +88,9 @@ EXPORT int stagehand_get_stats(stagehand_stats_t *out, size_t size)
         s.launches = atomic_load(&sh_rt.launches);
         s.tracking_mode = (uint64_t)sh_cupti_mode();
         sh_cupti_counts(&s.cupti_handovers, &s.cupti_returns);
+        struct sh_pool_usage u;
+        sh_pool_usage(sh_rt.pool, &u);
+        s.cached_bytes = u.cached;
         struct sh_sched_stats ss;
         if (sh_sched_stats(&ss) == 0)
             s.launches_recorded = ss.launches;

@@ -67,7 +67,7 @@ STATS_FIELDS = [
     ("lost_writes", False), ("opaque_work", False), ("regions_pinned", False),
     ("launches_recorded", False),
     ("node_budget_bytes", False), ("node_used_bytes", False), ("node_ranks", False),
-    ("cupti_handovers", False), ("cupti_returns", False),
+    ("cupti_handovers", False), ("cupti_returns", False), ("cached_bytes", False),
 ]
 
 # Figures reported per step as the difference from the step before.
