@@ -38,6 +38,7 @@ typedef __typeof__(cuptiSubscribe_v2) subscribe_v2_fn;
 typedef __typeof__(cuptiUnsubscribe) unsubscribe_fn;
 typedef __typeof__(cuptiEnableCallback) enable_fn;
 typedef __typeof__(cuptiEnableDomain) enable_domain_fn;
+typedef __typeof__(cuptiFinalize) finalize_fn;
 
 /* One CUPTI library's entry points. */
 struct cupti_lib {
@@ -48,6 +49,7 @@ struct cupti_lib {
     unsubscribe_fn *unsubscribe;
     enable_fn *enable;
     enable_domain_fn *enable_domain;
+    finalize_fn *finalize;
 };
 
 static pthread_mutex_t switch_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -63,6 +65,10 @@ static atomic_int mode = SH_TRACK_NONE;
 static atomic_int hooks_on = 1; /* the wrappers track launches themselves */
 static atomic_uint in_pass;     /* wrappers leaving a launch to CUPTI now */
 static atomic_ullong handovers, returns;
+static atomic_int back_pending; /* CUPTI came free inside a launch: take it at the next */
+static const char *pending_why; /* ... and why, for the log line */
+
+#define UNSUBSCRIBED "the other subscriber having unsubscribed"
 
 /* The callback that opened the thread's launch (its EXIT closes it), and
  * the callbacks nested in that launch since (a runtime launch raises the
@@ -76,10 +82,15 @@ int sh_cupti_mode(void)
     return atomic_load_explicit(&mode, memory_order_relaxed);
 }
 
+static void catch_up(void);
+
 int sh_cupti_pass_begin(void)
 {
-    if (atomic_load_explicit(&hooks_on, memory_order_relaxed))
+    if (atomic_load_explicit(&hooks_on, memory_order_relaxed)) {
+        if (atomic_load_explicit(&back_pending, memory_order_relaxed))
+            catch_up();
         return 0;
+    }
     atomic_fetch_add(&in_pass, 1);
     if (!atomic_load(&hooks_on))
         return 1;
@@ -277,6 +288,7 @@ static void resolve(struct cupti_lib *c, void *h)
     c->unsubscribe = (unsubscribe_fn *)dlsym(h, "cuptiUnsubscribe");
     c->enable = (enable_fn *)dlsym(h, "cuptiEnableCallback");
     c->enable_domain = (enable_domain_fn *)dlsym(h, "cuptiEnableDomain");
+    c->finalize = (finalize_fn *)dlsym(h, "cuptiFinalize");
 }
 
 static int complete(const struct cupti_lib *c)
@@ -367,30 +379,52 @@ static void set_mode(int m)
     sh_tm_set(SH_TM_G_tracking, m);
 }
 
-/* Gives CUPTI up: the hooks take over before the subscription goes, and
- * no launch left to CUPTI is still being issued when it does. -1, and
- * CUPTI kept, if CUPTI would not let it go. */
-static int hand_over(void)
+/* 1 while the calling thread issues device work (a profiler's call from
+ * inside its own callback). */
+static int inside_work(void)
+{
+    return sh_launch_busy() || (sh_rt.gate && sh_gate_held(sh_rt.gate));
+}
+
+/* The hooks take over, then no launch left to CUPTI is still being issued
+ * (each is seen by our callbacks). A caller inside a launch cannot wait:
+ * one left to CUPTI may need its side of the remap gate to be issued. */
+static void hooks_up(void)
 {
     atomic_store(&hooks_on, 1);
+    if (inside_work())
+        return;
     while (atomic_load(&in_pass))
         sched_yield();
-    if (ours.unsubscribe(our_sub) != CUPTI_SUCCESS) {
-        atomic_store(&hooks_on, 0); /* still subscribed: the callbacks see every launch */
-        return -1;
-    }
+}
+
+/* Our subscription is gone (switch_mu held); why and until: the log line. */
+static void gave_up(const char *why, const char *until)
+{
     subscribed = 0;
     set_mode(SH_TRACK_HOOKS);
     atomic_fetch_add(&handovers, 1);
     sh_tm_inc(SH_TM_C_cupti_handovers);
     sh_monitor_event(SH_TM_EV_TRACKING, SH_TM_TRACK_HOOKS, 0);
-    sh_log(SH_LOG_INFO, "launch tracking: CUPTI given to another subscriber (a profiler?); "
-                        "runtime and driver hooks until it unsubscribes");
+    sh_log(SH_LOG_INFO, "launch tracking: CUPTI %s; runtime and driver hooks until %s", why, until);
+}
+
+/* Gives CUPTI up: the hooks take over before the subscription goes. -1,
+ * and CUPTI kept, if CUPTI would not let it go. */
+static int hand_over(void)
+{
+    hooks_up();
+    if (ours.unsubscribe(our_sub) != CUPTI_SUCCESS) {
+        atomic_store(&hooks_on, 0); /* still subscribed: the callbacks see every launch */
+        return -1;
+    }
+    gave_up("given to another subscriber (a profiler?)", "it unsubscribes");
     return 0;
 }
 
-/* Takes CUPTI back: the hooks go off only once our callbacks are on. */
-static void take_back(void)
+/* Takes CUPTI back (why: for the log line): the hooks go off only once
+ * our callbacks are on. */
+static void take_back(const char *why)
 {
     CUptiResult r = subscribe_ours();
     if (r != CUPTI_SUCCESS) {
@@ -405,10 +439,23 @@ static void take_back(void)
     atomic_fetch_add(&returns, 1);
     sh_tm_inc(SH_TM_C_cupti_returns);
     sh_monitor_event(SH_TM_EV_TRACKING, SH_TM_TRACK_CUPTI, 0);
-    sh_log(SH_LOG_INFO,
-           "launch tracking: CUPTI callbacks again (%s), the other subscriber "
-           "having unsubscribed",
-           ours.path);
+    sh_log(SH_LOG_INFO, "launch tracking: CUPTI callbacks again (%s), %s", ours.path, why);
+}
+
+/* CUPTI is free again and ours to take (switch_mu held): now, or, when
+ * the call came from inside a launch (a profiler unsubscribing in its own
+ * callback, as Kineto's teardown does, then finalizing CUPTI), from the
+ * next launch that starts outside any other. */
+static void free_again(const char *why)
+{
+    if (!wanted || subscribed || lent)
+        return;
+    if (!inside_work()) {
+        take_back(why);
+        return;
+    }
+    pending_why = why;
+    atomic_store(&back_pending, 1);
 }
 
 int sh_cupti_init(void)
@@ -486,7 +533,7 @@ static CUptiResult subscribe_other(CUpti_SubscriberHandle *sub, CUpti_CallbackFu
             their_lib = c;
             lent = 1;
         } else if (handed) {
-            take_back(); /* theirs failed: ours again */
+            take_back("the other subscriber's cuptiSubscribe having failed");
         }
     }
     pthread_mutex_unlock(&switch_mu);
@@ -517,8 +564,7 @@ EXPORT CUptiResult cuptiUnsubscribe(CUpti_SubscriberHandle subscriber)
     if (r == CUPTI_SUCCESS && theirs) {
         lent = 0;
         their_sub = NULL;
-        if (wanted && !subscribed)
-            take_back();
+        free_again(UNSUBSCRIBED);
     }
     pthread_mutex_unlock(&switch_mu);
     return r;
@@ -546,4 +592,41 @@ EXPORT CUptiResult cuptiEnableDomain(uint32_t enable, CUpti_SubscriberHandle sub
     if (refused)
         return c ? CUPTI_ERROR_INVALID_PARAMETER : CUPTI_ERROR_NOT_INITIALIZED;
     return c->enable_domain(enable, subscriber, domain);
+}
+
+/* cuptiFinalize ends every subscription, ours too: the hooks take over
+ * first, and CUPTI is taken back once it is done (it starts again at the
+ * next call). */
+EXPORT CUptiResult cuptiFinalize(void)
+{
+    pthread_mutex_lock(&switch_mu);
+    const struct cupti_lib *c = lent ? their_lib : target();
+    CUptiResult r = CUPTI_ERROR_NOT_INITIALIZED;
+    if (c && c->finalize) {
+        if (subscribed)
+            hooks_up();
+        r = c->finalize();
+        if (r == CUPTI_SUCCESS && subscribed)
+            gave_up("finalized by the program", "it starts again");
+        else if (subscribed)
+            atomic_store(&hooks_on, 0); /* still ours */
+        if (r == CUPTI_SUCCESS) {
+            lent = 0;
+            their_sub = NULL;
+        }
+        free_again("CUPTI started again after cuptiFinalize");
+    }
+    pthread_mutex_unlock(&switch_mu);
+    return r;
+}
+
+/* From a launch outside any other, in hook mode: CUPTI came free inside one. */
+static void catch_up(void)
+{
+    if (inside_work())
+        return;
+    pthread_mutex_lock(&switch_mu);
+    if (atomic_exchange(&back_pending, 0))
+        free_again(pending_why);
+    pthread_mutex_unlock(&switch_mu);
 }

@@ -113,16 +113,24 @@ static void step(void)
 /* ---- the client: counts the runtime launches it is told of ---- */
 
 static atomic_uint client_launches;
+static CUpti_SubscriberHandle client;
+/* Set: at the next launch's exit the client tears CUPTI down from inside
+ * its callback, as Kineto does with TEARDOWN_CUPTI=1. */
+static atomic_int teardown;
 
 static void CUPTIAPI client_cb(void *user, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
                                const void *data)
 {
     (void)user;
     const CUpti_CallbackData *cb = data;
-    if (domain == CUPTI_CB_DOMAIN_RUNTIME_API &&
-        cbid == CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000 &&
-        cb->callbackSite == CUPTI_API_ENTER)
+    if (domain != CUPTI_CB_DOMAIN_RUNTIME_API ||
+        cbid != CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000)
+        return;
+    if (cb->callbackSite == CUPTI_API_ENTER)
         atomic_fetch_add(&client_launches, 1);
+    else if (atomic_exchange(&teardown, 0) &&
+             (cuptiUnsubscribe(client) != CUPTI_SUCCESS || cuptiFinalize() != CUPTI_SUCCESS))
+        atomic_store(&teardown, -1); /* checked by the test */
 }
 
 static CUpti_SubscriberHandle client_subscribe(void)
@@ -132,6 +140,7 @@ static CUpti_SubscriberHandle client_subscribe(void)
     assert_int_equal(cuptiEnableCallback(1, h, CUPTI_CB_DOMAIN_RUNTIME_API,
                                          CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000),
                      CUPTI_SUCCESS);
+    client = h;
     return h;
 }
 
@@ -345,6 +354,42 @@ static void test_before_first_alloc(void **state)
     assert_int_equal(s2.launches - s1.launches, NMAIN);
 }
 
+/* CUPTI torn down: by the client from inside its own callback, mid-launch
+ * (Kineto's TEARDOWN_CUPTI=1: cuptiUnsubscribe, then cuptiFinalize), and
+ * by a program that finalizes CUPTI while the library holds it. Each time
+ * the library tracks on, and holds CUPTI again once it can. */
+static void test_teardown(void **state)
+{
+    (void)state;
+    if (!getenv("E2E_PROFILER_TEARDOWN"))
+        skip();
+    alloc_all();
+    stagehand_stats_t s0, s1, s2;
+    stats(&s0);
+    client_subscribe();
+    bump_main();
+    atomic_store(&teardown, 1);
+    bump_main(); /* the first launch's exit tears down */
+    assert_int_equal(atomic_load(&teardown), 0);
+    unsigned told = atomic_load(&client_launches);
+    bump_main();
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    assert_int_equal(atomic_load(&client_launches), told);
+    stats(&s1);
+    assert_int_equal(cuptiFinalize(), CUPTI_SUCCESS); /* no client now: the library's CUPTI */
+    bump_main();
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    stats(&s2);
+    check_and_free(4);
+    if (!preloaded)
+        return;
+    assert_int_equal(s1.tracking_mode, 1);
+    assert_int_equal(s1.launches - s0.launches, 3 * NMAIN);
+    assert_int_equal(s2.launches - s1.launches, NMAIN);
+    assert_int_equal(s2.tracking_mode, 1);
+    assert_true(s2.cupti_returns > s1.cupti_returns);
+}
+
 /* The sum of a JSONL field over the file's lines, and the last line's
  * "tracking". */
 static uint64_t jsonl_sum(const char *path, const char *field, char *last_tracking, size_t cap)
@@ -365,10 +410,12 @@ static uint64_t jsonl_sum(const char *path, const char *field, char *last_tracki
     return sum;
 }
 
+static int in_a_child(void);
+
 static void test_mid_run_in_a_child(void **state)
 {
     (void)state;
-    if (getenv("E2E_PROFILER_MID") || getenv("E2E_PROFILER_EARLY"))
+    if (in_a_child())
         skip();
     char path[128], env_file[192];
     snprintf(path, sizeof path, "/tmp/stagehand-e2e-profiler-%d.jsonl", (int)getpid());
@@ -386,12 +433,27 @@ static void test_mid_run_in_a_child(void **state)
     unlink(path);
 }
 
+static int in_a_child(void)
+{
+    return getenv("E2E_PROFILER_MID") || getenv("E2E_PROFILER_EARLY") ||
+           getenv("E2E_PROFILER_TEARDOWN");
+}
+
 static void test_before_first_alloc_in_a_child(void **state)
 {
     (void)state;
-    if (getenv("E2E_PROFILER_MID") || getenv("E2E_PROFILER_EARLY"))
+    if (in_a_child())
         skip();
     const char *const env[] = {"E2E_PROFILER_EARLY=1", NULL};
+    assert_int_equal(e2e_rerun(saved_argv, env), 0);
+}
+
+static void test_teardown_in_a_child(void **state)
+{
+    (void)state;
+    if (in_a_child())
+        skip();
+    const char *const env[] = {"E2E_PROFILER_TEARDOWN=1", NULL};
     assert_int_equal(e2e_rerun(saved_argv, env), 0);
 }
 
@@ -426,6 +488,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_before_first_alloc),
         cmocka_unit_test(test_mid_run_in_a_child),
         cmocka_unit_test(test_before_first_alloc_in_a_child),
+        cmocka_unit_test(test_teardown),
+        cmocka_unit_test(test_teardown_in_a_child),
     };
     return cmocka_run_group_tests_name(
         preloaded ? "e2e_profiler (preloaded)" : "e2e_profiler (disabled)", tests, setup, NULL);

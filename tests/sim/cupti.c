@@ -145,6 +145,20 @@ SIM_EXPORT CUptiResult cuptiUnsubscribe(CUpti_SubscriberHandle subscriber)
     return CUPTI_SUCCESS;
 }
 
+/* "destroys and cleans up all the resources associated with CUPTI": the
+ * subscriber goes, callbacks stop; the next call starts CUPTI afresh. */
+SIM_EXPORT CUptiResult cuptiFinalize(void)
+{
+    pthread_mutex_lock(&mu);
+    bool had = sub.used;
+    sub.used = false;
+    simcuda__set_api_hook(NULL, NULL);
+    pthread_mutex_unlock(&mu);
+    if (had)
+        probe(SIMCUDA_CUPTI_UNSUBSCRIBED);
+    return CUPTI_SUCCESS;
+}
+
 SIM_EXPORT CUptiResult cuptiEnableCallback(uint32_t enable, CUpti_SubscriberHandle subscriber,
                                            CUpti_CallbackDomain domain, CUpti_CallbackId cbid)
 {

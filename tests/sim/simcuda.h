@@ -54,8 +54,8 @@ void simcuda_get_stats(simcuda_stats_t *out);
 
 /* In the simulated CUPTI (libcupti.so.13): fn(event, arg) is called as
  * cuptiSubscribe starts (SIMCUDA_CUPTI_SUBSCRIBING, before anything is
- * checked) and once cuptiUnsubscribe has removed a subscriber
- * (SIMCUDA_CUPTI_UNSUBSCRIBED), on the calling thread with no lock held:
+ * checked) and once cuptiUnsubscribe or cuptiFinalize has removed a
+ * subscriber (SIMCUDA_CUPTI_UNSUBSCRIBED), on the calling thread with no lock held:
  * a test acts at the exact points where one subscriber gives way to the
  * next. NULL stops it. */
 enum { SIMCUDA_CUPTI_SUBSCRIBING = 1, SIMCUDA_CUPTI_UNSUBSCRIBED = 2 };
