@@ -412,13 +412,24 @@ static uint64_t jsonl_sum(const char *path, const char *field, char *last_tracki
 
 static int in_a_child(void);
 
+static char jsonl_path[128];
+
+static int remove_jsonl(void **state)
+{
+    (void)state;
+    if (jsonl_path[0])
+        unlink(jsonl_path);
+    return 0;
+}
+
 static void test_mid_run_in_a_child(void **state)
 {
     (void)state;
     if (in_a_child())
         skip();
-    char path[128], env_file[192];
-    snprintf(path, sizeof path, "/tmp/stagehand-e2e-profiler-%d.jsonl", (int)getpid());
+    char env_file[192];
+    const char *path = jsonl_path;
+    snprintf(jsonl_path, sizeof jsonl_path, "/tmp/stagehand-e2e-profiler-%d.jsonl", (int)getpid());
     snprintf(env_file, sizeof env_file, "STAGEHAND_TELEMETRY_TELEMETRY_FILE=%s", path);
     unlink(path);
     const char *const env[] = {"E2E_PROFILER_MID=1", env_file, NULL};
@@ -430,7 +441,6 @@ static void test_mid_run_in_a_child(void **state)
     assert_int_equal(jsonl_sum(path, "cupti_handovers", tracking, sizeof tracking), 1);
     assert_int_equal(jsonl_sum(path, "cupti_returns", tracking, sizeof tracking), 1);
     assert_string_equal(tracking, "cupti");
-    unlink(path);
 }
 
 static int in_a_child(void)
@@ -486,7 +496,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mid_run),
         cmocka_unit_test(test_before_first_alloc),
-        cmocka_unit_test(test_mid_run_in_a_child),
+        cmocka_unit_test_teardown(test_mid_run_in_a_child, remove_jsonl),
         cmocka_unit_test(test_before_first_alloc_in_a_child),
         cmocka_unit_test(test_teardown),
         cmocka_unit_test(test_teardown_in_a_child),
