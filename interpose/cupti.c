@@ -4,20 +4,22 @@
  * CUPTI takes one subscriber at a time. The library subscribes at start
  * (unless [tracking] mode = hooks) and sees launches through its callbacks;
  * the wrappers then leave launches to CUPTI ("pass"). When another party
- * subscribes (a profiler: Kineto, Nsight), the exported cuptiSubscribe
- * gives CUPTI up first: hooks on, passes in flight drained, then our
- * unsubscribe, then theirs goes through. When that party unsubscribes, the
- * library subscribes again, and only then turns the hooks off. So every
- * launch is seen by at least one mechanism at every moment; when both see
- * one, the callback finds the wrapper's launch open (sh_launch_busy) and
- * stays out of it.
+ * subscribes (a profiler, such as torch.profiler's Kineto), the exported
+ * cuptiSubscribe gives CUPTI up first: hooks on, passes in flight drained,
+ * then our unsubscribe, then theirs goes through. When that party
+ * unsubscribes, the library subscribes again, and only then turns the
+ * hooks off; cuptiFinalize, which ends every subscription, is bracketed
+ * the same way. So every launch is seen by at least one mechanism at every
+ * moment; when both see one, the callback finds the wrapper's launch open
+ * (sh_launch_busy) and stays out of it.
  *
  * Locking: switch_mu serialises every change of subscription (ours, and
- * the other party's through our exports) and guards the state below it.
- * hooks_on and in_pass are read on the launch path without it: a wrapper
- * counts itself into in_pass, then reads hooks_on; a switch sets hooks_on,
- * then waits for in_pass to drain (both sequentially consistent, so one of
- * them sees the other). The callback's open/nest counters are per thread.
+ * the other party's through our exports) and guards the state below it
+ * but for the atomics. hooks_on and in_pass are read on the launch path
+ * without it: a wrapper counts itself into in_pass, then reads hooks_on; a
+ * switch sets hooks_on, then waits for in_pass to drain (both sequentially
+ * consistent, so one of them sees the other). The callback's open/nest
+ * counters are per thread.
  */
 #include "interpose/interpose.h"
 
@@ -45,7 +47,7 @@ struct cupti_lib {
     void *handle; /* ours only: what dlopen gave */
     const char *path;
     subscribe_fn *subscribe;
-    subscribe_v2_fn *subscribe_v2; /* NULL before CUDA 12.x's CUPTI had it */
+    subscribe_v2_fn *subscribe_v2; /* NULL in a CUPTI without it */
     unsubscribe_fn *unsubscribe;
     enable_fn *enable;
     enable_domain_fn *enable_domain;
