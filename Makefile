@@ -184,6 +184,11 @@ $(BUILD)/tests/e2e/test_e2e_dlsym: $(BUILD)/obj/tests/e2e/test_e2e_dlsym.o $(DLS
 	$(CC) -o $@ $< $(LDFLAGS_ALL) -L$(@D) -Wl,--no-as-needed -lshdl_a -lshdl_b -Wl,--as-needed \
 	    -Wl,--disable-new-dtags -Wl,-rpath,'$$ORIGIN' -lcmocka -ldl
 
+# test_e2e_profiler subscribes to CUPTI itself, linking it as Kineto does.
+$(BUILD)/tests/e2e/test_e2e_profiler: $(BUILD)/obj/tests/e2e/test_e2e_profiler.o $(SIM_LIBS)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $< $(LDFLAGS_ALL) $(SIM_LINK) -l:libcupti.so.13 -lcmocka -ldl -ljson-c
+
 $(BUILD)/tests/e2e/%: $(BUILD)/obj/tests/e2e/%.o $(SIM_LIBS)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< $(LDFLAGS_ALL) $(SIM_LINK) -lcmocka -ldl -ljson-c

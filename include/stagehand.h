@@ -89,6 +89,13 @@ typedef struct stagehand_stats {
     uint64_t node_ranks;         /* processes sharing it, this one included */
     uint64_t launches_unscanned; /* launches issued without a look at their
                                   * arguments: nothing was off the device */
+    /* Another CUPTI subscriber (a profiler) took CUPTI over: launches were
+     * tracked through the runtime and driver hooks until it unsubscribed. */
+    uint64_t cupti_handovers; /* times the library gave CUPTI up */
+    uint64_t cupti_returns;   /* times it took CUPTI back */
+    /* Device memory kept for reuse (freed regions, spare chunks, free
+     * small blocks): what trimming the memory pool releases. */
+    uint64_t cached_bytes;
 } stagehand_stats_t;
 
 /* Fills *out (at most size bytes of it); 0, or -1 if out is NULL. */

@@ -86,7 +86,11 @@ EXPORT int stagehand_get_stats(stagehand_stats_t *out, size_t size)
         s.opaque_work = st.opaque;
         s.regions_pinned = st.pinned;
         s.launches = atomic_load(&sh_rt.launches);
-        s.tracking_mode = (uint64_t)sh_launch_mode();
+        s.tracking_mode = (uint64_t)sh_cupti_mode();
+        sh_cupti_counts(&s.cupti_handovers, &s.cupti_returns);
+        struct sh_pool_usage u;
+        sh_pool_usage(sh_rt.pool, &u);
+        s.cached_bytes = u.cached;
         s.launches_unscanned = sh_launch_unscanned();
         struct sh_sched_stats ss;
         if (sh_sched_stats(&ss) == 0)

@@ -3,8 +3,10 @@
  *
  * A program that opens libcuda and looks its functions up by name gets the
  * wrappers, as one that links it does (and so does the CUDA runtime, which
- * finds the driver's cuGetProcAddress this way). Lookups by the library
- * itself, or by a CUDA library of its own functions, get the real ones.
+ * finds the driver's cuGetProcAddress this way); one that opens libcupti
+ * gets the library's cuptiSubscribe and its kin (cupti.c), as one that
+ * links it does. Lookups by the library itself, or by a CUDA library of
+ * its own functions, get the real ones.
  *
  * Built without sanitizers (their runtimes call dlsym while they start,
  * before instrumented code may run) and with sibling calls on (see dlsym
@@ -63,7 +65,9 @@ int sh_dl_is_cuda(const struct link_map *lm)
 {
     const char *slash = lm && lm->l_name ? strrchr(lm->l_name, '/') : NULL;
     const char *base = slash ? slash + 1 : lm ? lm->l_name : NULL;
-    return base && (strncmp(base, "libcuda.so", 10) == 0 || strncmp(base, "libcudart.so", 12) == 0);
+    return base &&
+           (strncmp(base, "libcuda.so", 10) == 0 || strncmp(base, "libcudart.so", 12) == 0 ||
+            strncmp(base, "libcupti.so", 11) == 0);
 }
 
 /* RTLD_DEFAULT and RTLD_NEXT depend on who asks (the caller's own scope,

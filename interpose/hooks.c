@@ -2,10 +2,10 @@
  *
  * CUDA 13's runtime launch stubs call __cudaLaunchKernel (_ptsz with
  * per-thread default streams), which no public header declares, so the interception table
- * (intercept.def) cannot list it. In hook mode (no CUPTI) it does what the CUPTI callbacks would:
- * scan, restore, hold the gate while issuing; in CUPTI mode it passes
- * through. In both it refuses a launch while memory the driver failed to
- * map again cannot be mapped (pool/repair.c), as the table's wrappers do.
+ * (intercept.def) cannot list it. While the library does not hold CUPTI
+ * it does what the CUPTI callbacks would: scan, restore, hold the gate
+ * while issuing; otherwise it leaves the launch to them. In both it refuses a launch while memory
+ * the driver failed to map again cannot be mapped (pool/repair.c), as the table's wrappers do.
  *
  * Shared state: the real entry point, resolved once.
  */
@@ -36,8 +36,11 @@ static cudaError_t launch13(launch13_fn real, cudaKernel_t k, dim3 g, dim3 b, vo
     struct sh_work w = {.kind = SH_WORK_LAUNCH};
     if (sh_work_refused(&w))
         return cudaErrorMemoryAllocation;
-    if (sh_launch_mode() != SH_TRACK_HOOKS)
-        return real(k, g, b, args, shmem, s);
+    if (sh_cupti_pass_begin()) {
+        cudaError_t e = real(k, g, b, args, shmem, s);
+        sh_cupti_pass_end();
+        return e;
+    }
     sh_launch_begin(k, SH_KEY_KERNEL, args, tracked);
     cudaError_t e = real(k, g, b, args, shmem, s);
     sh_launch_end();

@@ -180,14 +180,14 @@ int sh_work_issue(struct sh_work *w)
         return 1;
     switch (w->kind) {
     case SH_WORK_LAUNCH:
-        if (w->pass)
-            return 0;
+        if ((w->pass = sh_cupti_pass_begin()))
+            return 0; /* CUPTI's callbacks see it */
         sh_launch_begin(w->key, w->key_kind, w->params, w->stream);
         if (w->opaque)
             sh_launch_set_opaque();
         return 0;
     case SH_WORK_GRAPH:
-        if (!w->pass)
+        if (!(w->pass = sh_cupti_pass_begin()))
             sh_graph_launch_begin((CUgraphExec)(uintptr_t)w->key, w->stream);
         return 0;
     default:
@@ -203,7 +203,9 @@ void sh_work_end(struct sh_work *w, int result)
         break;
     case SH_WORK_LAUNCH:
     case SH_WORK_GRAPH:
-        if (!w->pass)
+        if (w->pass)
+            sh_cupti_pass_end();
+        else
             sh_launch_end();
         break;
     case SH_WORK_CAPTURE:
@@ -405,7 +407,6 @@ void sh_work_launch(struct sh_work *w, const void *key, int kind, void **params)
     w->key = key;
     w->key_kind = kind;
     w->params = params;
-    w->pass = sh_launch_mode() != SH_TRACK_HOOKS; /* CUPTI's callbacks see it */
 }
 
 void sh_work_extra_params(struct sh_work *w, void **params, void **extra)
@@ -418,7 +419,6 @@ void sh_work_graph(struct sh_work *w, CUgraphExec exec)
 {
     w->kind = SH_WORK_GRAPH;
     w->key = (const void *)exec;
-    w->pass = sh_launch_mode() != SH_TRACK_HOOKS;
 }
 
 void sh_work_capture(struct sh_work *w, int begin)

@@ -38,7 +38,7 @@ struct sh_work {
     int per_thread;  /* a _ptsz/_ptds entry: the default stream is the thread's */
     int any_stream;  /* work on streams the library cannot name */
     int opaque;      /* its reach cannot be bounded */
-    int pass;        /* seen elsewhere (CUPTI): only the gate applies */
+    int pass;        /* left to CUPTI's callbacks (sh_cupti_pass_begin) */
     int begin;       /* SH_WORK_CAPTURE: 1 begins, 0 ends */
     int refused;     /* sh_work_issue refused it: nothing to end */
     const void *key; /* SH_WORK_LAUNCH, SH_WORK_GRAPH */
@@ -71,7 +71,7 @@ void *sh_icept_wrap(void *f);
 
 /* dlsym.c, built without sanitizers (their runtimes call dlsym before they
  * are set up): the real dlsym, the loaded object containing addr, ours, and
- * whether an object is libcuda or libcudart. */
+ * whether an object is libcuda, libcudart or libcupti. */
 struct link_map;
 void *sh_dl_lookup(void *handle, const char *name);
 struct link_map *sh_dl_object(const void *addr);

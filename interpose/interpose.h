@@ -95,13 +95,15 @@ CUstream sh_stream_ptsz(CUstream s);
 int sh_stream_capturing(CUstream s);
 
 /* Launch tracking (launch.c). begin/end bracket the issue of one launch:
- * begin restores what it points into and enters the remap gate. */
+ * begin restores what it points into and enters the remap gate. busy: 1
+ * while the calling thread is between begin and end (nested calls are
+ * part of that launch). init also starts CUPTI (sh_cupti_init). */
 int sh_launch_init(void);
-int sh_launch_mode(void);
 /* Launches issued without a scan: nothing was off the device or moving. */
 uint64_t sh_launch_unscanned(void);
 void sh_launch_begin(const void *key, int kind, void **args, CUstream stream);
 void sh_launch_end(void);
+int sh_launch_busy(void);
 /* For launches whose regions are known already (graphs). */
 void sh_launch_begin_addrs(uint64_t key, const uintptr_t *addrs, size_t n, CUstream stream);
 /* With drain_mode = tracked: a copy or memset just issued on stream, so the
@@ -134,6 +136,19 @@ void sh_launch_prepare(uint64_t kernel, uintptr_t *vals, size_t n);
 /* Commits prefetches of, and restores, the regions at addrs, as a launch
  * would (best effort: check where they are afterwards). */
 void sh_launch_make_resident(const uintptr_t *addrs, size_t n);
+
+/* CUPTI (cupti.c): the library's subscription, and handing it to another
+ * subscriber and back. sh_cupti_mode: enum sh_track_mode now.
+ * sh_cupti_pass_begin: a wrapper is about to issue a launch; 1 when CUPTI's
+ * callbacks will see it (then call sh_cupti_pass_end once the real call
+ * returns), 0 when the wrapper must track it itself (sh_launch_begin/end).
+ * sh_cupti_counts: times CUPTI was given up to another subscriber, and
+ * taken back. */
+int sh_cupti_init(void);
+int sh_cupti_mode(void);
+int sh_cupti_pass_begin(void);
+void sh_cupti_pass_end(void);
+void sh_cupti_counts(uint64_t *handovers, uint64_t *returns);
 
 /* Module images (modules.c), for drivers that cannot report parameter
  * layouts: the kernel name of a runtime launch stub, and a kernel's

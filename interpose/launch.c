@@ -1,10 +1,10 @@
 /* launch.c — seeing kernel launches: which regions each one points into.
  *
- * Primary mode: CUPTI callbacks on the driver and runtime launch APIs. A
- * runtime launch also raises the driver callback of the launch it makes;
- * a per-thread depth de-duplicates them. Fallback mode, when CUPTI is
- * missing or another subscriber (a profiler) owns it: the exported hooks
- * on the same calls do the work (they are thin pass-throughs otherwise).
+ * Launches reach sh_launch_begin/end from the CUPTI callbacks (cupti.c) or,
+ * when the library does not hold CUPTI, from the exported hooks on the same
+ * calls; a per-thread depth makes the outermost one the launch (a runtime
+ * launch raises the driver launch it makes, and during a switch between
+ * the two mechanisms both may see one launch).
  *
  * Each launch's parameter buffer is scanned at every 4-byte-aligned
  * position against the region index, using parameter offsets and sizes from cuFuncGetParamInfo /
@@ -13,8 +13,8 @@
  * gate's read side until it has been issued.
  *
  * Locking: layout_mu guards the layout cache; ranges_mu the pointer-table
- * ranges (ranges_min/max are read without it); the mode is written once at
- * start. The depth counter is thread-local.
+ * ranges (ranges_min/max are read without it). The depth counter is
+ * thread-local.
  */
 #include "interpose/cubin.h"
 #include "interpose/interpose.h"
@@ -22,7 +22,6 @@
 #include "sh_log.h"
 #include "telemetry/telemetry.h"
 
-#include <cupti.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -56,7 +55,6 @@ static _Thread_local struct {
     int quiet;  /* not scanned: it counts as using every region on any stream */
 } pending;      /* the launch being issued on this thread */
 static atomic_ullong unscanned; /* launches issued without a scan */
-static int mode = SH_TRACK_NONE;
 
 static __typeof__(cudaGetFuncBySymbol) *real_get_func;
 static CUresult (*kernel_param_info)(CUkernel, size_t, size_t *, size_t *);
@@ -574,199 +572,9 @@ void sh_launch_end(void)
     }
 }
 
-int sh_launch_mode(void)
+int sh_launch_busy(void)
 {
-    return mode;
-}
-
-/* ---- CUPTI ---- */
-
-/* The per-thread-default variants (_ptsz) mean the calling thread's own
- * stream by stream 0. (The two domains' ids overlap: check the domain.) */
-static int is_ptsz(CUpti_CallbackDomain domain, CUpti_CallbackId cbid)
-{
-    if (domain == CUPTI_CB_DOMAIN_RUNTIME_API)
-        return cbid == CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000 ||
-               cbid == CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_ptsz_v9000 ||
-               cbid == CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060 ||
-               cbid == CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_ptsz_v10000 ||
-               cbid == CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_ptsz_v13000;
-    return cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz ||
-           cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz ||
-           cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz ||
-           cbid == CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz;
-}
-
-static CUstream per_thread_default(int ptsz, CUstream s)
-{
-    return ptsz ? sh_stream_ptsz(s) : s;
-}
-
-static void CUPTIAPI on_callback(void *user, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
-                                 const void *data)
-{
-    (void)user;
-    const CUpti_CallbackData *cb = data;
-    if (cb->callbackSite == CUPTI_API_EXIT) {
-        sh_launch_end();
-        return;
-    }
-    const void *key = NULL;
-    int kind = SH_KEY_FUNCTION, ptsz = is_ptsz(domain, cbid);
-    void **args = NULL;
-    CUstream stream = NULL;
-    const void *p = cb->functionParams;
-    if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
-        switch (cbid) {
-        case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000:
-        case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000:
-            key = ((const cudaLaunchKernel_v7000_params *)p)->func;
-            args = ((const cudaLaunchKernel_v7000_params *)p)->args;
-            stream = (CUstream)((const cudaLaunchKernel_v7000_params *)p)->stream;
-            kind = SH_KEY_HOST_FN;
-            break;
-        case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_v9000:
-        case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_ptsz_v9000:
-            key = ((const cudaLaunchCooperativeKernel_v9000_params *)p)->func;
-            args = ((const cudaLaunchCooperativeKernel_v9000_params *)p)->args;
-            stream = (CUstream)((const cudaLaunchCooperativeKernel_v9000_params *)p)->stream;
-            kind = SH_KEY_HOST_FN;
-            break;
-        case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060:
-        case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060:
-            key = ((const cudaLaunchKernelExC_v11060_params *)p)->func;
-            args = ((const cudaLaunchKernelExC_v11060_params *)p)->args;
-            stream = (CUstream)((const cudaLaunchKernelExC_v11060_params *)p)->config->stream;
-            kind = SH_KEY_HOST_FN;
-            break;
-        case CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000:
-        case CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_ptsz_v10000:
-            sh_graph_launch_begin(
-                (CUgraphExec)((const cudaGraphLaunch_v10000_params *)p)->graphExec,
-                per_thread_default(ptsz,
-                                   (CUstream)((const cudaGraphLaunch_v10000_params *)p)->stream));
-            return;
-        case CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_v13000:
-        case CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_ptsz_v13000:
-            /* Same layout as cudaLaunchKernel's, with a kernel handle first. */
-            key = ((const cudaLaunchKernel_v7000_params *)p)->func;
-            args = ((const cudaLaunchKernel_v7000_params *)p)->args;
-            stream = (CUstream)((const cudaLaunchKernel_v7000_params *)p)->stream;
-            kind = SH_KEY_KERNEL;
-            break;
-        default:
-            break;
-        }
-    } else {
-        switch (cbid) {
-        case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel:
-        case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz:
-            key = ((const cuLaunchKernel_params *)p)->f;
-            args = ((const cuLaunchKernel_params *)p)->kernelParams;
-            stream = ((const cuLaunchKernel_params *)p)->hStream;
-            break;
-        case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx:
-        case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz:
-            key = ((const cuLaunchKernelEx_params *)p)->f;
-            args = ((const cuLaunchKernelEx_params *)p)->kernelParams;
-            stream = ((const cuLaunchKernelEx_params *)p)->config->hStream;
-            break;
-        case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel:
-        case CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz:
-            key = ((const cuLaunchCooperativeKernel_params *)p)->f;
-            args = ((const cuLaunchCooperativeKernel_params *)p)->kernelParams;
-            stream = ((const cuLaunchCooperativeKernel_params *)p)->hStream;
-            break;
-        case CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch:
-        case CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz:
-            sh_graph_launch_begin(
-                ((const cuGraphLaunch_params *)p)->hGraph,
-                per_thread_default(ptsz, ((const cuGraphLaunch_params *)p)->hStream));
-            return;
-        default:
-            break;
-        }
-    }
-    /* every ENTER pairs with an EXIT */
-    sh_launch_begin(key, kind, args, per_thread_default(ptsz, stream));
-}
-
-static const CUpti_CallbackId runtime_ids[] = {
-    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000,
-    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000,
-    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_v9000,
-    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_ptsz_v9000,
-    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060,
-    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060,
-    CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_v13000,
-    CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_ptsz_v13000,
-    CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000,
-    CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_ptsz_v10000,
-};
-static const CUpti_CallbackId driver_ids[] = {
-    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,
-    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz,
-    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx,
-    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz,
-    CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel,
-    CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz,
-    CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch,
-    CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz,
-};
-
-static const char *cupti_loaded; /* the path that subscribed, for the log */
-
-static const char *start_cupti_at(const char *path)
-{
-    static char why[SH_CONFIG_STR_MAX + 256]; /* start-up runs once */
-    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!lib) {
-        const char *e = dlerror();
-        snprintf(why, sizeof why, "[tracking] cupti_path %s could not be loaded: %s", path,
-                 e ? e : "unknown reason");
-        return why;
-    }
-    __typeof__(cuptiSubscribe) *subscribe =
-        (__typeof__(cuptiSubscribe) *)dlsym(lib, "cuptiSubscribe");
-    __typeof__(cuptiEnableCallback) *enable =
-        (__typeof__(cuptiEnableCallback) *)dlsym(lib, "cuptiEnableCallback");
-    CUpti_SubscriberHandle sub;
-    CUptiResult r = subscribe && enable ? subscribe(&sub, (CUpti_CallbackFunc)on_callback, NULL)
-                                        : CUPTI_ERROR_NOT_INITIALIZED;
-    if (r != CUPTI_SUCCESS) {
-        dlclose(lib);
-        snprintf(why, sizeof why, "%s: %s", path,
-                 !subscribe || !enable ? "no cuptiSubscribe in it"
-                 : r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
-                     ? "another CUPTI subscriber (a profiler?) is active"
-                     : "cuptiSubscribe failed (a CUPTI for another CUDA version?)");
-        return why;
-    }
-    for (size_t i = 0; i < sizeof runtime_ids / sizeof *runtime_ids; i++)
-        enable(1, sub, CUPTI_CB_DOMAIN_RUNTIME_API, runtime_ids[i]);
-    for (size_t i = 0; i < sizeof driver_ids / sizeof *driver_ids; i++)
-        enable(1, sub, CUPTI_CB_DOMAIN_DRIVER_API, driver_ids[i]);
-    cupti_loaded = path;
-    return NULL;
-}
-
-/* cupti_path, or with "auto" the CUPTI of the CUDA runtime the program has
- * loaded (12, else 13), then the other. NULL on success, else why the first
- * one tried did not. */
-static const char *start_cupti(const char *path)
-{
-    if (strcmp(path, "auto") != 0)
-        return start_cupti_at(path);
-    void *rt12 = dlopen("libcudart.so.12", RTLD_LAZY | RTLD_NOLOAD);
-    if (rt12)
-        dlclose(rt12);
-    const char *first = rt12 ? "libcupti.so.12" : "libcupti.so.13";
-    const char *why = start_cupti_at(first);
-    if (!why)
-        return NULL;
-    static char kept[SH_CONFIG_STR_MAX + 256]; /* the first reason: the one that matters */
-    snprintf(kept, sizeof kept, "%s", why);
-    return start_cupti_at(rt12 ? "libcupti.so.13" : "libcupti.so.12") ? kept : NULL;
+    return depth > 0;
 }
 
 int sh_launch_init(void)
@@ -785,18 +593,5 @@ int sh_launch_init(void)
     if (!func_param_info)
         sh_log(SH_LOG_INFO, "the driver has no cuFuncGetParamInfo: reading parameter layouts "
                             "from module images");
-    const char *why = "configured";
-    if (sh_rt.cfg.tracking.mode != SH_CONFIG_TRACK_HOOKS) {
-        why = start_cupti(sh_rt.cfg.tracking.cupti_path);
-        if (!why) {
-            mode = SH_TRACK_CUPTI;
-            sh_log(SH_LOG_INFO, "launch tracking: CUPTI callbacks (%s)", cupti_loaded);
-            return 0;
-        }
-        if (sh_rt.cfg.tracking.mode == SH_CONFIG_TRACK_CUPTI)
-            sh_log(SH_LOG_WARN, "tracking mode cupti requested, but %s", why);
-    }
-    mode = SH_TRACK_HOOKS;
-    sh_log(SH_LOG_INFO, "launch tracking: runtime and driver hooks (%s)", why);
-    return 0;
+    return sh_cupti_init();
 }

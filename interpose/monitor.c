@@ -165,7 +165,7 @@ void sh_monitor_start(void)
         .high = c->budget.vram_high_watermark.bytes,
         .low = c->budget.vram_low_watermark.bytes,
         .config_summary = summary,
-        .tracking = sh_launch_mode(),
+        .tracking = sh_cupti_mode(),
         .regions = regions,
         .sample = sample,
     };

@@ -106,6 +106,26 @@ int sh_pool_pin(struct sh_pool *pool, uintptr_t addr);
 size_t sh_pool_trim(struct sh_pool *pool, size_t bytes);
 void sh_pool_stats(struct sh_pool *pool, struct sh_pool_stats *st);
 
+/* ---- what the stream-ordered paths hold (usage.c) --------------------------
+ * The figures a memory pool reports, for the allocations of paths ASYNC and
+ * PLUGGABLE: used is what the program holds (a region's requested size, a
+ * small block's class size), wherever it lives; cached is the device memory
+ * the pool keeps for reuse (freed regions, spare chunks, the free blocks
+ * of small-allocation slabs, whichever path they served); reserved is
+ * used + cached. The peaks are the highest used since start or the last
+ * reset, and the highest reserved seen when used reached a new peak or
+ * the figures were read. */
+struct sh_pool_usage {
+    size_t used, used_high, cached, reserved, reserved_high;
+};
+void sh_pool_usage(struct sh_pool *pool, struct sh_pool_usage *out);
+/* Resets the peak of used (used = 1) or of reserved (used = 0) to the
+ * current figure. */
+void sh_pool_usage_reset(struct sh_pool *pool, int used);
+/* Like sh_pool_trim, and empty small-allocation slabs go too; returns the
+ * bytes of device memory released. */
+size_t sh_pool_release(struct sh_pool *pool, size_t bytes);
+
 /* ---- host slab pool ------------------------------------------------------ */
 
 #define SH_HOSTPOOL_MAX_CLASSES 16

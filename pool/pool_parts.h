@@ -219,6 +219,11 @@ int sh_suballoc_alloc(struct sh_suballoc *sa, size_t size, uint64_t stream, uint
 /* SH_ENOTFOUND if ptr is in no slab; SH_EINVAL if it is not the start of a
  * block in use (interior pointer, double free). */
 int sh_suballoc_free(struct sh_suballoc *sa, uintptr_t ptr, uint64_t stream, uint64_t fence);
+/* The same, telling the freed block's class size (may be NULL). */
+int sh_suballoc_free_sized(struct sh_suballoc *sa, uintptr_t ptr, uint64_t stream, uint64_t fence,
+                           size_t *bytes);
+/* The class size an allocation of size bytes gets; 0 if none would serve it. */
+size_t sh_suballoc_class_bytes(const struct sh_suballoc *sa, size_t size);
 /* 1 if ptr lies inside one of the slabs, else 0. */
 int sh_suballoc_owns(struct sh_suballoc *sa, uintptr_t ptr);
 /* Class size of the block in use starting at ptr; errors as for free. */

@@ -344,6 +344,12 @@ void sh_pool_destroy(struct sh_pool *pool)
     free(pool);
 }
 
+/* Paths whose allocations a memory pool would hold (usage.c). */
+static int stream_ordered(int path)
+{
+    return path == SH_PATH_ASYNC || path == SH_PATH_PLUGGABLE;
+}
+
 static int region_alloc(struct sh_pool *pool, size_t size, int path, uint64_t stream, uintptr_t *va)
 {
     size_t mapped = round_up(size, pool->p.granularity);
@@ -407,11 +413,16 @@ int sh_pool_alloc(struct sh_pool *pool, size_t size, int path, uint64_t stream, 
         stream = NO_STREAM; /* usable from any stream: reuse only what is done */
     if (pool->sa && path != SH_PATH_MALLOC && size <= pool->p.suballoc_max) {
         int rc = sh_suballoc_alloc(pool->sa, size, stream, va);
-        if (rc == 0)
+        if (rc == 0) {
             __atomic_add_fetch(&pool->st.small_allocs, 1, __ATOMIC_RELAXED);
+            sh_pool_usage_add(pool, sh_suballoc_class_bytes(pool->sa, size));
+        }
         return rc;
     }
-    return region_alloc(pool, size, path, stream, va);
+    int rc = region_alloc(pool, size, path, stream, va);
+    if (rc == 0 && stream_ordered(path))
+        sh_pool_usage_add(pool, size);
+    return rc;
 }
 
 /* Keeps freed regions and spare chunks together within device_cache:
@@ -500,9 +511,12 @@ int sh_pool_free(struct sh_pool *pool, uintptr_t va, uint64_t stream, uint64_t f
     if (!pool)
         return SH_EINVAL;
     if (pool->sa && sh_suballoc_owns(pool->sa, va)) {
-        int rc = sh_suballoc_free(pool->sa, va, stream, fence);
-        if (rc == 0)
+        size_t bytes = 0;
+        int rc = sh_suballoc_free_sized(pool->sa, va, stream, fence, &bytes);
+        if (rc == 0) {
             __atomic_add_fetch(&pool->st.small_frees, 1, __ATOMIC_RELAXED);
+            sh_pool_usage_sub(pool, bytes);
+        }
         return rc;
     }
     pthread_rwlock_rdlock(&pool->index_lock);
@@ -519,6 +533,7 @@ int sh_pool_free(struct sh_pool *pool, uintptr_t va, uint64_t stream, uint64_t f
         return SH_EINVAL;
     }
     int from = r->state, drop = from == SH_RS_HOST || r->pinned; /* torn down at once */
+    size_t held = stream_ordered(r->path) ? r->size : 0;
     int rc = sh_state_move(&r->state, SH_RS_FREED, r->id);
     if (rc == 0) {
         r->stream = stream;
@@ -537,6 +552,8 @@ int sh_pool_free(struct sh_pool *pool, uintptr_t va, uint64_t stream, uint64_t f
         }
     }
     pthread_mutex_unlock(&pool->mu);
+    if (rc == 0)
+        sh_pool_usage_sub(pool, held);
     /* Once on the freed list, r may be torn down by another thread at once. */
     if (rc == 0 && drop)
         teardown(pool, r);

@@ -105,6 +105,8 @@ struct sh_pool {
     struct strand *stranded; /* scratch mappings that cannot be unmapped */
     size_t nstranded;
     struct sh_pool_stats st;
+    /* What the stream-ordered paths hold, and the peaks (usage.c; atomics). */
+    size_t usage_used, usage_used_high, usage_reserved_high;
 };
 
 /* evict.c, for region.c: a prefetch or an early eviction the caller took
@@ -136,6 +138,11 @@ void sh_pool_hole_close(struct sh_pool *pool, struct chunk *c);
 int sh_pool_unmap_or_strand(struct sh_pool *pool, uintptr_t va, size_t size, uint64_t handle);
 /* The chunk cache's create and release, which know stranded mappings. */
 void sh_pool_chunk_ops(struct sh_pool *pool, struct sh_vmm_ops *ops);
+
+/* usage.c: bytes the program took from, or gave back to, the
+ * stream-ordered paths; called with no pool lock held. */
+void sh_pool_usage_add(struct sh_pool *pool, size_t bytes);
+void sh_pool_usage_sub(struct sh_pool *pool, size_t bytes);
 
 /* evict.c, for move.c: the pieces the blocking moves and the moves in
  * flight share (see evict.c for each). */

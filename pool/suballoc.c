@@ -388,7 +388,19 @@ static struct blk *used_block(struct sh_suballoc *sa, uintptr_t ptr, int *err)
     return &s->b[idx];
 }
 
+size_t sh_suballoc_class_bytes(const struct sh_suballoc *sa, size_t size)
+{
+    int ci = class_of(sa, size);
+    return ci < 0 ? 0 : sa->cls[ci].bsize;
+}
+
 int sh_suballoc_free(struct sh_suballoc *sa, uintptr_t ptr, uint64_t stream, uint64_t fence)
+{
+    return sh_suballoc_free_sized(sa, ptr, stream, fence, NULL);
+}
+
+int sh_suballoc_free_sized(struct sh_suballoc *sa, uintptr_t ptr, uint64_t stream, uint64_t fence,
+                           size_t *bytes)
 {
     struct slab *rel = NULL;
     int err = 0;
@@ -402,6 +414,8 @@ int sh_suballoc_free(struct sh_suballoc *sa, uintptr_t ptr, uint64_t stream, uin
         size_t bsize = sa->cls[ci].bsize;
         sa->st.used_bytes -= bsize;
         sa->st.frees++;
+        if (bytes)
+            *bytes = bsize;
         if (!fence) {
             make_ready(sa, b, &rel);
         } else {

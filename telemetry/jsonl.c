@@ -72,14 +72,24 @@ static void counts(struct jbuf *b, const struct sh_tm_steprec *a, const struct s
     for (size_t i = 0; i < sizeof plain / sizeof plain[0]; i++)
         key_u(b, sh_tm_counter_name(plain[i]), delta(a, z, plain[i]));
     key_f(b, "stall_time_ms", (double)delta(a, z, SH_TM_C_stall_time_us) / 1000.0, 3);
-    static const int more[] = {SH_TM_C_stall_count,   SH_TM_C_pool_hits,
-                               SH_TM_C_pool_misses,   SH_TM_C_h2d_bytes,
-                               SH_TM_C_d2h_bytes,     SH_TM_C_evictions,
-                               SH_TM_C_restores,      SH_TM_C_prefetch_issued,
-                               SH_TM_C_prefetch_hits, SH_TM_C_prefetch_misses,
-                               SH_TM_C_allocs,        SH_TM_C_frees,
-                               SH_TM_C_oom,           SH_TM_C_launches,
-                               SH_TM_C_hint_changes,  SH_TM_C_deferred};
+    static const int more[] = {SH_TM_C_stall_count,
+                               SH_TM_C_pool_hits,
+                               SH_TM_C_pool_misses,
+                               SH_TM_C_h2d_bytes,
+                               SH_TM_C_d2h_bytes,
+                               SH_TM_C_evictions,
+                               SH_TM_C_restores,
+                               SH_TM_C_prefetch_issued,
+                               SH_TM_C_prefetch_hits,
+                               SH_TM_C_prefetch_misses,
+                               SH_TM_C_allocs,
+                               SH_TM_C_frees,
+                               SH_TM_C_oom,
+                               SH_TM_C_launches,
+                               SH_TM_C_hint_changes,
+                               SH_TM_C_deferred,
+                               SH_TM_C_cupti_handovers,
+                               SH_TM_C_cupti_returns};
     for (size_t i = 0; i < sizeof more / sizeof more[0]; i++)
         key_u(b, sh_tm_counter_name(more[i]), delta(a, z, more[i]));
     uint64_t hits = delta(a, z, SH_TM_C_prefetch_hits), miss = delta(a, z, SH_TM_C_prefetch_misses);

@@ -56,8 +56,8 @@ const char *sh_tm_gauge_help(int g)
 const char *sh_tm_event_name(int kind)
 {
     static const char *const names[SH_TM_EV_KINDS] = {
-        "none",  "evict", "restore",  "prefetch", "stall", "oom",  "step",
-        "phase", "hint",  "pressure", "alloc",    "free",  "error"};
+        "none",  "evict", "restore",  "prefetch", "stall", "oom",   "step",
+        "phase", "hint",  "pressure", "alloc",    "free",  "error", "tracking"};
     const char *s = pick(names, SH_TM_EV_KINDS, kind);
     return s ? s : "?";
 }

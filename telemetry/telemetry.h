@@ -56,7 +56,10 @@
     X(phase_forward_us, "us", "time spent in the FORWARD phase")                                   \
     X(phase_backward_us, "us", "time spent in the BACKWARD phase")                                 \
     X(phase_optimizer_us, "us", "time spent in the OPTIMIZER phase")                               \
-    X(phase_step_end_us, "us", "time spent in the STEP_END phase")
+    X(phase_step_end_us, "us", "time spent in the STEP_END phase")                                 \
+    X(cupti_handovers, "times",                                                                    \
+      "CUPTI given up to another subscriber (a profiler): hooks meanwhile")                        \
+    X(cupti_returns, "times", "CUPTI taken back once the other subscriber unsubscribed")
 
 /* ---- gauges: the latest value, set with atomic stores ---------------------- */
 #define SH_TM_GAUGES(X)                                                                            \
@@ -178,19 +181,20 @@ uint64_t sh_tm_now_us(void);
 /* ---- events: a lock-free ring any thread appends to ------------------------ */
 enum sh_tm_event_kind {
     SH_TM_EV_NONE = 0,
-    SH_TM_EV_EVICT = 1,    /* id: region, bytes: size */
-    SH_TM_EV_RESTORE = 2,  /* on-demand restore; id, bytes */
-    SH_TM_EV_PREFETCH = 3, /* prefetch copy started; id, bytes */
-    SH_TM_EV_STALL = 4,    /* id: region waited for, bytes: the wait in us */
-    SH_TM_EV_OOM = 5,      /* bytes: the refused size */
-    SH_TM_EV_STEP = 6,     /* id: the step that begins (logged by sh_tm_step) */
-    SH_TM_EV_PHASE = 7,    /* id: the phase entered (logged by sh_tm_phase) */
-    SH_TM_EV_HINT = 8,     /* id: rules_fired, bytes: prefetch_window */
-    SH_TM_EV_PRESSURE = 9, /* high watermark crossed; bytes: vram_used */
-    SH_TM_EV_ALLOC = 10,   /* id, bytes (large allocations only, by choice) */
-    SH_TM_EV_FREE = 11,    /* id, bytes */
-    SH_TM_EV_ERROR = 12,   /* id: an SH_E* code */
-    SH_TM_EV_KINDS = 13
+    SH_TM_EV_EVICT = 1,     /* id: region, bytes: size */
+    SH_TM_EV_RESTORE = 2,   /* on-demand restore; id, bytes */
+    SH_TM_EV_PREFETCH = 3,  /* prefetch copy started; id, bytes */
+    SH_TM_EV_STALL = 4,     /* id: region waited for, bytes: the wait in us */
+    SH_TM_EV_OOM = 5,       /* bytes: the refused size */
+    SH_TM_EV_STEP = 6,      /* id: the step that begins (logged by sh_tm_step) */
+    SH_TM_EV_PHASE = 7,     /* id: the phase entered (logged by sh_tm_phase) */
+    SH_TM_EV_HINT = 8,      /* id: rules_fired, bytes: prefetch_window */
+    SH_TM_EV_PRESSURE = 9,  /* high watermark crossed; bytes: vram_used */
+    SH_TM_EV_ALLOC = 10,    /* id, bytes (large allocations only, by choice) */
+    SH_TM_EV_FREE = 11,     /* id, bytes */
+    SH_TM_EV_ERROR = 12,    /* id: an SH_E* code */
+    SH_TM_EV_TRACKING = 13, /* launch tracking changed; id: the new enum sh_tm_tracking */
+    SH_TM_EV_KINDS = 14
 };
 
 void sh_tm_event(int kind, uint64_t id, uint64_t bytes);

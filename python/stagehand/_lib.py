@@ -34,6 +34,7 @@ STATS_FIELDS = (
     ("regions_pinned", False), ("launches_recorded", False),
     ("node_budget_bytes", False), ("node_used_bytes", False), ("node_ranks", False),
     ("launches_unscanned", False),
+    ("cupti_handovers", False), ("cupti_returns", False), ("cached_bytes", False),
 )
 
 

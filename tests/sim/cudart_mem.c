@@ -53,6 +53,91 @@ SIM_EXPORT cudaError_t cudaFreeAsync(void *p, cudaStream_t s)
     return rt_ret_cu(cuMemFreeAsync((CUdeviceptr)(uintptr_t)p, (CUstream)s));
 }
 
+/* ---- memory pools: the driver's, by device ordinal ---- */
+
+static cudaError_t device_of(int device, CUdevice *d)
+{
+    return rt_ret_cu(cuDeviceGet(d, device));
+}
+
+SIM_EXPORT cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *pool, int device)
+{
+    ENTER();
+    CUdevice d;
+    cudaError_t e = device_of(device, &d);
+    return e ? e : rt_ret_cu(cuDeviceGetDefaultMemPool((CUmemoryPool *)pool, d));
+}
+
+SIM_EXPORT cudaError_t cudaDeviceGetMemPool(cudaMemPool_t *pool, int device)
+{
+    ENTER();
+    CUdevice d;
+    cudaError_t e = device_of(device, &d);
+    return e ? e : rt_ret_cu(cuDeviceGetMemPool((CUmemoryPool *)pool, d));
+}
+
+SIM_EXPORT cudaError_t cudaDeviceSetMemPool(int device, cudaMemPool_t pool)
+{
+    ENTER();
+    CUdevice d;
+    cudaError_t e = device_of(device, &d);
+    return e ? e : rt_ret_cu(cuDeviceSetMemPool(d, (CUmemoryPool)pool));
+}
+
+SIM_EXPORT cudaError_t cudaMemPoolCreate(cudaMemPool_t *pool, const struct cudaMemPoolProps *props)
+{
+    ENTER();
+    if (!props)
+        return rt_ret(cudaErrorInvalidValue);
+    CUmemPoolProps p = {.allocType = (CUmemAllocationType)props->allocType,
+                        .handleTypes = (CUmemAllocationHandleType)props->handleTypes,
+                        .location = {(CUmemLocationType)props->location.type, props->location.id},
+                        .win32SecurityAttributes = props->win32SecurityAttributes,
+                        .maxSize = props->maxSize,
+                        .usage = props->usage};
+    memcpy(p.reserved, props->reserved, sizeof p.reserved);
+    return rt_ret_cu(cuMemPoolCreate((CUmemoryPool *)pool, &p));
+}
+
+SIM_EXPORT cudaError_t cudaMemPoolDestroy(cudaMemPool_t pool)
+{
+    ENTER();
+    return rt_ret_cu(cuMemPoolDestroy((CUmemoryPool)pool));
+}
+
+/* cudaMemPoolAttr and CUmemPool_attribute share their values. */
+SIM_EXPORT cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr attr,
+                                               void *value)
+{
+    ENTER();
+    return rt_ret_cu(cuMemPoolGetAttribute((CUmemoryPool)pool, (CUmemPool_attribute)attr, value));
+}
+
+SIM_EXPORT cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr attr,
+                                               void *value)
+{
+    ENTER();
+    return rt_ret_cu(cuMemPoolSetAttribute((CUmemoryPool)pool, (CUmemPool_attribute)attr, value));
+}
+
+SIM_EXPORT cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t minBytesToKeep)
+{
+    ENTER();
+    return rt_ret_cu(cuMemPoolTrimTo((CUmemoryPool)pool, minBytesToKeep));
+}
+
+SIM_EXPORT cudaError_t cudaMallocFromPoolAsync(void **p, size_t size, cudaMemPool_t pool,
+                                               cudaStream_t s)
+{
+    ENTER();
+    if (!p)
+        return rt_ret(cudaErrorInvalidValue);
+    CUdeviceptr d = 0;
+    CUresult r = cuMemAllocFromPoolAsync(&d, size, (CUmemoryPool)pool, (CUstream)s);
+    *p = (void *)(uintptr_t)d;
+    return rt_ret_cu(r);
+}
+
 /* What a program built with --default-stream per-thread calls: stream 0
  * there is the calling thread's own stream. */
 static cudaStream_t per_thread(cudaStream_t s)

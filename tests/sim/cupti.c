@@ -2,9 +2,11 @@
  * enabled per (domain, id) or per domain, fed by the simulated driver's API
  * hub with the real callback-data and parameter structs.
  *
- * Locking: mu guards the subscriber and the enable table; the hook copies
- * what it needs under mu and calls the subscriber without it, so a callback
- * may call CUPTI again.
+ * Locking: mu guards the subscriber, the enable table and the hub's hook
+ * (set and cleared under it, so an unsubscribe racing a new subscribe
+ * cannot detach the newcomer); the hook copies what it needs under mu and
+ * calls the subscriber without it, so a callback may call CUPTI again. The
+ * test probe is an atomic pair, called with no lock held.
  */
 #include "sim.h"
 
@@ -30,6 +32,21 @@ struct subscriber {
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct subscriber sub;
+static _Atomic(simcuda_cupti_probe_fn) probe_fn;
+static void *_Atomic probe_arg;
+
+SIM_EXPORT void simcuda_cupti_probe(simcuda_cupti_probe_fn fn, void *arg)
+{
+    atomic_store(&probe_arg, arg);
+    atomic_store(&probe_fn, fn);
+}
+
+static void probe(int event)
+{
+    simcuda_cupti_probe_fn fn = atomic_load(&probe_fn);
+    if (fn)
+        fn(event, atomic_load(&probe_arg));
+}
 
 int sim_refuse_cupti(const char *name, int code);
 int sim_refuse_cupti(const char *name, int code)
@@ -69,6 +86,7 @@ static CUptiResult subscribe(CUpti_SubscriberHandle *subscriber, CUpti_CallbackF
      * is not filled with the size of the structure". */
     if (params && !HAS_FIELD(params, structSize))
         return CUPTI_ERROR_INVALID_PARAMETER;
+    probe(SIMCUDA_CUPTI_SUBSCRIBING);
     if (simcuda__inject("cuptiSubscribe") != 0) /* SIMCUDA_FAIL=cuptiSubscribe:1 */
         return CUPTI_ERROR_NOT_INITIALIZED;
     const char *name = params && HAS_FIELD(params, subscriberName) ? params->subscriberName : NULL;
@@ -88,9 +106,9 @@ static CUptiResult subscribe(CUpti_SubscriberHandle *subscriber, CUpti_CallbackF
     sub.used = true;
     snprintf(sub.name, sizeof sub.name, "CUPTI for %.*s", CUPTI_SUBSCRIBER_NAME_MAX_LEN,
              name ? name : "an unnamed subscriber");
+    simcuda__set_api_hook(hook, NULL);
     pthread_mutex_unlock(&mu);
     *subscriber = (CUpti_SubscriberHandle)&sub;
-    simcuda__set_api_hook(hook, NULL);
     return CUPTI_SUCCESS;
 }
 
@@ -116,12 +134,28 @@ SIM_EXPORT CUptiResult cuptiUnsubscribe(CUpti_SubscriberHandle subscriber)
 {
     pthread_mutex_lock(&mu);
     bool ok = valid(subscriber);
-    if (ok)
+    if (ok) {
         sub.used = false;
+        simcuda__set_api_hook(NULL, NULL);
+    }
     pthread_mutex_unlock(&mu);
     if (!ok)
         return CUPTI_ERROR_INVALID_PARAMETER;
+    probe(SIMCUDA_CUPTI_UNSUBSCRIBED);
+    return CUPTI_SUCCESS;
+}
+
+/* "destroys and cleans up all the resources associated with CUPTI": the
+ * subscriber goes, callbacks stop; the next call starts CUPTI afresh. */
+SIM_EXPORT CUptiResult cuptiFinalize(void)
+{
+    pthread_mutex_lock(&mu);
+    bool had = sub.used;
+    sub.used = false;
     simcuda__set_api_hook(NULL, NULL);
+    pthread_mutex_unlock(&mu);
+    if (had)
+        probe(SIMCUDA_CUPTI_UNSUBSCRIBED);
     return CUPTI_SUCCESS;
 }
 

@@ -27,7 +27,7 @@ static CUresult alloc_device(uintptr_t *out, size_t size, int dev, bool pool)
     unsigned long long h = 0;
     CUresult r = handle_create(mapped, CU_MEM_LOCATION_TYPE_DEVICE, dev, &h);
     if (r == CUDA_SUCCESS) {
-        struct alloc_entry a = {va, size, mapped, h, false, pool, dev};
+        struct alloc_entry a = {va, size, mapped, h, false, pool, dev, NULL};
         struct map_entry m = {.va = va, .size = mapped, .handle = h};
         m.dev_access[dev] = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
         if (mmap((void *)va, mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, handles[h]->fd,
@@ -73,6 +73,8 @@ static CUresult free_device(uintptr_t va)
         return CUDA_ERROR_INVALID_VALUE;
     struct map_entry *m = vec_find(&maps, va);
     size_t mapped = a->mapped;
+    if (a->mpool)
+        sim_pool_charge(a->mpool, a->size, false);
     handle_destroy(a->handle);
     vec_erase(&maps, m);
     vec_erase(&allocs, a);
@@ -198,14 +200,15 @@ static CUresult capture_free(CUdeviceptr dptr, struct sim_stream *s)
     return sim_stream_submit(s, &op->op, NULL);
 }
 
-/* Stream-ordered allocation: memory is usable at once; the free runs when
- * the stream reaches it. cuda.h: it comes from the pool of the stream's
- * device. */
-SIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
+/* Stream-ordered allocation from pool (NULL: the stream's device's
+ * current pool): memory is usable at once; the free runs when the stream
+ * reaches it. cuda.h: it comes from the pool of the stream's device. The
+ * pools are device 0's (drv_pool.c): another device's allocation is
+ * charged to none. */
+static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, struct sim_pool *mpool,
+                            CUstream stream)
 {
-    CUresult r = sim_enter(__func__, true);
-    if (r)
-        return r;
+    CUresult r;
     struct sim_stream *s = sim_stream_get(stream);
     if (!s)
         return CUDA_ERROR_INVALID_HANDLE;
@@ -224,9 +227,34 @@ SIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream
         sim_stream_drain(s);
         r = alloc_device(&va, bytesize, sim_stream_device(s), true);
     }
-    if (r == CUDA_SUCCESS)
-        *dptr = va;
-    return r;
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (!mpool && sim_stream_device(s) == 0)
+        mpool = sim_pool_current();
+    if (mpool) {
+        pthread_mutex_lock(&mem_mu);
+        ((struct alloc_entry *)vec_find(&allocs, va))->mpool = mpool;
+        sim_pool_charge(mpool, bytesize, true);
+        pthread_mutex_unlock(&mem_mu);
+    }
+    *dptr = va;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
+{
+    CUresult r = sim_enter(__func__, true);
+    return r ? r : alloc_async(dptr, bytesize, NULL, stream);
+}
+
+SIM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                            CUstream stream)
+{
+    CUresult r = sim_enter(__func__, true);
+    if (r)
+        return r;
+    struct sim_pool *p = sim_pool_get(pool);
+    return p ? alloc_async(dptr, bytesize, p, stream) : CUDA_ERROR_INVALID_VALUE;
 }
 
 struct free_op {

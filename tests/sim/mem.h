@@ -59,6 +59,7 @@ struct alloc_entry {
     bool graph; /* a graph allocation: the graph's until its last node goes */
     bool pool;  /* from a pool (stream-ordered or graph): its device's alone */
     int dev;
+    struct sim_pool *mpool; /* the memory pool a stream-ordered allocation came from */
 };
 
 struct vec {

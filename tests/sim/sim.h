@@ -4,7 +4,8 @@
  * injection, strings, cuGetProcAddress, the API-callback hub), drv_device.c
  * (devices, contexts, peer access), drv_mem.c (tables, physical handles,
  * pointer information), drv_vmm.c (reservations, mappings, access),
- * drv_alloc.c (allocations, pinned host memory), drv_ptr.c (pointer
+ * drv_alloc.c (allocations, pinned host memory), drv_pool.c (memory pools
+ * and their attributes), drv_ptr.c (pointer
  * queries), drv_stream.c (streams, worker threads), drv_event.c (events),
  * drv_exec.c (kernels, launches, fault guard), drv_copy.c (copies,
  * memsets), drv_graph.c (capture and graphs). mem.h is shared by the memory
@@ -146,6 +147,18 @@ struct sim_ptr_info sim_ptr_info(uintptr_t p);
  * allocations are their device's alone. Memory the driver does not know is
  * not its business. On refusal, says why in why[n]. */
 bool sim_kernel_may_touch(int dev, uintptr_t p, char *why, size_t n);
+
+/* ---- memory pools (drv_pool.c) ---- */
+/* Stream-ordered allocations come from a pool: the device's current one
+ * (its default pool unless cuDeviceSetMemPool chose another) or the one
+ * named. The simulated pool keeps no memory back: a free returns it at
+ * once, so a pool's reserved bytes are its used bytes. */
+struct sim_pool;
+struct sim_pool *sim_pool_current(void);
+/* The live pool behind a handle, or NULL. */
+struct sim_pool *sim_pool_get(CUmemoryPool h);
+/* bytes allocated from (add) or freed to the pool. */
+void sim_pool_charge(struct sim_pool *p, size_t bytes, bool add);
 
 /* ---- streams ---- */
 struct sim_stream;

@@ -53,6 +53,16 @@ typedef struct {
 
 void simcuda_get_stats(simcuda_stats_t *out);
 
+/* In the simulated CUPTI (libcupti.so.13): fn(event, arg) is called as
+ * cuptiSubscribe starts (SIMCUDA_CUPTI_SUBSCRIBING, before anything is
+ * checked) and once cuptiUnsubscribe or cuptiFinalize has removed a
+ * subscriber (SIMCUDA_CUPTI_UNSUBSCRIBED), on the calling thread with no lock held:
+ * a test acts at the exact points where one subscriber gives way to the
+ * next. NULL stops it. */
+enum { SIMCUDA_CUPTI_SUBSCRIBING = 1, SIMCUDA_CUPTI_UNSUBSCRIBED = 2 };
+typedef void (*simcuda_cupti_probe_fn)(int event, void *arg);
+void simcuda_cupti_probe(simcuda_cupti_probe_fn fn, void *arg);
+
 /* Ends every SIMCUDA_FAIL rule, persistent ones included: from here on no
  * call fails by injection (a fault sweep checks what is left once the
  * failure has passed). */

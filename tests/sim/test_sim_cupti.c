@@ -609,6 +609,23 @@ static void runtime_launch_callbacks_name_the_kernel(void **state)
 
 /* ---- what CUPTI does not implement ---- */
 
+/* cuptiFinalize ends the subscription (its callbacks stop, its handle is
+ * dead) and CUPTI takes a new subscriber afterwards. */
+static void finalize_ends_the_subscription(void **state)
+{
+    (void)state;
+    need_ctx();
+    CUpti_SubscriberHandle a = NULL, b = NULL;
+    assert_int_equal(cuptiSubscribe(&a, on_callback, NULL), CUPTI_SUCCESS);
+    assert_int_equal(cuptiFinalize(), CUPTI_SUCCESS);
+    assert_int_equal(cuptiEnableDomain(1, a, CUPTI_CB_DOMAIN_DRIVER_API),
+                     CUPTI_ERROR_INVALID_PARAMETER);
+    assert_int_equal(cuptiUnsubscribe(a), CUPTI_ERROR_INVALID_PARAMETER);
+    assert_int_equal(cuptiSubscribe(&b, on_callback, NULL), CUPTI_SUCCESS);
+    assert_int_equal(cuptiUnsubscribe(b), CUPTI_SUCCESS);
+    assert_int_equal(cuptiFinalize(), CUPTI_SUCCESS); /* nothing subscribed: still fine */
+}
+
 static void unimplemented_calls_are_refused_loudly(void **state)
 {
     (void)state;
@@ -641,6 +658,7 @@ int main(void)
         cmocka_unit_test(driver_launch_callbacks_carry_the_call),
         cmocka_unit_test(runtime_launch_nests_the_driver_launch),
         cmocka_unit_test(runtime_launch_callbacks_name_the_kernel),
+        cmocka_unit_test(finalize_ends_the_subscription),
         cmocka_unit_test(unimplemented_calls_are_refused_loudly),
     };
     return cmocka_run_group_tests_name("sim_cupti", tests, NULL, NULL);

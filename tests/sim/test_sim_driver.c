@@ -795,14 +795,14 @@ static void unimplemented_calls_are_refused_loudly(void **state)
     CUdeviceptr d = 0;
     CUgraph g = NULL;
     CUmodule m = NULL;
-    CUmemoryPool pool = NULL;
+    CUmemPoolPtrExportData exported;
     struct capture c;
     char err[2048];
     capture_begin(&c);
     CUresult r1 = cuMemAllocManaged(&d, 4096, CU_MEM_ATTACH_GLOBAL);
     CUresult r2 = cuGraphCreate(&g, 0);
     CUresult r3 = cuModuleLoad(&m, "nothing.cubin");
-    CUresult r4 = cuDeviceGetDefaultMemPool(&pool, 0);
+    CUresult r4 = cuMemPoolExportPointer(&exported, d);
     capture_end(&c, err, sizeof err);
     assert_int_equal(r1, CUDA_ERROR_NOT_SUPPORTED);
     assert_int_equal(r1, 801);
@@ -812,7 +812,7 @@ static void unimplemented_calls_are_refused_loudly(void **state)
     assert_non_null(strstr(err, "cuMemAllocManaged"));
     assert_non_null(strstr(err, "cuGraphCreate"));
     assert_non_null(strstr(err, "cuModuleLoad"));
-    assert_non_null(strstr(err, "cuDeviceGetDefaultMemPool"));
+    assert_non_null(strstr(err, "cuMemPoolExportPointer"));
     assert_int_equal(d, 0);
     assert_null(g);
     assert_null(m);

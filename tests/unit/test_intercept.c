@@ -42,7 +42,7 @@ static void test_every_entry_waits_out_a_window(void **state)
     void *p = NULL;
     assert_int_equal(cudaMalloc(&p, 1 << 20), cudaSuccess); /* the library comes up */
     assert_true(sh_active());
-    assert_int_equal(sh_launch_mode(), SH_TRACK_HOOKS);
+    assert_int_equal(sh_cupti_mode(), SH_TRACK_HOOKS);
     size_t gated = 0;
     for (size_t i = 0; i < sh_icept_count; i++) {
         struct caller c = {.entry = i};

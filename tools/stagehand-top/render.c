@@ -551,6 +551,9 @@ static void events(struct top_canvas *cv, const struct top_rect *r, const struct
         else if (e->kind == SH_TM_EV_PHASE)
             top_textf(cv, r, y, r->x, TA_DIM, " %7s  phase    %s", age,
                       sh_tm_phase_name((int)e->id));
+        else if (e->kind == SH_TM_EV_TRACKING)
+            top_textf(cv, r, y, r->x, TA_NORMAL, " %7s  tracking %s", age,
+                      sh_tm_tracking_name((int)e->id));
         else
             top_textf(cv, r, y, r->x, bad ? TA_WARN : TA_NORMAL, " %7s  %-8s #%-8llu %7s", age,
                       sh_tm_event_name((int)e->kind), (unsigned long long)e->id, bytes);
