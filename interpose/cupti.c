@@ -437,6 +437,7 @@ static void take_back(const char *why)
         return;
     }
     atomic_store(&hooks_on, 0);
+    atomic_store(&back_pending, 0); /* whatever asked for this is done */
     set_mode(SH_TRACK_CUPTI);
     atomic_fetch_add(&returns, 1);
     sh_tm_inc(SH_TM_C_cupti_returns);
