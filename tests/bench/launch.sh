@@ -36,7 +36,7 @@ count() {
     callgrind_annotate --inclusive=yes "$out" 2>/dev/null | awk '
         /PROGRAM TOTALS/ { gsub(",", "", $1); total = $1 }
         / tests\/sim\/drv_exec.c:copy_run / { gsub(",", "", $1); copy += $1 }
-        / tests\/sim\/drv_mem.c:cuMem(Map|Unmap|SetAccess|Create|Release)(_v2)? / {
+        / tests\/sim\/drv_(mem|vmm).c:cuMem(Map|Unmap|SetAccess|Create|Release)(_v2)? / {
             gsub(",", "", $1); copy += $1 }
         /:sh_pool_scan_landed / { gsub(",", "", $1); scan = $1 }
         / tests\/sim\/cupti.c:hook / { gsub(",", "", $1); hook = $1 }
