@@ -134,7 +134,7 @@ def test_run_warns_of_expandable_segments_with_the_native_backend():
     (["run", "--allocator", "fast", "--", "x"], 2, "invalid choice: 'fast'"),
     (["run", "--lib", "/nonexistent.so", "--", "x"], 2, "/nonexistent.so: no such file"),
     (["run", "-q", "--", "/nonexistent/cmd"], 127, "run: /nonexistent/cmd: command not found"),
-    (["launch"], 2, "unknown command 'launch': run or top"),
+    (["launch"], 2, "unknown command 'launch': run, top or trace"),
     ([], 2, "usage: python -m stagehand run"),
 ])
 def test_bad_input_is_named(args, status, message):
