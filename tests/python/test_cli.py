@@ -76,9 +76,12 @@ def fake_torch_metadata(tmp_path, version):
     return str(site)
 
 
-def launcher(args, site=None, extra=None):
+def launcher(args, site=None, extra=None, no_site=False):
+    """python -m stagehand ARGS in a child; no_site=True leaves out the
+    interpreter's site-packages (and the torch that may be installed there)."""
     env = child_env(preload=False, extra=extra, pythonpath=[site] if site else [])
-    return subprocess.run([sys.executable, "-m", "stagehand"] + args, env=env,
+    return subprocess.run([sys.executable] + (["-S"] if no_site else []) +
+                          ["-m", "stagehand"] + args, env=env,
                           capture_output=True, text=True, timeout=120, check=False)
 
 
@@ -113,7 +116,7 @@ def test_run_asks_the_python_the_command_names(tmp_path):
 
 
 def test_run_without_pytorch_sets_both(tmp_path):
-    r = launcher(["run", "--print-env", "--", "/bin/true"])
+    r = launcher(["run", "--print-env", "--", "/bin/true"], no_site=True)
     assert r.returncode == 0, r.stderr
     assert {OLD + "=backend:cudaMallocAsync", NEW + "=backend:cudaMallocAsync"} <= \
         set(r.stdout.splitlines())

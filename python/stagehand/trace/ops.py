@@ -36,8 +36,10 @@ _ALLOC_ONLY = frozenset((
 _NO_KERNEL = frozenset((
     "_has_compatible_shallow_copy_type", "is_same_size", "sym_size", "sym_stride",
     "sym_numel", "sym_storage_offset", "size", "stride", "dim", "is_contiguous",
-    "_version", "_unsafe_view_copy", "record_stream",
+    "_version", "record_stream",
 ))
+# Views whose schema does not say so.
+_UNMARKED_VIEWS = frozenset(("_unsafe_view",))
 _GATHERS = frozenset(("embedding", "index_select", "gather", "take"))
 
 # multi_tensor_apply's limits (aten/src/ATen/native/cuda/MultiTensorApply.cuh).
@@ -58,6 +60,8 @@ def kind(func):
         return "alloc"
     if n in _NO_KERNEL:
         return "none"
+    if n in _UNMARKED_VIEWS:
+        return "view"
     s = func._schema
     if not s.is_mutable and any(r.alias_info is not None for r in s.returns):
         return "view"

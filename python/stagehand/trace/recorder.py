@@ -317,7 +317,9 @@ class Recorder:
             self._track(t)
         if kind == "view":
             self.stats["views"] += 1
-        elif kind == "kernel":
+        elif kind == "kernel" and any(t.device.type == "meta" for t in ins + outs):
+            # (an op on host tensors only, such as AdamW's step counts in
+            # PyTorch 1.13, runs on the CPU: no launch)
             if self._untimed:
                 self.stats["untimed_ops"] += 1
             else:
