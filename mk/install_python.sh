@@ -10,9 +10,10 @@ set -euo pipefail
 [ $# -eq 2 ] || { echo "usage: mk/install_python.sh DESTDIR PREFIX" >&2; exit 2; }
 destdir=$1 prefix=$2
 dest=$destdir$prefix/share/stagehand/python
-install -d "$dest/stagehand"
+install -d "$dest/stagehand/trace"
 install -m 0644 python/pyproject.toml "$dest/"
 install -m 0644 python/stagehand/*.py "$dest/stagehand/"
+install -m 0644 python/stagehand/trace/*.py "$dest/stagehand/trace/"
 python3 - "$dest/stagehand/_paths.py" "$prefix" <<'PY'
 import os, sys
 path, prefix = sys.argv[1:]

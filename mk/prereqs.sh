@@ -26,6 +26,16 @@ need_python_test() {
     done
     missing+=(python3-pytest python3-pip python3-setuptools)
 }
+# The recorder's tests (tests/python/test_trace.py) run PyTorch on the meta
+# device: Debian's CPU build is enough (about 40 s to install, 200 MB), for
+# the system python3, which is the one that has it.
+need_torch() {
+    local py
+    for py in python3 /usr/bin/python3; do
+        "$py" -c 'import pytest, torch' >/dev/null 2>&1 && return
+    done
+    missing+=(python3-torch)
+}
 
 for what in "${@:-build}"; do
     case "$what" in
@@ -41,6 +51,7 @@ for what in "${@:-build}"; do
         need_cmd tmux tmux
         need_cmd python3 python3
         need_python_test
+        need_torch
         ;;
     check)
         need_cmd clang-format clang-format

@@ -1,7 +1,8 @@
 /* trace_read.c — the trace reader (docs/TRACE.md): parses any bytes at all
  * into an in-memory trace, checking every field and every reference (a region
  * is allocated only when not live, freed only when live, launched only while
- * live), and names the file and line of the first error.
+ * live), and names the file and line of the first error. Files may be
+ * gzip-compressed (zlib reads plain ones as they are).
  *
  * No shared state: a writer or a trace belongs to one caller at a time.
  */
@@ -14,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zlib.h>
 
 /* A set of live region ids (open addressing), for reference checks. */
 struct idset {
@@ -560,19 +562,17 @@ int sh_trace_parse(const char *name, const char *text, size_t len, struct sh_tra
     return 0;
 }
 
-int sh_trace_read(const char *path, struct sh_trace **out, char *err, size_t errlen)
+/* The whole file, decompressed if it is gzip; 0, or an error in err. */
+static int read_all(const char *path, char **out, size_t *outlen, char *err, size_t errlen)
 {
-    if (err && errlen)
-        err[0] = 0;
-    if (!path || !out)
-        return SH_EINVAL;
-    *out = NULL;
-    FILE *f = fopen(path, "rb");
+    errno = 0;
+    gzFile f = gzopen(path, "rb");
     if (!f) {
         if (err && errlen)
-            snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+            snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno ? errno : ENOMEM));
         return SH_ENOTFOUND;
     }
+    gzbuffer(f, 1 << 17);
     char *buf = NULL;
     size_t len = 0, cap = 0;
     int rc = 0;
@@ -581,20 +581,48 @@ int sh_trace_read(const char *path, struct sh_trace **out, char *err, size_t err
             rc = SH_ENOMEM;
             break;
         }
-        size_t got = fread(buf + len, 1, cap - len, f);
-        len += got;
-        if (got == 0)
+        size_t room = cap - len < (1u << 30) ? cap - len : (1u << 30);
+        int got = gzread(f, buf + len, (unsigned)room);
+        if (got <= 0) {
+            rc = got < 0 ? SH_EINVAL : 0;
             break;
+        }
+        len += (size_t)got;
     }
-    if (!rc && ferror(f))
+    int zerr = Z_OK;
+    const char *zmsg = gzerror(f, &zerr);
+    if (!rc && zerr == Z_BUF_ERROR) /* the input ended inside a gzip stream */
         rc = SH_EINVAL;
-    fclose(f);
+    if (err && errlen && rc)
+        snprintf(err, errlen, "%s: %s", path,
+                 rc == SH_ENOMEM        ? "out of memory"
+                 : zerr == Z_BUF_ERROR  ? "truncated gzip data"
+                 : zerr == Z_DATA_ERROR ? "corrupt gzip data"
+                 : zerr == Z_ERRNO      ? strerror(errno)
+                 : zmsg && *zmsg        ? zmsg
+                                        : "read error");
+    gzclose_r(f);
     if (rc) {
-        if (err && errlen)
-            snprintf(err, errlen, "%s: %s", path, rc == SH_ENOMEM ? "out of memory" : "read error");
         free(buf);
         return rc;
     }
+    *out = buf;
+    *outlen = len;
+    return 0;
+}
+
+int sh_trace_read(const char *path, struct sh_trace **out, char *err, size_t errlen)
+{
+    if (err && errlen)
+        err[0] = 0;
+    if (!path || !out)
+        return SH_EINVAL;
+    *out = NULL;
+    char *buf;
+    size_t len;
+    int rc = read_all(path, &buf, &len, err, errlen);
+    if (rc)
+        return rc;
     rc = sh_trace_parse(path, buf, len, out, err, errlen);
     free(buf);
     return rc;

@@ -1,7 +1,9 @@
-"""python -m stagehand: run a program under libstagehand, or watch one.
+"""python -m stagehand: run a program under libstagehand, watch one, or record
+a model's trace with no GPU.
 
     python -m stagehand run -- python train.py     # LD_PRELOAD and PyTorch's allocator variable
     python -m stagehand top [--once | --json ...]  # stagehand-top, with its own options
+    python -m stagehand trace gpt:layers=24 -o gpt.trace.gz   # docs/TRACE.md, from the meta device
 """
 
 import argparse
@@ -16,11 +18,16 @@ from . import _conf, _lib
 USAGE = """usage: python -m stagehand run [--lib PATH] [--allocator async|native]
                                 [--torch-version X.Y] [--print-env] [-q] -- COMMAND [ARG...]
        python -m stagehand top [stagehand-top options]
+       python -m stagehand trace MODEL [--gpu CARD] [--mode async|preload|pluggable]
+                                 [--steps N] [-o FILE] [--list] ...
 
 run   runs COMMAND under libstagehand: LD_PRELOAD gains the library, and
       PyTorch's allocator variable gets backend:cudaMallocAsync (one region per
       tensor), in the variable the PyTorch that COMMAND uses reads.
 top   runs stagehand-top, the live monitor (found next to the library, or on PATH).
+trace records training steps of a PyTorch model on the meta device (no GPU) as
+      the library would see them, with durations from a GPU's roofline, for
+      stagehand-sim to replay (python -m stagehand trace --help).
 """
 
 
@@ -146,7 +153,10 @@ def main(argv=None):
         return run(argv[1:])
     if argv[0] == "top":
         return top(argv[1:])
-    return _fail("unknown command %r: run or top\n%s" % (argv[0], USAGE))
+    if argv[0] == "trace":
+        from .trace import cli
+        return cli.main(argv[1:])
+    return _fail("unknown command %r: run, top or trace\n%s" % (argv[0], USAGE))
 
 
 if __name__ == "__main__":

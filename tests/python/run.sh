@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Python package's tests (pytest), from the repository root, ending with
-# the lines tests/run.sh counts. They need the built library and the
-# simulated GPU in BUILD, and neither torch nor a GPU.
+# the lines tests/run.sh counts. They need the built library, stagehand-sim
+# and the simulated GPU in BUILD, and no GPU; the recorder's need PyTorch
+# (CPU only: Debian's python3-torch).
 # Usage: tests/python/run.sh [BUILD]   (PYTHON picks the interpreter)
 set -u
 build=${1:-${BUILD:-build}}
@@ -10,15 +11,18 @@ if [ -n "${SAN:-}" ]; then
     echo "python tests: skipped under SAN=$SAN"
     exit 0
 fi
-# The first python3 on PATH may be another installation without pytest
-# (pyenv, a venv); mk/prereqs.sh gives the system one what it needs.
+# The first python3 on PATH may be another installation without pytest or
+# torch (pyenv, a venv); mk/prereqs.sh gives the system one what it needs:
+# pytest, and PyTorch for the recorder's tests (tests/python/test_trace.py).
 py=${PYTHON:-}
 if [ -z "$py" ]; then
-    for c in python3 /usr/bin/python3; do
-        if "$c" -c 'import pytest' >/dev/null 2>&1; then
-            py=$c
-            break
-        fi
+    for want in 'import pytest, torch' 'import pytest'; do
+        for c in python3 /usr/bin/python3; do
+            if "$c" -c "$want" >/dev/null 2>&1; then
+                py=$c
+                break 2
+            fi
+        done
     done
 fi
 if [ -z "$py" ]; then

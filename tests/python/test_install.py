@@ -44,6 +44,7 @@ def test_pip_installs_the_package(tmp_path):
                        env=env, capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
     assert (site / "stagehand" / "__main__.py").is_file()
+    assert (site / "stagehand" / "trace" / "recorder.py").is_file()
     assert list(site.glob("stagehand-0.1.0.dist-info"))
 
     code = "import stagehand; print(stagehand.__file__); print(stagehand.find_library())"
@@ -67,6 +68,9 @@ def test_make_install_layout_finds_its_library_and_top(tmp_path):
     prefix = tmp_path / "prefix"
     r = install("", str(prefix))
     assert r.returncode == 0, r.stderr
+    trace = prefix / "share" / "stagehand" / "python" / "stagehand" / "trace"
+    assert sorted(p.name for p in trace.iterdir()) == sorted(
+        f for f in os.listdir(os.path.join(PYDIR, "stagehand", "trace")) if f.endswith(".py"))
     assert "pip install %s/share/stagehand/python" % prefix in r.stdout
     (prefix / "lib").mkdir()
     (prefix / "bin").mkdir()

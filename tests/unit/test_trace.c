@@ -22,6 +22,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #define DIR "tests/unit/traces/"
 
@@ -52,6 +53,24 @@ static const struct sh_trace_event *at(const struct sh_trace *t, size_t i)
 }
 
 /* ---- reading ---- */
+
+/* Writes len bytes of buf to path, gzip-compressed. */
+static void write_gz(const char *path, const char *buf, size_t len)
+{
+    gzFile g = gzopen(path, "wb");
+    assert_non_null(g);
+    assert_int_equal(gzwrite(g, buf, (unsigned)len), (int)len);
+    assert_int_equal(gzclose(g), Z_OK);
+}
+
+/* Writes the first len bytes of buf to path as they are. */
+static void write_raw(const char *path, const char *buf, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(buf, 1, len, f), len);
+    assert_int_equal(fclose(f), 0);
+}
 
 static void test_read_good(void **state)
 {
@@ -98,6 +117,63 @@ static void test_read_good(void **state)
     assert_int_equal(at(t, 11)->phase, SH_PHASE_STEP_END);
     assert_null(sh_trace_at(t, 12));
     sh_trace_destroy(t);
+}
+
+/* A gzip-compressed trace reads as the plain one (the recorder writes its
+ * fixtures that way); a truncated or damaged one is an error naming the
+ * file, never a partial trace. */
+static void test_read_gzip(void **state)
+{
+    (void)state;
+    size_t len;
+    char *text = slurp(DIR "good_small.trace", &len);
+    const char *path = tmp_file();
+    write_gz(path, text, len);
+    struct sh_trace *plain = NULL, *t = NULL;
+    char err[256];
+    assert_int_equal(sh_trace_read(DIR "good_small.trace", &plain, err, sizeof err), 0);
+    assert_int_equal(sh_trace_read(path, &t, err, sizeof err), 0);
+    assert_string_equal(err, "");
+    assert_int_equal(sh_trace_count(t), sh_trace_count(plain));
+    assert_string_equal(sh_trace_source(t), sh_trace_source(plain));
+    for (size_t i = 0; i < sh_trace_count(t); i++) {
+        const struct sh_trace_event *a = at(t, i), *b = at(plain, i);
+        assert_int_equal(a->type, b->type);
+        assert_int_equal(a->t_us, b->t_us);
+        assert_int_equal(a->id, b->id);
+        assert_int_equal(a->dur_us, b->dur_us);
+        assert_int_equal(a->line, b->line);
+        assert_int_equal(a->n, b->n);
+    }
+    sh_trace_destroy(t);
+    sh_trace_destroy(plain);
+
+    size_t glen;
+    char *gz = slurp(path, &glen);
+    char want[256];
+    write_raw(path, gz, glen / 2);
+    t = (struct sh_trace *)&t;
+    assert_int_equal(sh_trace_read(path, &t, err, sizeof err), SH_EINVAL);
+    assert_null(t);
+    snprintf(want, sizeof want, "%s: truncated gzip data", path);
+    assert_string_equal(err, want);
+
+    gz[glen - 5] ^= 0x55; /* the stored CRC: the data no longer checks */
+    write_raw(path, gz, glen);
+    assert_int_equal(sh_trace_read(path, &t, err, sizeof err), SH_EINVAL);
+    assert_null(t);
+    snprintf(want, sizeof want, "%s: corrupt gzip data", path);
+    assert_string_equal(err, want);
+
+    /* A bad record inside is reported by its line, as in a plain file. */
+    static const char bad[] = "stagehand-trace 1\nf 0 7 t\n";
+    write_gz(path, bad, sizeof bad - 1);
+    assert_int_equal(sh_trace_read(path, &t, err, sizeof err), SH_EINVAL);
+    snprintf(want, sizeof want, "%s:2: free of region 7, which is not live", path);
+    assert_string_equal(err, want);
+    free(gz);
+    free(text);
+    unlink(path);
 }
 
 static void test_read_line_endings(void **state)
@@ -476,6 +552,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_read_good),
+        cmocka_unit_test(test_read_gzip),
         cmocka_unit_test(test_read_line_endings),
         cmocka_unit_test(test_read_bad_files),
         cmocka_unit_test(test_read_missing_file),
