@@ -35,7 +35,7 @@ count() {
         >"$tmp/log" 2>&1 || { cat "$tmp/log" >&2; echo "bench: $* failed" >&2; exit 1; }
     callgrind_annotate --inclusive=yes "$out" 2>/dev/null | awk '
         /PROGRAM TOTALS/ { gsub(",", "", $1); total = $1 }
-        / tests\/sim\/drv_exec.c:copy_run / { gsub(",", "", $1); copy += $1 }
+        / tests\/sim\/drv_(exec|copy).c:copy_run / { gsub(",", "", $1); copy += $1 }
         / tests\/sim\/drv_(mem|vmm).c:cuMem(Map|Unmap|SetAccess|Create|Release)(_v2)? / {
             gsub(",", "", $1); copy += $1 }
         /:sh_pool_scan_landed / { gsub(",", "", $1); scan = $1 }
