@@ -11,7 +11,7 @@ export STAGEHAND_TEST_BUILD="$build"
 # Sanitizer runs: fail on the first report, and let the simulated GPU own SIGSEGV.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=0:allow_user_segv_handler=1:handle_segv=0:detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp}
 
 # End-to-end programs run twice: under the library, and with it disabled;
 # WRAP (valgrind, say) goes in front of each.
