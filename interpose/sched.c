@@ -370,9 +370,9 @@ int sh_sched_quiet(void)
 
 /* Records that the pool was all on the device, nothing in flight, as of
  * pressure count p (read before the pool was). */
-static void note_quiet(uint64_t p, const struct sh_pool_stats *st, size_t inflight, size_t evicting)
+static void note_quiet(uint64_t p, size_t host_bytes, size_t inflight, size_t evicting)
 {
-    if (st->host_bytes == 0 && inflight == 0 && evicting == 0)
+    if (host_bytes == 0 && inflight == 0 && evicting == 0)
         atomic_store_explicit(&quiet_at, p, memory_order_release);
 }
 
@@ -463,10 +463,16 @@ size_t sh_sched_evict_commit(int all)
 /* What the plan may start: free copy slots in regions, the hints' caps. */
 static void plan_limits(struct sh_policy_plan *plan, size_t h2d_busy, size_t d2h_busy)
 {
+    static struct sh_policy_hints told = {.prefetch_window = -1}; /* under sched_mu */
     struct sh_policy_hints h;
     sh_policy_hints(policy, &h);
-    sh_tm_hints(h.prefetch_window, h.max_inflight_h2d, h.max_inflight_d2h, h.suppress_speculative,
-                h.rules_fired);
+    if (h.prefetch_window != told.prefetch_window || h.max_inflight_h2d != told.max_inflight_h2d ||
+        h.max_inflight_d2h != told.max_inflight_d2h ||
+        h.suppress_speculative != told.suppress_speculative || h.rules_fired != told.rules_fired) {
+        told = h; /* published when they change */
+        sh_tm_hints(h.prefetch_window, h.max_inflight_h2d, h.max_inflight_d2h,
+                    h.suppress_speculative, h.rules_fired);
+    }
     size_t h2d = h.max_inflight_h2d > 0 ? (size_t)h.max_inflight_h2d : 0;
     size_t d2h = h.max_inflight_d2h > 0 ? (size_t)h.max_inflight_d2h : 0;
     plan->fetch_max = h2d > h2d_busy ? h2d - h2d_busy : 0;
@@ -487,21 +493,23 @@ void sh_sched_plan(const uintptr_t *bases, size_t nb)
         return;
     uint64_t pressure = atomic_load_explicit(&sh_rt.engine.pressure, memory_order_acquire);
     /* Finished early evictions first: the room they free is the plan's. */
-    if (sh_pool_evict_ready(sh_rt.pool, NULL) > 0)
+    size_t evicting = 0;
+    if (sh_pool_evict_ready(sh_rt.pool, &evicting) > 0) {
         sh_sched_evict_commit(0);
+        sh_pool_evict_ready(sh_rt.pool, &evicting);
+    }
     uint64_t fetch[MAX_PLAN], evict[MAX_PLAN];
     uintptr_t moved[MAX_PLAN];
     struct sh_policy_plan plan = {.fetch = fetch, .evict = evict};
-    struct sh_pool_stats st;
-    size_t inflight = 0, evicting = 0, ready = sh_pool_prefetch_ready(sh_rt.pool, &inflight);
-    sh_pool_evict_ready(sh_rt.pool, &evicting);
-    sh_pool_stats(sh_rt.pool, &st);
+    size_t inflight = 0, ready = sh_pool_prefetch_ready(sh_rt.pool, &inflight);
+    size_t device_bytes, host_bytes;
+    sh_pool_bytes(sh_rt.pool, &device_bytes, &host_bytes);
     /* The policy plans against the budget: memory held outside the pool
      * counts as used, so that prefetches leave it room. */
     static atomic_uint plans;
     int fresh = atomic_fetch_add_explicit(&plans, 1, memory_order_relaxed) % RESERVE_EVERY == 0;
-    size_t dev = st.device_bytes + sh_engine_reserve_recent(&sh_rt.engine, st.device_bytes, fresh);
-    note_quiet(pressure, &st, inflight, evicting);
+    size_t dev = device_bytes + sh_engine_reserve_recent(&sh_rt.engine, device_bytes, fresh);
+    note_quiet(pressure, host_bytes, inflight, evicting);
     pthread_mutex_lock(&sched_mu);
     sh_policy_pressure(policy, dev);
     sh_policy_slots(policy, (int)inflight, (int)evicting);

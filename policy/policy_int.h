@@ -84,6 +84,13 @@ struct rkey {
     uint32_t use_off, nuse;
     uint32_t free_pos; /* NONE32: not freed within the step */
     uint32_t seen;     /* scratch while building */
+    /* The table slot of the region that plays it in this step ([0]) and the
+     * next ([1]), as of a version and key generation: a plan's walk asks
+     * for the same keys launch after launch while nothing changes. */
+    struct {
+        uint64_t version;
+        uint32_t key_gen, slot;
+    } memo[2];
 };
 
 struct recording {

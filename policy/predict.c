@@ -53,10 +53,8 @@ static struct region *region_at(const struct sh_policy *p, uint64_t gpos, uint32
 
 /* The live region that plays key k, `shift` launches after this step's
  * start (0: this step, the recording's length: the next one). */
-struct region *pol_region_for(const struct sh_policy *p, const struct recording *rc, uint32_t k,
-                              uint64_t shift)
+static struct region *resolve(const struct sh_policy *p, const struct rkey *key, uint64_t shift)
 {
-    const struct rkey *key = &rc->keys[k];
     if (key->positional) {
         int64_t g = (int64_t)(p->step_start + shift) + key->relpos;
         if (g >= 0 && !(shift && key->relpos >= 0)) { /* not allocated yet */
@@ -66,6 +64,23 @@ struct region *pol_region_for(const struct sh_policy *p, const struct recording 
         }
     }
     return live_region(p, key->id);
+}
+
+/* Remembered per key and shift until an event changes the version (every
+ * allocation, free, residency change and closed position) or the key
+ * generation (every boundary, every change of the recording followed). */
+struct region *pol_region_for(const struct sh_policy *p, const struct recording *rc, uint32_t k,
+                              uint64_t shift)
+{
+    struct rkey *key = &rc->keys[k];
+    int s = shift != 0;
+    if (key->memo[s].version == p->version && key->memo[s].key_gen == p->key_gen)
+        return key->memo[s].slot == NONE32 ? NULL : &p->tab[key->memo[s].slot];
+    struct region *r = resolve(p, key, shift);
+    key->memo[s].version = p->version;
+    key->memo[s].key_gen = p->key_gen;
+    key->memo[s].slot = r ? (uint32_t)(r - p->tab) : NONE32;
+    return r;
 }
 
 /* ---------------------------------------------------------------------- */

@@ -32,6 +32,7 @@ static int rec_key(struct sh_policy *p, struct recording *rc, const struct ident
     key->relpos = (int64_t)w->gpos - (int64_t)p->step_start;
     key->ridx = w->ridx;
     key->free_pos = NONE32;
+    key->memo[0].version = key->memo[1].version = UINT64_MAX;
     key->positional = w->ridx < RIDX_LIMIT && w->gpos >= p->prev_start &&
                       key->relpos > -POS_LIMIT && key->relpos < POS_LIMIT;
     const struct region *r = find(p, w->id);
@@ -241,6 +242,8 @@ int pol_close_position(struct sh_policy *p)
             return SH_ENOMEM;
         p->ncur_pos++;
     }
+    if (n)
+        p->version++; /* the regions playing positional keys changed */
     r->open_from = r->na;
     return 0;
 }

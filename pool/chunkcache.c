@@ -79,7 +79,7 @@ static int do_release(struct sh_chunkcache *cc, uint64_t handle, int b)
     sh_log(SH_LOG_WARN, "chunkcache: release of a %zu-byte chunk failed (%d); kept for later", size,
            err);
     pthread_mutex_lock(&cc->mu);
-    cc->device_bytes += size;
+    sh_bytes_add(&cc->device_bytes, size);
     if (push(cc, b, handle) != 0)
         sh_log(SH_LOG_ERROR, "chunkcache: lost track of a %zu-byte chunk", size);
     pthread_mutex_unlock(&cc->mu);
@@ -128,7 +128,7 @@ int sh_chunkcache_get(struct sh_chunkcache *cc, size_t chunk_size, uint64_t *han
         return 0;
     }
     cc->misses++;
-    cc->device_bytes += chunk_size;
+    sh_bytes_add(&cc->device_bytes, chunk_size);
     pthread_mutex_unlock(&cc->mu);
     /* Cached chunks of other sizes may be what stands in the way. */
     int err = do_create(cc, chunk_size, handle);
@@ -136,7 +136,7 @@ int sh_chunkcache_get(struct sh_chunkcache *cc, size_t chunk_size, uint64_t *han
         err = do_create(cc, chunk_size, handle);
     if (err) {
         pthread_mutex_lock(&cc->mu);
-        cc->device_bytes -= chunk_size;
+        sh_bytes_sub(&cc->device_bytes, chunk_size);
         pthread_mutex_unlock(&cc->mu);
     }
     return err;
@@ -150,7 +150,7 @@ int sh_chunkcache_put(struct sh_chunkcache *cc, uint64_t handle, size_t chunk_si
     pthread_mutex_lock(&cc->mu);
     int keep = cc->cached_bytes + chunk_size <= cc->cache_limit && push(cc, b, handle) == 0;
     if (!keep)
-        cc->device_bytes -= chunk_size;
+        sh_bytes_sub(&cc->device_bytes, chunk_size);
     pthread_mutex_unlock(&cc->mu);
     if (!keep)
         do_release(cc, handle, b);
@@ -163,7 +163,7 @@ int sh_chunkcache_drop(struct sh_chunkcache *cc, uint64_t handle, size_t chunk_s
     if (b < 0)
         return SH_EINVAL;
     pthread_mutex_lock(&cc->mu);
-    cc->device_bytes -= chunk_size;
+    sh_bytes_sub(&cc->device_bytes, chunk_size);
     pthread_mutex_unlock(&cc->mu);
     do_release(cc, handle, b);
     return 0;
@@ -194,7 +194,7 @@ size_t sh_chunkcache_trim(struct sh_chunkcache *cc, size_t bytes)
             if (b[n] < 0)
                 break;
             h[n] = pop(cc, b[n]);
-            cc->device_bytes -= (size_t)1 << b[n];
+            sh_bytes_sub(&cc->device_bytes, (size_t)1 << b[n]);
             got += (size_t)1 << b[n++];
         }
         pthread_mutex_unlock(&cc->mu);
@@ -208,6 +208,11 @@ size_t sh_chunkcache_trim(struct sh_chunkcache *cc, size_t bytes)
             break; /* nothing left */
     }
     return freed;
+}
+
+size_t sh_chunkcache_device_bytes(struct sh_chunkcache *cc)
+{
+    return __atomic_load_n(&cc->device_bytes, __ATOMIC_RELAXED);
 }
 
 void sh_chunkcache_stats(struct sh_chunkcache *cc, struct sh_chunkcache_stats *st)

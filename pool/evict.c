@@ -173,7 +173,7 @@ void sh_pool_make_stuck(struct sh_pool *pool, struct region *r, const char *what
     r->stuck = 1;
     pthread_mutex_lock(&pool->mu);
     if (r->state == SH_RS_EVICTING) /* a restore's region counts as host already */
-        pool->st.host_bytes += r->mapped;
+        sh_bytes_add(&pool->st.host_bytes, r->mapped);
     pthread_mutex_unlock(&pool->mu);
     sh_log(SH_LOG_ERROR,
            "region %llu (0x%llx, %zu bytes): a failed %s could not be undone; it stays where it "
@@ -263,7 +263,7 @@ void sh_pool_evicted_one(struct sh_pool *pool, struct region *r, size_t *release
     pthread_mutex_lock(&pool->mu);
     pool->st.evictions++;
     pool->st.evicted_bytes += r->mapped;
-    pool->st.host_bytes += r->mapped;
+    sh_bytes_add(&pool->st.host_bytes, r->mapped);
     pthread_mutex_unlock(&pool->mu);
     sh_pool_finish_state(pool, r, SH_RS_HOST);
 }
@@ -527,7 +527,7 @@ static void restored(struct sh_pool *pool, struct region *r)
     pthread_mutex_lock(&pool->mu);
     pool->st.restores++;
     pool->st.restored_bytes += r->mapped;
-    pool->st.host_bytes -= r->mapped;
+    sh_bytes_sub(&pool->st.host_bytes, r->mapped);
     pthread_mutex_unlock(&pool->mu);
     sh_pool_finish_state(pool, r, SH_RS_RESIDENT);
 }

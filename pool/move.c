@@ -422,7 +422,7 @@ static void pf_committed(struct sh_pool *pool, struct region *r)
     pool->st.prefetch_commits++;
     __atomic_add_fetch(&r->restores, 1, __ATOMIC_RELAXED);
     pool->st.restores++; /* its bytes were counted as they were copied */
-    pool->st.host_bytes -= r->mapped;
+    sh_bytes_sub(&pool->st.host_bytes, r->mapped);
     pthread_mutex_unlock(&pool->mu);
     sh_pool_finish_state(pool, r, SH_RS_RESIDENT);
 }

@@ -105,6 +105,9 @@ int sh_pool_pin(struct sh_pool *pool, uintptr_t addr);
  * bytes are returned or nothing is left; returns the bytes released. */
 size_t sh_pool_trim(struct sh_pool *pool, size_t bytes);
 void sh_pool_stats(struct sh_pool *pool, struct sh_pool_stats *st);
+/* The two figures of sh_pool_stats a launch's planning needs, without the
+ * rest's copy: device_bytes and host_bytes. */
+void sh_pool_bytes(struct sh_pool *pool, size_t *device, size_t *host);
 
 /* ---- what the stream-ordered paths hold (usage.c) --------------------------
  * The figures a memory pool reports, for the allocations of paths ASYNC and

@@ -138,6 +138,17 @@ void sh_vaarena_stats(struct sh_vaarena *a, struct sh_vaarena_stats *st);
  * granularity. device_bytes counts every handle created through the cache and
  * not yet released: cached plus handed out.
  */
+/* A figure written under its lock and read without one (each launch's
+ * planning reads it): written with relaxed atomic stores. */
+static inline void sh_bytes_add(size_t *x, size_t d)
+{
+    __atomic_store_n(x, *x + d, __ATOMIC_RELAXED);
+}
+static inline void sh_bytes_sub(size_t *x, size_t d)
+{
+    __atomic_store_n(x, *x - d, __ATOMIC_RELAXED);
+}
+
 struct sh_chunkcache;
 
 struct sh_chunkcache_stats {
@@ -164,6 +175,8 @@ int sh_chunkcache_drop(struct sh_chunkcache *cc, uint64_t handle, size_t chunk_s
  * overshooting as little as it can; returns the bytes freed. */
 size_t sh_chunkcache_trim(struct sh_chunkcache *cc, size_t bytes);
 void sh_chunkcache_stats(struct sh_chunkcache *cc, struct sh_chunkcache_stats *st);
+/* The device bytes held, alone: what every launch's planning reads. */
+size_t sh_chunkcache_device_bytes(struct sh_chunkcache *cc);
 
 /* ---- suballoc: small blocks with stream-ordered frees ------------------------
  * Sizes 1..max_block go to power-of-two classes from 512 B; blocks are carved

@@ -543,7 +543,8 @@ int sh_pool_free(struct sh_pool *pool, uintptr_t va, uint64_t stream, uint64_t f
         pool->st.live_bytes -= r->size;
         pool->st.frees++;
         if (from == SH_RS_HOST) {
-            pool->st.host_bytes -= r->mapped; /* host-backed: drop it, never copy it back */
+            sh_bytes_sub(&pool->st.host_bytes,
+                         r->mapped); /* host-backed: drop it, never copy it back */
         } else if (r->pinned) {
             pool->st.pinned--; /* torn down now: never reused */
         } else {
@@ -579,6 +580,12 @@ int sh_pool_lookup(struct sh_pool *pool, uintptr_t addr, struct sh_region_info *
             __atomic_load_n(&r->restores, __ATOMIC_RELAXED) - r->restores_at_alloc};
     pthread_rwlock_unlock(&pool->index_lock);
     return r ? 0 : SH_ENOTFOUND;
+}
+
+void sh_pool_bytes(struct sh_pool *pool, size_t *device, size_t *host)
+{
+    *host = __atomic_load_n(&pool->st.host_bytes, __ATOMIC_RELAXED);
+    *device = sh_chunkcache_device_bytes(pool->cc);
 }
 
 void sh_pool_stats(struct sh_pool *pool, struct sh_pool_stats *st)
