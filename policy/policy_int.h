@@ -257,6 +257,8 @@ void pol_account_class(struct sh_policy *p, const struct region *r, int sign);
 /* predict.c */
 
 uint32_t pol_key_in(const struct sh_policy *p, const struct recording *rc, const struct region *r);
+/* The same for recording number rec, cached when it is the active one. */
+uint32_t pol_key_in_rec(struct sh_policy *p, int rec, struct region *r);
 struct region *pol_region_for(const struct sh_policy *p, const struct recording *rc, uint32_t k,
                               uint64_t shift);
 const uint32_t *pol_key_uses(const struct recording *rc, uint32_t k);

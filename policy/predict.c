@@ -41,6 +41,11 @@ static uint32_t key_of(struct sh_policy *p, struct region *r)
     return r->key;
 }
 
+uint32_t pol_key_in_rec(struct sh_policy *p, int rec, struct region *r)
+{
+    return rec == p->active ? key_of(p, r) : pol_key_in(p, &p->recs[rec], r);
+}
+
 /* The region allocated at (gpos, ridx) in this step or the last one. */
 static struct region *region_at(const struct sh_policy *p, uint64_t gpos, uint32_t ridx)
 {

@@ -499,7 +499,7 @@ void pol_match_launch(struct sh_policy *p, uint64_t kernel, size_t n)
         int ok = p->pos < rc->nl && rc->kernel[p->pos] == kernel &&
                  rc->loff[p->pos + 1] - rc->loff[p->pos] == n;
         for (size_t j = 0; ok && j < n; j++)
-            ok = pol_key_in(p, rc, p->dreg[j]) == rc->lkey[rc->loff[p->pos] + j];
+            ok = pol_key_in_rec(p, p->cand[c], p->dreg[j]) == rc->lkey[rc->loff[p->pos] + j];
         if (ok)
             p->cand[kept++] = p->cand[c];
     }
