@@ -51,14 +51,6 @@ static size_t reg_of(const struct run *r, uint64_t id)
     return idmap_get(&r->ids, id);
 }
 
-static void drop_region(struct run *r, struct sreg *s)
-{
-    if (s->known) {
-        sh_policy_forget(r->pol, s->id);
-        s->known = 0;
-    }
-}
-
 /* ---- decisions ---- */
 
 static int decide(struct run *r);
@@ -137,13 +129,10 @@ static int commit_all(struct run *r)
             r->used -= s->bytes;
             r->evicting -= s->bytes;
         }
-        if (s->live) {
+        if (s->live)
             sh_policy_residency(r->pol, s->id, s->res);
-        } else {
-            if (cp->dir == H2D)
-                r->used -= s->bytes; /* freed while coming back */
-            drop_region(r, s);
-        }
+        else if (cp->dir == H2D)
+            r->used -= s->bytes; /* freed while coming back */
     }
     r->nready = r->nready_dir[H2D] = r->nready_dir[D2H] = 0;
     tally(r)->windows++;
@@ -184,7 +173,6 @@ static int evict_list(struct run *r, const uint64_t *ids, size_t n, int demand)
         if (!r->reg[g].live) {
             /* a freed region: its memory goes back without a copy */
             r->used -= r->reg[g].bytes;
-            drop_region(r, &r->reg[g]);
             continue;
         }
         start_copy(r, g, D2H, demand);
@@ -332,7 +320,7 @@ static int on_alloc(struct run *r, const struct sh_trace_event *e)
     if (r->now > t0)
         tally(r)->alloc_waits++;
     size_t g = r->nreg++;
-    r->reg[g] = (struct sreg){.id = e->id, .bytes = e->bytes, .live = 1, .copy = -1, .known = 1};
+    r->reg[g] = (struct sreg){.id = e->id, .bytes = e->bytes, .live = 1, .copy = -1};
     if (idmap_put(&r->ids, e->id, g))
         return run_fail(r, "out of memory");
     r->used += e->bytes;
@@ -351,7 +339,13 @@ static int on_free(struct run *r, const struct sh_trace_event *e)
         return run_fail(r, "trace line %u: free of unknown region", e->line);
     struct sreg *s = &r->reg[g];
     s->live = 0;
+    /* As the library does (sh_sched_free): the policy records the free and
+     * forgets the region at once, whatever its memory is still doing, so
+     * that the id may come back for the next allocation (the pool reuses a
+     * freed region's address). The sreg keeps the memory until its copy in
+     * flight, if any, is committed. */
     sh_policy_free(r->pol, r->now / 1000, e->id);
+    sh_policy_forget(r->pol, e->id);
     if (s->copy >= 0) {
         struct copy *cp = &r->cp[s->copy];
         if (cp->state != C_QUEUED)
@@ -363,12 +357,10 @@ static int on_free(struct run *r, const struct sh_trace_event *e)
         if (cp->dir == D2H)
             r->evicting -= s->bytes;
         r->used -= s->bytes;
-        drop_region(r, s);
         return 0;
     }
     if (s->res == SH_RES_DEVICE)
         r->used -= s->bytes;
-    drop_region(r, s);
     return 0;
 }
 

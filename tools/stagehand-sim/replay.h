@@ -18,7 +18,6 @@ struct sreg {
     int live;      /* allocated and not freed */
     int res;       /* enum sh_policy_residency, as the policy was told */
     int copy;      /* active copy, -1 for none */
-    int known;     /* the policy knows it (not yet forgotten) */
     uint64_t seen; /* run.stamp when last counted */
 };
 
