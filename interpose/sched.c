@@ -465,6 +465,7 @@ static void plan_limits(struct sh_policy_plan *plan, size_t h2d_busy, size_t d2h
 {
     struct sh_policy_hints h;
     sh_policy_hints(policy, &h);
+    sh_engine_hints(&sh_rt.engine, &h); /* the watermarks and copy caps in force */
     sh_tm_hints(h.prefetch_window, h.max_inflight_h2d, h.max_inflight_d2h, h.suppress_speculative,
                 h.rules_fired);
     size_t h2d = h.max_inflight_h2d > 0 ? (size_t)h.max_inflight_h2d : 0;

@@ -1,6 +1,7 @@
 /* test_sim_replay.c — stagehand-sim's replay on small hand-written traces
  * (tests/unit/traces/sim_*.trace) that once made it fail: a run that never
- * ended, a false out-of-memory, and region ids reused after their free. Runs the built tool
+ * ended, a false out-of-memory, and region ids reused after their free;
+ * and one that shows the library's engine making room in the model. Runs the built tool
  * ($STAGEHAND_TEST_BUILD/stagehand-sim) under a memory limit, so a replay
  * whose lists grow without end fails here instead of taking the machine's
  * memory; one that never ends is stopped by the test runner's timeout.
@@ -109,12 +110,34 @@ static void test_reused_ids_replay(void **state)
     }
 }
 
+/* The engine makes room as in the library: an allocation that takes the
+ * pool past the high watermark waits while it evicts down to the low one
+ * (the two least recently used regions here), for every policy; the model
+ * used to let it pass up to the card's size and evict later. */
+static void test_alloc_evicts_to_the_low_watermark(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof policies / sizeof policies[0]; i++) {
+        char args[256];
+        snprintf(args, sizeof args,
+                 "--trace " DIR "sim_watermark_alloc.trace --vram-gb 1 --policy %s --verbose",
+                 policies[i]);
+        assert_int_equal(sim(args), 0);
+        const char *l = strstr(out, "  step 0: ");
+        if (!l)
+            fail_msg("no step 0 for %s in\n%s", policies[i], out);
+        assert_non_null(strstr(l, " d2h 536870912,"));
+        assert_non_null(strstr(l, " alloc waits 1,"));
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_launch_over_vram_ends),
         cmocka_unit_test(test_fetched_while_waiting_fits),
         cmocka_unit_test(test_reused_ids_replay),
+        cmocka_unit_test(test_alloc_evicts_to_the_low_watermark),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
