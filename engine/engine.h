@@ -7,7 +7,10 @@
  * the chain that makes room when an allocation or a restore would pass it:
  * freed regions kept for reuse first (no copy), then early evictions whose
  * copies are already under way, then the policy's victims, then the least
- * recently used. Recording: whether launches are worth recording yet.
+ * recently used. Hints: the Conductor's limits in force (sh_policy_hints),
+ * which lower the watermarks that trigger eviction and the copies in flight
+ * per direction, for the library and stagehand-sim alike. Recording:
+ * whether launches are worth recording yet.
  *
  * Thread safety: sh_engine_lock() is held around making room and taking
  * it; the counters are atomics read without it.
@@ -20,19 +23,23 @@
 #include <stdint.h>
 #include <pthread.h>
 
+struct sh_policy_hints;
+
 /* Sizes in bytes. */
 struct sh_engine_cfg {
-    size_t card;      /* the device's memory; 0: not known */
-    size_t budget;    /* device memory the pool may use */
-    size_t high, low; /* watermarks; ignored where *_auto */
-    int high_auto;    /* only what would not fit beside the memory outside */
-    int low_auto;     /* evict no lower than the request needs */
-    size_t gran;      /* the allocation granularity */
-    int record_pct;   /* launches are recorded from this % of the limit */
+    size_t card;               /* the device's memory; 0: not known */
+    size_t budget;             /* device memory the pool may use */
+    size_t high, low;          /* watermarks; ignored where *_auto */
+    int high_auto;             /* only what would not fit beside the memory outside */
+    int low_auto;              /* evict no lower than the request needs */
+    size_t gran;               /* the allocation granularity */
+    int record_pct;            /* launches are recorded from this % of the limit */
+    unsigned max_d2h, max_h2d; /* copies in flight per direction, configured */
 };
 
 /* What the engine acts through. Each eviction op returns the device bytes
- * it released, at most about `bytes` more than asked. */
+ * it released, at most about `bytes` more than asked; trim, commit_early,
+ * evict_lru, pressure and set_caps may be NULL (nothing of the kind). */
 struct sh_engine_ops {
     size_t (*device_bytes)(void *ctx); /* the pool's device memory now */
     /* The driver's view of the card; nonzero when it has none. */
@@ -43,6 +50,8 @@ struct sh_engine_ops {
     size_t (*evict_chosen)(void *ctx, size_t bytes, const uintptr_t *protect, size_t np);
     size_t (*evict_lru)(void *ctx, size_t bytes, const uintptr_t *protect, size_t np);
     void (*pressure)(void *ctx, size_t device_bytes); /* an eviction begins */
+    /* The copies allowed in flight per direction changed (sh_engine_hints). */
+    void (*set_caps)(void *ctx, unsigned max_d2h, unsigned max_h2d);
 };
 
 struct sh_engine {
@@ -50,10 +59,12 @@ struct sh_engine {
     struct sh_engine_ops ops;
     void *ctx;
     pthread_mutex_t room_mu;
-    atomic_ullong pressure; /* bumped before and after every eviction */
-    atomic_ullong deferred; /* evictions put off by a stream capture */
-    atomic_int armed;       /* launches are recorded */
-    atomic_size_t outside;  /* held outside the pool, last measured; SIZE_MAX: never */
+    atomic_ullong pressure;            /* bumped before and after every eviction */
+    atomic_ullong deferred;            /* evictions put off by a stream capture */
+    atomic_int armed;                  /* launches are recorded */
+    atomic_size_t outside;             /* held outside the pool, last measured; SIZE_MAX: never */
+    atomic_size_t hint_high, hint_low; /* the Conductor's watermarks; SIZE_MAX: none */
+    atomic_uint caps;                  /* in force: max_d2h << 16 | max_h2d */
 };
 
 void sh_engine_init(struct sh_engine *e, const struct sh_engine_cfg *cfg,
@@ -80,6 +91,15 @@ size_t sh_engine_reserve_recent(struct sh_engine *e, size_t dev, int fresh);
 int sh_engine_make_room(struct sh_engine *e, size_t need, const uintptr_t *protect, size_t np);
 void sh_engine_lock(struct sh_engine *e);
 void sh_engine_unlock(struct sh_engine *e);
+
+/* The Conductor's hints as the policy gives them now: watermarks below the
+ * configured ones trigger eviction earlier (backward pressure), and the
+ * copies in flight per direction are capped (optimizer protection) through
+ * ops.set_caps when they change. Hints never raise what the configuration
+ * sets. Callable from any thread. */
+void sh_engine_hints(struct sh_engine *e, const struct sh_policy_hints *h);
+/* The copies allowed in flight per direction now. */
+void sh_engine_caps(const struct sh_engine *e, unsigned *max_d2h, unsigned *max_h2d);
 
 /* 1 once launches are worth recording: the pool has held record_pct of
  * its limit (or sh_engine_arm() said so). Never goes back to 0. */

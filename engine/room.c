@@ -2,10 +2,11 @@
  *
  * Locking: room_mu (sh_engine_lock) is the caller's, around making room and
  * taking it: two threads must not both see the same free bytes and together
- * pass the budget. The counters are atomics.
+ * pass the budget. The counters and the hints are atomics.
  */
 #include "engine/engine.h"
 
+#include "policy/policy.h"
 #include "sh_err.h"
 
 void sh_engine_init(struct sh_engine *e, const struct sh_engine_cfg *cfg,
@@ -19,6 +20,9 @@ void sh_engine_init(struct sh_engine *e, const struct sh_engine_cfg *cfg,
     atomic_init(&e->deferred, 0);
     atomic_init(&e->armed, cfg->record_pct == 0);
     atomic_init(&e->outside, SIZE_MAX);
+    atomic_init(&e->hint_high, SIZE_MAX);
+    atomic_init(&e->hint_low, SIZE_MAX);
+    atomic_init(&e->caps, (cfg->max_d2h & 0xffffu) << 16 | (cfg->max_h2d & 0xffffu));
 }
 
 void sh_engine_destroy(struct sh_engine *e)
@@ -111,20 +115,30 @@ static void arm_at(struct sh_engine *e, size_t held, size_t limit)
 /* The chain, cheapest first, until target bytes are released. */
 static void release(struct sh_engine *e, size_t target, const uintptr_t *protect, size_t np)
 {
-    size_t released = e->ops.trim(e->ctx, target); /* freed regions, uncopied */
-    if (released < target)                         /* early evictions: their copies are under way */
+    size_t released = 0;
+    if (e->ops.trim) /* freed regions, uncopied */
+        released = e->ops.trim(e->ctx, target);
+    if (released < target && e->ops.commit_early) /* early evictions: their copies are under way */
         released += e->ops.commit_early(e->ctx);
     if (released < target)
         released += e->ops.evict_chosen(e->ctx, target - released, protect, np);
-    if (released < target) /* what the policy would not choose */
+    if (released < target && e->ops.evict_lru) /* what the policy would not choose */
         e->ops.evict_lru(e->ctx, target - released, protect, np);
+}
+
+static size_t min_size(size_t a, size_t b)
+{
+    return a < b ? a : b;
 }
 
 int sh_engine_make_room(struct sh_engine *e, size_t need, const uintptr_t *protect, size_t np)
 {
-    size_t dev = e->ops.device_bytes(e->ctx), high = sh_engine_limit(e, dev);
-    size_t cap = e->cfg.high_auto ? high : e->cfg.budget;
-    arm_at(e, dev + need, high);
+    size_t dev = e->ops.device_bytes(e->ctx), limit = sh_engine_limit(e, dev);
+    size_t cap = e->cfg.high_auto ? limit : e->cfg.budget;
+    /* The hints restrain when eviction starts and where it stops, never
+     * what may be held. */
+    size_t high = min_size(limit, atomic_load_explicit(&e->hint_high, memory_order_relaxed));
+    arm_at(e, dev + need, limit);
     if (dev + need <= high)
         return SH_OK;
     if (need > cap) /* would not fit with everything evicted: evict nothing */
@@ -136,9 +150,37 @@ int sh_engine_make_room(struct sh_engine *e, size_t need, const uintptr_t *prote
         atomic_fetch_add(&e->deferred, 1);
         return dev + need <= cap ? SH_OK : SH_ENOMEM;
     }
-    release(e, dev + need - evict_floor(e, high), protect, np);
+    size_t floor =
+        min_size(evict_floor(e, high), atomic_load_explicit(&e->hint_low, memory_order_relaxed));
+    release(e, dev + need > floor ? dev + need - floor : 0, protect, np);
     atomic_fetch_add(&e->pressure, 1);
     return e->ops.device_bytes(e->ctx) + need <= cap ? SH_OK : SH_ENOMEM;
+}
+
+static unsigned cap_of(int v, unsigned configured)
+{
+    return v > 0 && (unsigned)v < configured ? (unsigned)v : configured;
+}
+
+void sh_engine_hints(struct sh_engine *e, const struct sh_policy_hints *h)
+{
+    atomic_store_explicit(&e->hint_high,
+                          h->high_watermark < SIZE_MAX ? h->high_watermark : SIZE_MAX,
+                          memory_order_relaxed);
+    atomic_store_explicit(&e->hint_low, h->low_watermark < SIZE_MAX ? h->low_watermark : SIZE_MAX,
+                          memory_order_relaxed);
+    unsigned d2h = cap_of(h->max_inflight_d2h, e->cfg.max_d2h);
+    unsigned h2d = cap_of(h->max_inflight_h2d, e->cfg.max_h2d);
+    unsigned caps = (d2h & 0xffffu) << 16 | (h2d & 0xffffu);
+    if (atomic_exchange(&e->caps, caps) != caps && e->ops.set_caps)
+        e->ops.set_caps(e->ctx, d2h, h2d);
+}
+
+void sh_engine_caps(const struct sh_engine *e, unsigned *max_d2h, unsigned *max_h2d)
+{
+    unsigned caps = atomic_load_explicit(&e->caps, memory_order_relaxed);
+    *max_d2h = caps >> 16;
+    *max_h2d = caps & 0xffffu;
 }
 
 int sh_engine_armed(const struct sh_engine *e)

@@ -88,6 +88,13 @@ static void room_pressure(void *ctx, size_t dev)
     sh_monitor_event(SH_TM_EV_PRESSURE, 0, dev);
 }
 
+static void room_set_caps(void *ctx, unsigned max_d2h, unsigned max_h2d)
+{
+    (void)ctx;
+    if (sh_rt.xfer)
+        sh_xfer_set_caps(sh_rt.xfer, max_d2h, max_h2d);
+}
+
 void sh_room_init(void)
 {
     const struct sh_config *c = &sh_rt.cfg;
@@ -100,6 +107,8 @@ void sh_room_init(void)
         .low_auto = c->budget.vram_low_watermark.is_auto,
         .gran = sh_rt.gran,
         .record_pct = c->policy.record_above_pct,
+        .max_d2h = (unsigned)c->transfer.max_inflight_d2h,
+        .max_h2d = (unsigned)c->transfer.max_inflight_h2d,
     };
     static const struct sh_engine_ops ops = {
         .device_bytes = room_device_bytes,
@@ -110,6 +119,7 @@ void sh_room_init(void)
         .evict_chosen = room_evict_chosen,
         .evict_lru = room_evict_lru,
         .pressure = room_pressure,
+        .set_caps = room_set_caps,
     };
     sh_engine_init(&sh_rt.engine, &cfg, &ops, NULL);
 }

@@ -2,7 +2,8 @@
  * watermarks, auto and set; the chain's order (freed regions, early
  * evictions under way, the policy's victims, least recently used) and
  * where it stops; what it refuses; a capture putting eviction off; the
- * pressure counter around evictions; when launches start being recorded.
+ * pressure counter around evictions; when launches start being recorded;
+ * the Conductor's hints (watermarks and copy caps, only ever lower).
  *
  * The fake is a card of `total` bytes of which `outside` are held outside
  * the pool, and a pool holding `dev`, with so many bytes each link of the
@@ -15,6 +16,7 @@
 #include <cmocka.h>
 
 #include "engine/engine.h"
+#include "policy/policy.h"
 #include "sh_err.h"
 
 #include <string.h>
@@ -29,6 +31,7 @@ static struct fake {
     size_t asked[4];
     char log[16]; /* the links called, in order: t c p l */
     size_t pressure_at;
+    unsigned caps_set, caps[2]; /* set_caps calls; the last d2h, h2d */
 } f;
 
 static void called(int link, size_t asked)
@@ -109,6 +112,14 @@ static void pressure(void *ctx, size_t dev)
     f.pressure_at = dev;
 }
 
+static void set_caps(void *ctx, unsigned max_d2h, unsigned max_h2d)
+{
+    (void)ctx;
+    f.caps_set++;
+    f.caps[0] = max_d2h;
+    f.caps[1] = max_h2d;
+}
+
 static const struct sh_engine_ops ops = {
     .device_bytes = device_bytes,
     .mem_info = mem_info,
@@ -118,13 +129,15 @@ static const struct sh_engine_ops ops = {
     .evict_chosen = evict_chosen,
     .evict_lru = evict_lru,
     .pressure = pressure,
+    .set_caps = set_caps,
 };
 
 static struct sh_engine e;
 static int live; /* e is initialised */
 
 /* A 100 MB budget on a 100 MB card, watermarks set (high, low in MB) or
- * auto (0), a 1 MB granule, recording from 50%. */
+ * auto (0), a 1 MB granule, recording from 50%, 2 copies in flight to the
+ * host and 4 to the device. */
 static void start(size_t high_mb, size_t low_mb)
 {
     struct sh_engine_cfg cfg = {.card = 100 * MB,
@@ -134,7 +147,9 @@ static void start(size_t high_mb, size_t low_mb)
                                 .high_auto = high_mb == 0,
                                 .low_auto = low_mb == 0,
                                 .gran = MB,
-                                .record_pct = 50};
+                                .record_pct = 50,
+                                .max_d2h = 2,
+                                .max_h2d = 4};
     memset(&f, 0, sizeof f);
     f.total = 100 * MB;
     if (live)
@@ -337,6 +352,87 @@ static void test_arming(void **state)
     assert_true(sh_engine_armed(&e));
 }
 
+/* The hints as the policy gives them, watermarks in MB. */
+static void hint(size_t high_mb, size_t low_mb, int d2h, int h2d)
+{
+    struct sh_policy_hints h = {.high_watermark = high_mb * MB,
+                                .low_watermark = low_mb * MB,
+                                .max_inflight_d2h = d2h,
+                                .max_inflight_h2d = h2d};
+    sh_engine_hints(&e, &h);
+}
+
+/* The Conductor's backward pressure lowers both watermarks: eviction starts
+ * at the hinted high one and goes down to the hinted low one; what may be
+ * held (the budget) is unchanged. */
+static void test_hinted_watermarks(void **state)
+{
+    (void)state;
+    start(80, 60);
+    f.dev = 70 * MB;
+    f.can[3] = 100 * MB;
+    assert_int_equal(make_room(5), SH_OK); /* 75 of 80: nothing */
+    assert_string_equal(f.log, "");
+    hint(70, 50, 2, 4);
+    assert_int_equal(make_room(5), SH_OK); /* 75 over 70: down to 50 */
+    assert_string_equal(f.log, "tcpl");
+    assert_int_equal(f.asked[0], 25 * MB);
+    assert_int_equal(f.dev, 45 * MB);
+    /* the hints as configured (no rule fired) change nothing */
+    start(80, 60);
+    hint(80, 60, 2, 4);
+    f.dev = 78 * MB;
+    f.can[3] = 100 * MB;
+    assert_int_equal(make_room(10), SH_OK);
+    assert_int_equal(f.asked[0], 28 * MB);
+}
+
+/* Hints never raise what the configuration sets. */
+static void test_hints_never_raise(void **state)
+{
+    (void)state;
+    start(80, 60);
+    hint(95, 90, 8, 8);
+    f.dev = 78 * MB;
+    f.can[3] = 100 * MB;
+    assert_int_equal(make_room(10), SH_OK); /* 88 over 80: down to 60 */
+    assert_int_equal(f.asked[0], 28 * MB);
+    unsigned d2h = 0, h2d = 0;
+    sh_engine_caps(&e, &d2h, &h2d);
+    assert_int_equal(d2h, 2);
+    assert_int_equal(h2d, 4);
+    assert_int_equal(f.caps_set, 0); /* nothing changed */
+}
+
+/* The copy caps in force: the configured ones until a hint lowers one
+ * (optimizer protection), told to the ops once per change, back when the
+ * hint goes (a new step). */
+static void test_hinted_caps(void **state)
+{
+    (void)state;
+    start(80, 60);
+    unsigned d2h = 0, h2d = 0;
+    sh_engine_caps(&e, &d2h, &h2d);
+    assert_int_equal(d2h, 2);
+    assert_int_equal(h2d, 4);
+    hint(80, 60, 2, 1);
+    sh_engine_caps(&e, &d2h, &h2d);
+    assert_int_equal(h2d, 1);
+    assert_int_equal(f.caps_set, 1);
+    assert_int_equal(f.caps[0], 2);
+    assert_int_equal(f.caps[1], 1);
+    hint(80, 60, 2, 1);
+    assert_int_equal(f.caps_set, 1); /* unchanged: not told again */
+    hint(80, 60, 2, 4);
+    assert_int_equal(f.caps_set, 2);
+    assert_int_equal(f.caps[1], 4);
+    hint(80, 60, 0, 0); /* no cap given: the configured ones */
+    sh_engine_caps(&e, &d2h, &h2d);
+    assert_int_equal(d2h, 2);
+    assert_int_equal(h2d, 4);
+    assert_int_equal(f.caps_set, 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -349,6 +445,9 @@ int main(void)
         cmocka_unit_test_teardown(test_low_above_high, teardown),
         cmocka_unit_test_teardown(test_capture_defers, teardown),
         cmocka_unit_test_teardown(test_arming, teardown),
+        cmocka_unit_test_teardown(test_hinted_watermarks, teardown),
+        cmocka_unit_test_teardown(test_hints_never_raise, teardown),
+        cmocka_unit_test_teardown(test_hinted_caps, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -68,11 +68,13 @@ static uint64_t copy_ns(const struct run *r, uint64_t bytes)
     return (uint64_t)((double)bytes / r->sp->pcie_bytes_per_s * 1e9 + 0.5);
 }
 
+/* The copies in flight the engine allows now (the configured caps, or the
+ * Conductor's tighter ones), as the library's copy engine is set to. */
 static int cap_of(struct run *r, int dir)
 {
-    struct sh_policy_hints h;
-    sh_policy_hints(r->pol, &h);
-    return dir == H2D ? h.max_inflight_h2d : h.max_inflight_d2h;
+    unsigned d2h, h2d;
+    sh_engine_caps(&r->eng, &d2h, &h2d);
+    return (int)(dir == H2D ? h2d : d2h);
 }
 
 static void issue(struct run *r, int c)

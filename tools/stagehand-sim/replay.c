@@ -5,8 +5,10 @@
  *
  * The link (copies queued, issued, finished) is copy.c.
  *
- * The policy decides exactly as inside the library: at each launch (after
- * making its regions resident) and whenever a copy finishes. A launch whose
+ * The policy decides exactly as inside the library: at each launch, after
+ * making its regions resident; room is made by the library's engine
+ * (engine/, run over the model by room.c) when an allocation or a restore
+ * needs it. A launch whose
  * region is on the host waits for its restore; one whose region is being
  * prefetched waits for that copy; one whose region is being evicted keeps
  * it (the eviction is abandoned: the device copy is still mapped). Memory
@@ -39,7 +41,7 @@ int run_fail(struct run *r, const char *fmt, ...)
     return SH_EINVAL;
 }
 
-static uint64_t clock_ns(void)
+uint64_t sim_clock_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -51,19 +53,13 @@ static size_t reg_of(const struct run *r, uint64_t id)
     return idmap_get(&r->ids, id);
 }
 
-static void drop_region(struct run *r, struct sreg *s)
-{
-    if (s->known) {
-        sh_policy_forget(r->pol, s->id);
-        s->known = 0;
-    }
-}
-
 /* ---- decisions ---- */
 
 static int decide(struct run *r);
 
-/* Processes copy completions up to time t (each one a decision point). */
+/* Processes copy completions up to time t. They are not decision points:
+ * the library plans only as a launch is prepared (sh_sched_plan), with no
+ * thread watching copies finish, and so does the model. */
 static int advance(struct run *r, uint64_t t)
 {
     for (;;) {
@@ -72,7 +68,7 @@ static int advance(struct run *r, uint64_t t)
             break;
         if (r->cp[c].done_ns > r->now)
             r->now = r->cp[c].done_ns;
-        if (finish(r, c) || decide(r))
+        if (finish(r, c))
             return SH_EINVAL;
     }
     if (t > r->now)
@@ -80,13 +76,10 @@ static int advance(struct run *r, uint64_t t)
     return 0;
 }
 
-static int commit_all(struct run *r);
-static int any_ready(const struct run *r, int dir);
-
 /* Waits for the next copy to finish; fails when none is in flight. The GPU
  * is idle meanwhile, so a finished eviction is committed at once (a remap
  * window has nothing to drain) and its memory goes to the next restore. */
-static int wait_one(struct run *r)
+int wait_one(struct run *r)
 {
     int c = next_done(r);
     if (c < 0)
@@ -95,7 +88,7 @@ static int wait_one(struct run *r)
         return SH_EINVAL;
     if (!any_ready(r, D2H))
         return 0;
-    return commit_all(r) || decide(r) ? SH_EINVAL : 0;
+    return commit_all(r);
 }
 
 static uint64_t chunks(const struct run *r, uint64_t bytes)
@@ -117,7 +110,7 @@ static uint64_t copies_done_ns(const struct run *r)
 
 /* One remap window: every finished copy takes effect. With drain_mode =
  * device its drain waits for the whole device, copies in flight included. */
-static int commit_all(struct run *r)
+int commit_all(struct run *r)
 {
     if (r->sp->drain_copies && advance(r, copies_done_ns(r)))
         return SH_EINVAL;
@@ -137,13 +130,10 @@ static int commit_all(struct run *r)
             r->used -= s->bytes;
             r->evicting -= s->bytes;
         }
-        if (s->live) {
+        if (s->live)
             sh_policy_residency(r->pol, s->id, s->res);
-        } else {
-            if (cp->dir == H2D)
-                r->used -= s->bytes; /* freed while coming back */
-            drop_region(r, s);
-        }
+        else if (cp->dir == H2D)
+            r->used -= s->bytes; /* freed while coming back */
     }
     r->nready = r->nready_dir[H2D] = r->nready_dir[D2H] = 0;
     tally(r)->windows++;
@@ -157,12 +147,12 @@ static int commit_if_due(struct run *r, int needed)
     return commit_all(r);
 }
 
-static int any_ready(const struct run *r, int dir)
+int any_ready(const struct run *r, int dir)
 {
     return r->nready_dir[dir] > 0;
 }
 
-static int reserve_buf(struct run *r, size_t n)
+int reserve_buf(struct run *r, size_t n)
 {
     if (n <= r->capbuf)
         return 0;
@@ -174,7 +164,7 @@ static int reserve_buf(struct run *r, size_t n)
     return 0;
 }
 
-static int evict_list(struct run *r, const uint64_t *ids, size_t n, int demand)
+int evict_list(struct run *r, const uint64_t *ids, size_t n, int demand)
 {
     for (size_t i = 0; i < n && !r->failed; i++) {
         size_t g = reg_of(r, ids[i]);
@@ -184,7 +174,6 @@ static int evict_list(struct run *r, const uint64_t *ids, size_t n, int demand)
         if (!r->reg[g].live) {
             /* a freed region: its memory goes back without a copy */
             r->used -= r->reg[g].bytes;
-            drop_region(r, &r->reg[g]);
             continue;
         }
         start_copy(r, g, D2H, demand);
@@ -197,23 +186,19 @@ static int busy(const struct run *r, int dir)
     return (int)(r->queued[dir].n + r->issued[dir].n);
 }
 
-/* A decision point: watermark eviction, then the policy's plan. */
+/* A decision point: the policy's plan, as the library's sh_sched_plan()
+ * makes it. Eviction under the watermarks is the engine's, when an
+ * allocation or a restore needs room (room.c), as in the library. */
 static int decide(struct run *r)
 {
-    uint64_t t0 = clock_ns();
+    uint64_t t0 = sim_clock_ns();
     struct sh_policy_hints h;
     sh_policy_pressure(r->pol, r->used);
     sh_policy_slots(r->pol, (int)r->issued[H2D].n, (int)r->issued[D2H].n);
     sh_policy_hints(r->pol, &h);
+    sh_engine_hints(&r->eng, &h); /* the watermarks and copy caps in force */
     if (reserve_buf(r, r->nreg + 16))
         return SH_EINVAL;
-    uint64_t staying = r->used - r->evicting;
-    if (staying > h.high_watermark) {
-        size_t n = sh_policy_victims(r->pol, staying - h.low_watermark, r->prot, r->nprot, r->buf,
-                                     r->capbuf);
-        if (evict_list(r, r->buf, n, 0))
-            return SH_EINVAL;
-    }
     int fmax = h.max_inflight_h2d - busy(r, H2D), emax = h.max_inflight_d2h - busy(r, D2H);
     if (fmax < 0)
         fmax = 0;
@@ -226,7 +211,7 @@ static int decide(struct run *r)
                                   .evict_max = (size_t)emax < half ? (size_t)emax : half};
     if (sh_policy_plan(r->pol, r->used + r->held, r->prot, r->nprot, &plan))
         return run_fail(r, "policy plan failed");
-    r->policy_ns += clock_ns() - t0;
+    r->policy_ns += sim_clock_ns() - t0;
     if (evict_list(r, plan.evict, plan.nevict, 0))
         return SH_EINVAL;
     for (size_t i = 0; i < plan.nfetch; i++) {
@@ -243,96 +228,17 @@ static int decide(struct run *r)
     return 0;
 }
 
-/* What holds the device when nothing can be evicted (--verbose). */
-static void dump_device(const struct run *r)
-{
-    for (size_t k = 0; k < r->nreg; k++)
-        if (r->reg[k].live && r->reg[k].res != SH_RES_HOST)
-            fprintf(stderr, "    region %llu res %d bytes %llu copy %d\n",
-                    (unsigned long long)r->reg[k].id, r->reg[k].res,
-                    (unsigned long long)r->reg[k].bytes, r->reg[k].copy);
-    for (size_t i = 0; i < r->nprot; i++)
-        fprintf(stderr, "    protected %llu\n", (unsigned long long)r->prot[i]);
-}
-
-/* Room is still wanted for region g (SIZE_MAX: an allocation): a decision
- * taken while make_room waited may have started its restore, whose device
- * memory is then already counted. */
-static int room_wanted(const struct run *r, size_t g, uint64_t bytes)
-{
-    if (g != SIZE_MAX && r->reg[g].res != SH_RES_HOST)
-        return 0;
-    return r->used + bytes > r->sp->vram_bytes;
-}
-
-static int make_room_now(struct run *r, uint64_t bytes, size_t g)
-{
-    while (!r->failed && room_wanted(r, g, bytes)) {
-        if (any_ready(r, D2H)) {
-            if (commit_all(r))
-                return SH_EINVAL;
-            continue;
-        }
-        if (r->evicting) {
-            if (wait_one(r))
-                return SH_EINVAL;
-            continue;
-        }
-        if (reserve_buf(r, r->nreg + 16))
-            return SH_EINVAL;
-        uint64_t need = r->used + bytes - r->sp->vram_bytes;
-        uint64_t t0 = clock_ns();
-        size_t n = sh_policy_victims(r->pol, need, r->prot, r->nprot, r->buf, r->capbuf);
-        r->policy_ns += clock_ns() - t0;
-        if (n == 0 && any_ready(r, H2D)) {
-            /* restores that landed become evictable once committed */
-            if (commit_all(r))
-                return SH_EINVAL;
-            continue;
-        }
-        if (n == 0 && r->issued[H2D].n + r->queued[H2D].n) {
-            if (wait_one(r))
-                return SH_EINVAL;
-            continue;
-        }
-        if (n == 0 && r->sp->verbose)
-            dump_device(r);
-        if (n == 0)
-            return run_fail(r,
-                            "out of memory: %llu bytes more do not fit in %llu bytes of VRAM "
-                            "(%llu in use, nothing evictable)",
-                            (unsigned long long)bytes, (unsigned long long)r->sp->vram_bytes,
-                            (unsigned long long)r->used);
-        if (evict_list(r, r->buf, n, 1))
-            return SH_EINVAL;
-    }
-    return r->failed ? SH_EINVAL : 0;
-}
-
-/* Makes room for `bytes` more device bytes for region g (SIZE_MAX: an
- * allocation), waiting if it must. An allocation holds the room it waits
- * for: a plan made meanwhile that restored into it (the launch after the
- * allocation, say) would be evicted again to make the same room, without
- * end when that launch cannot fit. */
-static int make_room(struct run *r, uint64_t bytes, size_t g)
-{
-    r->held = g == SIZE_MAX ? bytes : 0;
-    int rc = make_room_now(r, bytes, g);
-    r->held = 0;
-    return rc;
-}
-
 /* ---- trace events ---- */
 
 static int on_alloc(struct run *r, const struct sh_trace_event *e)
 {
     uint64_t t0 = r->now;
-    if (make_room(r, e->bytes, SIZE_MAX))
+    if (room_make(r, e->bytes, NULL, 0))
         return SH_EINVAL;
     if (r->now > t0)
         tally(r)->alloc_waits++;
     size_t g = r->nreg++;
-    r->reg[g] = (struct sreg){.id = e->id, .bytes = e->bytes, .live = 1, .copy = -1, .known = 1};
+    r->reg[g] = (struct sreg){.id = e->id, .bytes = e->bytes, .live = 1, .copy = -1};
     if (idmap_put(&r->ids, e->id, g))
         return run_fail(r, "out of memory");
     r->used += e->bytes;
@@ -351,7 +257,13 @@ static int on_free(struct run *r, const struct sh_trace_event *e)
         return run_fail(r, "trace line %u: free of unknown region", e->line);
     struct sreg *s = &r->reg[g];
     s->live = 0;
+    /* As the library does (sh_sched_free): the policy records the free and
+     * forgets the region at once, whatever its memory is still doing, so
+     * that the id may come back for the next allocation (the pool reuses a
+     * freed region's address). The sreg keeps the memory until its copy in
+     * flight, if any, is committed. */
     sh_policy_free(r->pol, r->now / 1000, e->id);
+    sh_policy_forget(r->pol, e->id);
     if (s->copy >= 0) {
         struct copy *cp = &r->cp[s->copy];
         if (cp->state != C_QUEUED)
@@ -363,12 +275,10 @@ static int on_free(struct run *r, const struct sh_trace_event *e)
         if (cp->dir == D2H)
             r->evicting -= s->bytes;
         r->used -= s->bytes;
-        drop_region(r, s);
         return 0;
     }
     if (s->res == SH_RES_DEVICE)
         r->used -= s->bytes;
-    drop_region(r, s);
     return 0;
 }
 
@@ -400,18 +310,19 @@ static int needs_wait(const struct run *r, const struct sreg *s)
 static int make_resident(struct run *r, const uint64_t *ids, size_t n)
 {
     uint64_t t0 = r->now;
+    for (size_t i = 0; i < n; i++) {
+        struct sreg *s = &r->reg[reg_of(r, ids[i])];
+        if (s->res == SH_RES_TO_HOST)
+            abandon_eviction(r, s);
+    }
+    /* Room for all of them at once, then their restores, as the library's
+     * launch path does. */
+    if (room_make(r, 0, ids, n))
+        return SH_EINVAL;
     for (size_t i = 0; i < n && !r->failed; i++) {
         size_t g = reg_of(r, ids[i]);
-        struct sreg *s = &r->reg[g];
-        if (s->res == SH_RES_TO_HOST) {
-            abandon_eviction(r, s);
-        } else if (s->res == SH_RES_HOST) {
-            if (make_room(r, s->bytes, g))
-                return SH_EINVAL;
-            /* while it waited for room, a decision may have fetched it */
-            if (s->res == SH_RES_HOST && start_copy(r, g, H2D, 1))
-                return SH_EINVAL;
-        }
+        if (r->reg[g].res == SH_RES_HOST && start_copy(r, g, H2D, 1))
+            return SH_EINVAL;
     }
     uint64_t waited_for = 0;
     for (size_t i = 0; i < n && !r->failed; i++) {
@@ -470,10 +381,10 @@ static int on_launch(struct run *r, const struct sh_trace_event *e)
         return SH_EINVAL;
     if (make_resident(r, e->ids, e->n))
         return SH_EINVAL;
-    uint64_t t0 = clock_ns();
+    uint64_t t0 = sim_clock_ns();
     if (sh_policy_launch(r->pol, r->now / 1000, e->kernel, e->stream, e->ids, e->n))
         return run_fail(r, "trace line %u: policy refused the launch", e->line);
-    r->launch_ns += clock_ns() - t0;
+    r->launch_ns += sim_clock_ns() - t0;
     r->launches++;
     if (decide(r))
         return SH_EINVAL;
@@ -618,6 +529,7 @@ static void summarise(struct run *r, size_t nst, struct sim_result *res)
 
 static void cleanup(struct run *r)
 {
+    room_destroy(r);
     sh_policy_destroy(r->pol);
     idmap_free(&r->ids);
     free(r->reg);
@@ -637,6 +549,7 @@ int sim_run(const struct sh_trace *t, const struct sim_params *sp,
     memset(res, 0, sizeof *res);
     struct run r = {
         .t = t, .sp = sp, .kind = pp->kind, .err = res->error, .errlen = sizeof res->error};
+    room_init(&r, pp);
     size_t *starts = NULL, nst = 0;
     size_t nalloc = 0;
     for (size_t i = 0; i < sh_trace_count(t); i++)

@@ -5,6 +5,7 @@
 #ifndef SH_SIM_REPLAY_H
 #define SH_SIM_REPLAY_H
 
+#include "engine/engine.h"
 #include "tools/stagehand-sim/sim.h"
 
 #include <stddef.h>
@@ -18,7 +19,6 @@ struct sreg {
     int live;      /* allocated and not freed */
     int res;       /* enum sh_policy_residency, as the policy was told */
     int copy;      /* active copy, -1 for none */
-    int known;     /* the policy knows it (not yet forgotten) */
     uint64_t seen; /* run.stamp when last counted */
 };
 
@@ -38,6 +38,7 @@ struct run {
     const struct sh_trace *t;
     const struct sim_params *sp;
     struct sh_policy *pol;
+    struct sh_engine eng; /* the library's watermarks, hints and room chain (room.c) */
     int kind;
     struct idmap ids;
     struct sreg *reg;
@@ -76,6 +77,27 @@ static inline struct tally *tally(struct run *r)
 {
     return &r->steps[r->cur_step];
 }
+
+/* ---- the model's moves (replay.c) ---- */
+uint64_t sim_clock_ns(void);
+/* Waits for the next copy to finish, committing finished evictions. */
+int wait_one(struct run *r);
+/* One remap window: every finished copy takes effect. */
+int commit_all(struct run *r);
+int any_ready(const struct run *r, int dir);
+int reserve_buf(struct run *r, size_t n);
+/* Starts the eviction of each region listed (a freed one is released). */
+int evict_list(struct run *r, const uint64_t *ids, size_t n, int demand);
+
+/* ---- the engine over the model (room.c) ---- */
+struct sh_policy_params;
+void room_init(struct run *r, const struct sh_policy_params *pp);
+void room_destroy(struct run *r);
+/* Makes room through the engine, waiting for copies if it must, for an
+ * allocation of `bytes` (ids NULL; it holds the room while it waits), or
+ * for the regions ids[0..n) that are on the host; fails the run when they
+ * cannot fit. */
+int room_make(struct run *r, uint64_t bytes, const uint64_t *ids, size_t n);
 
 /* ---- FIFOs of copy indices and the link (copy.c) ---- */
 int fifo_push(struct fifo *f, int c, int front);
