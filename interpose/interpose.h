@@ -81,6 +81,17 @@ cudaError_t sh_oom_too_big(size_t size, const char *what);
 int sh_torch_expandable(const char *conf);
 void sh_torch_check_env(void);
 
+/* Pins the region at p (pool.h's sh_pool_pin), restoring it first if it is
+ * evicted: 0, or an error (its pages cannot be the device's now). An
+ * address in no region is left alone: 0 (pointers.c). */
+int sh_pin_region(uintptr_t p);
+
+/* The program's own virtual memory (vmm.c). sh_vmm_retain: cuMemRetain-
+ * AllocationHandle for an address a handle of the library's is mapped at:
+ * 1 with *handle set (another reference), 0 when addr is not in one, -1
+ * when the reference could not be handed out. */
+int sh_vmm_retain(uintptr_t addr, CUmemGenericAllocationHandle *handle);
+
 /* The engine's room (engine/) over the pool, the scheduler and the driver:
  * sh_rt.engine, set up once the pool is. */
 void sh_room_init(void);
