@@ -76,8 +76,9 @@ cudaError_t sh_oom_too_big(size_t size, const char *what);
 
 /* PyTorch's allocator settings (torch.c). sh_torch_expandable: 1 when the
  * setting conf ("key:value,...") turns expandable_segments on for the
- * native allocator, which then never calls cudaMalloc. sh_torch_check_env:
- * says so once, naming the variable, when the environment does. */
+ * native allocator, which then maps its own memory (vmm.c manages it).
+ * sh_torch_check_env: when the environment does, says once, naming the
+ * variable, whether that memory is managed (a warning where it is not). */
 int sh_torch_expandable(const char *conf);
 void sh_torch_check_env(void);
 
