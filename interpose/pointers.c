@@ -183,7 +183,8 @@ EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle
         return mine > 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
     uintptr_t base;
     size_t size;
-    if (region_range((CUdeviceptr)(uintptr_t)addr, &base, &size) && sh_pin_region((uintptr_t)addr) != 0)
+    if (region_range((CUdeviceptr)(uintptr_t)addr, &base, &size) &&
+        sh_pin_region((uintptr_t)addr) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     return real.retain(handle, addr);
 }

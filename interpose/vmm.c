@@ -417,9 +417,9 @@ EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
     RESOLVE();
     if (!real.address_free)
         return CUDA_ERROR_NOT_INITIALIZED;
-    size_t n = sh_active() && size ? sh_pool_backings_in(sh_rt.pool, ptr, ptr + size, NULL, NULL,
-                                                         0, NULL)
-                                   : 0;
+    size_t n = sh_active() && size
+                   ? sh_pool_backings_in(sh_rt.pool, ptr, ptr + size, NULL, NULL, 0, NULL)
+                   : 0;
     if (n) {
         sh_log(SH_LOG_ERROR, "cuMemAddressFree(0x%llx): %zu mapping(s) still there; unmap first",
                (unsigned long long)ptr, n);

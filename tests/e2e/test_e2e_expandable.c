@@ -157,12 +157,10 @@ static void test_lookups_land_on_the_hooks(void **state)
     void *cuda = dlopen("libcuda.so.1", RTLD_NOW);
     assert_non_null(cuda);
     drv.unmap = (__typeof__(drv.unmap))dlsym(cuda, "cuMemUnmap");
-    drv.export_handle =
-        (__typeof__(drv.export_handle))dlsym(cuda, "cuMemExportToShareableHandle");
-    void *const hooked[] = {(void *)drv.address_free, (void *)drv.create, (void *)drv.release,
-                            (void *)drv.map,          (void *)drv.set_access,
-                            (void *)drv.unmap,        (void *)drv.props,
-                            (void *)drv.export_handle};
+    drv.export_handle = (__typeof__(drv.export_handle))dlsym(cuda, "cuMemExportToShareableHandle");
+    void *const hooked[] = {(void *)drv.address_free, (void *)drv.create,       (void *)drv.release,
+                            (void *)drv.map,          (void *)drv.set_access,   (void *)drv.unmap,
+                            (void *)drv.props,        (void *)drv.export_handle};
     for (size_t i = 0; i < sizeof hooked / sizeof *hooked; i++)
         assert_true(from_stagehand(hooked[i]));
     assert_false(from_stagehand((void *)drv.reserve)); /* nothing to manage there */
@@ -244,7 +242,7 @@ static void test_segments_are_evicted_byte_exact(void **state)
     (void)state;
     stagehand_stats_t before = stats();
     struct segment s;
-    seg_open(&s, 15); /* PyTorch reserves 1 1/8 of the card */
+    seg_open(&s, 15);                    /* PyTorch reserves 1 1/8 of the card */
     for (size_t i = 0; i < NSEG; i += 2) /* grows as it fills: two segments at a time */
         assert_int_equal(seg_grow(&s, i, i + 2), CUDA_SUCCESS);
     for (size_t i = 0; i < NSEG; i++)
@@ -365,8 +363,7 @@ static void test_handle_keeps_its_bytes(void **state)
     assert_int_equal(drv.release(again), CUDA_SUCCESS);
     for (int i = 0; i < 2; i++) {
         assert_int_equal(drv.unmap(a.ptr + (size_t)i * SEG, SEG), CUDA_SUCCESS);
-        assert_int_equal(drv.map(b.ptr + (size_t)(1 - i) * SEG, SEG, 0, a.h[i], 0),
-                         CUDA_SUCCESS);
+        assert_int_equal(drv.map(b.ptr + (size_t)(1 - i) * SEG, SEG, 0, a.h[i], 0), CUDA_SUCCESS);
     }
     set_access(b.ptr, 2 * SEG, 0);
     b.h[1] = a.h[0];
