@@ -191,7 +191,7 @@ EXPORT cudaError_t cudaFree(void *ptr)
     struct sh_region_info info;
     /* A small block lies anywhere in its slab; a region is freed by its start. */
     if (!ptr || !sh_managed() || sh_pool_lookup(sh_rt.pool, (uintptr_t)ptr, &info) != SH_OK ||
-        (info.va != (uintptr_t)ptr && info.path != SH_PATH_SLAB))
+        (info.va != (uintptr_t)ptr && info.path != SH_PATH_SLAB) || info.path == SH_PATH_VMM)
         return real->cudaFree(ptr);
     if (info.state == SH_RS_FREED)
         return bad_free("cudaFree", ptr);
@@ -230,8 +230,8 @@ EXPORT cudaError_t cudaMallocAsync(void **ptr, size_t size, cudaStream_t stream)
 static int managed_free_async(void *ptr, cudaStream_t stream, const char *what)
 {
     struct sh_region_info info;
-    if (sh_pool_lookup(sh_rt.pool, (uintptr_t)ptr, &info) != SH_OK)
-        return SH_ENOTFOUND;
+    if (sh_pool_lookup(sh_rt.pool, (uintptr_t)ptr, &info) != SH_OK || info.path == SH_PATH_VMM)
+        return SH_ENOTFOUND; /* the program's own mapping: the driver answers */
     if (in_capture(stream)) {
         /* A free node frees only a graph allocation, and this memory may
          * be the graph's input on every replay: it stays allocated. */

@@ -76,10 +76,22 @@ cudaError_t sh_oom_too_big(size_t size, const char *what);
 
 /* PyTorch's allocator settings (torch.c). sh_torch_expandable: 1 when the
  * setting conf ("key:value,...") turns expandable_segments on for the
- * native allocator, which then never calls cudaMalloc. sh_torch_check_env:
- * says so once, naming the variable, when the environment does. */
+ * native allocator, which then maps its own memory (vmm.c manages it).
+ * sh_torch_check_env: when the environment does, says once, naming the
+ * variable, whether that memory is managed (a warning where it is not). */
 int sh_torch_expandable(const char *conf);
 void sh_torch_check_env(void);
+
+/* Pins the region at p (pool.h's sh_pool_pin), restoring it first if it is
+ * evicted: 0, or an error (its pages cannot be the device's now). An
+ * address in no region is left alone: 0 (pointers.c). */
+int sh_pin_region(uintptr_t p);
+
+/* The program's own virtual memory (vmm.c). sh_vmm_retain: cuMemRetain-
+ * AllocationHandle for an address a handle of the library's is mapped at:
+ * 1 with *handle set (another reference), 0 when addr is not in one, -1
+ * when the reference could not be handed out. */
+int sh_vmm_retain(uintptr_t addr, CUmemGenericAllocationHandle *handle);
 
 /* The engine's room (engine/) over the pool, the scheduler and the driver:
  * sh_rt.engine, set up once the pool is. */

@@ -159,9 +159,7 @@ EXPORT cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, 
 
 /* ---- pages handed to someone else ---- */
 
-/* Pins the region at p, restoring it first if it is evicted: 0, or an
- * error for the caller to return (its pages cannot be the device's now). */
-static int pin(uintptr_t p)
+int sh_pin_region(uintptr_t p)
 {
     for (int tries = 0; tries < 3; tries++) {
         int rc = sh_pool_pin(sh_rt.pool, p);
@@ -179,9 +177,14 @@ EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle
     pthread_once(&real_once, resolve);
     if (!real.retain)
         return CUDA_ERROR_NOT_INITIALIZED;
+    /* A handle of the program's own, mapped as a region: that handle. */
+    int mine = handle ? sh_vmm_retain((uintptr_t)addr, handle) : 0;
+    if (mine)
+        return mine > 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
     uintptr_t base;
     size_t size;
-    if (region_range((CUdeviceptr)(uintptr_t)addr, &base, &size) && pin((uintptr_t)addr) != 0)
+    if (region_range((CUdeviceptr)(uintptr_t)addr, &base, &size) &&
+        sh_pin_region((uintptr_t)addr) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     return real.retain(handle, addr);
 }
@@ -199,7 +202,7 @@ EXPORT CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr p, size_
             base = a, len = sh_rt.gran; /* not a region: look one granule on */
             continue;
         }
-        if (pin(a) != 0)
+        if (sh_pin_region(a) != 0)
             return CUDA_ERROR_OUT_OF_MEMORY;
     }
     return real.range_handle(handle, p, size, type, flags);

@@ -2,11 +2,11 @@
  *
  * With expandable_segments on, PyTorch's caching allocator maps its own
  * virtual memory (cuMemCreate and cuMemMap, reached through the driver's
- * entry points) and never calls cudaMalloc: nothing it allocates becomes a
- * region, so the library would manage nothing while seeming to run. Until
- * those mappings are managed too, the program is told, in one line, what to
- * change. PyTorch up to 2.9 reads PYTORCH_CUDA_ALLOC_CONF; later versions
- * read PYTORCH_ALLOC_CONF first.
+ * entry points) and never calls cudaMalloc. vmm.c manages those mappings;
+ * where it cannot ([regions] manage_program_vmm off, or no eviction on this
+ * device) nothing PyTorch allocates becomes a region, and the program is
+ * told, in one line, what to change. PyTorch up to 2.9 reads
+ * PYTORCH_CUDA_ALLOC_CONF; later versions read PYTORCH_ALLOC_CONF first.
  *
  * Shared state: none.
  */
@@ -53,13 +53,24 @@ void sh_torch_check_env(void)
 {
     static const char *const vars[] = {"PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
-        const char *conf = getenv(vars[i]);
-        if (sh_torch_expandable(conf)) {
+        if (!sh_torch_expandable(getenv(vars[i])))
+            continue;
+        if (!sh_rt.cfg.regions.manage_program_vmm)
             sh_log(SH_LOG_WARN,
-                   "%s has expandable_segments on: PyTorch then maps its own memory and "
-                   "stagehand manages none of it; remove it, or set backend:cudaMallocAsync",
+                   "%s has expandable_segments on and [regions] manage_program_vmm is false: "
+                   "PyTorch maps its own memory and stagehand manages none of it; set it to "
+                   "true, or set backend:cudaMallocAsync",
                    vars[i]);
-            return;
-        }
+        else if (!sh_rt.host)
+            sh_log(SH_LOG_WARN,
+                   "%s has expandable_segments on, but eviction is off on this device: the "
+                   "memory PyTorch maps itself is left to the driver",
+                   vars[i]);
+        else
+            sh_log(SH_LOG_INFO,
+                   "%s has expandable_segments on: the memory PyTorch maps itself is managed "
+                   "(sharing it with another process is refused)",
+                   vars[i]);
+        return;
     }
 }

@@ -19,7 +19,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum sh_path { SH_PATH_MALLOC = 0, SH_PATH_ASYNC = 1, SH_PATH_PLUGGABLE = 2, SH_PATH_SLAB = 3 };
+/* SH_PATH_VMM: memory the program maps itself at an address of its own
+ * (adopt.c); never freed through sh_pool_free. */
+enum sh_path {
+    SH_PATH_MALLOC = 0,
+    SH_PATH_ASYNC = 1,
+    SH_PATH_PLUGGABLE = 2,
+    SH_PATH_SLAB = 3,
+    SH_PATH_VMM = 4
+};
 
 struct sh_fence_ops {
     void *ctx;
@@ -128,6 +136,44 @@ void sh_pool_usage_reset(struct sh_pool *pool, int used);
 /* Like sh_pool_trim, and empty small-allocation slabs go too; returns the
  * bytes of device memory released. */
 size_t sh_pool_release(struct sh_pool *pool, size_t bytes);
+
+/* ---- memory the program maps itself (adopt.c) -------------------------------
+ *
+ * A backing is device memory the program created for itself (cuMemCreate,
+ * as PyTorch's expandable segments do), held as the pool's own chunks. It
+ * is mapped nowhere, or at one address of the program's own reservation,
+ * where it is a region like any other (path SH_PATH_VMM): it is evicted and
+ * restored without its address changing. The VA stays the program's: the
+ * pool never reserves nor frees it. Unmapped, a backing keeps its bytes
+ * (on device chunks, or on host slabs if it was evicted), as a handle does.
+ */
+struct sh_backing;
+
+/* A backing of size bytes (a multiple of the granularity) on device chunks.
+ * SH_ENOMEM when the device has no room for it (the caller makes room
+ * first); SH_EINVAL for a bad size. */
+int sh_pool_backing_create(struct sh_pool *pool, size_t size, struct sh_backing **out);
+/* Maps b at va, whole: a region from then on. SH_EBUSY if b is mapped
+ * already; the map op's error when the driver refuses the address. */
+int sh_pool_backing_map(struct sh_pool *pool, struct sh_backing *b, uintptr_t va);
+/* Unmaps the backing's region starting at va (a move in flight is called
+ * off first); the backing keeps its bytes, or is freed if no reference to
+ * it is left. SH_ENOTFOUND if no backing is mapped at exactly va. */
+int sh_pool_backing_unmap(struct sh_pool *pool, uintptr_t va);
+/* The program drops a reference to b (its handle, or one retained): 1 when
+ * it was the last (b is freed now, or by its unmap if mapped), 0 when
+ * others are left, SH_EINVAL when none was left to drop. */
+int sh_pool_backing_release(struct sh_pool *pool, struct sh_backing *b);
+/* Another reference to the backing mapped at addr (any address inside),
+ * or NULL when none is. */
+struct sh_backing *sh_pool_backing_retain(struct sh_pool *pool, uintptr_t addr);
+/* The backings mapped in [lo, hi): their starts and sizes go to va[] and
+ * size[] (the first max of them, in address order); returns how many meet
+ * the range. *other (may be NULL) is set to 1 when a region that is not a
+ * backing meets it too. */
+size_t sh_pool_backings_in(struct sh_pool *pool, uintptr_t lo, uintptr_t hi, uintptr_t *va,
+                           size_t *size, size_t max, int *other);
+size_t sh_pool_backing_size(const struct sh_backing *b);
 
 /* ---- host slab pool ------------------------------------------------------ */
 

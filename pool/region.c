@@ -125,7 +125,7 @@ static void unbuild(struct sh_pool *pool, struct region *r, unsigned mapped_chun
     if (kept)
         sh_log(SH_LOG_ERROR, "cannot unmap %zu bytes of 0x%llx: they stay reserved and mapped",
                kept, (unsigned long long)r->va);
-    else
+    else if (r->path != SH_PATH_VMM) /* the program's own VA is not ours to free */
         sh_vaarena_free(pool->va, r->va, r->mapped);
     free(r);
 }
@@ -522,7 +522,8 @@ int sh_pool_free(struct sh_pool *pool, uintptr_t va, uint64_t stream, uint64_t f
     pthread_rwlock_rdlock(&pool->index_lock);
     uintptr_t start = 0;
     struct region *r = NULL;
-    int found = sh_rindex_find(pool->index, va, &start, NULL, (void **)&r) == 0 && start == va;
+    int found = sh_rindex_find(pool->index, va, &start, NULL, (void **)&r) == 0 && start == va &&
+                r->path != SH_PATH_VMM; /* the program unmaps those itself */
     pthread_rwlock_unlock(&pool->index_lock);
     if (!found)
         return SH_ENOTFOUND;

@@ -71,6 +71,10 @@ struct region {
      * freed its chunks go back to the driver, never to another region.
      * Set under pool->mu, where evictions pick their victims. */
     int pinned;
+    /* Path SH_PATH_VMM (adopt.c): mapped at the program's address now,
+     * and the references the program holds to its handle. pool->mu. */
+    int vmm_mapped;
+    unsigned vmm_refs;
     unsigned nchunks;
     struct chunk chunks[];
 };

@@ -96,12 +96,6 @@ def backend(setting):
     return conf_get(setting, "backend") or "native"
 
 
-def expandable(setting):
-    """True when the setting turns expandable segments on (the async backend ignores it)."""
-    v = (conf_get(setting, "expandable_segments") or "").lower()
-    return v in ("true", "1") and backend(setting) != ASYNC
-
-
 def _rule(version):
     if version >= (2, 10):
         return ("PyTorch 2.10 and later read %s, and %s only when %s is unset"
@@ -127,10 +121,6 @@ def problems(environ, version, torch_backend=None):
                            "sets the right variable)"
                            % (other, environ[other], _rule(v), first,
                               conf_with(environ.get(first, ""), "backend", wanted)))
-        if expandable(setting):
-            out.append("%s has expandable_segments:True: PyTorch then maps its own memory "
-                       "and libstagehand manages none of it; remove it, or add backend:%s"
-                       % (var, ASYNC))
         if torch_backend is not None and torch_backend != backend(setting):
             asks = ("%s asks for %s" % (var, backend(setting)) if var
                     else "no allocator variable is set")

@@ -2,9 +2,10 @@
 
 Preload mode (the program started under LD_PRELOAD) needs no installing, but
 it is easy to get silently wrong: the allocator backend set in a variable
-that this PyTorch does not read, or expandable segments, leave the library
-with nothing to manage while it seems to run. So enable() checks and says
-what to change.
+that this PyTorch does not read leaves the library managing PyTorch's
+segments rather than each tensor while it seems to run as asked. So
+enable() checks and says what to change. (Expandable segments are managed
+too: the library backs the memory PyTorch maps itself.)
 
 Pluggable mode hands PyTorch the library's stagehand_malloc/stagehand_free.
 Where torch.cuda.MemPool exists the allocator goes into a pool that every

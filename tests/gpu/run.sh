@@ -18,7 +18,7 @@
 #   TRAIN_BUDGET_MB   the budget for the oversubscribed training runs [12288]
 #   TRAIN_STEPS       [20; 5 with --quick]     TRAIN_ARGS  extra train_gpt.py flags
 #   TRAIN_TIMEOUT     seconds per training run [540]
-#   TRAIN_MODES       allocator modes to oversubscribe [default async pluggable]
+#   TRAIN_MODES       allocator modes to oversubscribe [default async pluggable expandable]
 #   GPU_TEST_RESUME   1: keep what an earlier, interrupted run of the same part
 #                     finished (its exit status 0) and run only the rest
 #   GPU_TEST_REQUIRE  1: fail, instead of skipping, when no GPU can be used
@@ -360,7 +360,7 @@ part_train() {
         echo "   tolerance: relative loss difference up to $tol"
     fi
     local modes
-    read -r -a modes <<<"${TRAIN_MODES:-default async pluggable}"
+    read -r -a modes <<<"${TRAIN_MODES:-default async pluggable expandable}"
     [ "$quick" = 1 ] && modes=(default)
     local mode envs
     for mode in "${modes[@]}"; do

@@ -27,6 +27,8 @@ Run it as tests/gpu/run.sh does:
                                  # installed PyTorch reads (as stagehand run sets it)
   ... --allocator pluggable      # stagehand.enable("pluggable"): a MemPool where
                                  # PyTorch has one (--mempool no: replace the allocator)
+  ... --allocator expandable     # expandable_segments:True: PyTorch maps its own
+                                 # memory, which the library must manage
   ... --save-on-cpu | --accelerate-offload | --profiler
   python3 tests/gpu/train_gpt.py --compare ref.jsonl run.jsonl
   python3 tests/gpu/train_gpt.py --dry-run                        # CPU only
@@ -252,7 +254,7 @@ def parse_args(argv):
                    help="synthetic batches cycled through, so the loss falls")
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     p.add_argument("--device", default="cuda")
-    p.add_argument("--allocator", choices=("default", "async", "pluggable"),
+    p.add_argument("--allocator", choices=("default", "async", "pluggable", "expandable"),
                    default="default")
     p.add_argument("--lib", default=None,
                    help="libstagehand.so for --allocator pluggable (default: the preloaded "
@@ -315,6 +317,13 @@ def set_async_backend(environ):
     for var in (_conf.OLD_VAR, _conf.NEW_VAR):
         if var in env:
             environ[var] = env[var]
+
+
+def set_expandable(environ):
+    """expandable_segments:True, native backend, in both allocator variables
+    (every PyTorch version reads one of them), keeping the other settings."""
+    for var in (_conf.OLD_VAR, _conf.NEW_VAR):
+        environ[var] = _conf.conf_with(environ.get(var, ""), "expandable_segments", "True")
 
 
 # ---- the model (built once torch is imported) ----------------------------
@@ -610,6 +619,8 @@ def main(argv):
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     if args.allocator == "async":
         set_async_backend(os.environ)
+    elif args.allocator == "expandable":
+        set_expandable(os.environ)
     if args.accelerate_offload:
         if importlib.util.find_spec("accelerate") is None:
             print(json.dumps({"skipped": "accelerate not installed"}))
@@ -670,6 +681,13 @@ def main(argv):
     if args.allocator == "async" and summary.get("allocator_backend") != "cudaMallocAsync":
         emit({"error": "allocator", "message": "backend is %r, not cudaMallocAsync"
               % summary.get("allocator_backend")}, out)
+        status = 2
+    # Expandable segments never reach cudaMalloc: whatever the library holds
+    # under LD_PRELOAD is memory PyTorch mapped itself.
+    if args.allocator == "expandable" and summary.get("sh", {}).get("active") and \
+            not summary["sh"].get("regions_live"):
+        emit({"error": "expandable", "message": "the library manages none of PyTorch's "
+              "expandable segments"}, out)
         status = 2
     expect = args.expect_tracking or ("hooks" if args.profiler else None)
     if prof is not None:

@@ -158,7 +158,7 @@ static void test_shipped_ini(void **state)
         assert_non_null(ki.unit);
         assert_non_null(ki.help);
     }
-    assert_int_equal(i, 40);
+    assert_int_equal(i, 41);
     assert_int_equal(sh_config_key_at(i, &ki), SH_ENOTFOUND);
     assert_origin(&c, "budget", "vram_budget_mb", "stagehand.ini:63");
 }

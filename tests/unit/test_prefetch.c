@@ -321,6 +321,50 @@ static void test_free_during_prefetch(void **state)
     stop();
 }
 
+/* Memory the program maps itself (adopt.c): unmapped while its prefetch
+ * is in flight, the prefetch is called off and the backing keeps the bytes,
+ * on its slabs, to be mapped at another address of the program's. Released
+ * while mapped, it lives until its unmap. */
+static void test_backing_unmap_during_prefetch(void **state)
+{
+    (void)state;
+    start(&std_opts);
+    uintptr_t va = 0, va2 = 0;
+    assert_int_equal(vmm.reserve(vmm.ctx, RSIZE, 0, &va), 0); /* the program's own VA */
+    assert_int_equal(vmm.reserve(vmm.ctx, RSIZE, 0, &va2), 0);
+    struct sh_backing *b = NULL;
+    assert_int_equal(sh_pool_backing_create(sys.pool, RSIZE + 1, &b), SH_EINVAL);
+    assert_int_equal(sh_pool_backing_create(sys.pool, RSIZE, &b), 0);
+    assert_int_equal(sh_pool_backing_map(sys.pool, b, va), 0);
+    assert_int_equal(sh_pool_backing_map(sys.pool, b, va2), SH_EBUSY);  /* one address */
+    assert_int_equal(sh_pool_free(sys.pool, va, ANY, 0), SH_ENOTFOUND); /* not cudaFree's */
+    fill(va, RSIZE, 7);
+    evict_one(va);
+    assert_int_equal(start_prefetch(va), 1);
+    assert_int_equal(sh_pool_backing_unmap(sys.pool, va), 0);
+    assert_int_equal(state_of(va), -1);
+    struct sh_pool_stats st;
+    sh_pool_stats(sys.pool, &st);
+    assert_int_equal(st.prefetch_cancels, 1);
+    assert_int_equal(st.host_bytes, RSIZE); /* still on its slabs */
+    assert_int_equal(sh_pool_backing_map(sys.pool, b, va2), 0);
+    assert_int_equal(state_of(va2), SH_RS_HOST);
+    assert_int_equal(bad_words(va2, RSIZE, 7), 0);
+    /* Back on the device, then the last reference goes while mapped. */
+    assert_int_equal(sh_pool_restore(sys.pool, &va2, 1), 0);
+    assert_int_equal(bad_words(va2, RSIZE, 7), 0);
+    assert_int_equal(sh_pool_backing_release(sys.pool, b), 1);
+    assert_int_equal(bad_words(va2, RSIZE, 7), 0); /* still mapped, still there */
+    assert_int_equal(sh_pool_backing_unmap(sys.pool, va2), 0);
+    assert_int_equal(sh_pool_backing_unmap(sys.pool, va2), SH_ENOTFOUND);
+    sh_pool_stats(sys.pool, &st);
+    assert_int_equal(st.live_bytes, 0);
+    assert_int_equal(st.host_bytes, 0);
+    assert_int_equal(vmm.unreserve(vmm.ctx, va, RSIZE), 0);
+    assert_int_equal(vmm.unreserve(vmm.ctx, va2, RSIZE), 0);
+    stop();
+}
+
 /* Teardown with a prefetch in flight leaves nothing mapped. */
 static void test_destroy_during_prefetch(void **state)
 {
@@ -944,6 +988,7 @@ int main(void)
         cmocka_unit_test_teardown(test_early_eviction_tracked, teardown),
         cmocka_unit_test_teardown(test_free_during_early_eviction, teardown),
         cmocka_unit_test_teardown(test_free_during_prefetch, teardown),
+        cmocka_unit_test_teardown(test_backing_unmap_during_prefetch, teardown),
         cmocka_unit_test_teardown(test_destroy_during_prefetch, teardown),
         cmocka_unit_test_teardown(test_evict_skips_prefetching, teardown),
         cmocka_unit_test_teardown(test_fail_scratch_map, teardown),

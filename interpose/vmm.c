@@ -1,0 +1,429 @@
+/* vmm.c — the program's own virtual-memory calls: device memory it creates
+ * and maps itself (cuMemCreate, cuMemMap), as PyTorch's caching allocator
+ * does with expandable_segments:True, reaching the driver through
+ * cudaGetDriverEntryPoint or dlsym (intercept.c and dlsym.c hand out these
+ * hooks).
+ *
+ * A cuMemCreate of device memory on the managed device gets a handle of
+ * the library's own, backed by the pool's chunks (pool/adopt.c); cuMemMap
+ * of that handle makes the mapped range a region at the program's address,
+ * which is evicted and restored like any other. cuMemUnmap, cuMemRelease
+ * and cuMemAddressFree give it back. Everything else passes through: other
+ * devices, host locations, compressible or RDMA memory, sizes off the
+ * pool's granularity, and any handle the driver made. What the library
+ * cannot do with one of its handles (map part of it, map it twice, export
+ * it to another process) is refused with an error and a line saying what
+ * to change; the memory is never lost.
+ *
+ * Handle values carry a tag above any user-space address, so they can
+ * never be a driver's handle (the driver's are small numbers or pointers).
+ *
+ * Shared state: the handle table, guarded by table_mu (never held across a
+ * pool or driver call); the real functions, resolved once.
+ */
+#include "interpose/intercept.h"
+
+#include "sh_err.h"
+#include "sh_log.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+#define TAG      0x5348000000000000ull /* "SH": no user-space address looks like it */
+#define TAG_MASK 0xffff000000000000ull
+#define IDX_BITS 24
+#define IDX_MASK ((1ull << IDX_BITS) - 1)
+
+static struct {
+    __typeof__(cuMemCreate) *create;
+    __typeof__(cuMemRelease) *release;
+    __typeof__(cuMemMap) *map;
+    __typeof__(cuMemUnmap) *unmap;
+    __typeof__(cuMemSetAccess) *set_access;
+    __typeof__(cuMemAddressFree) *address_free;
+    __typeof__(cuMemGetAllocationPropertiesFromHandle) *props;
+    __typeof__(cuMemExportToShareableHandle) *export_handle;
+} real;
+static pthread_once_t real_once = PTHREAD_ONCE_INIT;
+
+static void resolve(void)
+{
+#define REAL(field, name) real.field = (__typeof__(real.field))sh_icept_lookup(0, name)
+    REAL(create, "cuMemCreate");
+    REAL(release, "cuMemRelease");
+    REAL(map, "cuMemMap");
+    REAL(unmap, "cuMemUnmap");
+    REAL(set_access, "cuMemSetAccess");
+    REAL(address_free, "cuMemAddressFree");
+    REAL(props, "cuMemGetAllocationPropertiesFromHandle");
+    REAL(export_handle, "cuMemExportToShareableHandle");
+#undef REAL
+}
+
+#define RESOLVE() pthread_once(&real_once, resolve)
+
+/* ---- the handle table ---- */
+
+struct slot {
+    struct sh_backing *b; /* NULL: free */
+    CUmemAllocationProp prop;
+    uint32_t gen; /* bumped as the slot is freed: a stale value finds nothing */
+};
+
+static pthread_mutex_t table_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct slot *slots;
+static size_t nslots, capslots;
+
+static CUmemGenericAllocationHandle value_of(size_t i)
+{
+    return TAG | (uint64_t)(slots[i].gen & 0xffffff) << IDX_BITS | i;
+}
+
+/* A slot for b: its own if it has one (a retained reference), else a new
+ * one; 0 when the table cannot grow. table_mu held. */
+static CUmemGenericAllocationHandle slot_add(struct sh_backing *b, const CUmemAllocationProp *prop)
+{
+    size_t i = 0;
+    for (; i < nslots && slots[i].b != b; i++)
+        ;
+    if (i < nslots)
+        return value_of(i);
+    for (i = 0; i < nslots && slots[i].b; i++)
+        ;
+    if (i == nslots && nslots == capslots) {
+        size_t cap = capslots ? capslots * 2 : 64;
+        struct slot *t = cap <= IDX_MASK ? realloc(slots, cap * sizeof *t) : NULL;
+        if (!t)
+            return 0;
+        slots = t;
+        capslots = cap;
+    }
+    if (i == nslots)
+        slots[nslots++] = (struct slot){0};
+    slots[i].b = b;
+    slots[i].prop = *prop;
+    return value_of(i);
+}
+
+/* The slot a value names, or NULL for a value that is not ours (or no
+ * longer). table_mu held. */
+static struct slot *slot_of(CUmemGenericAllocationHandle h)
+{
+    size_t i = h & IDX_MASK;
+    if ((h & TAG_MASK) != TAG || i >= nslots || !slots[i].b ||
+        (slots[i].gen & 0xffffff) != ((h >> IDX_BITS) & 0xffffff))
+        return NULL;
+    return &slots[i];
+}
+
+static struct sh_backing *backing_of(CUmemGenericAllocationHandle h, CUmemAllocationProp *prop)
+{
+    pthread_mutex_lock(&table_mu);
+    struct slot *s = slot_of(h);
+    struct sh_backing *b = s ? s->b : NULL;
+    if (s && prop)
+        *prop = s->prop;
+    pthread_mutex_unlock(&table_mu);
+    return b;
+}
+
+static int ours(CUmemGenericAllocationHandle h)
+{
+    return (h & TAG_MASK) == TAG;
+}
+
+/* ---- creating and releasing ---- */
+
+/* Memory the pool can hold for the program: pinned device memory on the
+ * managed device, whole granules, nothing the pool's chunks lack (the
+ * handle types asked for matter only to an export, refused below). */
+static int manageable(size_t size, const CUmemAllocationProp *p, unsigned long long flags)
+{
+    const CUmemAllocationHandleType types =
+        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | CU_MEM_HANDLE_TYPE_FABRIC;
+    return sh_rt.cfg.regions.manage_program_vmm && p && flags == 0 && size > 0 &&
+           p->type == CU_MEM_ALLOCATION_TYPE_PINNED &&
+           p->location.type == CU_MEM_LOCATION_TYPE_DEVICE && !p->allocFlags.compressionType &&
+           !p->allocFlags.gpuDirectRDMACapable && !p->allocFlags.usage &&
+           (p->requestedHandleTypes & ~types) == 0 && sh_managed() && sh_rt.host &&
+           p->location.id == (int)sh_rt.dev && size % sh_rt.gran == 0;
+}
+
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                            const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    RESOLVE();
+    if (!handle || !manageable(size, prop, flags))
+        return real.create ? real.create(handle, size, prop, flags) : CUDA_ERROR_NOT_INITIALIZED;
+    struct sh_backing *b = NULL;
+    sh_engine_lock(&sh_rt.engine);
+    int rc = sh_engine_make_room(&sh_rt.engine, size, NULL, 0);
+    if (rc == SH_OK)
+        rc = sh_pool_backing_create(sh_rt.pool, size, &b);
+    sh_engine_unlock(&sh_rt.engine);
+    if (rc == SH_ENOMEM || rc == SH_ERANGE) {
+        /* PyTorch frees its cache and asks again on exactly this error. */
+        if (rc == SH_ERANGE)
+            sh_oom_too_big(size, "cuMemCreate");
+        else
+            sh_oom(size, "cuMemCreate");
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (rc != SH_OK)
+        return real.create(handle, size, prop, flags);
+    pthread_mutex_lock(&table_mu);
+    CUmemGenericAllocationHandle h = slot_add(b, prop);
+    pthread_mutex_unlock(&table_mu);
+    if (!h) {
+        sh_pool_backing_release(sh_rt.pool, b);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *handle = h;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    RESOLVE();
+    if (!ours(handle))
+        return real.release ? real.release(handle) : CUDA_ERROR_NOT_INITIALIZED;
+    struct sh_backing *b = backing_of(handle, NULL);
+    int rc = b ? sh_pool_backing_release(sh_rt.pool, b) : SH_EINVAL;
+    if (rc == 1) { /* the last reference: the value names nothing from now on */
+        pthread_mutex_lock(&table_mu);
+        struct slot *s = slot_of(handle);
+        if (s && s->b == b) {
+            s->b = NULL;
+            s->gen++;
+        }
+        pthread_mutex_unlock(&table_mu);
+    }
+    return rc < 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+int sh_vmm_retain(uintptr_t addr, CUmemGenericAllocationHandle *handle)
+{
+    struct sh_backing *b = sh_active() ? sh_pool_backing_retain(sh_rt.pool, addr) : NULL;
+    if (!b)
+        return 0;
+    CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                .location = {CU_MEM_LOCATION_TYPE_DEVICE, (int)sh_rt.dev}};
+    pthread_mutex_lock(&table_mu);
+    CUmemGenericAllocationHandle h = slot_add(b, &prop);
+    pthread_mutex_unlock(&table_mu);
+    if (!h) {
+        sh_pool_backing_release(sh_rt.pool, b);
+        return -1;
+    }
+    *handle = h;
+    return 1;
+}
+
+EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
+                                                       CUmemGenericAllocationHandle handle)
+{
+    RESOLVE();
+    if (!ours(handle))
+        return real.props ? real.props(prop, handle) : CUDA_ERROR_NOT_INITIALIZED;
+    CUmemAllocationProp p;
+    if (!prop || !backing_of(handle, &p))
+        return CUDA_ERROR_INVALID_VALUE;
+    *prop = p;
+    return CUDA_SUCCESS;
+}
+
+/* Another process would map the chunks behind the handle while the library
+ * moves them: refused, with what to change. */
+EXPORT CUresult cuMemExportToShareableHandle(void *shareable, CUmemGenericAllocationHandle handle,
+                                             CUmemAllocationHandleType type,
+                                             unsigned long long flags)
+{
+    RESOLVE();
+    if (!ours(handle))
+        return real.export_handle ? real.export_handle(shareable, handle, type, flags)
+                                  : CUDA_ERROR_NOT_INITIALIZED;
+    if (!backing_of(handle, NULL))
+        return CUDA_ERROR_INVALID_VALUE;
+    sh_log(SH_LOG_ERROR,
+           "cuMemExportToShareableHandle: stagehand manages this memory and may move it, so it "
+           "cannot be shared with another process; set [regions] manage_program_vmm = false "
+           "(STAGEHAND_REGIONS_MANAGE_PROGRAM_VMM=false) to share memory the program maps "
+           "itself");
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+/* ---- mapping ---- */
+
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                         CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+    RESOLVE();
+    if (!ours(handle))
+        return real.map ? real.map(ptr, size, offset, handle, flags) : CUDA_ERROR_NOT_INITIALIZED;
+    struct sh_backing *b = backing_of(handle, NULL);
+    if (!b || offset != 0 || flags != 0 || size == 0 || size > sh_pool_backing_size(b))
+        return CUDA_ERROR_INVALID_VALUE; /* as the driver answers */
+    if (size < sh_pool_backing_size(b)) {
+        sh_log(SH_LOG_ERROR,
+               "cuMemMap(0x%llx, %zu bytes): part of a handle of %zu bytes; stagehand maps "
+               "whole handles only (set [regions] manage_program_vmm = false)",
+               (unsigned long long)ptr, size, sh_pool_backing_size(b));
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    int rc = sh_pool_backing_map(sh_rt.pool, b, (uintptr_t)ptr);
+    if (rc == SH_EBUSY) {
+        sh_log(SH_LOG_ERROR,
+               "cuMemMap(0x%llx): the handle is mapped already; stagehand maps each handle at "
+               "one address (set [regions] manage_program_vmm = false)",
+               (unsigned long long)ptr);
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    if (rc != SH_OK) /* the driver refused the address (not reserved, or mapped) */
+        return rc == SH_ENOMEM ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_INVALID_VALUE;
+    sh_sched_alloc((uintptr_t)ptr, size, sh_stream_key(NULL));
+    return CUDA_SUCCESS;
+}
+
+/* The backings mapped in [ptr, ptr + size): a malloc'd array of their
+ * starts and one of their sizes (both NULL when none), *n their count.
+ * 0, or CUDA_ERROR_INVALID_VALUE when one is cut by the range or a region
+ * that is not the program's lies in it (the program's call would reach
+ * memory it does not own). */
+static CUresult backings_in(CUdeviceptr ptr, size_t size, uintptr_t **va, size_t **len, size_t *n)
+{
+    *va = NULL;
+    *len = NULL;
+    int other = 0;
+    *n = sh_pool_backings_in(sh_rt.pool, ptr, ptr + size, NULL, NULL, 0, &other);
+    if (other)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (*n == 0)
+        return CUDA_SUCCESS;
+    *va = malloc(*n * sizeof **va);
+    *len = malloc(*n * sizeof **len);
+    if (!*va || !*len)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *n = sh_pool_backings_in(sh_rt.pool, ptr, ptr + size, *va, *len, *n, &other);
+    for (size_t k = 0; k < *n; k++)
+        if ((*va)[k] < ptr || (*va)[k] + (*len)[k] > ptr + size)
+            return CUDA_ERROR_INVALID_VALUE; /* the driver unmaps whole mappings only */
+    return CUDA_SUCCESS;
+}
+
+/* Calls fn on every part of [ptr, ptr + size) that none of the n sorted
+ * backings covers: the driver's own mappings there. */
+static CUresult each_gap(CUdeviceptr ptr, size_t size, const uintptr_t *va, const size_t *len,
+                         size_t n, CUresult (*fn)(CUdeviceptr, size_t, void *), void *arg)
+{
+    uintptr_t at = ptr, end = ptr + size;
+    for (size_t k = 0; k <= n; k++) {
+        uintptr_t next = k < n ? va[k] : end;
+        if (next > at) {
+            CUresult r = fn(at, next - at, arg);
+            if (r != CUDA_SUCCESS)
+                return r;
+        }
+        if (k < n)
+            at = va[k] + len[k];
+    }
+    return CUDA_SUCCESS;
+}
+
+static CUresult unmap_gap(CUdeviceptr p, size_t size, void *arg)
+{
+    (void)arg;
+    return real.unmap(p, size);
+}
+
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    RESOLVE();
+    if (!real.unmap)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!sh_active() || size == 0)
+        return real.unmap(ptr, size);
+    uintptr_t *va;
+    size_t *len, n;
+    CUresult r = backings_in(ptr, size, &va, &len, &n);
+    if (r == CUDA_SUCCESS && n == 0)
+        r = real.unmap(ptr, size);
+    else if (r == CUDA_SUCCESS) /* the driver's own mappings first: it may refuse them */
+        r = each_gap(ptr, size, va, len, n, unmap_gap, NULL);
+    for (size_t k = 0; r == CUDA_SUCCESS && k < n; k++) {
+        sh_sched_free(va[k]);
+        sh_pool_backing_unmap(sh_rt.pool, va[k]);
+    }
+    free(va);
+    free(len);
+    return r;
+}
+
+struct access {
+    const CUmemAccessDesc *desc;
+    size_t count;
+};
+
+static CUresult access_gap(CUdeviceptr p, size_t size, void *arg)
+{
+    const struct access *a = arg;
+    return real.set_access(p, size, a->desc, a->count);
+}
+
+/* 1 when every entry asks for what the library's mappings always give:
+ * read and write for the managed device. */
+static int access_is_ours(const CUmemAccessDesc *desc, size_t count)
+{
+    for (size_t i = 0; i < count; i++)
+        if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+            desc[i].location.id != (int)sh_rt.dev ||
+            desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+            return 0;
+    return 1;
+}
+
+/* The library's mappings already give the managed device read and write,
+ * at every address a region moves to. Any other access (a peer device, read
+ * only) is set on the mappings there now, so those regions are pinned
+ * first: a move would map them again without it. */
+EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
+                               size_t count)
+{
+    RESOLVE();
+    if (!real.set_access)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!sh_active() || !desc || count == 0 || size == 0)
+        return real.set_access(ptr, size, desc, count);
+    uintptr_t *va;
+    size_t *len, n;
+    CUresult r = backings_in(ptr, size, &va, &len, &n);
+    struct access a = {desc, count};
+    if (r == CUDA_SUCCESS && n > 0 && access_is_ours(desc, count)) {
+        r = each_gap(ptr, size, va, len, n, access_gap, &a);
+    } else if (r == CUDA_SUCCESS) {
+        for (size_t k = 0; r == CUDA_SUCCESS && k < n; k++)
+            r = sh_pin_region(va[k]) == 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+        if (r == CUDA_SUCCESS)
+            r = real.set_access(ptr, size, desc, count);
+    }
+    free(va);
+    free(len);
+    return r;
+}
+
+EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+    RESOLVE();
+    if (!real.address_free)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    size_t n = sh_active() && size
+                   ? sh_pool_backings_in(sh_rt.pool, ptr, ptr + size, NULL, NULL, 0, NULL)
+                   : 0;
+    if (n) {
+        sh_log(SH_LOG_ERROR, "cuMemAddressFree(0x%llx): %zu mapping(s) still there; unmap first",
+               (unsigned long long)ptr, n);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    return real.address_free(ptr, size);
+}
