@@ -144,7 +144,7 @@ static void backing_free(struct sh_pool *pool, struct region *r)
     pool->st.live_bytes -= r->size;
     pool->st.frees++;
     if (r->state == SH_RS_HOST)
-        pool->st.host_bytes -= r->mapped;
+        sh_bytes_sub(&pool->st.host_bytes, r->mapped);
     if (r->pinned)
         pool->st.pinned--;
     pthread_mutex_unlock(&pool->mu);
