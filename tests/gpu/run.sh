@@ -382,6 +382,27 @@ part_train() {
         else
             note_fail "train/profiler (exit $(cat "$res/train/profiler.rc"))"
         fi
+        echo "== torch.profiler over steps 2-3 only: CUPTI handed over in mid-training"
+        if run_py train profiler-window "${with_lib_py[@]}" -- --profiler-window 2:4 \
+            --steps 6; then
+            compare "$res/train/ref.jsonl" "$res/train/profiler-window.jsonl" "$tol" 6 ||
+                note_fail "train/profiler-window: losses differ from the reference"
+        else
+            note_fail "train/profiler-window (exit $(cat "$res/train/profiler-window.rc"))"
+        fi
+        # cuDNN's autotuner times its algorithms and may pick others from run
+        # to run, so these two compare within a tolerance whatever det is.
+        echo "== cuDNN benchmark mode, async backend (cudaMemGetInfo's invariants)"
+        local cudnn_tol=${tol:-${TRAIN_TOLERANCE:-0.005}}
+        if run_py train ref-cudnn -- --cudnn-benchmark --steps 6 &&
+            run_py train oversub-cudnn "${with_lib_py[@]}" -- --cudnn-benchmark \
+                --allocator async --steps 6; then
+            compare "$res/train/ref-cudnn.jsonl" "$res/train/oversub-cudnn.jsonl" \
+                "$cudnn_tol" ||
+                note_fail "train/oversub-cudnn: losses differ from ref-cudnn"
+        else
+            note_fail "train/ref-cudnn or oversub-cudnn failed (see their logs)"
+        fi
     fi
 }
 

@@ -30,6 +30,10 @@ Run it as tests/gpu/run.sh does:
   ... --allocator expandable     # expandable_segments:True: PyTorch maps its own
                                  # memory, which the library must manage
   ... --save-on-cpu | --accelerate-offload | --profiler
+  ... --profiler-window 3:5      # torch.profiler over steps 3 and 4 only: the
+                                 # library hands CUPTI over in mid-training
+  ... --cudnn-benchmark          # a causal convolution in each block, cuDNN's
+                                 # autotuner on (its workspace probes cudaMemGetInfo)
   python3 tests/gpu/train_gpt.py --compare ref.jsonl run.jsonl
   python3 tests/gpu/train_gpt.py --dry-run                        # CPU only
 
@@ -76,6 +80,17 @@ EXIT_OOM, EXIT_NONDETERMINISTIC, EXIT_PROFILER = 3, 4, 5
 def float_hex(x):
     """The bits of x as a float32, as 0x%08x."""
     return "0x%08x" % struct.unpack(">I", struct.pack(">f", x))[0]
+
+
+def step_window(text):
+    """A:B, 0 <= A < B: the steps [A, B)."""
+    try:
+        a, b = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError("%r is not A:B (two step numbers)" % text)
+    if not 0 <= a < b:
+        raise argparse.ArgumentTypeError("%r: need 0 <= A < B" % text)
+    return a, b
 
 
 def header_fields(path):
@@ -187,6 +202,63 @@ class Stagehand:
             stagehand.mark_phase(p)
 
 
+TRACKING = {0: "none", 1: "cupti", 2: "hooks"}
+
+
+class ProfilerWindow:
+    """torch.profiler over steps [A, B) of training. Started after the library
+    took CUPTI at its first allocation, the profiler's subscription makes the
+    library hand CUPTI over in mid-run; it must then track launches through
+    its hooks, and the profiler must still record device events."""
+
+    def __init__(self, torch, window, cuda, sh):
+        self.torch, self.cuda, self.sh = torch, cuda, sh
+        self.start, self.stop = window
+        self.prof = None
+        self.facts = {"window": list(window)}
+
+    def _tracking(self):
+        return TRACKING.get(self.sh.stats().get("tracking_mode"), "absent")
+
+    def at(self, step, sync):
+        if step == self.start:
+            from torch.profiler import ProfilerActivity, profile
+            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+            sync()
+            self.facts["tracking_before"] = self._tracking()
+            self.handovers = self.sh.stats().get("cupti_handovers", 0)
+            self.prof = profile(activities=acts)
+            self.prof.__enter__()
+        elif step == self.stop:
+            self.close(sync)
+
+    def close(self, sync):
+        if self.prof is None:
+            return
+        sync()
+        self.facts["tracking_during"] = self._tracking()
+        self.facts["cupti_handovers"] = \
+            self.sh.stats().get("cupti_handovers", 0) - self.handovers
+        self.prof.__exit__(None, None, None)
+        self.facts["device_events"] = sum(
+            1 for e in self.prof.events() if "CUDA" in str(getattr(e, "device_type", "")))
+        self.prof = None
+
+    def problems(self):
+        """What the window shows went wrong, as messages."""
+        f, out = self.facts, []
+        if "tracking_during" not in f:
+            return ["the training ended before step %d" % self.start]
+        if self.cuda and f["device_events"] == 0:
+            out.append("the profiler recorded no device events in steps %d-%d"
+                       % (self.start, self.stop - 1))
+        if self.sh.present and f["tracking_during"] == "cupti":
+            out.append("the library kept CUPTI while the profiler ran")
+        if self.sh.present and f["tracking_before"] == "cupti" and not f["cupti_handovers"]:
+            out.append("the library counted no CUPTI hand-over")
+        return out
+
+
 class DeviceMemorySampler:
     """Peak device memory in use as the driver sees it (cuMemGetInfo, which
     the library does not intercept), and the peak of the library's own
@@ -279,6 +351,15 @@ def parse_args(argv):
     p.add_argument("--profiler", action="store_true",
                    help="run under torch.profiler, started before the first CUDA "
                         "allocation so it holds CUPTI; checks the library's tracking")
+    p.add_argument("--profiler-window", type=step_window, default=None, metavar="A:B",
+                   help="run torch.profiler from step A to before step B, in the "
+                        "middle of training, after the library holds CUPTI; checks "
+                        "that it recorded device events and that the library went "
+                        "on tracking through its hooks")
+    p.add_argument("--cudnn-benchmark", action="store_true",
+                   help="add a causal depthwise convolution to each block (so cuDNN "
+                        "runs) and turn torch.backends.cudnn.benchmark on; "
+                        "deterministic algorithms are then not required")
     p.add_argument("--expect-tracking", choices=("none", "cupti", "hooks"), default=None,
                    help="fail unless the library tracks launches this way "
                         "(default with --profiler: hooks)")
@@ -299,6 +380,11 @@ def parse_args(argv):
                         "the runs are not bit-exact")
     p.add_argument("--compare-steps", type=int, default=None)
     args = p.parse_args(argv)
+    if args.profiler and args.profiler_window:
+        p.error("--profiler and --profiler-window are separate checks")
+    if args.profiler_window and args.profiler_window[1] > args.steps:
+        p.error("--profiler-window %d:%d ends after the last step (--steps %d)"
+                % (args.profiler_window + (args.steps,)))
     if args.save_on_cpu and args.accelerate_offload:
         p.error("--save-on-cpu and --accelerate-offload are separate comparisons")
     if args.width % args.heads:
@@ -344,6 +430,9 @@ def make_model_classes(torch):
             self.ln2 = nn.LayerNorm(d, **factory)
             self.fc = nn.Linear(d, 4 * d, **factory)
             self.fc2 = nn.Linear(4 * d, d, **factory)
+            # Causal depthwise convolution: a cuDNN call in every block.
+            self.conv = nn.Conv1d(d, d, kernel_size=4, groups=d, padding=3, **factory) \
+                if cfg.get("conv") else None
 
         def attend(self, q, k, v):
             sdpa = getattr(F, "scaled_dot_product_attention", None)
@@ -358,6 +447,8 @@ def make_model_classes(torch):
 
         def forward(self, x):
             b, t, c = x.shape
+            if self.conv is not None:
+                x = x + self.conv(x.transpose(1, 2))[..., :t].transpose(1, 2)
             q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
             q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2)
                        for z in (q, k, v))
@@ -417,9 +508,12 @@ def emit(rec, out):
         out.flush()
 
 
-def setup_determinism(torch, mode):
+def setup_determinism(torch, mode, cudnn_benchmark=False):
+    """Deterministic everything; with cudnn_benchmark, cuDNN's autotuner picks
+    among its deterministic algorithms by timing, so two runs may differ in
+    the last bits and are compared within a tolerance."""
     torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.benchmark = cudnn_benchmark
     if hasattr(torch.backends, "cuda"):
         torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -444,7 +538,8 @@ def train(torch, args, device, out, sh, tag):
     GPT, init_weights = make_model_classes(torch)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     cfg = {"layers": args.layers, "width": args.width, "heads": args.heads,
-           "seq": args.seq, "vocab": args.vocab, "attention": args.attention}
+           "seq": args.seq, "vocab": args.vocab, "attention": args.attention,
+           "conv": args.cudnn_benchmark}
     cuda = device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
 
@@ -481,8 +576,12 @@ def train(torch, args, device, out, sh, tag):
 
     records = []
     prev = sh.stats()
+    window = ProfilerWindow(torch, args.profiler_window, cuda, sh) \
+        if args.profiler_window else None
     with attention_context(torch, args, device):
         for step in range(args.steps):
+            if window:
+                window.at(step, sync)
             tokens = batches[step % len(batches)].to(device)
             x, y = tokens[:, :-1], tokens[:, 1:]
             sync()
@@ -527,6 +626,8 @@ def train(torch, args, device, out, sh, tag):
 
     if sampler:
         sampler.stop()
+    if window:
+        window.close(sync)
     times = [r["step_s"] for r in records[args.warmup:]] or [r["step_s"] for r in records]
     median = statistics.median(times) if times else None
     tokens_per_step = args.batch * args.seq
@@ -561,6 +662,8 @@ def train(torch, args, device, out, sh, tag):
         summary["sh_device_bytes_peak"] = sampler.peak_sh
     if sh.present:
         summary["sh"] = sh.stats()
+    if window:
+        summary["profiler_window"] = dict(window.facts, problems=window.problems())
     return records, summary
 
 
@@ -579,29 +682,39 @@ def dry_run(args):
     device = torch.device("cpu")
     setup_determinism(torch, args.deterministic)
     sh = Stagehand()
-    runs = {}
-    for tag, save_on_cpu in (("first", False), ("again", False), ("save-on-cpu", True)):
-        args.save_on_cpu = save_on_cpu
-        records, summary = train(torch, args, device, None, sh, "dry-" + tag)
+    runs, summaries = {}, {}
+    variants = (("first", {}), ("again", {}), ("save-on-cpu", {"save_on_cpu": True}),
+                ("profiler-window", {"profiler_window": (1, 2)}),
+                ("conv", {"cudnn_benchmark": True}))
+    for tag, changes in variants:
+        run_args = argparse.Namespace(**dict(vars(args), **changes))
+        records, summary = train(torch, run_args, device, None, sh, "dry-" + tag)
         emit({"summary": summary}, None)
-        runs[tag] = records
-    losses = [float(r["loss"]) for r in runs["first"]]
+        runs[tag], summaries[tag] = records, summary
     problems = []
-    if not all(math.isfinite(x) for x in losses):
-        problems.append("a loss is not finite: %s" % losses)
-    if not losses[-1] < losses[0]:
-        problems.append("the loss did not fall over %d steps: %s" % (len(losses), losses))
-    for tag in ("again", "save-on-cpu"):
+    for tag in ("first", "conv"):
+        losses = [float(r["loss"]) for r in runs[tag]]
+        if not all(math.isfinite(x) for x in losses):
+            problems.append("%s: a loss is not finite: %s" % (tag, losses))
+        if not losses[-1] < losses[0]:
+            problems.append("%s: the loss did not fall over %d steps: %s"
+                            % (tag, len(losses), losses))
+    for tag in ("again", "save-on-cpu", "profiler-window"):
         res = compare_records(runs["first"], runs[tag])
         if not res["bit_exact"]:
             problems.append("%s run differs from the first: %s" % (tag, res))
+    problems += summaries["profiler-window"]["profiler_window"]["problems"]
+    if compare_records(runs["first"], runs["conv"])["bit_exact"]:
+        problems.append("the convolution changed nothing: it is not in the model")
+    losses = [float(r["loss"]) for r in runs["first"]]
     if problems:
         for p in problems:
             print("dry-run: FAIL: %s" % p)
         return 1
     shown = ", ".join("%.6f" % x for x in losses)
-    print("dry-run: ok: torch %s, %d steps on the CPU, losses %s; a second run and a "
-          "save_on_cpu run match to the bit" % (torch.__version__, len(losses), shown))
+    print("dry-run: ok: torch %s, %d steps on the CPU, losses %s; a second run, a "
+          "save_on_cpu run and a profiler-window run match to the bit; the "
+          "convolution model trains" % (torch.__version__, len(losses), shown))
     return 0
 
 
@@ -657,13 +770,15 @@ def main(argv):
         from torch.profiler import ProfilerActivity, profile
         prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
         prof.__enter__()
-    setup_determinism(torch, args.deterministic)
+    setup_determinism(torch, args.deterministic, args.cudnn_benchmark)
     sh = Stagehand()
 
     out = open(args.out, "w", encoding="utf-8") if args.out else None
     tag = args.allocator + ("-save-on-cpu" if args.save_on_cpu else "") + \
         ("-accelerate" if args.accelerate_offload else "") + \
-        ("-profiler" if args.profiler else "")
+        ("-profiler" if args.profiler else "") + \
+        ("-profiler-window" if args.profiler_window else "") + \
+        ("-cudnn-benchmark" if args.cudnn_benchmark else "")
     try:
         records, summary = train(torch, args, device, out, sh, tag)
         summary["enabled"] = enabled._asdict() if enabled else None
@@ -689,6 +804,9 @@ def main(argv):
         emit({"error": "expandable", "message": "the library manages none of PyTorch's "
               "expandable segments"}, out)
         status = 2
+    for problem in summary.get("profiler_window", {}).get("problems", []):
+        emit({"error": "profiler", "message": problem}, out)
+        status = EXIT_PROFILER
     expect = args.expect_tracking or ("hooks" if args.profiler else None)
     if prof is not None:
         prof.__exit__(None, None, None)
@@ -702,8 +820,7 @@ def main(argv):
                   "events: it did not trace the GPU alongside the library"}, out)
             status = EXIT_PROFILER
     if expect:
-        modes = {0: "none", 1: "cupti", 2: "hooks"}
-        got = modes.get(summary.get("sh", {}).get("tracking_mode"), "absent")
+        got = TRACKING.get(summary.get("sh", {}).get("tracking_mode"), "absent")
         summary["tracking_expected"] = expect
         summary["tracking"] = got
         if got == "absent":

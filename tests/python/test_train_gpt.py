@@ -43,3 +43,47 @@ print(json.dumps(env))
 """, preload=False, pythonpath=[GPU, str(site)])
         assert out[var] == "max_split_size_mb:64,backend:cudaMallocAsync", version
         assert len(out) == (1 if var == "PYTORCH_CUDA_ALLOC_CONF" else 2)
+
+
+def test_profiler_window_arguments():
+    out = run_json("""
+import json, train_gpt
+res = []
+for argv in (["--profiler-window", "3:5"], ["--profiler-window", "5:3"],
+             ["--profiler-window", "x"], ["--profiler-window", "18:21"],
+             ["--profiler", "--profiler-window", "1:2"]):
+    try:
+        res.append(list(train_gpt.parse_args(argv).profiler_window))
+    except SystemExit as e:
+        res.append(e.code)
+print(json.dumps(res))
+""", preload=False, pythonpath=[GPU])
+    assert out == [[3, 5], 2, 2, 2, 2]
+
+
+def test_profiler_window_problems():
+    # What the window reports for each thing that can go wrong, from its facts.
+    out = run_json("""
+import json, train_gpt
+class Sh:
+    present = True
+def problems(cuda, **facts):
+    w = train_gpt.ProfilerWindow(None, (1, 2), cuda, Sh())
+    w.facts.update(facts)
+    return w.problems()
+good = dict(tracking_before="cupti", tracking_during="hooks", cupti_handovers=1,
+            device_events=40)
+print(json.dumps([
+    problems(True, **good),
+    problems(True, **dict(good, device_events=0)),
+    problems(True, **dict(good, tracking_during="cupti")),
+    problems(True, **dict(good, cupti_handovers=0)),
+    problems(True, **dict(good, tracking_before="hooks", cupti_handovers=0)),
+    problems(True),
+]))
+""", preload=False, pythonpath=[GPU])
+    assert out[0] == [] and out[4] == []
+    assert "no device events" in out[1][0]
+    assert "kept CUPTI" in out[2][0]
+    assert "no CUPTI hand-over" in out[3][0]
+    assert "ended before step 1" in out[5][0]
