@@ -45,24 +45,11 @@ int sh_pool_backing_create(struct sh_pool *pool, size_t size, struct sh_backing 
 {
     if (!pool || !out || size == 0 || size % pool->p.granularity)
         return SH_EINVAL;
-    unsigned cap = (unsigned)(size / pool->p.max_chunk) + 64; /* + one per power of two */
-    size_t *sizes = malloc(cap * sizeof *sizes);
-    unsigned n =
-        sizes ? sh_pool_split(size, pool->p.granularity, pool->p.max_chunk, sizes, cap) : 0;
-    struct region *r = n ? calloc(1, sizeof *r + n * sizeof(struct chunk)) : NULL;
-    if (!r) {
-        free(sizes);
+    struct region *r = sh_pool_region_new(pool, size);
+    if (!r)
         return SH_ENOMEM;
-    }
-    r->size = r->mapped = size;
+    r->size = size;
     r->path = SH_PATH_VMM;
-    r->nchunks = n;
-    size_t off = 0;
-    for (unsigned i = 0; i < n; i++) {
-        r->chunks[i] = (struct chunk){.off = off, .size = sizes[i]};
-        off += sizes[i];
-    }
-    free(sizes);
     int rc = take_chunks(pool, r);
     if (rc) {
         free(r);

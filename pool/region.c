@@ -138,34 +138,39 @@ static int get_chunk(struct sh_pool *pool, size_t size, uint64_t *handle)
     return rc;
 }
 
-static int build(struct sh_pool *pool, size_t size, int path, struct region **out)
+struct region *sh_pool_region_new(struct sh_pool *pool, size_t mapped)
 {
-    size_t mapped = round_up(size, pool->p.granularity);
     unsigned cap = (unsigned)(mapped / pool->p.max_chunk) + 64; /* + one per power of two */
     size_t *sizes = malloc(cap * sizeof *sizes);
     unsigned n =
         sizes ? sh_pool_split(mapped, pool->p.granularity, pool->p.max_chunk, sizes, cap) : 0;
     struct region *r = n ? calloc(1, sizeof *r + n * sizeof(struct chunk)) : NULL;
-    if (!r) {
-        free(sizes);
-        return SH_ENOMEM;
+    if (r) {
+        r->mapped = mapped;
+        r->nchunks = n;
+        size_t off = 0;
+        for (unsigned i = 0; i < n; i++) {
+            r->chunks[i] = (struct chunk){.off = off, .size = sizes[i]};
+            off += sizes[i];
+        }
     }
+    free(sizes);
+    return r;
+}
+
+static int build(struct sh_pool *pool, size_t size, int path, struct region **out)
+{
+    struct region *r = sh_pool_region_new(pool, round_up(size, pool->p.granularity));
+    if (!r)
+        return SH_ENOMEM;
     r->size = size;
-    r->mapped = mapped;
     r->path = path;
-    r->nchunks = n;
-    int rc = sh_vaarena_alloc(pool->va, mapped, pool->p.granularity, &r->va);
+    int rc = sh_vaarena_alloc(pool->va, r->mapped, pool->p.granularity, &r->va);
     if (rc) {
-        free(sizes);
         free(r);
         return rc;
     }
-    size_t off = 0;
-    for (unsigned i = 0; i < n; i++) {
-        r->chunks[i] = (struct chunk){.off = off, .size = sizes[i]};
-        off += sizes[i];
-    }
-    free(sizes);
+    unsigned n = r->nchunks;
     for (unsigned i = 0; i < n; i++) {
         struct chunk *c = &r->chunks[i];
         rc = get_chunk(pool, c->size, &c->handle);

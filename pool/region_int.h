@@ -113,6 +113,11 @@ struct sh_pool {
     size_t usage_used, usage_used_high, usage_reserved_high;
 };
 
+/* region.c, for adopt.c: a region of `mapped` bytes with its chunks laid
+ * out (mapped, nchunks, chunks[].off and .size set; no handles, no address,
+ * all else zero), or NULL when out of memory. */
+struct region *sh_pool_region_new(struct sh_pool *pool, size_t mapped);
+
 /* evict.c, for region.c: a prefetch or an early eviction the caller took
  * off its list (mu held; 1 if r was on one) with sh_pool_move_take is
  * cancelled with sh_pool_move_cancel (mu not held): its copies are waited
