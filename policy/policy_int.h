@@ -95,9 +95,10 @@ struct rkey {
 
 struct recording {
     int used;
-    uint64_t hits;  /* complete steps that followed it */
-    uint64_t stamp; /* larger = used more recently */
-    uint32_t nl;    /* launches */
+    uint64_t hits;   /* complete steps that followed it */
+    uint32_t agreed; /* launches from its start that the step before ran too */
+    uint64_t stamp;  /* larger = used more recently */
+    uint32_t nl;     /* launches */
     uint64_t *kernel;
     uint32_t *loff, *lkey; /* launch i references lkey[loff[i]..loff[i+1]) */
     struct rkey *keys;
@@ -200,7 +201,8 @@ struct sh_policy {
     struct recording recs[MAX_RECORDINGS];
     int cand[MAX_RECORDINGS];
     int ncand;
-    int active; /* recording followed, -1 for none */
+    int active;      /* recording followed, -1 for none */
+    uint32_t agreed; /* launches from this step's start that agreed with a recording */
     int any_recording;
     uint64_t rec_stamp;
 

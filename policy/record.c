@@ -307,10 +307,16 @@ static void start_candidates(struct sh_policy *p)
     p->key_gen++;
 }
 
-/* Following a recording that a complete step has confirmed. */
+/* Following a recording that a complete step has confirmed, or within the
+ * part of it that an earlier step ran too: a first training step that
+ * creates the optimizer's state departs from the next one only there, and
+ * what both ran is as certain as a confirmed step. */
 static int confident(const struct sh_policy *p)
 {
-    return following(p) && p->recs[p->active].hits > 0;
+    if (!following(p))
+        return 0;
+    const struct recording *rc = &p->recs[p->active];
+    return rc->hits > 0 || p->pos < rc->agreed;
 }
 
 static struct recording *slot_for_new(struct sh_policy *p)
@@ -362,9 +368,11 @@ static int end_step(struct sh_policy *p)
     } else {
         p->st.steps_diverged++;
         if (p->rec.nl) {
-            err = build_recording(p, slot_for_new(p));
+            struct recording *rc = slot_for_new(p);
+            err = build_recording(p, rc);
             if (err)
                 return err;
+            rc->agreed = p->agreed;
             p->any_recording = 1;
         }
     }
@@ -381,6 +389,7 @@ static int begin_step(struct sh_policy *p)
     p->prev_start = p->step_start;
     p->step_start = p->glaunches;
     p->pos = 0;
+    p->agreed = 0;
     p->step_mixed = 0;
     p->st.step_bytes = 0;
     rec_reset(&p->rec);
@@ -505,9 +514,13 @@ void pol_match_launch(struct sh_policy *p, uint64_t kernel, size_t n)
     }
     p->ncand = kept;
     p->active = kept ? p->cand[0] : -1;
+    if (kept)
+        p->agreed = p->pos + 1;
     if (p->active != old_active) {
         p->key_gen++;
         sh_policy_rules_confident(p->rules, confident(p));
+    } else if (following(p) && p->pos == p->recs[p->active].agreed) {
+        sh_policy_rules_confident(p->rules, confident(p)); /* past what was seen twice */
     }
 }
 
