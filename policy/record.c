@@ -18,7 +18,7 @@
 static int rec_key(struct sh_policy *p, struct recording *rc, const struct ident *w, uint32_t *out)
 {
     uint32_t k;
-    int rc2 = pol_map_put(&rc->ids, w->id, rc->nkeys, &k);
+    int rc2 = pol_map_put(&rc->ids, w->aseq, rc->nkeys, &k);
     if (rc2)
         return rc2;
     *out = k;
@@ -29,6 +29,7 @@ static int rec_key(struct sh_policy *p, struct recording *rc, const struct ident
     struct rkey *key = &rc->keys[rc->nkeys++];
     memset(key, 0, sizeof *key);
     key->id = w->id;
+    key->aseq = w->aseq;
     key->relpos = (int64_t)w->gpos - (int64_t)p->step_start;
     key->ridx = w->ridx;
     key->free_pos = NONE32;
@@ -36,7 +37,7 @@ static int rec_key(struct sh_policy *p, struct recording *rc, const struct ident
     key->positional = w->ridx < RIDX_LIMIT && w->gpos >= p->prev_start &&
                       key->relpos > -POS_LIMIT && key->relpos < POS_LIMIT;
     const struct region *r = find(p, w->id);
-    key->bytes = r ? r->bytes : 0;
+    key->bytes = r && r->aseq == w->aseq ? r->bytes : 0;
     if (key->positional) {
         uint32_t got;
         if (pol_map_put(&rc->pos, pos_key(key->relpos, key->ridx), k, &got))
@@ -211,6 +212,7 @@ static int build_recording(struct sh_policy *p, struct recording *rc)
 void pol_ident_of(const struct region *r, struct ident *w)
 {
     w->id = r->id;
+    w->aseq = r->aseq;
     w->gpos = r->gpos;
     w->ridx = r->ridx;
 }
@@ -225,7 +227,7 @@ int pol_close_position(struct sh_policy *p)
         struct rec_alloc *a = &r->allocs[i];
         a->who.ridx = (uint32_t)(n - 1 - (i - r->open_from));
         struct region *reg = find(p, a->who.id);
-        if (reg) {
+        if (reg && reg->aseq == a->who.aseq) {
             reg->ridx = a->who.ridx;
             reg->key_gen = p->key_gen - 1; /* its identity just changed */
         }
@@ -235,6 +237,7 @@ int pol_close_position(struct sh_policy *p)
         e->gpos = a->who.gpos;
         e->ridx = a->who.ridx;
         e->id = a->who.id;
+        e->aseq = a->who.aseq;
         uint32_t got;
         if (e->ridx < RIDX_LIMIT &&
             pol_map_put(&p->posidx, pos_key((int64_t)e->gpos - POS_LIMIT, e->ridx),
@@ -336,7 +339,7 @@ static struct recording *slot_for_new(struct sh_policy *p)
 static void promote_survivors(struct sh_policy *p)
 {
     for (size_t i = 0; i < p->ncur_pos; i++) {
-        struct region *r = live_region(p, p->cur_pos[i].id);
+        struct region *r = live_incarnation(p, p->cur_pos[i].id, p->cur_pos[i].aseq);
         if (r && r->alloc_step == p->step && r->cls != SH_CLASS_PERSISTENT) {
             pol_account_class(p, r, -1);
             r->cls = SH_CLASS_PERSISTENT;
