@@ -204,7 +204,11 @@ struct sh_policy {
     uint64_t *anchor_ids, *anchor_bytes;
     uint64_t anchor_allocs; /* allocations made before the first launch */
     size_t anchor_n;
-    uint64_t *seen; /* signatures of step 0's launches, until its end is found */
+    struct {
+        uint64_t sig; /* 0: empty */
+        uint32_t pos;
+    } * seen; /* step 0's launches by signature, and the last place of each, until its end is found
+               */
     int step_mixed; /* this step ran another kernel than the anchor's, or used a
                        region older than the anchor: more than an init loop */
     int found_loop; /* a boundary has been detected */

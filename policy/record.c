@@ -468,6 +468,7 @@ int pol_set_anchor(struct sh_policy *p, uint64_t kernel, const uint64_t *ids, si
 }
 
 #define SEEN_SLOTS (1u << 16)
+#define MIN_PERIOD 4 /* launches: shorter loops are not training steps */
 
 static uint64_t signature(uint64_t kernel, const uint64_t *ids, size_t n)
 {
@@ -477,26 +478,71 @@ static uint64_t signature(uint64_t kernel, const uint64_t *ids, size_t n)
     return h | 1; /* 0 marks an empty slot */
 }
 
+/* The signature's last position before this one (NONE32: none), which
+ * becomes this one. */
+static uint32_t last_seen(struct sh_policy *p, uint64_t sig)
+{
+    for (uint32_t i = (uint32_t)sig & (SEEN_SLOTS - 1);; i = (i + 1) & (SEEN_SLOTS - 1)) {
+        if (p->seen[i].sig == sig || !p->seen[i].sig) {
+            uint32_t was = p->seen[i].sig ? p->seen[i].pos : NONE32;
+            p->seen[i].sig = sig;
+            p->seen[i].pos = p->pos;
+            return was;
+        }
+    }
+}
+
+/* Recorded launches a and b of this step: same kernel, same regions. */
+static int same_launch(const struct rec *r, uint32_t a, uint32_t b)
+{
+    uint32_t n = r->loff[a + 1] - r->loff[a];
+    if (r->kernel[a] != r->kernel[b] || n != r->loff[b + 1] - r->loff[b])
+        return 0;
+    for (uint32_t j = 0; j < n; j++)
+        if (r->lref[r->loff[a] + j].aseq != r->lref[r->loff[b] + j].aseq)
+            return 0;
+    return 1;
+}
+
+/* The launch being made is recorded launch a again. */
+static int is_again(const struct sh_policy *p, uint64_t kernel, size_t n, uint32_t a)
+{
+    const struct rec *r = &p->rec;
+    if (r->kernel[a] != kernel || r->loff[a + 1] - r->loff[a] != n)
+        return 0;
+    for (size_t j = 0; j < n; j++)
+        if (r->lref[r->loff[a] + j].aseq != p->dreg[j]->aseq)
+            return 0;
+    return 1;
+}
+
 /* Warm-up work before a loop (initialising weights, say) never recurs, so
  * the seed's rule would never end step 0. Until a boundary is found, a
- * launch that exactly repeats an earlier one (same kernel, same regions)
- * marks the loop: step 0 ends there and that launch becomes the anchor.
- * Returns 1 when it moved the anchor. */
+ * launch that repeats its last occurrence exactly (same kernel, same
+ * regions), `period` launches ago, when those launches repeated the period
+ * before them exactly too (two whole periods alike), marks the loop: step
+ * 0 ends there, and that launch becomes the anchor. One launch
+ * repeating proves nothing: a chunked multi-tensor op repeats one launch
+ * back to back, a kernel reading only a constant (a causal mask) repeats
+ * once per layer, and a real model's step, whose activations are new each
+ * time, is found by the anchor instead. Returns 1 when it moved the
+ * anchor. */
 int pol_repeat_found(struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n)
 {
     if (p->found_loop || n == 0 || p->pos >= SEEN_SLOTS / 2)
         return 0; /* a launch touching no region says nothing about the loop */
     if (!p->seen && !(p->seen = calloc(SEEN_SLOTS, sizeof *p->seen)))
         return 0;
-    uint64_t sig = signature(kernel, ids, n);
-    for (uint32_t i = (uint32_t)sig & (SEEN_SLOTS - 1);; i = (i + 1) & (SEEN_SLOTS - 1)) {
-        if (p->seen[i] == sig)
-            return pol_set_anchor(p, kernel, ids, n) == 0;
-        if (!p->seen[i]) {
-            p->seen[i] = sig;
+    uint32_t prev = last_seen(p, signature(kernel, ids, n));
+    if (prev == NONE32)
+        return 0;
+    uint32_t period = p->pos - prev;
+    if (period < MIN_PERIOD || p->pos < 2 * period || !is_again(p, kernel, n, prev))
+        return 0;
+    for (uint32_t i = p->pos - period; i < p->pos; i++)
+        if (!same_launch(&p->rec, i - period, i))
             return 0;
-        }
-    }
+    return pol_set_anchor(p, kernel, ids, n) == 0;
 }
 
 /* ---------------------------------------------------------------------- */
