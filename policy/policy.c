@@ -92,6 +92,7 @@ int sh_policy_create(const struct sh_policy_params *params, struct sh_policy **o
         return rc;
     }
     p->active = -1;
+    p->align_rec = -1;
     p->phase = SH_PHASE_STEP_BEGIN;
     *out = p;
     return 0;
@@ -275,6 +276,8 @@ int sh_policy_launch(struct sh_policy *p, uint64_t t_us, uint64_t kernel, uint64
     }
     if (p->ncand)
         pol_match_launch(p, kernel, n);
+    else
+        pol_align_launch(p, kernel, n);
     pol_auto_phase(p, n);
     if ((err = pol_record_launch(p, kernel, n)))
         return err;

@@ -218,8 +218,12 @@ struct sh_policy {
     struct recording recs[MAX_RECORDINGS];
     int cand[MAX_RECORDINGS];
     int ncand;
-    int active;      /* recording followed, -1 for none */
-    uint32_t agreed; /* launches from this step's start that agreed with a recording */
+    int active;          /* recording followed, -1 for none */
+    uint32_t agreed;     /* launches from this step's start that agreed with a recording */
+    int align_rec;       /* the recording departed from, still run in order; -1: none */
+    uint32_t align_q;    /* its next launch */
+    uint32_t align_from; /* where the step departed from it */
+    int align_skipped;   /* a block of it was skipped */
     int any_recording;
     uint64_t rec_stamp;
 
@@ -295,6 +299,7 @@ int pol_more_than_init(const struct sh_policy *p, uint64_t kernel, const uint64_
 int pol_set_anchor(struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n);
 int pol_repeat_found(struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n);
 void pol_match_launch(struct sh_policy *p, uint64_t kernel, size_t n);
+void pol_align_launch(struct sh_policy *p, uint64_t kernel, size_t n);
 int pol_record_launch(struct sh_policy *p, uint64_t kernel, size_t n);
 void pol_auto_phase(struct sh_policy *p, size_t n);
 

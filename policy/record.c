@@ -393,6 +393,7 @@ static int begin_step(struct sh_policy *p)
     p->step_start = p->glaunches;
     p->pos = 0;
     p->agreed = 0;
+    p->align_rec = -1;
     p->step_mixed = 0;
     p->st.step_bytes = 0;
     rec_reset(&p->rec);
@@ -548,6 +549,61 @@ int pol_repeat_found(struct sh_policy *p, uint64_t kernel, const uint64_t *ids, 
 /* ---------------------------------------------------------------------- */
 /* a launch: matching, recording, phases */
 
+/* ---- what the step before ran too, once no recording agrees ----
+ * A first training step that creates the optimizer's state (AdamW's
+ * zeros_like for every parameter) runs the next step's launches with a
+ * block of its own among them. The next step departs from its recording
+ * there, and would be confirmed only up to that point; but if it goes on
+ * to run what the recording ran after the block, in order, every one of its
+ * launches was run twice. So after the departure, one block of the
+ * recording may be skipped, and the launches that follow it in order count
+ * as agreed too. */
+
+/* Launch p->pos plays launch q of rc, allowing for the shift that the
+ * skipped block gives the positions of what was allocated after the
+ * departure: a region allocated since then in this step may play any role
+ * the recording gives a region allocated since then in its step. */
+static int plays_launch(struct sh_policy *p, const struct recording *rc, uint32_t q,
+                        uint64_t kernel, size_t n)
+{
+    if (q >= rc->nl || rc->kernel[q] != kernel || rc->loff[q + 1] - rc->loff[q] != n)
+        return 0;
+    for (size_t j = 0; j < n; j++) {
+        const struct region *r = p->dreg[j];
+        const struct rkey *want = &rc->keys[rc->lkey[rc->loff[q] + j]];
+        int moved = r->gpos > p->step_start + p->align_from && want->positional &&
+                    want->relpos > (int64_t)p->align_from;
+        if (!moved && pol_key_in(p, rc, r) != rc->lkey[rc->loff[q] + j])
+            return 0;
+    }
+    return 1;
+}
+
+/* Follows the recording the step departed from (p->align_rec) in order,
+ * past one skipped block at most; p->agreed counts the launches it ran. */
+void pol_align_launch(struct sh_policy *p, uint64_t kernel, size_t n)
+{
+    if (p->align_rec < 0 || p->agreed != p->pos)
+        return;
+    const struct recording *rc = &p->recs[p->align_rec];
+    uint32_t q = p->align_q;
+    if (!plays_launch(p, rc, q, kernel, n)) {
+        if (p->align_skipped) {
+            p->align_rec = -1;
+            return;
+        }
+        p->align_skipped = 1;
+        while (++q < rc->nl && !plays_launch(p, rc, q, kernel, n))
+            ;
+        if (q >= rc->nl) {
+            p->align_rec = -1;
+            return;
+        }
+    }
+    p->align_q = q + 1;
+    p->agreed = p->pos + 1;
+}
+
 /* Keeps the recordings that agree with launch number p->pos. */
 void pol_match_launch(struct sh_policy *p, uint64_t kernel, size_t n)
 {
@@ -563,8 +619,14 @@ void pol_match_launch(struct sh_policy *p, uint64_t kernel, size_t n)
     }
     p->ncand = kept;
     p->active = kept ? p->cand[0] : -1;
-    if (kept)
+    if (kept) {
         p->agreed = p->pos + 1;
+    } else { /* departed here: what follows may still be what it ran */
+        p->align_rec = old_active;
+        p->align_q = p->align_from = p->pos;
+        p->align_skipped = 0;
+        pol_align_launch(p, kernel, n);
+    }
     if (p->active != old_active) {
         p->key_gen++;
         sh_policy_rules_confident(p->rules, confident(p));

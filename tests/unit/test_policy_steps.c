@@ -20,7 +20,7 @@
 #include <string.h>
 
 /* Kernels of the synthetic loop. */
-enum { KF = 11, KB = 12, KO = 13, KZ = 15, KM = 16, KC = 17 };
+enum { KF = 11, KB = 12, KO = 13, KX = 14, KZ = 15, KM = 16, KC = 17 };
 
 static struct sh_policy_params params(int kind, int conductor)
 {
@@ -197,10 +197,11 @@ static void test_recorded_models_without_marks(void **state)
 
 /* ---- confidence in what two steps ran alike ---- */
 
-/* Weights 1..4; a marked step: forward, backward, then the optimizer. The
- * first step (init != 0) zeroes the optimizer's state first, as AdamW does
- * in its first step, and so departs from the later ones there. */
-static void marked_step(struct sh_policy *p, int init)
+/* Weights 1..4; a marked step: forward, backward, then the optimizer
+ * (KO on each weight). `init` launches KZ first in the optimizer, as AdamW
+ * zeroes its state in its first step; `extra` launches KX before the update
+ * of weight `extra` (a step doing what the one before did not). */
+static void marked_step(struct sh_policy *p, int init, uint64_t extra)
 {
     assert_int_equal(sh_policy_step(p, t_now), 0);
     for (uint64_t i = 1; i <= 4; i++)
@@ -209,21 +210,18 @@ static void marked_step(struct sh_policy *p, int init)
         launch1(p, KB, i);
     if (init)
         launch1(p, KZ, 1);
-    for (uint64_t i = 1; i <= 4; i++)
+    for (uint64_t i = 1; i <= 4; i++) {
+        if (i == extra)
+            launch1(p, KX, i);
         launch1(p, KO, i);
+    }
 }
 
-/* Step 2 follows step 1's recording, which no whole step has confirmed, but
- * whose forward and backward step 0 ran too: the rules leave those alone
- * (backward pressure would lower the watermarks) and apply from where step 1
- * departed from step 0 (optimizer protection caps the restores). */
-static void test_confident_where_steps_agreed(void **state)
+/* Step 2's forward and backward as the others', backward under pressure:
+ * the rules must leave them alone (backward pressure would lower the
+ * watermarks). */
+static void confident_fwd_bwd(struct sh_policy *p)
 {
-    (void)state;
-    struct sh_policy *p = mk(SH_POLICY_LEARNED, 1);
-    weights(p);
-    marked_step(p, 1);
-    marked_step(p, 0);
     assert_int_equal(sh_policy_step(p, t_now), 0);
     for (uint64_t i = 1; i <= 4; i++)
         launch1(p, KF, i);
@@ -238,17 +236,74 @@ static void test_confident_where_steps_agreed(void **state)
     }
     assert_int_equal(stats(p).following, 1);
     assert_int_equal(sh_policy_phase(p, t_now, SH_PHASE_OPTIMIZER), 0);
-    launch1(p, KO, 1); /* step 0 ran KZ here: only step 1 ran this */
+}
+
+/* Step 2 follows step 1's recording, which no whole step has confirmed, but
+ * whose forward and backward step 0 ran too: the rules leave those alone,
+ * and apply from where step 1 did what step 0 did not (optimizer
+ * protection caps the restores). */
+static void test_confident_where_steps_agreed(void **state)
+{
+    (void)state;
+    struct sh_policy *p = mk(SH_POLICY_LEARNED, 1);
+    weights(p);
+    marked_step(p, 0, 0);
+    marked_step(p, 0, 1);
+    confident_fwd_bwd(p);
+    launch1(p, KX, 1); /* only step 1 ran this */
     struct sh_policy_hints h = hints(p);
     assert_int_equal(h.max_inflight_h2d, 1);
     assert_int_equal(h.rules_fired & 2, 2);
-    for (uint64_t i = 2; i <= 4; i++)
+    for (uint64_t i = 1; i <= 4; i++)
         launch1(p, KO, i);
-    marked_step(p, 0); /* step 2 confirmed step 1: confident throughout */
+    marked_step(p, 0, 1); /* step 2 confirmed step 1: confident throughout */
     assert_int_equal(sh_policy_phase(p, t_now, SH_PHASE_OPTIMIZER), 0);
     h = hints(p);
     assert_int_equal(h.max_inflight_h2d, 8);
     assert_int_equal(h.rules_fired, 0);
+    sh_policy_destroy(p);
+}
+
+/* Step 0 zeroes the optimizer's state, step 1 does not: step 1 departs from
+ * step 0's recording there, but then runs the rest of it in order, so all
+ * of step 1 was run twice, and step 2 follows it with confidence to its
+ * end, optimizer included (the rules used to apply from the departure). */
+static void test_confident_past_a_block_the_step_before_ran(void **state)
+{
+    (void)state;
+    struct sh_policy *p = mk(SH_POLICY_LEARNED, 1);
+    weights(p);
+    marked_step(p, 1, 0);
+    marked_step(p, 0, 0);
+    confident_fwd_bwd(p);
+    for (uint64_t i = 1; i <= 4; i++) {
+        launch1(p, KO, i);
+        struct sh_policy_hints h = hints(p);
+        assert_int_equal(h.max_inflight_h2d, 8);
+        assert_int_equal(h.rules_fired, 0);
+    }
+    sh_policy_destroy(p);
+}
+
+/* One block is skipped, no more: after it, a launch that step 0 did not run
+ * where step 1 ran it ends what was run twice, and step 2 guesses from
+ * there. */
+static void test_one_block_skipped(void **state)
+{
+    (void)state;
+    struct sh_policy *p = mk(SH_POLICY_LEARNED, 1);
+    weights(p);
+    marked_step(p, 1, 0);
+    marked_step(p, 0, 3);
+    confident_fwd_bwd(p);
+    for (uint64_t i = 1; i <= 2; i++) {
+        launch1(p, KO, i);
+        assert_int_equal(hints(p).rules_fired, 0);
+    }
+    launch1(p, KX, 3);
+    struct sh_policy_hints h = hints(p);
+    assert_int_equal(h.max_inflight_h2d, 1);
+    assert_int_equal(h.rules_fired & 2, 2);
     sh_policy_destroy(p);
 }
 
@@ -259,7 +314,7 @@ static void test_no_confidence_without_agreement(void **state)
     (void)state;
     struct sh_policy *p = mk(SH_POLICY_LEARNED, 1);
     weights(p);
-    marked_step(p, 1);
+    marked_step(p, 1, 0);
     assert_int_equal(sh_policy_step(p, t_now), 0);
     launch1(p, KZ, 2); /* unlike step 0 from the start */
     for (uint64_t i = 1; i <= 4; i++)
@@ -281,6 +336,8 @@ int main(void)
         cmocka_unit_test(test_repeats_within_a_step),
         cmocka_unit_test(test_recorded_models_without_marks),
         cmocka_unit_test(test_confident_where_steps_agreed),
+        cmocka_unit_test(test_confident_past_a_block_the_step_before_ran),
+        cmocka_unit_test(test_one_block_skipped),
         cmocka_unit_test(test_no_confidence_without_agreement),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
