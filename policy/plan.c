@@ -265,9 +265,9 @@ static int walk_future(struct sh_policy *p, struct walk *w, uint64_t i)
     if (q >= f->nl)
         return WALK_END;
     for (uint64_t j = f->foff[q]; j < f->foff[q + 1]; j++)
-        give_back(p, w, live_region(p, f->fids[j]));
+        give_back(p, w, pol_future_region(p, f->finc[j]));
     for (uint64_t j = f->loff[q]; j < f->loff[q + 1]; j++) {
-        struct region *r = live_region(p, f->lids[j]);
+        struct region *r = pol_future_region(p, f->linc[j]);
         if (r && want_region(p, w, r, i))
             return -1;
     }

@@ -92,6 +92,7 @@ int sh_policy_create(const struct sh_policy_params *params, struct sh_policy **o
         return rc;
     }
     p->active = -1;
+    p->align_rec = -1;
     p->phase = SH_PHASE_STEP_BEGIN;
     *out = p;
     return 0;
@@ -171,16 +172,11 @@ int sh_policy_alloc(struct sh_policy *p, uint64_t t_us, uint64_t id, uint64_t by
     r->key_gen = p->key_gen - 1;
     pol_set_res(p, r, SH_RES_DEVICE);
     r->cls = SH_CLASS_UNKNOWN;
-    if (p->fut.set) {
-        uint32_t i = map_get(&p->fut.uses, id);
-        if (i != NONE32) {
-            r->fut_off = p->fut.use_off[i];
-            r->fut_n = p->fut.use_n[i];
-        }
-    }
+    pol_future_alloc(p, r);
     pol_account_class(p, r, +1);
     struct rec_alloc *a = &rr->allocs[rr->na++];
     a->who.id = id;
+    a->who.aseq = r->aseq;
     a->who.gpos = r->gpos;
     a->who.ridx = NONE32;
     a->bytes = bytes;
@@ -280,6 +276,8 @@ int sh_policy_launch(struct sh_policy *p, uint64_t t_us, uint64_t kernel, uint64
     }
     if (p->ncand)
         pol_match_launch(p, kernel, n);
+    else
+        pol_align_launch(p, kernel, n);
     pol_auto_phase(p, n);
     if ((err = pol_record_launch(p, kernel, n)))
         return err;

@@ -8,7 +8,10 @@
  * library, inside stagehand-sim and inside unit tests, deterministically.
  * docs/POLICY.md describes the behaviour in full.
  *
- * Regions are named by a 64-bit id chosen by the caller (never reused).
+ * Regions are named by a 64-bit id chosen by the caller, unique among live
+ * regions: an id may come back after the region's free and forget (the
+ * library's ids are addresses, which its pool reuses); the policy tells the
+ * two regions apart by allocation, never by id.
  * Not thread-safe: the caller serialises calls (the library holds one lock).
  *
  * Typical use by the eviction engine, in the launch hook:

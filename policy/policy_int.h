@@ -58,6 +58,7 @@ struct region {
     uint32_t ridx;                    /* allocations after it at its position; NONE32 until known */
     uint32_t key, key_gen;            /* its key in the active recording, and when found */
     uint32_t fut_off, fut_n, fut_cur; /* belady: its future uses */
+    uint32_t fut_inc;                 /* belady: its incarnation; NONE32 when not in it */
     uint32_t dpos;                    /* 1 + its place in dset; 0 when not there */
     uint8_t state;                    /* table slot: 0 empty, 1 live, 2 deleted */
     uint8_t res;
@@ -65,9 +66,13 @@ struct region {
     uint8_t freed;
 };
 
-/* An identity as recorded: id, allocation position, reverse index. */
+/* An identity as recorded: id, allocation number, allocation position,
+ * reverse index. The allocation number tells apart the regions that had
+ * one id in turn (the pool gives a freed region's address to the next
+ * allocation of its size, and the library's ids are addresses). */
 struct ident {
     uint64_t id;
+    uint64_t aseq;
     uint64_t gpos;
     uint32_t ridx;
 };
@@ -76,8 +81,8 @@ struct ident {
 /* recordings */
 
 struct rkey {
-    uint64_t id;
-    int64_t relpos; /* allocation position relative to the step's start */
+    uint64_t id, aseq; /* the region that played it, for a role kept across steps */
+    int64_t relpos;    /* allocation position relative to the step's start */
     uint32_t ridx;
     uint32_t positional; /* allocated in this step or the one before */
     uint64_t bytes;
@@ -95,9 +100,10 @@ struct rkey {
 
 struct recording {
     int used;
-    uint64_t hits;  /* complete steps that followed it */
-    uint64_t stamp; /* larger = used more recently */
-    uint32_t nl;    /* launches */
+    uint64_t hits;   /* complete steps that followed it */
+    uint32_t agreed; /* launches from its start that the step before ran too */
+    uint64_t stamp;  /* larger = used more recently */
+    uint32_t nl;     /* launches */
     uint64_t *kernel;
     uint32_t *loff, *lkey; /* launch i references lkey[loff[i]..loff[i+1]) */
     struct rkey *keys;
@@ -107,7 +113,7 @@ struct recording {
     uint32_t *arec;                /* of those, how many (first) are freed within the step */
     uint32_t *foff, *fkey;         /* frees at position q */
     uint32_t bwd_start, opt_start; /* detected phases: launch positions */
-    struct u64map ids, pos;
+    struct u64map ids, pos;        /* allocation number -> key; pos_key() -> key */
     size_t cap_kernel, cap_loff, cap_lkey, cap_keys, cap_uses, cap_aoff, cap_akey, cap_arec,
         cap_foff, cap_fkey;
 };
@@ -138,21 +144,29 @@ struct rec {
 struct posent {
     uint64_t gpos;
     uint32_t ridx;
-    uint64_t id;
+    uint64_t id, aseq;
 };
 
 /* ---------------------------------------------------------------------- */
 /* the future (belady) */
 
+/* Regions are named by incarnation: allocation number a of the future is
+ * incarnation a, and a region that existed before it comes after them
+ * all. An id the pool gives again to a later allocation is a new one. */
 struct future {
     int set;
     uint64_t nl;
-    uint64_t *loff, *lids;     /* launch refs (deduplicated) */
+    uint64_t *loff;            /* launch refs (deduplicated) at linc[loff[q]..loff[q+1]) */
+    uint32_t *linc;            /* incarnations */
     uint64_t *aoff, *abytes;   /* allocation bytes before launch q */
-    uint64_t *foff, *fids;     /* frees before launch q */
-    uint64_t *use_pos;         /* per id, grouped */
-    struct u64map uses;        /* id -> index into use_off/use_n */
-    uint32_t *use_off, *use_n; /* per index */
+    uint64_t *foff;            /* frees before launch q: finc[foff[q]..foff[q+1]) */
+    uint32_t *finc;            /* incarnations */
+    uint64_t *inc_id;          /* the id of each incarnation */
+    uint32_t ninc, nalloc;     /* incarnations; of them, allocations */
+    uint32_t allocs_seen;      /* allocations the policy was told since */
+    struct u64map pre;         /* id -> incarnation of a region that existed before */
+    uint64_t *use_pos;         /* launch positions, grouped by incarnation */
+    uint32_t *use_off, *use_n; /* per incarnation */
 };
 
 /* ---------------------------------------------------------------------- */
@@ -190,7 +204,11 @@ struct sh_policy {
     uint64_t *anchor_ids, *anchor_bytes;
     uint64_t anchor_allocs; /* allocations made before the first launch */
     size_t anchor_n;
-    uint64_t *seen; /* signatures of step 0's launches, until its end is found */
+    struct {
+        uint64_t sig; /* 0: empty */
+        uint32_t pos;
+    } * seen; /* step 0's launches by signature, and the last place of each, until its end is found
+               */
     int step_mixed; /* this step ran another kernel than the anchor's, or used a
                        region older than the anchor: more than an init loop */
     int found_loop; /* a boundary has been detected */
@@ -200,7 +218,12 @@ struct sh_policy {
     struct recording recs[MAX_RECORDINGS];
     int cand[MAX_RECORDINGS];
     int ncand;
-    int active; /* recording followed, -1 for none */
+    int active;          /* recording followed, -1 for none */
+    uint32_t agreed;     /* launches from this step's start that agreed with a recording */
+    int align_rec;       /* the recording departed from, still run in order; -1: none */
+    uint32_t align_q;    /* its next launch */
+    uint32_t align_from; /* where the step departed from it */
+    int align_skipped;   /* a block of it was skipped */
     int any_recording;
     uint64_t rec_stamp;
 
@@ -276,6 +299,7 @@ int pol_more_than_init(const struct sh_policy *p, uint64_t kernel, const uint64_
 int pol_set_anchor(struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n);
 int pol_repeat_found(struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n);
 void pol_match_launch(struct sh_policy *p, uint64_t kernel, size_t n);
+void pol_align_launch(struct sh_policy *p, uint64_t kernel, size_t n);
 int pol_record_launch(struct sh_policy *p, uint64_t kernel, size_t n);
 void pol_auto_phase(struct sh_policy *p, size_t n);
 
@@ -283,6 +307,10 @@ void pol_auto_phase(struct sh_policy *p, size_t n);
 /* future.c */
 
 void pol_future_free(struct future *f);
+/* Belady: r, just allocated, takes its place in the future. */
+void pol_future_alloc(struct sh_policy *p, struct region *r);
+/* The live region that is incarnation inc, if it is now. */
+struct region *pol_future_region(const struct sh_policy *p, uint32_t inc);
 
 /* ---------------------------------------------------------------------- */
 /* small helpers used across the files, inline: they sit on the paths
@@ -334,6 +362,13 @@ static inline struct region *live_region(const struct sh_policy *p, uint64_t id)
 {
     struct region *r = find(p, id);
     return r && !r->freed ? r : NULL;
+}
+
+/* The live region that is the allocation number aseq of id, if it still is. */
+static inline struct region *live_incarnation(const struct sh_policy *p, uint64_t id, uint64_t aseq)
+{
+    struct region *r = live_region(p, id);
+    return r && r->aseq == aseq ? r : NULL;
 }
 
 static inline uint32_t uses_now(const struct sh_policy *p, const struct region *r)

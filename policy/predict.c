@@ -26,7 +26,7 @@ uint32_t pol_key_in(const struct sh_policy *p, const struct recording *rc, const
                 return k;
         }
     }
-    return map_get(&rc->ids, r->id);
+    return map_get(&rc->ids, r->aseq);
 }
 
 /* Cached for the active recording. */
@@ -53,7 +53,7 @@ static struct region *region_at(const struct sh_policy *p, uint64_t gpos, uint32
     if (v == NONE32)
         return NULL;
     const struct posent *e = (v & 0x80000000u) ? &p->prev_pos[v & 0x7fffffffu] : &p->cur_pos[v];
-    return e->gpos == gpos && e->ridx == ridx ? live_region(p, e->id) : NULL;
+    return e->gpos == gpos && e->ridx == ridx ? live_incarnation(p, e->id, e->aseq) : NULL;
 }
 
 /* The live region that plays key k, `shift` launches after this step's
@@ -68,7 +68,7 @@ static struct region *resolve(const struct sh_policy *p, const struct rkey *key,
                 return r;
         }
     }
-    return live_region(p, key->id);
+    return live_incarnation(p, key->id, key->aseq);
 }
 
 /* Remembered per key and shift until an event changes the version (every

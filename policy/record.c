@@ -18,7 +18,7 @@
 static int rec_key(struct sh_policy *p, struct recording *rc, const struct ident *w, uint32_t *out)
 {
     uint32_t k;
-    int rc2 = pol_map_put(&rc->ids, w->id, rc->nkeys, &k);
+    int rc2 = pol_map_put(&rc->ids, w->aseq, rc->nkeys, &k);
     if (rc2)
         return rc2;
     *out = k;
@@ -29,6 +29,7 @@ static int rec_key(struct sh_policy *p, struct recording *rc, const struct ident
     struct rkey *key = &rc->keys[rc->nkeys++];
     memset(key, 0, sizeof *key);
     key->id = w->id;
+    key->aseq = w->aseq;
     key->relpos = (int64_t)w->gpos - (int64_t)p->step_start;
     key->ridx = w->ridx;
     key->free_pos = NONE32;
@@ -36,7 +37,7 @@ static int rec_key(struct sh_policy *p, struct recording *rc, const struct ident
     key->positional = w->ridx < RIDX_LIMIT && w->gpos >= p->prev_start &&
                       key->relpos > -POS_LIMIT && key->relpos < POS_LIMIT;
     const struct region *r = find(p, w->id);
-    key->bytes = r ? r->bytes : 0;
+    key->bytes = r && r->aseq == w->aseq ? r->bytes : 0;
     if (key->positional) {
         uint32_t got;
         if (pol_map_put(&rc->pos, pos_key(key->relpos, key->ridx), k, &got))
@@ -211,6 +212,7 @@ static int build_recording(struct sh_policy *p, struct recording *rc)
 void pol_ident_of(const struct region *r, struct ident *w)
 {
     w->id = r->id;
+    w->aseq = r->aseq;
     w->gpos = r->gpos;
     w->ridx = r->ridx;
 }
@@ -225,7 +227,7 @@ int pol_close_position(struct sh_policy *p)
         struct rec_alloc *a = &r->allocs[i];
         a->who.ridx = (uint32_t)(n - 1 - (i - r->open_from));
         struct region *reg = find(p, a->who.id);
-        if (reg) {
+        if (reg && reg->aseq == a->who.aseq) {
             reg->ridx = a->who.ridx;
             reg->key_gen = p->key_gen - 1; /* its identity just changed */
         }
@@ -235,6 +237,7 @@ int pol_close_position(struct sh_policy *p)
         e->gpos = a->who.gpos;
         e->ridx = a->who.ridx;
         e->id = a->who.id;
+        e->aseq = a->who.aseq;
         uint32_t got;
         if (e->ridx < RIDX_LIMIT &&
             pol_map_put(&p->posidx, pos_key((int64_t)e->gpos - POS_LIMIT, e->ridx),
@@ -307,10 +310,16 @@ static void start_candidates(struct sh_policy *p)
     p->key_gen++;
 }
 
-/* Following a recording that a complete step has confirmed. */
+/* Following a recording that a complete step has confirmed, or within the
+ * part of it that an earlier step ran too: a first training step that
+ * creates the optimizer's state departs from the next one only there, and
+ * what both ran is as certain as a confirmed step. */
 static int confident(const struct sh_policy *p)
 {
-    return following(p) && p->recs[p->active].hits > 0;
+    if (!following(p))
+        return 0;
+    const struct recording *rc = &p->recs[p->active];
+    return rc->hits > 0 || p->pos < rc->agreed;
 }
 
 static struct recording *slot_for_new(struct sh_policy *p)
@@ -330,7 +339,7 @@ static struct recording *slot_for_new(struct sh_policy *p)
 static void promote_survivors(struct sh_policy *p)
 {
     for (size_t i = 0; i < p->ncur_pos; i++) {
-        struct region *r = live_region(p, p->cur_pos[i].id);
+        struct region *r = live_incarnation(p, p->cur_pos[i].id, p->cur_pos[i].aseq);
         if (r && r->alloc_step == p->step && r->cls != SH_CLASS_PERSISTENT) {
             pol_account_class(p, r, -1);
             r->cls = SH_CLASS_PERSISTENT;
@@ -362,9 +371,11 @@ static int end_step(struct sh_policy *p)
     } else {
         p->st.steps_diverged++;
         if (p->rec.nl) {
-            err = build_recording(p, slot_for_new(p));
+            struct recording *rc = slot_for_new(p);
+            err = build_recording(p, rc);
             if (err)
                 return err;
+            rc->agreed = p->agreed;
             p->any_recording = 1;
         }
     }
@@ -381,6 +392,8 @@ static int begin_step(struct sh_policy *p)
     p->prev_start = p->step_start;
     p->step_start = p->glaunches;
     p->pos = 0;
+    p->agreed = 0;
+    p->align_rec = -1;
     p->step_mixed = 0;
     p->st.step_bytes = 0;
     rec_reset(&p->rec);
@@ -456,6 +469,7 @@ int pol_set_anchor(struct sh_policy *p, uint64_t kernel, const uint64_t *ids, si
 }
 
 #define SEEN_SLOTS (1u << 16)
+#define MIN_PERIOD 4 /* launches: shorter loops are not training steps */
 
 static uint64_t signature(uint64_t kernel, const uint64_t *ids, size_t n)
 {
@@ -465,30 +479,130 @@ static uint64_t signature(uint64_t kernel, const uint64_t *ids, size_t n)
     return h | 1; /* 0 marks an empty slot */
 }
 
+/* The signature's last position before this one (NONE32: none), which
+ * becomes this one. */
+static uint32_t last_seen(struct sh_policy *p, uint64_t sig)
+{
+    for (uint32_t i = (uint32_t)sig & (SEEN_SLOTS - 1);; i = (i + 1) & (SEEN_SLOTS - 1)) {
+        if (p->seen[i].sig == sig || !p->seen[i].sig) {
+            uint32_t was = p->seen[i].sig ? p->seen[i].pos : NONE32;
+            p->seen[i].sig = sig;
+            p->seen[i].pos = p->pos;
+            return was;
+        }
+    }
+}
+
+/* Recorded launches a and b of this step: same kernel, same regions. */
+static int same_launch(const struct rec *r, uint32_t a, uint32_t b)
+{
+    uint32_t n = r->loff[a + 1] - r->loff[a];
+    if (r->kernel[a] != r->kernel[b] || n != r->loff[b + 1] - r->loff[b])
+        return 0;
+    for (uint32_t j = 0; j < n; j++)
+        if (r->lref[r->loff[a] + j].aseq != r->lref[r->loff[b] + j].aseq)
+            return 0;
+    return 1;
+}
+
+/* The launch being made is recorded launch a again. */
+static int is_again(const struct sh_policy *p, uint64_t kernel, size_t n, uint32_t a)
+{
+    const struct rec *r = &p->rec;
+    if (r->kernel[a] != kernel || r->loff[a + 1] - r->loff[a] != n)
+        return 0;
+    for (size_t j = 0; j < n; j++)
+        if (r->lref[r->loff[a] + j].aseq != p->dreg[j]->aseq)
+            return 0;
+    return 1;
+}
+
 /* Warm-up work before a loop (initialising weights, say) never recurs, so
  * the seed's rule would never end step 0. Until a boundary is found, a
- * launch that exactly repeats an earlier one (same kernel, same regions)
- * marks the loop: step 0 ends there and that launch becomes the anchor.
- * Returns 1 when it moved the anchor. */
+ * launch that repeats its last occurrence exactly (same kernel, same
+ * regions), `period` launches ago, when those launches repeated the period
+ * before them exactly too (two whole periods alike), marks the loop: step
+ * 0 ends there, and that launch becomes the anchor. One launch
+ * repeating proves nothing: a chunked multi-tensor op repeats one launch
+ * back to back, a kernel reading only a constant (a causal mask) repeats
+ * once per layer, and a real model's step, whose activations are new each
+ * time, is found by the anchor instead. Returns 1 when it moved the
+ * anchor. */
 int pol_repeat_found(struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n)
 {
     if (p->found_loop || n == 0 || p->pos >= SEEN_SLOTS / 2)
         return 0; /* a launch touching no region says nothing about the loop */
     if (!p->seen && !(p->seen = calloc(SEEN_SLOTS, sizeof *p->seen)))
         return 0;
-    uint64_t sig = signature(kernel, ids, n);
-    for (uint32_t i = (uint32_t)sig & (SEEN_SLOTS - 1);; i = (i + 1) & (SEEN_SLOTS - 1)) {
-        if (p->seen[i] == sig)
-            return pol_set_anchor(p, kernel, ids, n) == 0;
-        if (!p->seen[i]) {
-            p->seen[i] = sig;
+    uint32_t prev = last_seen(p, signature(kernel, ids, n));
+    if (prev == NONE32)
+        return 0;
+    uint32_t period = p->pos - prev;
+    if (period < MIN_PERIOD || p->pos < 2 * period || !is_again(p, kernel, n, prev))
+        return 0;
+    for (uint32_t i = p->pos - period; i < p->pos; i++)
+        if (!same_launch(&p->rec, i - period, i))
             return 0;
-        }
-    }
+    return pol_set_anchor(p, kernel, ids, n) == 0;
 }
 
 /* ---------------------------------------------------------------------- */
 /* a launch: matching, recording, phases */
+
+/* ---- what the step before ran too, once no recording agrees ----
+ * A first training step that creates the optimizer's state (AdamW's
+ * zeros_like for every parameter) runs the next step's launches with a
+ * block of its own among them. The next step departs from its recording
+ * there, and would be confirmed only up to that point; but if it goes on
+ * to run what the recording ran after the block, in order, every one of its
+ * launches was run twice. So after the departure, one block of the
+ * recording may be skipped, and the launches that follow it in order count
+ * as agreed too. */
+
+/* Launch p->pos plays launch q of rc, allowing for the shift that the
+ * skipped block gives the positions of what was allocated after the
+ * departure: a region allocated since then in this step may play any role
+ * the recording gives a region allocated since then in its step. */
+static int plays_launch(struct sh_policy *p, const struct recording *rc, uint32_t q,
+                        uint64_t kernel, size_t n)
+{
+    if (q >= rc->nl || rc->kernel[q] != kernel || rc->loff[q + 1] - rc->loff[q] != n)
+        return 0;
+    for (size_t j = 0; j < n; j++) {
+        const struct region *r = p->dreg[j];
+        const struct rkey *want = &rc->keys[rc->lkey[rc->loff[q] + j]];
+        int moved = r->gpos > p->step_start + p->align_from && want->positional &&
+                    want->relpos > (int64_t)p->align_from;
+        if (!moved && pol_key_in(p, rc, r) != rc->lkey[rc->loff[q] + j])
+            return 0;
+    }
+    return 1;
+}
+
+/* Follows the recording the step departed from (p->align_rec) in order,
+ * past one skipped block at most; p->agreed counts the launches it ran. */
+void pol_align_launch(struct sh_policy *p, uint64_t kernel, size_t n)
+{
+    if (p->align_rec < 0 || p->agreed != p->pos)
+        return;
+    const struct recording *rc = &p->recs[p->align_rec];
+    uint32_t q = p->align_q;
+    if (!plays_launch(p, rc, q, kernel, n)) {
+        if (p->align_skipped) {
+            p->align_rec = -1;
+            return;
+        }
+        p->align_skipped = 1;
+        while (++q < rc->nl && !plays_launch(p, rc, q, kernel, n))
+            ;
+        if (q >= rc->nl) {
+            p->align_rec = -1;
+            return;
+        }
+    }
+    p->align_q = q + 1;
+    p->agreed = p->pos + 1;
+}
 
 /* Keeps the recordings that agree with launch number p->pos. */
 void pol_match_launch(struct sh_policy *p, uint64_t kernel, size_t n)
@@ -505,9 +619,19 @@ void pol_match_launch(struct sh_policy *p, uint64_t kernel, size_t n)
     }
     p->ncand = kept;
     p->active = kept ? p->cand[0] : -1;
+    if (kept) {
+        p->agreed = p->pos + 1;
+    } else { /* departed here: what follows may still be what it ran */
+        p->align_rec = old_active;
+        p->align_q = p->align_from = p->pos;
+        p->align_skipped = 0;
+        pol_align_launch(p, kernel, n);
+    }
     if (p->active != old_active) {
         p->key_gen++;
         sh_policy_rules_confident(p->rules, confident(p));
+    } else if (following(p) && p->pos == p->recs[p->active].agreed) {
+        sh_policy_rules_confident(p->rules, confident(p)); /* past what was seen twice */
     }
 }
 

@@ -299,6 +299,26 @@ def test_reused_ids_replay(tmp_path):
     replay(path, "1.5")
 
 
+def test_reused_ids_same_schedule(tmp_path):
+    """A region's role does not hang on its id: the same model recorded with
+    ids never reused and with ids reused as the library's pool reuses
+    addresses replays alike under every policy that follows recordings (lru
+    and learned ran as reactive with ids reused: a recording took two
+    tensors that had one id in turn for one region)."""
+    runs = {}
+    for ids in ("unique", "reuse"):
+        path = str(tmp_path / ("%s.trace.gz" % ids))
+        r = cli(["gpt:layers=4,d=512,heads=8,seq=256,batch=8,vocab=8192", "--ids", ids,
+                 "--steps", "4", "-o", path], str(tmp_path))
+        assert r.returncode == 0, r.stderr
+        runs[ids] = {ln.split()[0]: ln.split()[1] for ln in replay(path, "1.5")[1:]}
+    for policy in ("lru", "learned", "belady"):
+        key = "policy=" + policy
+        assert runs["reuse"][key] == runs["unique"][key], (policy, runs)
+    steps = {k: float(v.split("=")[1]) for k, v in runs["reuse"].items()}
+    assert steps["policy=learned"] < steps["policy=reactive"]
+
+
 def test_cli_model_file_without_its_functions(tmp_path):
     (tmp_path / "empty.py").write_text("x = 1\n")
     r = cli(["empty.py"], str(tmp_path))

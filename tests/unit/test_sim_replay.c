@@ -1,6 +1,8 @@
 /* test_sim_replay.c — stagehand-sim's replay on small hand-written traces
  * (tests/unit/traces/sim_*.trace) that once made it fail: a run that never
- * ended, a false out-of-memory, and region ids reused after their free;
+ * ended, a false out-of-memory, and region ids reused after their free
+ * (replayed, and followed, with step marks or without), and a recorded
+ * model replayed without its marks;
  * and one that shows the library's engine making room in the model. Runs the built tool
  * ($STAGEHAND_TEST_BUILD/stagehand-sim) under a memory limit, so a replay
  * whose lists grow without end fails here instead of taking the machine's
@@ -110,6 +112,48 @@ static void test_reused_ids_replay(void **state)
     }
 }
 
+/* Addresses reused in other roles, within a step and from step to step, as
+ * the library's pool hands them out: the policy keys what it recorded by
+ * allocation, not by id, so every step after the first follows the one
+ * recording (it used to record three and match one step in four). */
+static void test_reused_roles_follow(void **state)
+{
+    (void)state;
+    assert_int_equal(sim("--trace " DIR "sim_reused_roles.trace --vram-gb 0.75 --policy learned "
+                         "--verbose --verbose"),
+                     0);
+    if (!strstr(out, "  policy: step 4 following 1 diverged 0 matched 3 departed 1 recordings 1\n"))
+        fail_msg("not following every step:\n%s", out);
+}
+
+/* No step marks and ids that come back: the replay measures the steps the
+ * policy finds, telling it each free as the library does, forgetting the
+ * region at once (it stopped with "cannot measure the trace" at the first
+ * id allocated again). */
+static void test_reused_ids_without_marks(void **state)
+{
+    (void)state;
+    assert_int_equal(
+        sim("--trace " DIR "sim_reused_unmarked.trace --vram-gb 0.75 --policy learned --verbose"),
+        0);
+    if (!strstr(out, "\n  step 5: ") || strstr(out, "\n  step 6: "))
+        fail_msg("not the six steps of the trace:\n%s", out);
+}
+
+/* --ignore-marks: a recorded model replayed as if the program marked
+ * nothing; the policy finds the steps where the program marked them (it
+ * used to find hundreds in this one), so step 2 follows step 1's
+ * recording. */
+static void test_ignore_marks(void **state)
+{
+    (void)state;
+    assert_int_equal(sim("--trace tools/stagehand-sim/traces/vit-l16.trace.gz --ignore-marks "
+                         "--policy learned --verbose --verbose"),
+                     0);
+    if (!strstr(out, "  policy: step 2 following 1 diverged 0 matched 0 departed 2 recordings 2\n"))
+        fail_msg("steps not found where marked:\n%s", out);
+}
+
 /* The engine makes room as in the library: an allocation that takes the
  * pool past the high watermark waits while it evicts down to the low one
  * (the two least recently used regions here), for every policy; the model
@@ -137,6 +181,9 @@ int main(void)
         cmocka_unit_test(test_launch_over_vram_ends),
         cmocka_unit_test(test_fetched_while_waiting_fits),
         cmocka_unit_test(test_reused_ids_replay),
+        cmocka_unit_test(test_reused_roles_follow),
+        cmocka_unit_test(test_reused_ids_without_marks),
+        cmocka_unit_test(test_ignore_marks),
         cmocka_unit_test(test_alloc_evicts_to_the_low_watermark),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

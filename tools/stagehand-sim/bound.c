@@ -57,8 +57,8 @@ static int starts_from_policy(const struct sh_trace *t, size_t *starts, size_t *
         const struct sh_trace_event *e = sh_trace_at(t, i);
         if (e->type == SH_TRACE_ALLOC)
             rc = sh_policy_alloc(p, e->t_us, e->id, e->bytes, e->stream);
-        else if (e->type == SH_TRACE_FREE)
-            rc = sh_policy_free(p, e->t_us, e->id);
+        else if (e->type == SH_TRACE_FREE && !(rc = sh_policy_free(p, e->t_us, e->id)))
+            rc = sh_policy_forget(p, e->id); /* at once, as the library does: ids come back */
         else if (e->type == SH_TRACE_LAUNCH)
             rc = sh_policy_launch(p, e->t_us, e->kernel, e->stream, e->ids, e->n);
         struct sh_policy_stats st;

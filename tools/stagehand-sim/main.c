@@ -41,6 +41,8 @@ static void usage(FILE *f)
           "  --remap-us X (20)    each remap window     --map-us X (20) per chunk committed\n"
           "  --default-us X (10)  launches with no duration in the trace\n"
           "  --config FILE        stagehand.ini for [budget] [transfer] [policy] [conductor]\n"
+          "  --ignore-marks       the policy finds the steps itself, as for a program that marks\n"
+          "                       none (the trace's marks still delimit the steps measured)\n"
           "  --no-conductor       turn the Conductor rules off\n"
           "  --policy all|reactive|lru|learned|belady (all)\n"
           "  --header             print a '#' line describing the trace and the bound\n"
@@ -52,7 +54,7 @@ static void usage(FILE *f)
 
 struct opts {
     const char *trace, *write, *config;
-    int gen, header, verbose, no_conductor;
+    int gen, header, verbose, no_conductor, ignore_marks;
     struct gen_params g;
     double vram_gb, oversub, pcie_gbps, remap_us, map_us, default_us;
     int shared;
@@ -90,6 +92,7 @@ enum {
     O_VERBOSE,
     O_BENCHW,
     O_EVAL,
+    O_NOMARKS,
     O_HELP
 };
 
@@ -123,6 +126,7 @@ static const struct option longopts[] = {
     {"verbose", no_argument, 0, O_VERBOSE},
     {"bench-writer", required_argument, 0, O_BENCHW},
     {"eval-every", required_argument, 0, O_EVAL},
+    {"ignore-marks", no_argument, 0, O_NOMARKS},
     {"help", no_argument, 0, O_HELP},
     {0, 0, 0, 0},
 };
@@ -249,6 +253,9 @@ static int parse(int argc, char **argv, struct opts *o)
             break;
         case O_HEADER:
             o->header = 1;
+            break;
+        case O_NOMARKS:
+            o->ignore_marks = 1;
             break;
         case O_VERBOSE:
             o->verbose++;
@@ -383,6 +390,7 @@ static int run_policies(const struct opts *o, const struct sh_trace *t, const ch
         .map_ns = (uint64_t)(o->map_us * 1000),
         .default_ns = (uint64_t)(o->default_us * 1000),
         .verbose = o->verbose,
+        .ignore_marks = o->ignore_marks,
     };
     sp.vram_bytes = o->vram_gb > 0 ? (uint64_t)(o->vram_gb * SIM_GIB)
                                    : (uint64_t)((double)shape.footprint / o->oversub);

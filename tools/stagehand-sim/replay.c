@@ -395,7 +395,7 @@ static int on_launch(struct run *r, const struct sh_trace_event *e)
 
 static int on_mark(struct run *r, const struct sh_trace_event *e)
 {
-    if (!e->marked)
+    if (!e->marked || r->sp->ignore_marks)
         return 0; /* detected marks are the policy's own business */
     if (e->type == SH_TRACE_STEP)
         return sh_policy_step(r->pol, r->now / 1000);

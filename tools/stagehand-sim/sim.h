@@ -53,6 +53,7 @@ struct sim_params {
     uint64_t chunk_bytes;
     uint64_t default_ns; /* launches with no duration */
     int verbose;
+    int ignore_marks; /* the policy is told no mark: it finds the steps itself */
 };
 
 struct sim_result {

@@ -1,0 +1,168 @@
+/* test_policy_identity.c — a region's role when its id comes back: the
+ * library names regions by address, and its pool gives a freed region's
+ * address to the next allocation of the same size, within a step and
+ * across steps. A recording, and belady's future, must tell those regions
+ * apart. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "policy/policy.h"
+#include "sh_err.h"
+
+#include <string.h>
+
+enum { KF = 11, KB = 12 };
+
+static struct sh_policy *mk(int kind)
+{
+    struct sh_policy_params q = {
+        .kind = kind,
+        .budget_bytes = 1000,
+        .high_watermark = 800,
+        .low_watermark = 600,
+        .prefetch_window = 4,
+        .prefetch_enabled = 1,
+        .max_inflight_h2d = 8,
+        .max_inflight_d2h = 8,
+        .batch_max = 4,
+    };
+    struct sh_policy *p = NULL;
+    assert_int_equal(sh_policy_create(&q, &p), 0);
+    return p;
+}
+
+static uint64_t t_now;
+
+static void launch(struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n)
+{
+    assert_int_equal(sh_policy_launch(p, t_now++, kernel, 7, ids, n), 0);
+}
+
+static void alloc(struct sh_policy *p, uint64_t id)
+{
+    assert_int_equal(sh_policy_alloc(p, t_now, id, 100, 7), 0);
+}
+
+/* As the library frees: the policy records the free and forgets at once. */
+static void release(struct sh_policy *p, uint64_t id)
+{
+    assert_int_equal(sh_policy_free(p, t_now, id), 0);
+    assert_int_equal(sh_policy_forget(p, id), 0);
+}
+
+static int following(const struct sh_policy *p)
+{
+    struct sh_policy_stats st;
+    sh_policy_stats(p, &st);
+    return st.following;
+}
+
+static uint64_t next_use(struct sh_policy *p, uint64_t id)
+{
+    uint64_t d = 0;
+    assert_int_equal(sh_policy_next_use(p, id, &d), 0);
+    return d;
+}
+
+/* One step with weights 1 and 2: activation X at the step's start, Y after
+ * the first launch; X is freed and its address goes at once to Z, another
+ * tensor; the two addresses swap roles from one step to the next, as the
+ * pool hands them out. Asserts, once the policy follows, that it keeps
+ * following and predicts each activation's next use. */
+static void reusing_step(struct sh_policy *p, int s, int check)
+{
+    uint64_t a = s % 2 ? 51 : 50, b = s % 2 ? 50 : 51;
+    assert_int_equal(sh_policy_step(p, t_now), 0);
+    alloc(p, a); /* X */
+    uint64_t f1[] = {1, a};
+    launch(p, KF, f1, 2);
+    alloc(p, b); /* Y */
+    uint64_t f2[] = {2, b};
+    launch(p, KF, f2, 2);
+    release(p, a);
+    alloc(p, a); /* Z, at X's address */
+    if (check) { /* Z's place among its position's allocations is known at the next launch */
+        assert_int_equal(following(p), 1);
+        assert_int_equal(next_use(p, b), 0);
+    }
+    uint64_t b1[] = {2, a, b};
+    launch(p, KB, b1, 3);
+    if (check) {
+        assert_int_equal(following(p), 1);
+        assert_int_equal(next_use(p, b), 0);
+        assert_int_equal(next_use(p, a), UINT64_MAX); /* Z: freed with no use left */
+    }
+    uint64_t b2[] = {1, b};
+    launch(p, KB, b2, 2);
+    if (check)
+        assert_int_equal(following(p), 1);
+    release(p, b);
+    release(p, a);
+}
+
+static void test_learned_follows_reused_addresses(void **state)
+{
+    (void)state;
+    struct sh_policy *p = mk(SH_POLICY_LEARNED);
+    alloc(p, 1);
+    alloc(p, 2);
+    for (int s = 0; s < 4; s++)
+        reusing_step(p, s, s >= 2);
+    struct sh_policy_stats st;
+    sh_policy_stats(p, &st);
+    assert_int_equal(st.steps_matched, 2);
+    assert_int_equal(st.recordings, 1);
+    sh_policy_destroy(p);
+}
+
+/* Belady's future names an allocation, not an id: a region allocated at an
+ * address used before is next needed where that allocation is, and one
+ * that existed before the future keeps its own uses. */
+static void test_belady_future_by_allocation(void **state)
+{
+    (void)state;
+    struct sh_policy *p = mk(SH_POLICY_BELADY);
+    alloc(p, 1);
+    static const uint64_t r1[] = {1}, r5[] = {5};
+    const struct sh_policy_future fut[] = {
+        {.kind = SH_FUTURE_ALLOC, .id = 5, .bytes = 100},
+        {.kind = SH_FUTURE_LAUNCH, .ids = r5, .n = 1},
+        {.kind = SH_FUTURE_FREE, .id = 5},
+        {.kind = SH_FUTURE_LAUNCH, .ids = r1, .n = 1},
+        {.kind = SH_FUTURE_LAUNCH, .ids = r1, .n = 1},
+        {.kind = SH_FUTURE_FREE, .id = 1},
+        {.kind = SH_FUTURE_ALLOC, .id = 5, .bytes = 100},
+        {.kind = SH_FUTURE_ALLOC, .id = 1, .bytes = 100},
+        {.kind = SH_FUTURE_LAUNCH, .ids = r1, .n = 1},
+        {.kind = SH_FUTURE_LAUNCH, .ids = r5, .n = 1},
+    };
+    assert_int_equal(sh_policy_set_future(p, fut, sizeof fut / sizeof fut[0]), 0);
+    assert_int_equal(next_use(p, 1), 1);
+    alloc(p, 5);
+    assert_int_equal(next_use(p, 5), 0);
+    launch(p, KF, r5, 1);
+    assert_int_equal(next_use(p, 5), UINT64_MAX); /* this allocation is not used again */
+    release(p, 5);
+    launch(p, KF, r1, 1);
+    assert_int_equal(next_use(p, 1), 0);
+    launch(p, KF, r1, 1);
+    assert_int_equal(next_use(p, 1), UINT64_MAX);
+    release(p, 1);
+    alloc(p, 5);
+    alloc(p, 1);
+    assert_int_equal(next_use(p, 5), 1);
+    assert_int_equal(next_use(p, 1), 0);
+    sh_policy_destroy(p);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_learned_follows_reused_addresses),
+        cmocka_unit_test(test_belady_future_by_allocation),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
