@@ -288,8 +288,12 @@ static void plan_sig(const struct sh_policy *p, uint64_t device_bytes,
     memset(out, 0, sizeof *out); /* compared whole, padding included */
     out->version = p->version;
     out->device_bytes = device_bytes;
-    out->key_gen = p->key_gen;
+    /* Each boundary moves which regions play positional keys, but only
+     * regions allocated in this step or the last can: with none, keys
+     * resolve by id, the same step after step. */
+    out->key_gen = p->ncur_pos || p->nprev_pos ? p->key_gen : 0;
     out->active = p->active;
+    out->built = p->active >= 0 ? p->recs[p->active].built : 0;
     out->fetch_max = plan->fetch_max;
     out->evict_max = plan->evict_max;
     out->h = *h;
@@ -306,6 +310,14 @@ static int walk_at(struct sh_policy *p, struct walk *w, uint64_t i)
 static int found_nothing(const struct walk *w)
 {
     return !w->blocked && w->plan->nfetch == 0 && w->plan->nevict == 0;
+}
+
+/* A walk of `walked` positions from now covered every launch of the
+ * recording followed: each later position repeats one of them, so while
+ * nothing in the plan's signature changes, none will want anything. */
+static int covers_cycle(const struct sh_policy *p, uint64_t walked)
+{
+    return !kind_is(p, SH_POLICY_BELADY) && p->active >= 0 && walked >= p->recs[p->active].nl;
 }
 
 /* After a walk that found nothing: 1 if the next horizon positions want
@@ -364,6 +376,8 @@ int sh_policy_plan(struct sh_policy *p, uint64_t device_bytes, const uint64_t *p
         (rc == WALK_END || idle_ahead(p, &w, horizon))) {
         p->idle_sig = sig;
         p->idle_until = p->glaunches + horizon;
+        if (rc == WALK_END || covers_cycle(p, 2 * horizon))
+            p->idle_until = UINT64_MAX;
     }
     return 0;
 }

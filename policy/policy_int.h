@@ -103,6 +103,7 @@ struct recording {
     uint64_t hits;   /* complete steps that followed it */
     uint32_t agreed; /* launches from its start that the step before ran too */
     uint64_t stamp;  /* larger = used more recently */
+    uint64_t built;  /* p->rec_builds when it was built: which recording this is */
     uint32_t nl;     /* launches */
     uint64_t *kernel;
     uint32_t *loff, *lkey; /* launch i references lkey[loff[i]..loff[i+1]) */
@@ -226,6 +227,7 @@ struct sh_policy {
     int align_skipped;   /* a block of it was skipped */
     int any_recording;
     uint64_t rec_stamp;
+    uint64_t rec_builds;
 
     struct posent *cur_pos, *prev_pos;
     size_t ncur_pos, nprev_pos, cap_cur_pos, cap_prev_pos;
@@ -240,6 +242,7 @@ struct sh_policy {
         uint64_t version, device_bytes;
         uint32_t key_gen;
         int active;
+        uint64_t built; /* the active recording's */
         size_t fetch_max, evict_max;
         struct sh_policy_hints h;
     } idle_sig;

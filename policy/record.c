@@ -203,6 +203,7 @@ static int build_recording(struct sh_policy *p, struct recording *rc)
     rc->used = 1;
     rc->hits = 0;
     rc->stamp = ++p->rec_stamp;
+    rc->built = ++p->rec_builds;
     return 0;
 }
 

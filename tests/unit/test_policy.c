@@ -544,6 +544,36 @@ static void test_plan_idle_until_something_changes(void **state)
     sh_policy_destroy(p);
 }
 
+/* A window that covers the whole recorded step: a plan that finds nothing
+ * stays idle across steps, launch after launch, and the first change (a
+ * region going to the host, wherever it is next needed) is seen at once. */
+static void test_plan_idle_over_whole_step(void **state)
+{
+    (void)state;
+    struct sh_policy_params q = params(SH_POLICY_LEARNED);
+    q.prefetch_window = 4; /* walked twice over: the 8 launches of a step */
+    struct sh_policy *p = NULL;
+    assert_int_equal(sh_policy_create(&q, &p), 0);
+    alloc_weights(p, same);
+    fwd_bwd(p, 0);
+    launch1(p, KF, 1);
+    uint64_t out[16];
+    for (int step = 0; step < 3; step++) {
+        for (int i = step ? 0 : 1; i < 8; i++) {
+            assert_int_equal(prefetch(p, 1000, out), 0);
+            static const uint64_t order[] = {1, 2, 3, 4, 4, 3, 2, 1};
+            launch1(p, i < 4 ? KF : KB, order[i]);
+        }
+    }
+    /* now just after W1's launch of a step: W2 is next */
+    assert_int_equal(sh_policy_residency(p, 2, SH_RES_HOST), 0);
+    assert_int_equal(prefetch(p, 1000, out), 1);
+    assert_int_equal(out[0], 2);
+    assert_int_equal(sh_policy_residency(p, 2, SH_RES_DEVICE), 0);
+    assert_int_equal(prefetch(p, 1000, out), 0);
+    sh_policy_destroy(p);
+}
+
 /* Only what fits, in order: a region that does not fit holds back the
  * later ones. What the very next launch needs may use the whole budget. */
 static void test_prefetch_budget(void **state)
@@ -986,6 +1016,7 @@ int main(void)
         cmocka_unit_test(test_prefetch_soonest_first),
         cmocka_unit_test(test_prefetch_window),
         cmocka_unit_test(test_plan_idle_until_something_changes),
+        cmocka_unit_test(test_plan_idle_over_whole_step),
         cmocka_unit_test(test_prefetch_budget),
         cmocka_unit_test(test_no_prefetch_without_trace_or_reactive),
         cmocka_unit_test(test_plan_exchange),
