@@ -435,8 +435,15 @@ void sh_launch_mark_copy(CUstream stream, const void *dst, const void *src, size
 static int drain_streams(void *ctx, uint64_t mask)
 {
     (void)ctx;
-    if (mask >> STREAM_SLOTS)
-        return sh_driver_sync(&sh_rt.drv) == CUDA_SUCCESS ? 0 : -1;
+    if (mask >> STREAM_SLOTS) {
+        if (sh_driver_sync(&sh_rt.drv) != CUDA_SUCCESS)
+            return -1;
+        /* with several devices a slot's stream may be in a context the
+         * device-wide wait did not reach */
+        if (!sh_rt.drv.several)
+            return 0;
+        mask &= ~(1ull << STREAM_SLOTS);
+    }
     for (int i = 0; i < STREAM_SLOTS; i++)
         if (mask >> i & 1 && sh_rt.drv.cuEventSynchronize(slot_event[i]) != CUDA_SUCCESS)
             return -1;

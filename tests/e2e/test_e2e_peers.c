@@ -16,7 +16,8 @@
  * away again: the next such kernel faults. A slow kernel on device 0 still
  * writing the region while it is evicted must be waited for (the
  * simulated GPU faults a kernel whose memory is remapped while it runs),
- * with either drain mode, scanned or not.
+ * with either drain mode, scanned or not. So must copies of a region
+ * issued on device 0's stream, which need no peer access.
  *
  * Every case runs in a child of its own (this program again, the case
  * named in E2E_PEERS_CASE): a fault is sticky to its device, and the
@@ -379,6 +380,48 @@ static void case_in_flight(int scanned)
     free_all(first, nfirst);
 }
 
+/* Copies of a device-1 region on a device-0 stream, queued behind a slow
+ * kernel there (on device 0's own memory), while the region is evicted:
+ * no peer access names device 0, yet the eviction must wait for its
+ * stream (the simulated GPU faults a copy whose memory is remapped before
+ * it ends). other_current: issued with device 1 current, as a copy may be. */
+static void case_copy_in_flight(int other_current)
+{
+    void *more[MAX_FILL], *buf0 = NULL;
+    uint32_t *host = NULL;
+    cudaStream_t s;
+    assert_int_equal(cudaSetDevice(0), cudaSuccess);
+    assert_int_equal(cudaStreamCreate(&s), cudaSuccess);
+    assert_int_equal(cudaMalloc(&buf0, REGION_MB * MiB), cudaSuccess);
+    assert_int_equal(residency(buf0), -1); /* device 0 is not managed */
+    assert_int_equal(cudaMallocHost((void **)&host, REGION_MB * MiB), cudaSuccess);
+    void *r = region_on_1(3), *w = region_on_1(4);
+    for (size_t i = 0; i < WORDS; i++)
+        host[i] = 50 + (uint32_t)i;
+    assert_int_equal(fill_on(k_fill_slow, buf0, 0, s), cudaSuccess); /* keeps s busy */
+    assert_int_equal(cudaSetDevice(other_current ? 1 : 0), cudaSuccess);
+    assert_int_equal(cudaMemcpyAsync(w, host, REGION_MB * MiB, cudaMemcpyHostToDevice, s),
+                     cudaSuccess);
+    uint32_t *back = NULL;
+    assert_int_equal(cudaMallocHost((void **)&back, REGION_MB * MiB), cudaSuccess);
+    assert_int_equal(cudaMemcpyAsync(back, r, REGION_MB * MiB, cudaMemcpyDeviceToHost, s),
+                     cudaSuccess);
+    int n = push_out(w, more); /* r, the older, goes first */
+    assert_int_equal(residency(r), 0);
+    assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+    size_t bad = 0;
+    for (size_t i = 0; i < WORDS; i++)
+        bad += back[i] != 3 + (uint32_t)i;
+    assert_int_equal(bad, 0);
+    assert_int_equal(cudaFreeHost(back), cudaSuccess);
+    check(w, 50, 0);
+    assert_int_equal(cudaSetDevice(0), cudaSuccess);
+    assert_int_equal(cudaStreamDestroy(s), cudaSuccess);
+    assert_int_equal(cudaFreeHost(host), cudaSuccess);
+    assert_int_equal(cudaFree(buf0), cudaSuccess);
+    free_all(more, n);
+}
+
 static int run_case(const char *name)
 {
     if (register_kernels() != 0)
@@ -391,6 +434,8 @@ static int run_case(const char *name)
         case_peer_disabled();
     else if (strcmp(name, "in-flight") == 0 || strcmp(name, "in-flight-scanned") == 0)
         case_in_flight(strcmp(name, "in-flight-scanned") == 0);
+    else if (strcmp(name, "copy") == 0 || strcmp(name, "copy-other-current") == 0)
+        case_copy_in_flight(strcmp(name, "copy-other-current") == 0);
     else
         fail_msg("no case %s", name);
     return 0;
@@ -412,7 +457,9 @@ static int rerun(const char *name, const char *drain, int managed1)
     char c[64], d[64];
     snprintf(c, sizeof c, "E2E_PEERS_CASE=%s", name);
     snprintf(d, sizeof d, "STAGEHAND_TRANSFER_DRAIN_MODE=%s", drain);
-    const char *env[] = {c, d, managed1 ? "STAGEHAND_GENERAL_DEVICE=1" : NULL, NULL};
+    /* copies take time on the bus (8 MB: 4 ms), so one can be caught in flight */
+    const char *env[] = {c, d, "SIMCUDA_PCIE_GBPS=2",
+                         managed1 ? "STAGEHAND_GENERAL_DEVICE=1" : NULL, NULL};
     return e2e_rerun(saved_argv, env);
 }
 
@@ -454,6 +501,16 @@ static void test_peer_kernel_in_flight(void **state)
     assert_int_equal(rerun("in-flight-scanned", "tracked", 1), 0);
 }
 
+static void test_copy_from_another_device_in_flight(void **state)
+{
+    (void)state;
+    PARENT();
+    assert_int_equal(rerun("copy", "device", 1), 0);
+    assert_int_equal(rerun("copy-other-current", "device", 1), 0);
+    assert_int_equal(rerun("copy", "tracked", 1), 0);
+    assert_int_equal(rerun("copy-other-current", "tracked", 1), 0);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -474,6 +531,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_peer_kernel_while_moved),
         cmocka_unit_test(test_peer_access_disabled),
         cmocka_unit_test(test_peer_kernel_in_flight),
+        cmocka_unit_test(test_copy_from_another_device_in_flight),
     };
     return cmocka_run_group_tests_name(preloaded ? "e2e_peers (preloaded)" : "e2e_peers (disabled)",
                                        tests, NULL, NULL);

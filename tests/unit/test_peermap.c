@@ -114,7 +114,8 @@ static int before(void **state)
 static int flags_for(const struct call *c, int dev)
 {
     for (size_t i = 0; i < c->count && i < 4; i++)
-        if (c->desc[i].location.type == CU_MEM_LOCATION_TYPE_DEVICE && c->desc[i].location.id == dev)
+        if (c->desc[i].location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+            c->desc[i].location.id == dev)
             return (int)c->desc[i].flags;
     return -1;
 }
