@@ -55,9 +55,11 @@ static size_t nothers, capothers;
 
 /* ---- the mapping table: open addressing on va ---- */
 
+/* The product's high half: its low bits keep the zeros of aligned
+ * addresses, which would crowd every mapping into a few slots. */
 static size_t slot_of(uintptr_t va, size_t cap)
 {
-    return (size_t)((va >> 12) * 0x9e3779b97f4a7c15ull) & (cap - 1);
+    return (size_t)(((uint64_t)va * 0x9e3779b97f4a7c15ull) >> 32) & (cap - 1);
 }
 
 /* The slot holding va, or mcap. mu held. */
