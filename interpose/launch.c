@@ -53,7 +53,7 @@ static _Thread_local struct {
     int opaque; /* its accesses cannot be bounded: it counts as using every region */
     int any;    /* on streams the library cannot name: a drain waits for the device */
     int quiet;  /* not scanned: it counts as using every region on any stream */
-    int other;  /* not a kernel launch: its stream may be another device's */
+    int graph;  /* a graph: its copies may use regions from another device's stream */
 } pending;      /* the launch being issued on this thread */
 static atomic_ullong unscanned; /* launches issued without a scan */
 
@@ -346,14 +346,18 @@ static int stream_slot(CUstream s)
  * makes a later wait cover every launch before it. Work issued into a
  * stream capture does not run, and an event recorded there is never
  * recorded for real: it marks nothing (the graph's launch does). */
+/* A copy or graph on another device's stream can use regions with no peer
+ * access: drains wait for its context from now on. A kernel on another
+ * device reaches them only through peer access (peers.c), so a kernel
+ * launch does not ask. */
+static void note_other(CUstream stream)
+{
+    if (sh_rt.drv.several)
+        sh_stream_note(stream);
+}
+
 static void mark_issued(void)
 {
-    /* A copy or graph on another device's stream can use regions with no
-     * peer access: drains wait for its context from now on. A kernel on
-     * another device reaches them only through peer access (peers.c). */
-    if (pending.other && sh_rt.drv.several)
-        sh_stream_note(pending.stream);
-    pending.other = 0;
     if (pending.quiet) {
         /* the next move's drain waits for the whole device */
         sh_pool_issued_any(sh_rt.pool, tracked() ? 1ull << STREAM_SLOTS : 0);
@@ -393,7 +397,8 @@ void sh_launch_mark_work(CUstream stream, int any, const uintptr_t *ends, size_t
     pending.stream = stream;
     pending.any = any;
     pending.opaque = opaque || hidden_pointers;
-    pending.other = pending.n > 0 || pending.opaque;
+    if (pending.n > 0 || pending.opaque)
+        note_other(stream);
     mark_issued();
 }
 
@@ -428,7 +433,8 @@ void sh_launch_mark_copy(CUstream stream, const void *dst, const void *src, size
                           src ? (uintptr_t)src + n - 1 : 0};
     pending.n = sh_pool_bases(sh_rt.pool, addrs, src ? 4 : 2, pending.bases);
     pending.stream = stream;
-    pending.other = pending.n > 0;
+    if (pending.n > 0)
+        note_other(stream);
     mark_issued();
 }
 
@@ -565,7 +571,7 @@ static void pending_begin(CUstream stream)
     pending.n = 0;
     pending.opaque = 0;
     pending.quiet = 0;
-    pending.other = 0;
+    pending.graph = 0;
 }
 
 void sh_launch_begin(const void *key, int kind, void **args, CUstream stream)
@@ -582,7 +588,7 @@ void sh_launch_begin_addrs(uint64_t key, const uintptr_t *addrs, size_t n, CUstr
 {
     if (depth++ == 0) {
         pending_begin(stream);
-        pending.other = 1; /* a graph: its copies may use regions from any device */
+        pending.graph = 1;
         if (quiet_launch()) {
             sh_gate_enter(sh_rt.gate);
             return;
@@ -599,6 +605,10 @@ void sh_launch_begin_addrs(uint64_t key, const uintptr_t *addrs, size_t n, CUstr
 void sh_launch_end(void)
 {
     if (depth > 0 && --depth == 0) {
+        if (pending.graph) {
+            note_other(pending.stream);
+            pending.graph = 0;
+        }
         mark_issued(); /* still inside the gate: no window between issue and mark */
         sh_gate_leave(sh_rt.gate);
     }
