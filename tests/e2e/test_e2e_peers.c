@@ -17,7 +17,10 @@
  * writing the region while it is evicted must be waited for (the
  * simulated GPU faults a kernel whose memory is remapped while it runs),
  * with either drain mode, scanned or not. So must copies of a region
- * issued on device 0's stream, which need no peer access.
+ * issued on device 0's stream, which need no peer access. Peer access is
+ * enabled and disabled by every route: the runtime, the driver called
+ * directly, and the driver found by cuGetProcAddress,
+ * cudaGetDriverEntryPointByVersion and dlsym.
  *
  * Every case runs in a child of its own (this program again, the case
  * named in E2E_PEERS_CASE): a fault is sticky to its device, and the
@@ -122,6 +125,66 @@ static void pfree(void *p, size_t size, int device)
         (void (*)(void *, ssize_t, int, void *))dlsym(RTLD_DEFAULT, "stagehand_free");
     assert_non_null(f);
     f(p, (ssize_t)size, device, NULL);
+}
+
+/* ---- peer access, by the route E2E_PEERS_ROUTE names ---- */
+
+typedef CUresult (*peer_fn)(CUcontext, unsigned int);
+typedef CUresult (*unpeer_fn)(CUcontext);
+
+/* The driver's function as the route finds it: a direct call, its
+ * cuGetProcAddress, cudaGetDriverEntryPointByVersion or dlsym lookup;
+ * NULL for the runtime's. */
+static void *driver_fn(const char *name)
+{
+    const char *route = getenv("E2E_PEERS_ROUTE");
+    void *f = NULL;
+    if (!route || strcmp(route, "runtime") == 0)
+        return NULL;
+    if (strcmp(route, "driver") == 0)
+        return strcmp(name, "cuCtxEnablePeerAccess") == 0 ? (void *)cuCtxEnablePeerAccess
+                                                          : (void *)cuCtxDisablePeerAccess;
+    if (strcmp(route, "proc") == 0) {
+        CUdriverProcAddressQueryResult q;
+        assert_int_equal(cuGetProcAddress(name, &f, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &q),
+                         CUDA_SUCCESS);
+    } else if (strcmp(route, "entry") == 0) {
+        enum cudaDriverEntryPointQueryResult q;
+        assert_int_equal(cudaGetDriverEntryPointByVersion(name, &f, 12000, cudaEnableDefault, &q),
+                         cudaSuccess);
+    } else {
+        void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+        assert_non_null(h);
+        f = dlsym(h, name);
+    }
+    assert_non_null(f);
+    return f;
+}
+
+static CUcontext primary(int dev)
+{
+    CUcontext c = NULL;
+    assert_int_equal(cuDevicePrimaryCtxRetain(&c, dev), CUDA_SUCCESS);
+    return c;
+}
+
+/* The current device opens, or closes, its access to peer's memory. */
+static void enable_peer(int peer)
+{
+    peer_fn f = (peer_fn)driver_fn("cuCtxEnablePeerAccess");
+    if (f)
+        assert_int_equal(f(primary(peer), 0), CUDA_SUCCESS);
+    else
+        assert_int_equal(cudaDeviceEnablePeerAccess(peer, 0), cudaSuccess);
+}
+
+static void disable_peer(int peer)
+{
+    unpeer_fn f = (unpeer_fn)driver_fn("cuCtxDisablePeerAccess");
+    if (f)
+        assert_int_equal(f(primary(peer)), CUDA_SUCCESS);
+    else
+        assert_int_equal(cudaDeviceDisablePeerAccess(peer), cudaSuccess);
 }
 
 /* ---- helpers ---- */
@@ -298,12 +361,12 @@ static void case_peer_kernel(int late)
     void *more[MAX_FILL];
     assert_int_equal(cudaSetDevice(0), cudaSuccess);
     if (!late)
-        assert_int_equal(cudaDeviceEnablePeerAccess(1, 0), cudaSuccess);
+        enable_peer(1);
     void *r = region_on_1(40);
     int n = push_out(r, more);
     if (late) {
         assert_int_equal(access_of(r, 0), CU_MEM_ACCESS_FLAGS_PROT_NONE);
-        assert_int_equal(cudaDeviceEnablePeerAccess(1, 0), cudaSuccess);
+        enable_peer(1);
     }
     /* the host slabs at its address are open to device 0 */
     assert_int_equal(access_of(r, 0), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
@@ -334,13 +397,13 @@ static void case_peer_disabled(void)
 {
     void *more[MAX_FILL];
     assert_int_equal(cudaSetDevice(0), cudaSuccess);
-    assert_int_equal(cudaDeviceEnablePeerAccess(1, 0), cudaSuccess);
+    enable_peer(1);
     void *r = region_on_1(5), *q = region_on_1(6);
     assert_int_equal(bump(r), cudaSuccess);
     assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
     int n = push_out(q, more);
     assert_int_equal(access_of(q, 0), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
-    assert_int_equal(cudaDeviceDisablePeerAccess(1), cudaSuccess);
+    disable_peer(1);
     assert_int_equal(access_of(q, 0), CU_MEM_ACCESS_FLAGS_PROT_NONE);
     assert_int_equal(access_of(more[0], 0), CU_MEM_ACCESS_FLAGS_PROT_NONE);
     assert_int_equal(access_of(q, 1), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
@@ -452,16 +515,25 @@ static void test_case(void **state)
 
 /* ---- the parent ---- */
 
-static int rerun(const char *name, const char *drain, int managed1)
+static int rerun_by(const char *name, const char *drain, int managed1, const char *route)
 {
-    char c[64], d[64];
+    char c[64], d[64], r[64];
     snprintf(c, sizeof c, "E2E_PEERS_CASE=%s", name);
     snprintf(d, sizeof d, "STAGEHAND_TRANSFER_DRAIN_MODE=%s", drain);
+    snprintf(r, sizeof r, "E2E_PEERS_ROUTE=%s", route);
     /* copies take time on the bus (8 MB: 4 ms), so one can be caught in flight */
-    const char *env[] = {c, d, "SIMCUDA_PCIE_GBPS=2",
-                         managed1 ? "STAGEHAND_GENERAL_DEVICE=1" : NULL, NULL};
+    const char *env[] = {
+        c, d, r, "SIMCUDA_PCIE_GBPS=2", managed1 ? "STAGEHAND_GENERAL_DEVICE=1" : NULL, NULL};
     return e2e_rerun(saved_argv, env);
 }
+
+static int rerun(const char *name, const char *drain, int managed1)
+{
+    return rerun_by(name, drain, managed1, "runtime");
+}
+
+/* Every way a program reaches the peer-access calls. */
+static const char *const routes[] = {"runtime", "driver", "proc", "entry", "dlsym"};
 
 #define PARENT()                                                                                   \
     do {                                                                                           \
@@ -481,14 +553,16 @@ static void test_peer_kernel_while_moved(void **state)
     (void)state;
     PARENT();
     assert_int_equal(rerun("peer-early", "device", 1), 0);
-    assert_int_equal(rerun("peer-late", "tracked", 1), 0);
+    for (size_t i = 0; i < sizeof routes / sizeof *routes; i++)
+        assert_int_equal(rerun_by("peer-late", i % 2 ? "device" : "tracked", 1, routes[i]), 0);
 }
 
 static void test_peer_access_disabled(void **state)
 {
     (void)state;
     PARENT();
-    assert_int_equal(rerun("peer-disabled", "device", 1), 0);
+    for (size_t i = 0; i < sizeof routes / sizeof *routes; i++)
+        assert_int_equal(rerun_by("peer-disabled", "device", 1, routes[i]), 0);
 }
 
 static void test_peer_kernel_in_flight(void **state)
