@@ -309,7 +309,7 @@ EXPORT cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)
 
 /* Runs fn for device `device`, made current meanwhile (the caller's
  * current device is restored); what says who asks, for the message when
- * there is no such device. */
+ * that device cannot be made current. */
 static cudaError_t on_device(int device, const char *what, cudaError_t (*fn)(void *), void *arg)
 {
     const struct sh_real *real = sh_real();
@@ -319,8 +319,10 @@ static cudaError_t on_device(int device, const char *what, cudaError_t (*fn)(voi
     if (was != device) {
         cudaError_t e = real->cudaSetDevice(device);
         if (e != cudaSuccess) {
-            sh_log(SH_LOG_ERROR, "%s: device %d: no such CUDA device (error %d)", what, device,
-                   (int)e);
+            sh_log(SH_LOG_ERROR,
+                   "%s: device %d cannot be made current (CUDA error %d): nothing "
+                   "allocated or freed",
+                   what, device, (int)e);
             return e;
         }
     }
@@ -370,7 +372,7 @@ EXPORT void *stagehand_malloc(ssize_t size, int device, void *stream)
     if (!sh_active() && sh_rt.cfg.general.device < 0) {
         cudaError_t e = on_device(device, "stagehand_malloc", start, NULL);
         if (e != cudaSuccess && e != cudaErrorInitializationError)
-            return NULL; /* no such device: said */
+            return NULL; /* said why */
     }
     struct async_call c = {NULL, (size_t)size, stream};
     if (sh_managed() && device == (int)sh_rt.dev && !in_capture(stream)) {
