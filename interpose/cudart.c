@@ -36,10 +36,16 @@ static size_t room_device_bytes(void *ctx)
     return device_bytes();
 }
 
+/* The managed device's figures, whichever device the caller has current. */
 static int room_mem_info(void *ctx, size_t *free_b, size_t *total)
 {
     (void)ctx;
-    return sh_rt.drv.cuMemGetInfo && sh_rt.drv.cuMemGetInfo(free_b, total) == CUDA_SUCCESS ? 0 : -1;
+    if (!sh_rt.drv.cuMemGetInfo)
+        return -1;
+    int pushed = sh_driver_enter(&sh_rt.drv);
+    CUresult r = sh_rt.drv.cuMemGetInfo(free_b, total);
+    sh_driver_leave(&sh_rt.drv, pushed);
+    return r == CUDA_SUCCESS ? 0 : -1;
 }
 
 static int room_capturing(void *ctx)
@@ -156,8 +162,8 @@ static cudaError_t passthrough_malloc(void **ptr, size_t size)
     const struct sh_real *real = sh_real();
     passthrough();
     cudaError_t e = real->cudaMalloc(ptr, size);
-    if (e != cudaErrorMemoryAllocation || !ptr || !sh_managed())
-        return e;
+    if (e != cudaErrorMemoryAllocation || !ptr || !sh_managed_here())
+        return e; /* room on the managed device helps no other one */
     sh_engine_lock(&sh_rt.engine);
     int rc = sh_engine_make_room(&sh_rt.engine, (size + sh_rt.gran - 1) / sh_rt.gran * sh_rt.gran,
                                  NULL, 0);
@@ -214,10 +220,16 @@ static int in_capture(cudaStream_t stream)
     return sh_stream_capturing((CUstream)stream);
 }
 
+/* cudaMallocAsync allocates on the stream's device, not the current one. */
+static int managed_stream(cudaStream_t stream)
+{
+    return sh_managed() && sh_stream_device((CUstream)stream) == (int)sh_rt.dev;
+}
+
 EXPORT cudaError_t cudaMallocAsync(void **ptr, size_t size, cudaStream_t stream)
 {
     const struct sh_real *real = sh_real();
-    if (!ptr || size == 0 || !sh_managed_here() || in_capture(stream)) {
+    if (!ptr || size == 0 || !managed_stream(stream) || in_capture(stream)) {
         passthrough();
         return real->cudaMallocAsync(ptr, size, stream);
     }
@@ -295,23 +307,82 @@ EXPORT cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)
     return cudaSuccess;
 }
 
+/* Runs fn for device `device`, made current meanwhile (the caller's
+ * current device is restored); what says who asks, for the message when
+ * that device cannot be made current. */
+static cudaError_t on_device(int device, const char *what, cudaError_t (*fn)(void *), void *arg)
+{
+    const struct sh_real *real = sh_real();
+    int was = -1;
+    if (!real->cudaGetDevice || !real->cudaSetDevice || real->cudaGetDevice(&was) != cudaSuccess)
+        return fn(arg);
+    if (was != device) {
+        cudaError_t e = real->cudaSetDevice(device);
+        if (e != cudaSuccess) {
+            sh_log(SH_LOG_ERROR,
+                   "%s: device %d cannot be made current (CUDA error %d): nothing "
+                   "allocated or freed",
+                   what, device, (int)e);
+            return e;
+        }
+    }
+    cudaError_t e = fn(arg);
+    if (was != device)
+        real->cudaSetDevice(was);
+    return e;
+}
+
+struct async_call {
+    void *ptr;
+    size_t size;
+    cudaStream_t stream;
+};
+
+static cudaError_t real_malloc_async(void *arg)
+{
+    struct async_call *c = arg;
+    const struct sh_real *real = sh_real();
+    passthrough();
+    return real->cudaMallocAsync ? real->cudaMallocAsync(&c->ptr, c->size, c->stream)
+                                 : cudaErrorInitializationError;
+}
+
+static cudaError_t real_free_async(void *arg)
+{
+    struct async_call *c = arg;
+    const struct sh_real *real = sh_real();
+    return real->cudaFreeAsync ? real->cudaFreeAsync(c->ptr, c->stream)
+                               : cudaErrorInitializationError;
+}
+
+static cudaError_t start(void *arg)
+{
+    (void)arg;
+    return sh_managed() ? cudaSuccess : cudaErrorInitializationError;
+}
+
+/* PyTorch's pluggable allocator names the device: memory for the managed
+ * one is managed, whichever device is current; memory for another comes
+ * from CUDA's allocator on that device. The first call picks the device
+ * it names to manage, unless [general] device did. */
 EXPORT void *stagehand_malloc(ssize_t size, int device, void *stream)
 {
-    void *p = NULL;
     if (size <= 0)
         return NULL;
-    if (!sh_managed() || device != (int)sh_rt.dev || in_capture(stream)) {
-        const struct sh_real *real = sh_real();
-        return real->cudaMallocAsync &&
-                       real->cudaMallocAsync(&p, (size_t)size, stream) == cudaSuccess
-                   ? p
-                   : NULL;
+    if (!sh_active() && sh_rt.cfg.general.device < 0) {
+        cudaError_t e = on_device(device, "stagehand_malloc", start, NULL);
+        if (e != cudaSuccess && e != cudaErrorInitializationError)
+            return NULL; /* said why */
     }
-    cudaError_t e = managed_alloc(&p, (size_t)size, SH_PATH_PLUGGABLE, stream, "stagehand_malloc");
-    if (e == cudaErrorUnknown &&
-        sh_real()->cudaMallocAsync(&p, (size_t)size, stream) != cudaSuccess)
-        return NULL;
-    return e == cudaErrorMemoryAllocation ? NULL : p;
+    struct async_call c = {NULL, (size_t)size, stream};
+    if (sh_managed() && device == (int)sh_rt.dev && !in_capture(stream)) {
+        cudaError_t e =
+            managed_alloc(&c.ptr, (size_t)size, SH_PATH_PLUGGABLE, stream, "stagehand_malloc");
+        if (e != cudaErrorUnknown)
+            return e == cudaSuccess ? c.ptr : NULL;
+    }
+    return on_device(device, "stagehand_malloc", real_malloc_async, &c) == cudaSuccess ? c.ptr
+                                                                                       : NULL;
 }
 
 /* The entry points of a program built with --default-stream per-thread,
@@ -332,9 +403,9 @@ cudaError_t cudaFreeAsync_ptsz(void *ptr, cudaStream_t stream)
 EXPORT void stagehand_free(void *ptr, ssize_t size, int device, void *stream)
 {
     (void)size;
-    (void)device;
     if (!ptr)
         return;
+    struct async_call c = {ptr, 0, stream};
     if (!sh_managed() || managed_free_async(ptr, stream, "stagehand_free") == SH_ENOTFOUND)
-        sh_real()->cudaFreeAsync(ptr, stream);
+        on_device(device, "stagehand_free", real_free_async, &c);
 }

@@ -80,7 +80,33 @@ CUresult sh_driver_sync(const struct sh_driver *drv)
     r = drv->cuCtxSynchronize();
     CUcontext popped;
     drv->cuCtxPopCurrent(&popped);
+    if (drv->several)
+        sh_peers_sync(drv);
     return r;
+}
+
+int sh_driver_enter(const struct sh_driver *drv)
+{
+    return drv->several && drv->ctx && drv->cuCtxPushCurrent(drv->ctx) == CUDA_SUCCESS;
+}
+
+void sh_driver_leave(const struct sh_driver *drv, int pushed)
+{
+    CUcontext popped;
+    if (pushed)
+        drv->cuCtxPopCurrent(&popped);
+}
+
+int sh_driver_ctx_device(const struct sh_driver *drv, CUcontext ctx)
+{
+    CUdevice dev = -1;
+    CUcontext popped;
+    if (!ctx || drv->cuCtxPushCurrent(ctx) != CUDA_SUCCESS)
+        return -1;
+    if (drv->cuCtxGetDevice(&dev) != CUDA_SUCCESS)
+        dev = -1;
+    drv->cuCtxPopCurrent(&popped);
+    return (int)dev;
 }
 
 const char *sh_driver_error(const struct sh_driver *drv, CUresult r)
@@ -143,6 +169,9 @@ static int vmm_release(void *ctx, uint64_t handle)
     return result(c->drv, c->drv->cuMemRelease(handle), "cuMemRelease");
 }
 
+/* Access for the managed device; with several devices, for the peer
+ * devices too, and the mapping is listed so that later peer access
+ * changes reach it (peermap.c). */
 static int vmm_map(void *ctx, uintptr_t va, size_t size, uint64_t handle)
 {
     struct vmm_ctx *c = ctx;
@@ -151,8 +180,9 @@ static int vmm_map(void *ctx, uintptr_t va, size_t size, uint64_t handle)
         return rc;
     CUmemAccessDesc access = {{CU_MEM_LOCATION_TYPE_DEVICE, c->dev},
                               CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
-    rc =
-        result(c->drv, c->drv->cuMemSetAccess((CUdeviceptr)va, size, &access, 1), "cuMemSetAccess");
+    CUresult r = c->drv->several ? sh_peers_mapped(c->drv, c->dev, va, size)
+                                 : c->drv->cuMemSetAccess((CUdeviceptr)va, size, &access, 1);
+    rc = result(c->drv, r, "cuMemSetAccess");
     if (rc)
         c->drv->cuMemUnmap((CUdeviceptr)va, size);
     return rc;
@@ -161,7 +191,12 @@ static int vmm_map(void *ctx, uintptr_t va, size_t size, uint64_t handle)
 static int vmm_unmap(void *ctx, uintptr_t va, size_t size)
 {
     struct vmm_ctx *c = ctx;
-    return result(c->drv, c->drv->cuMemUnmap((CUdeviceptr)va, size), "cuMemUnmap");
+    if (c->drv->several)
+        sh_peers_listed(va, size, 0);
+    int rc = result(c->drv, c->drv->cuMemUnmap((CUdeviceptr)va, size), "cuMemUnmap");
+    if (rc && c->drv->several)
+        sh_peers_listed(va, size, 1); /* still mapped: peer access changes must reach it */
+    return rc;
 }
 
 void sh_driver_vmm_ops(struct sh_driver *drv, CUdevice dev, struct sh_vmm_ops *ops)
@@ -188,7 +223,11 @@ uint64_t sh_driver_fence_record(struct sh_driver *drv, CUstream stream)
     if (nspare > 0)
         ev = spare[--nspare];
     pthread_mutex_unlock(&event_mu);
-    if (!ev && drv->cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+    /* in the managed context, whose streams fences are recorded on */
+    int pushed = ev ? 0 : sh_driver_enter(drv);
+    CUresult r = ev ? CUDA_SUCCESS : drv->cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING);
+    sh_driver_leave(drv, pushed);
+    if (r != CUDA_SUCCESS)
         return 0;
     if (drv->cuEventRecord(ev, stream) != CUDA_SUCCESS) {
         drv->cuEventDestroy(ev);

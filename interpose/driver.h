@@ -16,6 +16,7 @@
 #define SH_DRIVER_ENTRIES(X)                                                                       \
     X(cuInit)                                                                                      \
     X(cuDeviceGet)                                                                                 \
+    X(cuDeviceGetCount)                                                                            \
     X(cuDeviceGetName)                                                                             \
     X(cuDeviceGetAttribute)                                                                        \
     X(cuDeviceTotalMem)                                                                            \
@@ -25,6 +26,7 @@
     X(cuCtxSynchronize)                                                                            \
     X(cuCtxPushCurrent)                                                                            \
     X(cuCtxPopCurrent)                                                                             \
+    X(cuCtxGetDevice)                                                                              \
     X(cuMemGetInfo)                                                                                \
     X(cuMemAddressReserve)                                                                         \
     X(cuMemAddressFree)                                                                            \
@@ -41,6 +43,7 @@
     X(cuEventSynchronize)                                                                          \
     X(cuStreamSynchronize)                                                                         \
     X(cuStreamIsCapturing)                                                                         \
+    X(cuStreamGetCtx)                                                                              \
     X(cuGetErrorString)                                                                            \
     X(cuGetProcAddress)                                                                            \
     X(cuStreamCreateWithPriority)                                                                  \
@@ -63,6 +66,7 @@ struct sh_driver {
     void *lib;
     int version;
     CUcontext ctx; /* the managed device's context, once known: what a drain waits for */
+    int several;   /* the process sees more than one device (peermap.c is in use) */
 };
 
 /* Every entry in the table has had the signature cuda.h declares since
@@ -81,9 +85,20 @@ int sh_driver_load(struct sh_driver *drv, const char *path);
 /* Waits for all work in the managed device's context (drv->ctx), whatever
  * context the calling thread has current: a program that drives two GPUs
  * calls in with the other one's current, and a wait for that one would
- * let the managed device's kernels run on under a remap. Before drv->ctx
- * is known: the current context. */
+ * let the managed device's kernels run on under a remap. With several
+ * devices, then for the other contexts that may touch regions
+ * (sh_peers_sync). Before drv->ctx is known: the current context. Returns
+ * the managed context's result. */
 CUresult sh_driver_sync(const struct sh_driver *drv);
+
+/* With several devices, makes the managed context current for a call that
+ * acts on the current one (creating an event, asking for free memory):
+ * returns 1 when it pushed it, for sh_driver_leave. */
+int sh_driver_enter(const struct sh_driver *drv);
+void sh_driver_leave(const struct sh_driver *drv, int pushed);
+
+/* The device of context ctx; -1 if the driver cannot say. */
+int sh_driver_ctx_device(const struct sh_driver *drv, CUcontext ctx);
 
 /* An entry point newer than CUDA 12.0, asked for at the version that
  * brought it in (since, as 12040); NULL where this driver lacks it. */
@@ -103,5 +118,26 @@ int sh_driver_copy_ops(struct sh_driver *drv, struct sh_copy_ops *ops);
 
 /* A fence: an event recorded on stream. 0 if none could be recorded. */
 uint64_t sh_driver_fence_record(struct sh_driver *drv, CUstream stream);
+
+/* ---- several devices in one process (peermap.c) ----
+ *
+ * sh_peers_init: the managed device, and whether the process sees more
+ * than one (several = 0: nothing below is used). sh_peers_link: context
+ * ctx, on device from, enabled (on = 1) or disabled peer access to device
+ * to; while any link lets `from` reach the managed device, every listed
+ * mapping gives it read and write access, and ctx is waited for by every
+ * drain from then on. sh_peers_mapped: a mapping was just made at [va,
+ * va + size): lists it and sets its access (dev, and every peer device);
+ * on failure it is not listed. sh_peers_listed: lists (1) or forgets (0)
+ * a mapping without touching its access. sh_peers_note: work on a stream
+ * of ctx used regions: drains wait for ctx from now on. sh_peers_sync:
+ * waits for every noted context but drv->ctx (their errors ignored). */
+void sh_peers_init(CUdevice dev, int several);
+void sh_peers_link(const struct sh_driver *drv, CUcontext ctx, int from, int to, int on);
+CUresult sh_peers_mapped(const struct sh_driver *drv, CUdevice dev, uintptr_t va, size_t size);
+void sh_peers_listed(uintptr_t va, size_t size, int listed);
+size_t sh_peers_mappings(void);
+void sh_peers_note(CUcontext ctx);
+void sh_peers_sync(const struct sh_driver *drv);
 
 #endif

@@ -25,6 +25,7 @@ struct sh_real {
     __typeof__(cudaFreeAsync) *cudaFreeAsync;
     __typeof__(cudaMemGetInfo) *cudaMemGetInfo;
     __typeof__(cudaGetDevice) *cudaGetDevice;
+    __typeof__(cudaSetDevice) *cudaSetDevice;
     __typeof__(cudaGetLastError) *cudaGetLastError;
 };
 
@@ -105,6 +106,13 @@ void sh_room_init(void);
 uint64_t sh_stream_key(CUstream s);
 CUstream sh_stream_ptsz(CUstream s);
 int sh_stream_capturing(CUstream s);
+/* With several devices: sh_stream_device, the device whose memory a
+ * stream-ordered allocation on s comes from (s's; the current one for the
+ * special handles), -1 when the driver cannot say (the real call answers);
+ * with one, the managed device. sh_stream_note: work on s used regions, so
+ * every drain waits for s's context from now on (sh_peers_note). */
+int sh_stream_device(CUstream s);
+void sh_stream_note(CUstream s);
 
 /* Launch tracking (launch.c). begin/end bracket the issue of one launch:
  * begin restores what it points into and enters the remap gate. busy: 1

@@ -53,6 +53,7 @@ static _Thread_local struct {
     int opaque; /* its accesses cannot be bounded: it counts as using every region */
     int any;    /* on streams the library cannot name: a drain waits for the device */
     int quiet;  /* not scanned: it counts as using every region on any stream */
+    int graph;  /* a graph: its copies may use regions from another device's stream */
 } pending;      /* the launch being issued on this thread */
 static atomic_ullong unscanned; /* launches issued without a scan */
 
@@ -310,6 +311,20 @@ static int tracked(void)
 /* The slot of a stream, made on first sight; 63 when they are all taken.
  * Keyed by identity: every thread's per-thread stream has its own slot, or
  * one thread's launch would re-record the event another's work is behind. */
+/* An event for stream s: made in s's context, or recording it there fails
+ * (and the drain falls back to waiting for the whole device). */
+static CUresult slot_event_create(CUstream s, CUevent *ev)
+{
+    const struct sh_driver *d = &sh_rt.drv;
+    CUcontext c = NULL, popped;
+    if (!d->several || d->cuStreamGetCtx(s, &c) != CUDA_SUCCESS || !c ||
+        d->cuCtxPushCurrent(c) != CUDA_SUCCESS)
+        return d->cuEventCreate(ev, CU_EVENT_DISABLE_TIMING);
+    CUresult r = d->cuEventCreate(ev, CU_EVENT_DISABLE_TIMING);
+    d->cuCtxPopCurrent(&popped);
+    return r;
+}
+
 static int stream_slot(CUstream s)
 {
     uint64_t key = sh_stream_key(s);
@@ -318,7 +333,7 @@ static int stream_slot(CUstream s)
     while (i < nslots && slot_key[i] != key)
         i++;
     if (i == nslots && nslots < STREAM_SLOTS &&
-        sh_rt.drv.cuEventCreate(&slot_event[i], CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS)
+        slot_event_create(s, &slot_event[i]) == CUDA_SUCCESS)
         slot_key[nslots++] = key;
     pthread_mutex_unlock(&slots_mu);
     return i < nslots ? i : STREAM_SLOTS;
@@ -331,6 +346,16 @@ static int stream_slot(CUstream s)
  * makes a later wait cover every launch before it. Work issued into a
  * stream capture does not run, and an event recorded there is never
  * recorded for real: it marks nothing (the graph's launch does). */
+/* A copy or graph on another device's stream can use regions with no peer
+ * access: drains wait for its context from now on. A kernel on another
+ * device reaches them only through peer access (peers.c), so a kernel
+ * launch does not ask. */
+static void note_other(CUstream stream)
+{
+    if (sh_rt.drv.several)
+        sh_stream_note(stream);
+}
+
 static void mark_issued(void)
 {
     if (pending.quiet) {
@@ -372,6 +397,8 @@ void sh_launch_mark_work(CUstream stream, int any, const uintptr_t *ends, size_t
     pending.stream = stream;
     pending.any = any;
     pending.opaque = opaque || hidden_pointers;
+    if (pending.n > 0 || pending.opaque)
+        note_other(stream);
     mark_issued();
 }
 
@@ -406,14 +433,23 @@ void sh_launch_mark_copy(CUstream stream, const void *dst, const void *src, size
                           src ? (uintptr_t)src + n - 1 : 0};
     pending.n = sh_pool_bases(sh_rt.pool, addrs, src ? 4 : 2, pending.bases);
     pending.stream = stream;
+    if (pending.n > 0)
+        note_other(stream);
     mark_issued();
 }
 
 static int drain_streams(void *ctx, uint64_t mask)
 {
     (void)ctx;
-    if (mask >> STREAM_SLOTS)
-        return sh_driver_sync(&sh_rt.drv) == CUDA_SUCCESS ? 0 : -1;
+    if (mask >> STREAM_SLOTS) {
+        if (sh_driver_sync(&sh_rt.drv) != CUDA_SUCCESS)
+            return -1;
+        /* with several devices a slot's stream may be in a context the
+         * device-wide wait did not reach */
+        if (!sh_rt.drv.several)
+            return 0;
+        mask &= ~(1ull << STREAM_SLOTS);
+    }
     for (int i = 0; i < STREAM_SLOTS; i++)
         if (mask >> i & 1 && sh_rt.drv.cuEventSynchronize(slot_event[i]) != CUDA_SUCCESS)
             return -1;
@@ -535,6 +571,7 @@ static void pending_begin(CUstream stream)
     pending.n = 0;
     pending.opaque = 0;
     pending.quiet = 0;
+    pending.graph = 0;
 }
 
 void sh_launch_begin(const void *key, int kind, void **args, CUstream stream)
@@ -551,6 +588,7 @@ void sh_launch_begin_addrs(uint64_t key, const uintptr_t *addrs, size_t n, CUstr
 {
     if (depth++ == 0) {
         pending_begin(stream);
+        pending.graph = 1;
         if (quiet_launch()) {
             sh_gate_enter(sh_rt.gate);
             return;
@@ -567,6 +605,10 @@ void sh_launch_begin_addrs(uint64_t key, const uintptr_t *addrs, size_t n, CUstr
 void sh_launch_end(void)
 {
     if (depth > 0 && --depth == 0) {
+        if (pending.graph) {
+            note_other(pending.stream);
+            pending.graph = 0;
+        }
         mark_issued(); /* still inside the gate: no window between issue and mark */
         sh_gate_leave(sh_rt.gate);
     }

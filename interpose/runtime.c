@@ -64,6 +64,7 @@ static void resolve_real(void)
     REAL(cudaFreeAsync);
     REAL(cudaMemGetInfo);
     REAL(cudaGetDevice);
+    REAL(cudaSetDevice);
     REAL(cudaGetLastError);
 #undef REAL
 }
@@ -113,6 +114,14 @@ static int open_device(void)
         d->cuDeviceTotalMem(&sh_rt.card_bytes, sh_rt.dev) != CUDA_SUCCESS)
         return SH_EDRIVER;
     d->ctx = sh_rt.ctx;
+    /* Several devices cost a little on the mapping and copy paths
+     * (peermap.c); a count the driver cannot give counts as several. */
+    int n = 0;
+    for (int i = 0; n <= 0 && i < START_TRIES; i++)
+        if (d->cuDeviceGetCount(&n) != CUDA_SUCCESS)
+            n = 0;
+    d->several = n != 1;
+    sh_peers_init(sh_rt.dev, d->several);
     if (!attribute(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)) {
         sh_log(SH_LOG_WARN, "device %d has no virtual memory management; passing through", dev);
         return SH_EDRIVER;
@@ -256,8 +265,17 @@ static void init(void)
         fprintf(stderr, "stagehand: %s\n", err);
         _exit(1); /* the first allocation has not happened yet */
     }
+    /* What is set up now (copy streams, events) belongs to the managed
+     * device, whichever the program has current. */
+    CUcontext popped;
+    if (sh_rt.drv.cuCtxPushCurrent(sh_rt.ctx) != CUDA_SUCCESS) {
+        sh_log(SH_LOG_WARN, "cannot make device %d's context current; passing all calls through",
+               (int)sh_rt.dev);
+        return;
+    }
     if (sh_gate_create(&sh_rt.gate) != SH_OK || open_pool() != SH_OK) {
         sh_log(SH_LOG_WARN, "cannot set up the region pool; passing all calls through");
+        sh_rt.drv.cuCtxPopCurrent(&popped);
         return;
     }
     open_mover();
@@ -265,9 +283,11 @@ static void init(void)
     sh_sched_init();
     sh_launch_init();
     sh_monitor_start();
+    sh_rt.drv.cuCtxPopCurrent(&popped);
     char summary[512];
     sh_config_summary(&sh_rt.cfg, summary, sizeof summary);
-    sh_log(SH_LOG_INFO, "managing allocations on device %d: %s", (int)sh_rt.dev, summary);
+    sh_log(SH_LOG_INFO, "managing allocations on device %d%s: %s", (int)sh_rt.dev,
+           sh_rt.drv.several ? " (other devices pass through)" : "", summary);
     sh_torch_check_env();
     managed = 1;
 }

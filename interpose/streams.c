@@ -42,3 +42,23 @@ int sh_stream_capturing(CUstream s)
     return sh_rt.drv.cuStreamIsCapturing(s, &st) != CUDA_SUCCESS ||
            st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
+
+int sh_stream_device(CUstream s)
+{
+    if (!sh_rt.drv.several)
+        return (int)sh_rt.dev;
+    CUcontext c = NULL;
+    if (sh_rt.drv.cuStreamGetCtx(s, &c) != CUDA_SUCCESS || !c)
+        return -1;
+    return c == sh_rt.ctx ? (int)sh_rt.dev : sh_driver_ctx_device(&sh_rt.drv, c);
+}
+
+void sh_stream_note(CUstream s)
+{
+    static _Thread_local CUcontext last; /* noted already: the list only grows */
+    CUcontext c = NULL;
+    if (sh_rt.drv.cuStreamGetCtx(s, &c) != CUDA_SUCCESS || !c || c == sh_rt.ctx || c == last)
+        return;
+    sh_peers_note(c);
+    last = c;
+}

@@ -24,6 +24,7 @@ struct copy_op {
     const void *src;
     size_t n;
     double us;
+    uint64_t dst_serial, src_serial; /* the VMM mappings at each end when issued */
 };
 
 /* What moving a byte costs this process (page faults included), learned
@@ -64,12 +65,40 @@ static void dma(void *dst, const void *src, size_t n)
 }
 #endif
 
+/* A transfer over the bus reads and writes all the while it runs, as a
+ * kernel does, and work issued before a remap must end before it: a
+ * mapping at either end that is remapped between the copy's issue (or its
+ * graph's launch) and its end faults (on a GPU it would fault, or move
+ * bytes to or from memory no longer there). Here the bytes land at the
+ * end, so that is when it is caught. */
+static void copy_watch(struct sim_op *op)
+{
+    struct copy_op *c = (struct copy_op *)op;
+    c->dst_serial = c->us > 0 ? sim_map_serial((uintptr_t)c->dst) : 0;
+    c->src_serial = c->us > 0 ? sim_map_serial((uintptr_t)c->src) : 0;
+}
+
+/* The end of c that was remapped since copy_watch, or 0. */
+static uintptr_t copy_remapped(const struct copy_op *c)
+{
+    if (c->dst_serial && sim_map_serial((uintptr_t)c->dst) != c->dst_serial)
+        return (uintptr_t)c->dst;
+    if (c->src_serial && sim_map_serial((uintptr_t)c->src) != c->src_serial)
+        return (uintptr_t)c->src;
+    return 0;
+}
+
 static void copy_run(struct sim_op *op)
 {
     struct copy_op *c = (struct copy_op *)op;
     double start = mono_us();
     /* The bytes land at (about) the end of the transfer. */
     sim_sleep_us(c->us - (double)c->n * move_us_per_byte);
+    uintptr_t moved = copy_remapped(c);
+    if (moved) {
+        sim_fault(moved, "a copy whose memory was remapped before it ended");
+        return;
+    }
     double t0 = mono_us();
     dma(c->dst, c->src, c->n);
     double t1 = mono_us();
@@ -124,11 +153,13 @@ static CUresult copy_submit(void *dst, const void *src, size_t n, CUstream hs, b
     *op = (struct copy_op){.op = {.run = copy_run,
                                   .fini = op_free,
                                   .size = sizeof *op,
-                                  .node_type = CU_GRAPH_NODE_TYPE_MEMCPY},
+                                  .node_type = CU_GRAPH_NODE_TYPE_MEMCPY,
+                                  .relocate = copy_watch},
                            .dst = dst,
                            .src = src,
                            .n = n};
     op->us = account_copy(dst, src, n);
+    copy_watch(&op->op);
     return submit_and_maybe_wait(s, &op->op, sync);
 }
 
@@ -381,7 +412,8 @@ struct sim_op *sim_copy_op(const CUDA_MEMCPY3D *p, CUresult *r)
     *op = (struct copy_op){.op = {.run = copy_run,
                                   .fini = op_free,
                                   .size = sizeof *op,
-                                  .node_type = CU_GRAPH_NODE_TYPE_MEMCPY},
+                                  .node_type = CU_GRAPH_NODE_TYPE_MEMCPY,
+                                  .relocate = copy_watch},
                            .dst = (void *)(uintptr_t)dst,
                            .src = src,
                            .n = p->WidthInBytes};

@@ -584,6 +584,28 @@ SIM_EXPORT CUresult cuStreamGetFlags(CUstream h, unsigned int *flags)
     return CUDA_SUCCESS;
 }
 
+/* cuda.h: a special handle (NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD)
+ * names the calling thread's current context, CUDA_ERROR_INVALID_CONTEXT
+ * with none; a created stream, the context it was made in (every simulated
+ * context is a device's primary one). */
+SIM_EXPORT CUresult cuStreamGetCtx(CUstream h, CUcontext *pctx)
+{
+    CUresult r = sim_enter(__func__, false);
+    if (r)
+        return r;
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD) {
+        *pctx = sim_ctx_current();
+        return *pctx ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+    }
+    struct sim_stream *s = sim_stream_get(h);
+    if (!s)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *pctx = sim_primary_ctx(sim_stream_device(s));
+    return CUDA_SUCCESS;
+}
+
 SIM_EXPORT CUresult cuStreamIsCapturing(CUstream h, CUstreamCaptureStatus *status)
 {
     CUresult r = sim_enter(__func__, true);

@@ -2,6 +2,7 @@
  * that touches memory with no mapping or no access is caught on the stream's
  * worker, names the address on stderr, counts in simcuda_stats.faults and
  * leaves the sticky CUDA_ERROR_ILLEGAL_ADDRESS that every later call returns.
+ * A copy over the bus whose memory is remapped before it ends faults too.
  * Also misuse that would crash the process, and the failures SIMCUDA_FAIL
  * injects.
  *
@@ -286,6 +287,43 @@ static int s_copy_into_reserved_unmapped_range(void)
     CHECK(cuStreamSynchronize(s) == CUDA_ERROR_ILLEGAL_ADDRESS);
     CHECK(faults() == 1);
     CHECK(names_address_in(va + 4096, sizeof buf) == 0);
+    return 0;
+}
+
+/* A copy over the bus (SIMCUDA_PCIE_GBPS=0.04: a granule takes about 50 ms)
+ * whose device memory is remapped between its issue and its end faults;
+ * the same copy left alone lands. */
+static int s_copy_in_flight_when_remapped(void)
+{
+    CHECK(init() == 0);
+    CUdeviceptr va = 0;
+    CUmemGenericAllocationHandle h = 0, h2 = 0;
+    CHECK(mapping(&va, &h, 1, CU_MEM_ACCESS_FLAGS_PROT_READWRITE) == 0);
+    CUmemAllocationProp p;
+    memset(&p, 0, sizeof p);
+    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    CHECK(cuMemCreate(&h2, GRAN, &p, 0) == CUDA_SUCCESS);
+    CUmemAccessDesc d;
+    memset(&d, 0, sizeof d);
+    d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    unsigned char *host = NULL;
+    CHECK(cuMemHostAlloc((void **)&host, GRAN, 0) == CUDA_SUCCESS);
+    memset(host, 7, GRAN);
+    CUstream s = NULL;
+    CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    CHECK(cuMemcpyHtoDAsync(va, host, GRAN, s) == CUDA_SUCCESS);
+    CHECK(cuStreamSynchronize(s) == CUDA_SUCCESS);
+    CHECK(faults() == 0);
+    CHECK(cuMemcpyDtoHAsync(host, va, GRAN, s) == CUDA_SUCCESS);
+    CHECK(cuMemUnmap(va, GRAN) == CUDA_SUCCESS);
+    CHECK(cuMemMap(va, GRAN, 0, h2, 0) == CUDA_SUCCESS);
+    CHECK(cuMemSetAccess(va, GRAN, &d, 1) == CUDA_SUCCESS);
+    CHECK(cuStreamSynchronize(s) == CUDA_ERROR_ILLEGAL_ADDRESS);
+    CHECK(faults() == 1);
+    CHECK(names_address(va) == 0);
+    CHECK(strstr(child_stderr(), "a copy whose memory was remapped") != NULL);
     return 0;
 }
 
@@ -620,6 +658,13 @@ SCENARIO(device_fault_is_caught_with_an_application_handler_installed_later,
          s_fault_with_an_application_handler_installed_later, 0)
 SCENARIO(host_fault_goes_to_the_applications_handler, s_host_fault_goes_to_the_application, 0)
 
+static void copy_in_flight_when_its_memory_is_remapped_faults(void **state)
+{
+    (void)state;
+    static const char *const vars[] = {"SIMCUDA_PCIE_GBPS", "0.04", NULL};
+    assert_int_equal(in_child(s_copy_in_flight_when_remapped, vars), 0);
+}
+
 static void cuMemAlloc_memory_cannot_be_unmapped(void **state)
 {
     (void)state;
@@ -674,6 +719,7 @@ int main(void)
         cmocka_unit_test(kernel_in_flight_when_its_range_is_unmapped_faults),
         cmocka_unit_test(copy_from_a_mapping_without_access_faults),
         cmocka_unit_test(copy_into_a_reserved_unmapped_range_faults),
+        cmocka_unit_test(copy_in_flight_when_its_memory_is_remapped_faults),
         cmocka_unit_test(memset_of_a_mapping_without_access_faults),
         cmocka_unit_test(kernel_write_to_a_read_only_mapping_faults),
         cmocka_unit_test(work_queued_after_a_fault_does_not_run),

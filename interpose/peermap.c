@@ -1,0 +1,296 @@
+/* peermap.c — what several devices in one process ask of the library's
+ * mappings and drains.
+ *
+ * Regions live on the managed device as VMM mappings, whose access only
+ * cuMemSetAccess grants: peer access (cuCtxEnablePeerAccess) opens
+ * cudaMalloc memory to another device but, as CUDA defines it, not VMM
+ * memory. So a program's peer access to the managed device is turned here
+ * into access for the peer device on every mapping the library has made
+ * (the table below), and on every one it makes later (sh_peers_mapped,
+ * from vmm_map); disabling the last link from a device takes it away. A
+ * peer's kernels can then use regions, and a copy on any device's stream
+ * can, so a drain waits for those contexts too, after the managed one
+ * (sh_peers_sync): the contexts that opened the managed device, and those
+ * whose streams issued work on regions (sh_peers_note).
+ *
+ * With one device in the process (several = 0) no mapping is listed and
+ * vmm_map sets the managed device's access alone, as before.
+ *
+ * Shared state, all under peers_mu: the links, the mapping table and the
+ * other contexts. peers_mu is a leaf: it is taken under the pool's locks
+ * (vmm_map), and cuMemSetAccess, which does not block, is called under it,
+ * so that a mapping and a link change are seen in one order. Contexts are
+ * copied out before they are waited for.
+ */
+#include "interpose/driver.h"
+
+#include "sh_log.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+#define MAX_LINKS  256
+#define MAX_DEVS   64 /* device ordinals the grants follow */
+#define SYNC_BATCH 16
+
+struct link {
+    CUcontext ctx; /* the context that enabled access */
+    int from, to;  /* its device, and the device it may reach */
+};
+
+struct maprec {
+    uintptr_t va; /* 0: empty; TOMB: removed */
+    size_t size;
+};
+#define TOMB ((uintptr_t)1)
+
+static pthread_mutex_t peers_mu = PTHREAD_MUTEX_INITIALIZER;
+static int managed = -1, several;
+static struct link links[MAX_LINKS];
+static size_t nlinks;
+static struct maprec *maps;
+static size_t mcap, mused, mlive; /* slots, slots not empty, live records */
+static CUcontext *others;
+static size_t nothers, capothers;
+
+/* ---- the mapping table: open addressing on va ---- */
+
+/* The product's high half: its low bits keep the zeros of aligned
+ * addresses, which would crowd every mapping into a few slots. */
+static size_t slot_of(uintptr_t va, size_t cap)
+{
+    return (size_t)(((uint64_t)va * 0x9e3779b97f4a7c15ull) >> 32) & (cap - 1);
+}
+
+/* The slot holding va, or mcap. mu held. */
+static size_t map_find(uintptr_t va)
+{
+    for (size_t i = 0, h = mcap ? slot_of(va, mcap) : 0; i < mcap; i++, h = (h + 1) & (mcap - 1)) {
+        if (maps[h].va == va)
+            return h;
+        if (maps[h].va == 0)
+            break;
+    }
+    return mcap;
+}
+
+static void map_put(struct maprec *tab, size_t cap, uintptr_t va, size_t size)
+{
+    size_t h = slot_of(va, cap);
+    while (tab[h].va != 0 && tab[h].va != TOMB)
+        h = (h + 1) & (cap - 1);
+    tab[h] = (struct maprec){va, size};
+}
+
+/* Room for one more record, rehashed without tombstones when half full;
+ * -1 when the table cannot grow. mu held. */
+static int map_reserve(void)
+{
+    if ((mused + 1) * 2 <= mcap)
+        return 0;
+    size_t cap = 64;
+    while (cap < (mlive + 1) * 4)
+        cap *= 2;
+    struct maprec *tab = calloc(cap, sizeof *tab);
+    if (!tab)
+        return -1;
+    for (size_t i = 0; i < mcap; i++)
+        if (maps[i].va > TOMB)
+            map_put(tab, cap, maps[i].va, maps[i].size);
+    free(maps);
+    maps = tab;
+    mcap = cap;
+    mused = mlive;
+    return 0;
+}
+
+static int map_add(uintptr_t va, size_t size)
+{
+    size_t i = map_find(va);
+    if (i < mcap) {
+        maps[i].size = size;
+        return 0;
+    }
+    if (map_reserve() != 0)
+        return -1;
+    size_t h = slot_of(va, mcap);
+    while (maps[h].va > TOMB)
+        h = (h + 1) & (mcap - 1);
+    mused += maps[h].va == 0;
+    maps[h] = (struct maprec){va, size};
+    mlive++;
+    return 0;
+}
+
+static void map_del(uintptr_t va)
+{
+    size_t i = map_find(va);
+    if (i < mcap) {
+        maps[i].va = TOMB;
+        mlive--;
+    }
+}
+
+/* ---- links and grants ---- */
+
+/* How many links let device `from` reach the managed device. mu held. */
+static int opened(int from)
+{
+    int n = 0;
+    for (size_t i = 0; i < nlinks; i++)
+        n += links[i].from == from && links[i].to == managed;
+    return n;
+}
+
+/* Sets dev's access on every listed mapping. mu held. */
+static void set_all(const struct sh_driver *drv, int dev, CUmemAccess_flags flags)
+{
+    CUmemAccessDesc d = {{CU_MEM_LOCATION_TYPE_DEVICE, dev}, flags};
+    size_t failed = 0;
+    for (size_t i = 0; i < mcap; i++)
+        if (maps[i].va > TOMB && drv->cuMemSetAccess(maps[i].va, maps[i].size, &d, 1) != 0)
+            failed++;
+    if (failed)
+        sh_log(SH_LOG_WARN,
+               "device %d: access to %zu of the library's mappings could not be %s (peer "
+               "access)",
+               dev, failed, flags == CU_MEM_ACCESS_FLAGS_PROT_NONE ? "revoked" : "granted");
+}
+
+/* mu held. */
+static void add_other(CUcontext c)
+{
+    for (size_t i = 0; i < nothers; i++)
+        if (others[i] == c)
+            return;
+    if (nothers == capothers) {
+        size_t cap = capothers ? capothers * 2 : 16;
+        CUcontext *t = realloc(others, cap * sizeof *t);
+        if (!t) {
+            sh_log(SH_LOG_ERROR, "out of memory noting a context that uses regions: a move "
+                                 "may not wait for its work");
+            return;
+        }
+        others = t;
+        capothers = cap;
+    }
+    others[nothers++] = c;
+}
+
+void sh_peers_init(CUdevice dev, int several_devices)
+{
+    pthread_mutex_lock(&peers_mu);
+    managed = (int)dev;
+    several = several_devices;
+    pthread_mutex_unlock(&peers_mu);
+}
+
+void sh_peers_link(const struct sh_driver *drv, CUcontext ctx, int from, int to, int on)
+{
+    if (!ctx || from < 0 || to < 0 || from == to)
+        return;
+    pthread_mutex_lock(&peers_mu);
+    int before = opened(from);
+    size_t i = 0;
+    while (i < nlinks && !(links[i].ctx == ctx && links[i].to == to))
+        i++;
+    if (on && i == nlinks && nlinks < MAX_LINKS)
+        links[nlinks++] = (struct link){ctx, from, to};
+    else if (on && i == nlinks)
+        sh_log(SH_LOG_ERROR,
+               "more than %d peer-access links: device %d's access to device %d "
+               "is not given to the library's mappings",
+               MAX_LINKS, from, to);
+    else if (!on && i < nlinks)
+        links[i] = links[--nlinks];
+    /* Kept after a disable: work it issued before may still run. */
+    if (on && (managed < 0 || to == managed))
+        add_other(ctx);
+    int after = opened(from);
+    if (several && managed >= 0 && from < MAX_DEVS && (before > 0) != (after > 0))
+        set_all(drv, from,
+                after ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_NONE);
+    pthread_mutex_unlock(&peers_mu);
+}
+
+/* The access a new mapping gets: dev's, and every peer device's. mu held. */
+static size_t access_list(CUdevice dev, CUmemAccessDesc *d)
+{
+    unsigned char seen[MAX_DEVS] = {0};
+    size_t n = 0;
+    d[n++] =
+        (CUmemAccessDesc){{CU_MEM_LOCATION_TYPE_DEVICE, dev}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    for (size_t i = 0; i < nlinks; i++) {
+        int f = links[i].from;
+        if (links[i].to != managed || f >= MAX_DEVS || f == (int)dev || seen[f])
+            continue;
+        seen[f] = 1;
+        d[n++] =
+            (CUmemAccessDesc){{CU_MEM_LOCATION_TYPE_DEVICE, f}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    }
+    return n;
+}
+
+CUresult sh_peers_mapped(const struct sh_driver *drv, CUdevice dev, uintptr_t va, size_t size)
+{
+    CUmemAccessDesc d[MAX_DEVS + 1];
+    pthread_mutex_lock(&peers_mu);
+    CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (map_add(va, size) == 0) {
+        r = drv->cuMemSetAccess((CUdeviceptr)va, size, d, access_list(dev, d));
+        if (r != CUDA_SUCCESS)
+            map_del(va);
+    }
+    pthread_mutex_unlock(&peers_mu);
+    return r;
+}
+
+void sh_peers_listed(uintptr_t va, size_t size, int listed)
+{
+    pthread_mutex_lock(&peers_mu);
+    if (listed && map_add(va, size) != 0)
+        sh_log(SH_LOG_ERROR, "out of memory listing a mapping: peer access changes will "
+                             "not reach it");
+    else if (!listed)
+        map_del(va);
+    pthread_mutex_unlock(&peers_mu);
+}
+
+size_t sh_peers_mappings(void)
+{
+    pthread_mutex_lock(&peers_mu);
+    size_t n = mlive;
+    pthread_mutex_unlock(&peers_mu);
+    return n;
+}
+
+/* ---- the other contexts a drain waits for ---- */
+
+void sh_peers_note(CUcontext ctx)
+{
+    pthread_mutex_lock(&peers_mu);
+    add_other(ctx);
+    pthread_mutex_unlock(&peers_mu);
+}
+
+/* Their errors are theirs: a context that faulted or was destroyed runs
+ * nothing more, and the managed device's drain must go on. The list only
+ * grows, so it is read in batches, each copied out under the lock. */
+void sh_peers_sync(const struct sh_driver *drv)
+{
+    CUcontext batch[SYNC_BATCH], popped;
+    size_t at = 0, n;
+    do {
+        pthread_mutex_lock(&peers_mu);
+        for (n = 0; n < SYNC_BATCH && at + n < nothers; n++)
+            batch[n] = others[at + n];
+        pthread_mutex_unlock(&peers_mu);
+        for (size_t i = 0; i < n; i++) {
+            if (batch[i] == drv->ctx || drv->cuCtxPushCurrent(batch[i]) != CUDA_SUCCESS)
+                continue;
+            drv->cuCtxSynchronize();
+            drv->cuCtxPopCurrent(&popped);
+        }
+        at += n;
+    } while (n == SYNC_BATCH);
+}

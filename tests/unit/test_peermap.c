@@ -1,0 +1,316 @@
+/* test_peermap.c — several devices' bookkeeping (interpose/peermap.c),
+ * over a fake driver that records every cuMemSetAccess and every context
+ * it is asked to wait for.
+ *
+ * A device that opened the managed one gets access on every listed
+ * mapping when its first link appears and loses it with its last; a new
+ * mapping gets the managed device's access and every peer's; links to
+ * other devices, from the managed device, or repeated, change nothing; a
+ * mapping whose access fails is not listed; the table keeps thousands of
+ * mappings through removals; drains wait for each noted context once,
+ * never the managed one, past failures, in any number. The module's state
+ * is the process's, so the tests run in order and each undoes its links.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "interpose/driver.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define MANAGED 1
+#define CALLS   8192
+
+/* ---- the fake driver ---- */
+
+struct call {
+    uintptr_t va;
+    size_t size, count;
+    CUmemAccessDesc desc[4];
+};
+
+static struct call calls[CALLS];
+static size_t ncalls;
+static uintptr_t fail_va; /* cuMemSetAccess fails there */
+static CUcontext pushed[256], synced[256], fail_push, fail_sync;
+static size_t npushed, nsynced;
+static CUcontext top;
+
+static CUresult fake_set_access(CUdeviceptr va, size_t size, const CUmemAccessDesc *d, size_t n)
+{
+    if (va == fail_va)
+        return CUDA_ERROR_INVALID_VALUE;
+    assert_true(ncalls < CALLS);
+    struct call *c = &calls[ncalls++];
+    c->va = va;
+    c->size = size;
+    c->count = n;
+    memcpy(c->desc, d, (n < 4 ? n : 4) * sizeof *d);
+    return CUDA_SUCCESS;
+}
+
+static CUresult fake_push(CUcontext c)
+{
+    if (c == fail_push)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    pushed[npushed++] = c;
+    top = c;
+    return CUDA_SUCCESS;
+}
+
+static CUresult fake_sync(void)
+{
+    synced[nsynced++] = top;
+    return top == fail_sync ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_SUCCESS;
+}
+
+static CUresult fake_pop(CUcontext *c)
+{
+    if (c)
+        *c = top;
+    top = NULL;
+    return CUDA_SUCCESS;
+}
+
+static struct sh_driver drv;
+
+static CUcontext ctx(uintptr_t n)
+{
+    return (CUcontext)(0x1000 + n * 0x100);
+}
+
+static void reset_calls(void)
+{
+    ncalls = npushed = nsynced = 0;
+    fail_va = 0;
+    fail_push = fail_sync = NULL;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    memset(&drv, 0, sizeof drv);
+    drv.cuMemSetAccess = fake_set_access;
+    drv.cuCtxPushCurrent = fake_push;
+    drv.cuCtxSynchronize = fake_sync;
+    drv.cuCtxPopCurrent = fake_pop;
+    drv.ctx = ctx(MANAGED);
+    drv.several = 1;
+    return 0;
+}
+
+static int before(void **state)
+{
+    (void)state;
+    reset_calls();
+    return 0;
+}
+
+/* The one access call made for va: its flags for dev, -1 if dev is not in it. */
+static int flags_for(const struct call *c, int dev)
+{
+    for (size_t i = 0; i < c->count && i < 4; i++)
+        if (c->desc[i].location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+            c->desc[i].location.id == dev)
+            return (int)c->desc[i].flags;
+    return -1;
+}
+
+static const struct call *call_at(uintptr_t va)
+{
+    const struct call *found = NULL;
+    for (size_t i = 0; i < ncalls; i++)
+        if (calls[i].va == va) {
+            assert_null(found); /* one call per mapping */
+            found = &calls[i];
+        }
+    assert_non_null(found);
+    return found;
+}
+
+/* ---- the tests ---- */
+
+/* Links recorded before the library picks its device count once it has:
+ * a mapping made afterwards opens to the peer, and drains wait for it. */
+static void link_before_start(void **state)
+{
+    (void)state;
+    sh_peers_link(&drv, ctx(0), 0, MANAGED, 1);
+    assert_int_equal(ncalls, 0);
+    sh_peers_init(MANAGED, 1);
+    assert_int_equal(sh_peers_mapped(&drv, MANAGED, 0x200000, 0x200000), CUDA_SUCCESS);
+    const struct call *c = call_at(0x200000);
+    assert_int_equal(c->count, 2);
+    assert_int_equal(flags_for(c, MANAGED), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    assert_int_equal(flags_for(c, 0), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    sh_peers_sync(&drv);
+    assert_int_equal(nsynced, 1);
+    assert_ptr_equal(synced[0], ctx(0));
+    reset_calls();
+    sh_peers_link(&drv, ctx(0), 0, MANAGED, 0);
+    assert_int_equal(call_at(0x200000)->desc[0].flags, CU_MEM_ACCESS_FLAGS_PROT_NONE);
+    sh_peers_listed(0x200000, 0x200000, 0);
+    assert_int_equal(sh_peers_mappings(), 0);
+}
+
+/* The first link from a device grants, its last revokes; other links,
+ * repeats and links that do not reach the managed device change nothing. */
+static void first_link_grants_last_revokes(void **state)
+{
+    (void)state;
+    const uintptr_t a = 0x10000000, b = 0x20000000;
+    assert_int_equal(sh_peers_mapped(&drv, MANAGED, a, 0x400000), CUDA_SUCCESS);
+    assert_int_equal(call_at(a)->count, 1); /* the managed device alone */
+    assert_int_equal(flags_for(call_at(a), MANAGED), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    reset_calls();
+    sh_peers_link(&drv, ctx(2), 2, 0, 1);       /* another pair of devices */
+    sh_peers_link(&drv, ctx(MANAGED), 1, 0, 1); /* the managed device opens device 0 */
+    sh_peers_link(&drv, ctx(3), 3, 3, 1);       /* not a pair */
+    assert_int_equal(ncalls, 0);
+
+    sh_peers_link(&drv, ctx(0), 0, MANAGED, 1);
+    assert_int_equal(ncalls, 1);
+    assert_int_equal(call_at(a)->size, 0x400000);
+    assert_int_equal(flags_for(call_at(a), 0), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    reset_calls();
+    sh_peers_link(&drv, ctx(0), 0, MANAGED, 1);  /* again: already enabled */
+    sh_peers_link(&drv, ctx(10), 0, MANAGED, 1); /* a second context on device 0 */
+    assert_int_equal(ncalls, 0);
+    assert_int_equal(sh_peers_mapped(&drv, MANAGED, b, 0x200000), CUDA_SUCCESS);
+    assert_int_equal(call_at(b)->count, 2); /* device 0 once, however many links */
+    assert_int_equal(flags_for(call_at(b), 0), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    reset_calls();
+
+    sh_peers_link(&drv, ctx(0), 0, MANAGED, 0);
+    assert_int_equal(ncalls, 0); /* ctx(10) still has it */
+    sh_peers_link(&drv, ctx(10), 0, MANAGED, 0);
+    assert_int_equal(ncalls, 2);
+    assert_int_equal(flags_for(call_at(a), 0), CU_MEM_ACCESS_FLAGS_PROT_NONE);
+    assert_int_equal(flags_for(call_at(b), 0), CU_MEM_ACCESS_FLAGS_PROT_NONE);
+    reset_calls();
+    sh_peers_link(&drv, ctx(10), 0, MANAGED, 0); /* not enabled: nothing */
+    assert_int_equal(ncalls, 0);
+
+    /* an unlisted mapping is left alone */
+    sh_peers_listed(a, 0x400000, 0);
+    sh_peers_link(&drv, ctx(0), 0, MANAGED, 1);
+    assert_int_equal(ncalls, 1);
+    assert_int_equal(call_at(b)->va, b);
+    sh_peers_link(&drv, ctx(0), 0, MANAGED, 0);
+    sh_peers_link(&drv, ctx(2), 2, 0, 0);
+    sh_peers_link(&drv, ctx(MANAGED), 1, 0, 0);
+    sh_peers_listed(b, 0x200000, 0);
+    assert_int_equal(sh_peers_mappings(), 0);
+}
+
+/* With one device nothing is granted, whatever the program links. */
+static void one_device_grants_nothing(void **state)
+{
+    (void)state;
+    sh_peers_init(MANAGED, 0);
+    sh_peers_listed(0x30000000, 0x200000, 1);
+    sh_peers_link(&drv, ctx(0), 0, MANAGED, 1);
+    sh_peers_link(&drv, ctx(0), 0, MANAGED, 0);
+    assert_int_equal(ncalls, 0);
+    sh_peers_listed(0x30000000, 0x200000, 0);
+    sh_peers_init(MANAGED, 1);
+}
+
+/* A mapping whose access cannot be set is not listed. */
+static void failed_access_is_not_listed(void **state)
+{
+    (void)state;
+    fail_va = 0x40000000;
+    assert_int_not_equal(sh_peers_mapped(&drv, MANAGED, fail_va, 0x200000), CUDA_SUCCESS);
+    assert_int_equal(sh_peers_mappings(), 0);
+    fail_va = 0;
+    sh_peers_link(&drv, ctx(0), 0, MANAGED, 1);
+    assert_int_equal(ncalls, 0);
+    sh_peers_link(&drv, ctx(0), 0, MANAGED, 0);
+}
+
+/* Thousands of mappings, half removed and some made again at the same
+ * addresses: a grant reaches each live one exactly once. */
+static void table_keeps_every_mapping(void **state)
+{
+    (void)state;
+    enum { N = 3000 };
+    for (uintptr_t i = 0; i < N; i++)
+        assert_int_equal(sh_peers_mapped(&drv, MANAGED, (i + 1) << 21, 1 << 21), CUDA_SUCCESS);
+    for (uintptr_t i = 0; i < N; i += 2)
+        sh_peers_listed((i + 1) << 21, 1 << 21, 0);
+    for (uintptr_t i = 0; i < N; i += 4)
+        sh_peers_listed((i + 1) << 21, 1 << 21, 1);
+    sh_peers_listed(2 << 21, 1 << 21, 1); /* listed already: still once */
+    size_t live = N / 2 + N / 4;
+    assert_int_equal(sh_peers_mappings(), live);
+    reset_calls();
+    sh_peers_link(&drv, ctx(0), 0, MANAGED, 1);
+    assert_int_equal(ncalls, live);
+    for (uintptr_t i = 0; i < N; i++) {
+        int want = i % 2 == 1 || i % 4 == 0;
+        size_t seen = 0;
+        for (size_t k = 0; k < ncalls; k++)
+            seen += calls[k].va == (i + 1) << 21;
+        assert_int_equal(seen, want);
+    }
+    sh_peers_link(&drv, ctx(0), 0, MANAGED, 0);
+    for (uintptr_t i = 0; i < N; i++)
+        sh_peers_listed((i + 1) << 21, 1 << 21, 0);
+    assert_int_equal(sh_peers_mappings(), 0);
+}
+
+/* Drains wait for each noted context once, never the managed one, on past
+ * a context that cannot be made current or fails its wait. */
+static void sync_waits_for_noted_contexts(void **state)
+{
+    (void)state;
+    sh_peers_note(ctx(20));
+    sh_peers_note(ctx(20));
+    sh_peers_note(ctx(MANAGED));
+    sh_peers_note(ctx(21));
+    fail_push = ctx(20);
+    fail_sync = ctx(21);
+    sh_peers_sync(&drv);
+    size_t s20 = 0, s21 = 0, sm = 0;
+    for (size_t i = 0; i < nsynced; i++) {
+        s20 += synced[i] == ctx(20);
+        s21 += synced[i] == ctx(21);
+        sm += synced[i] == ctx(MANAGED);
+    }
+    assert_int_equal(s20, 0); /* could not be made current */
+    assert_int_equal(s21, 1);
+    assert_int_equal(sm, 0);
+    for (size_t i = 0; i < npushed; i++)
+        assert_ptr_not_equal(pushed[i], ctx(MANAGED));
+    assert_null(top); /* every push popped */
+
+    /* more contexts than one batch: each waited for once */
+    for (uintptr_t i = 100; i < 140; i++)
+        sh_peers_note(ctx(i));
+    reset_calls();
+    sh_peers_sync(&drv);
+    for (uintptr_t i = 100; i < 140; i++) {
+        size_t seen = 0;
+        for (size_t k = 0; k < nsynced; k++)
+            seen += synced[k] == ctx(i);
+        assert_int_equal(seen, 1);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(link_before_start, before),
+        cmocka_unit_test_setup(first_link_grants_last_revokes, before),
+        cmocka_unit_test_setup(one_device_grants_nothing, before),
+        cmocka_unit_test_setup(failed_access_is_not_listed, before),
+        cmocka_unit_test_setup(table_keeps_every_mapping, before),
+        cmocka_unit_test_setup(sync_waits_for_noted_contexts, before),
+    };
+    return cmocka_run_group_tests_name("peermap", tests, setup, NULL);
+}
