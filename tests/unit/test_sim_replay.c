@@ -3,7 +3,8 @@
  * ended, a false out-of-memory, and region ids reused after their free
  * (replayed, and followed, with step marks or without), and a recorded
  * model replayed without its marks;
- * and one that shows the library's engine making room in the model. Runs the built tool
+ * and ones that show the library's engine making room in the model, and
+ * its remap windows opened as the library opens them. Runs the built tool
  * ($STAGEHAND_TEST_BUILD/stagehand-sim) under a memory limit, so a replay
  * whose lists grow without end fails here instead of taking the machine's
  * memory; one that never ends is stopped by the test runner's timeout.
@@ -175,6 +176,69 @@ static void test_alloc_evicts_to_the_low_watermark(void **state)
     }
 }
 
+/* The per-step figures of `--verbose` for step s: its stalls and remap
+ * windows, in all and by kind. */
+struct win {
+    unsigned stalls, all, prefetch, early, evict, restore;
+};
+
+static struct win step_windows(int s)
+{
+    char key[32];
+    snprintf(key, sizeof key, "  step %d: ", s);
+    const char *l = strstr(out, key);
+    if (!l)
+        fail_msg("no step %d in\n%s", s, out);
+    struct win w;
+    const char *st = strstr(l, " stalls "), *wi = strstr(l, " windows ");
+    assert_non_null(st);
+    assert_non_null(wi);
+    assert_int_equal(sscanf(st, " stalls %u", &w.stalls), 1);
+    assert_int_equal(sscanf(wi, " windows %u (prefetch %u, early %u, evict %u, restore %u)", &w.all,
+                            &w.prefetch, &w.early, &w.evict, &w.restore),
+                     5);
+    assert_int_equal(w.all, w.prefetch + w.early + w.evict + w.restore);
+    return w;
+}
+
+/* Without prefetch or early eviction, each miss opens a window for its
+ * restore, and the synchronous evictions that make its room their own
+ * (the model once committed a restore with whatever else had finished). */
+static void test_reactive_windows_by_kind(void **state)
+{
+    (void)state;
+    assert_int_equal(
+        sim("--trace " DIR "sim_window_kinds.trace --vram-gb 1 --policy reactive --verbose"), 0);
+    for (int s = 1; s < 4; s++) {
+        struct win w = step_windows(s);
+        assert_int_equal(w.stalls, 3); /* every launch misses */
+        assert_int_equal(w.restore, w.stalls);
+        assert_true(w.evict >= 1);
+        assert_int_equal(w.prefetch + w.early, 0);
+    }
+}
+
+/* The library's learned run on the simulated GPU, replayed: the model opens
+ * its windows as the library does, one for each launch that needs a
+ * prefetch (committing every prefetch in flight), one for the early
+ * evictions finished as each launch plans, one per synchronous eviction
+ * and per batch of restores on demand. The library opened 41 a steady step
+ * on this run (the trace's header); the model, which folded them, 24-26. */
+static void test_learned_windows_as_the_library(void **state)
+{
+    (void)state;
+    assert_int_equal(sim("--trace " DIR "sim_learned_e2e.trace --config " DIR
+                         "sim_learned_e2e.ini --vram-gb 0.0625 --pcie-gbps 2 --policy learned "
+                         "--verbose"),
+                     0);
+    for (int s = 2; s < 6; s++) {
+        struct win w = step_windows(s);
+        assert_true(w.prefetch > 0 && w.early > 0 && w.evict > 0 && w.restore > 0);
+        if (w.all < 41 * 85 / 100 || w.all > 41 * 115 / 100)
+            fail_msg("step %d: %u windows, the library's 41 within 15%% expected", s, w.all);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -185,6 +249,8 @@ int main(void)
         cmocka_unit_test(test_reused_ids_without_marks),
         cmocka_unit_test(test_ignore_marks),
         cmocka_unit_test(test_alloc_evicts_to_the_low_watermark),
+        cmocka_unit_test(test_reactive_windows_by_kind),
+        cmocka_unit_test(test_learned_windows_as_the_library),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

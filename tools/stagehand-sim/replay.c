@@ -60,7 +60,7 @@ static int decide(struct run *r);
 /* Processes copy completions up to time t. They are not decision points:
  * the library plans only as a launch is prepared (sh_sched_plan), with no
  * thread watching copies finish, and so does the model. */
-static int advance(struct run *r, uint64_t t)
+int advance(struct run *r, uint64_t t)
 {
     for (;;) {
         int c = next_done(r);
@@ -88,7 +88,7 @@ int wait_one(struct run *r)
         return SH_EINVAL;
     if (!any_ready(r, D2H))
         return 0;
-    return commit_all(r);
+    return commit_window(r, 1 << D2H, 0, W_EARLY);
 }
 
 static uint64_t chunks(const struct run *r, uint64_t bytes)
@@ -108,43 +108,68 @@ static uint64_t copies_done_ns(const struct run *r)
     return t;
 }
 
-/* One remap window: every finished copy takes effect. With drain_mode =
- * device its drain waits for the whole device, copies in flight included. */
-int commit_all(struct run *r)
+int drain(struct run *r)
 {
-    if (r->sp->drain_copies && advance(r, copies_done_ns(r)))
+    return r->sp->drain_copies ? advance(r, copies_done_ns(r)) : 0;
+}
+
+/* A finished copy takes effect (its region's window is open). */
+static uint64_t commit_one(struct run *r, struct copy *cp)
+{
+    cp->state = C_DONE;
+    struct sreg *s = &r->reg[cp->reg];
+    s->copy = -1;
+    if (cp->dir == H2D) {
+        s->res = SH_RES_DEVICE;
+    } else {
+        s->res = SH_RES_HOST;
+        r->used -= s->bytes;
+        r->evicting -= s->bytes;
+    }
+    if (s->live)
+        sh_policy_residency(r->pol, s->id, s->res);
+    else if (cp->dir == H2D)
+        r->used -= s->bytes; /* freed while coming back */
+    return r->sp->map_ns * chunks(r, cp->bytes);
+}
+
+int commit_window(struct run *r, int dirs, size_t from, int kind)
+{
+    if (drain(r))
         return SH_EINVAL;
     uint64_t cost = r->sp->remap_base_ns;
+    size_t keep = 0;
     for (size_t i = 0; i < r->nready; i++) {
-        struct copy *cp = &r->cp[r->ready[i]];
+        int c = r->ready[i];
+        struct copy *cp = &r->cp[c];
         if (cp->state != C_READY)
             continue; /* abandoned after it finished */
-        cp->state = C_DONE;
-        struct sreg *s = &r->reg[cp->reg];
-        s->copy = -1;
-        cost += r->sp->map_ns * chunks(r, cp->bytes);
-        if (cp->dir == H2D) {
-            s->res = SH_RES_DEVICE;
-        } else {
-            s->res = SH_RES_HOST;
-            r->used -= s->bytes;
-            r->evicting -= s->bytes;
+        if (!(dirs & 1 << cp->dir) || (size_t)c < from) {
+            r->ready[keep++] = c; /* another window's */
+            continue;
         }
-        if (s->live)
-            sh_policy_residency(r->pol, s->id, s->res);
-        else if (cp->dir == H2D)
-            r->used -= s->bytes; /* freed while coming back */
+        r->nready_dir[cp->dir]--;
+        cost += commit_one(r, cp);
     }
-    r->nready = r->nready_dir[H2D] = r->nready_dir[D2H] = 0;
+    r->nready = keep;
     tally(r)->windows++;
+    tally(r)->win[kind]++;
     return advance(r, r->now + cost);
 }
 
-static int commit_if_due(struct run *r, int needed)
+int commit_all(struct run *r)
 {
-    if (!sh_policy_commit_due(r->pol, r->nready_dir[H2D] + r->nready_dir[D2H], needed))
-        return 0;
-    return commit_all(r);
+    return commit_window(r, 1 << H2D | 1 << D2H, 0, W_PREFETCH);
+}
+
+/* Every prefetch in flight committed, as the library's sh_sched commit_all
+ * does (sh_pool_prefetch_commit with all set): the window waits for them. */
+static int commit_prefetches(struct run *r)
+{
+    while (r->issued[H2D].n && !r->failed) /* one link a direction: in order */
+        if (advance(r, r->cp[r->issued[H2D].v[r->issued[H2D].head]].done_ns))
+            return SH_EINVAL;
+    return r->failed ? SH_EINVAL : commit_window(r, 1 << H2D, 0, W_PREFETCH);
 }
 
 int any_ready(const struct run *r, int dir)
@@ -191,6 +216,10 @@ static int busy(const struct run *r, int dir)
  * allocation or a restore needs room (room.c), as in the library. */
 static int decide(struct run *r)
 {
+    /* finished early evictions first, in a window: the room they free is
+     * the plan's */
+    if (any_ready(r, D2H) && commit_window(r, 1 << D2H, 0, W_EARLY))
+        return SH_EINVAL;
     uint64_t t0 = sim_clock_ns();
     struct sh_policy_hints h;
     sh_policy_pressure(r->pol, r->used);
@@ -211,6 +240,7 @@ static int decide(struct run *r)
                                   .evict_max = (size_t)emax < half ? (size_t)emax : half};
     if (sh_policy_plan(r->pol, r->used + r->held, r->prot, r->nprot, &plan))
         return run_fail(r, "policy plan failed");
+    int due = sh_policy_commit_due(r->pol, r->nready_dir[H2D], 0);
     r->policy_ns += sim_clock_ns() - t0;
     if (evict_list(r, plan.evict, plan.nevict, 0))
         return SH_EINVAL;
@@ -225,7 +255,7 @@ static int decide(struct run *r)
         if (start_copy(r, g, H2D, 0))
             return SH_EINVAL;
     }
-    return 0;
+    return due ? commit_prefetches(r) : 0;
 }
 
 /* ---- trace events ---- */
@@ -301,38 +331,60 @@ static void abandon_eviction(struct run *r, struct sreg *s)
     sh_policy_residency(r->pol, s->id, SH_RES_DEVICE);
 }
 
-static int needs_wait(const struct run *r, const struct sreg *s)
+/* A prefetch the launch needs (on the link or finished, not committed). */
+static int needs_prefetch(const struct run *r, const uint64_t *ids, size_t n)
 {
-    return s->copy >= 0 && r->cp[s->copy].dir == H2D && r->cp[s->copy].state != C_READY;
+    for (size_t i = 0; i < n; i++) {
+        const struct sreg *s = &r->reg[reg_of(r, ids[i])];
+        if (s->copy >= 0 && r->cp[s->copy].dir == H2D)
+            return 1;
+    }
+    return 0;
 }
 
-/* Brings every region of the launch to the device; counts the stall. */
+/* The restores on demand, as sh_pool_restore makes them: one window that
+ * drains the device, then copies and waits for them, then remaps. */
+static int restore_window(struct run *r, const uint64_t *ids, size_t n, uint64_t *waited_for)
+{
+    size_t first = r->ncp;
+    for (size_t i = 0; i < n && !r->failed; i++) {
+        size_t g = reg_of(r, ids[i]);
+        if (r->reg[g].res != SH_RES_HOST)
+            continue;
+        if (r->ncp == first && drain(r)) /* the window opens */
+            return SH_EINVAL;
+        *waited_for = r->reg[g].id;
+        if (start_copy(r, g, H2D, 1))
+            return SH_EINVAL;
+    }
+    if (r->ncp == first)
+        return r->failed ? SH_EINVAL : 0;
+    for (size_t c = first; c < r->ncp && !r->failed; c++)
+        while (r->cp[c].state == C_QUEUED || r->cp[c].state == C_ISSUED)
+            if (advance(r, r->cp[next_done(r)].done_ns))
+                return SH_EINVAL;
+    return r->failed ? SH_EINVAL : commit_window(r, 1 << H2D, first, W_RESTORE);
+}
+
+/* Brings every region of the launch to the device, as the library's launch
+ * path does (interpose/launch.c): prefetches it needs are committed first
+ * (all those in flight, in one window), then room is made for the rest at
+ * once, then they are restored. Counts the stall. */
 static int make_resident(struct run *r, const uint64_t *ids, size_t n)
 {
-    uint64_t t0 = r->now;
+    uint64_t t0 = r->now, waited_for = 0;
     for (size_t i = 0; i < n; i++) {
         struct sreg *s = &r->reg[reg_of(r, ids[i])];
         if (s->res == SH_RES_TO_HOST)
             abandon_eviction(r, s);
     }
-    /* Room for all of them at once, then their restores, as the library's
-     * launch path does. */
-    if (room_make(r, 0, ids, n))
-        return SH_EINVAL;
-    for (size_t i = 0; i < n && !r->failed; i++) {
-        size_t g = reg_of(r, ids[i]);
-        if (r->reg[g].res == SH_RES_HOST && start_copy(r, g, H2D, 1))
+    if (needs_prefetch(r, ids, n)) {
+        waited_for = ids[0];
+        if (commit_prefetches(r))
             return SH_EINVAL;
     }
-    uint64_t waited_for = 0;
-    for (size_t i = 0; i < n && !r->failed; i++) {
-        struct sreg *s = &r->reg[reg_of(r, ids[i])];
-        while (!r->failed && needs_wait(r, s)) {
-            waited_for = s->id;
-            if (wait_one(r))
-                return SH_EINVAL;
-        }
-    }
+    if (room_make(r, 0, ids, n) || restore_window(r, ids, n, &waited_for))
+        return SH_EINVAL;
     if (r->now > t0 && r->sp->verbose > 2) {
         fprintf(stderr, "    stall %.3f ms at %.4f s: region %llu\n", (double)(r->now - t0) / 1e6,
                 (double)t0 / 1e9, (unsigned long long)waited_for);
@@ -342,14 +394,7 @@ static int make_resident(struct run *r, const uint64_t *ids, size_t n)
         tally(r)->stall_ns += r->now - t0;
         sh_policy_stall(r->pol, r->now / 1000, waited_for, (r->now - t0) / 1000);
     }
-    int needed = 0;
-    for (size_t i = 0; i < n; i++) {
-        const struct sreg *s = &r->reg[reg_of(r, ids[i])];
-        needed |= s->copy >= 0 && r->cp[s->copy].state == C_READY;
-    }
-    /* finished evictions free memory the plan is waiting for */
-    needed |= any_ready(r, D2H);
-    return commit_if_due(r, needed);
+    return 0;
 }
 
 /* A launch runs with all its regions on the device: one that touches more
@@ -517,12 +562,17 @@ static void summarise(struct run *r, size_t nst, struct sim_result *res)
             uint64_t end = s + 1 < nst ? r->steps[s + 1].start_ns : r->now;
             fprintf(stderr,
                     "  step %zu: %.4f s, compute %.4f s, h2d %llu, d2h %llu, stalls %llu "
-                    "(%.4f s), alloc waits %llu, windows %llu\n",
+                    "(%.4f s), alloc waits %llu, windows %llu (prefetch %llu, early %llu, "
+                    "evict %llu, restore %llu)\n",
                     s, (double)(end - r->steps[s].start_ns) / 1e9,
                     (double)r->steps[s].compute_ns / 1e9, (unsigned long long)r->steps[s].h2d,
                     (unsigned long long)r->steps[s].d2h, (unsigned long long)r->steps[s].stalls,
                     (double)r->steps[s].stall_ns / 1e9, (unsigned long long)r->steps[s].alloc_waits,
-                    (unsigned long long)r->steps[s].windows);
+                    (unsigned long long)r->steps[s].windows,
+                    (unsigned long long)r->steps[s].win[W_PREFETCH],
+                    (unsigned long long)r->steps[s].win[W_EARLY],
+                    (unsigned long long)r->steps[s].win[W_EVICT],
+                    (unsigned long long)r->steps[s].win[W_RESTORE]);
         }
     }
 }

@@ -13,6 +13,10 @@
 
 enum { H2D = 0, D2H = 1 };
 enum { C_QUEUED, C_ISSUED, C_READY, C_DONE };
+/* Remap windows by what opens them, as the library opens them: a launch
+ * that needs a prefetch, early evictions committed, a synchronous eviction,
+ * restores on demand. */
+enum { W_PREFETCH, W_EARLY, W_EVICT, W_RESTORE, W_KINDS };
 
 struct sreg {
     uint64_t id, bytes;
@@ -60,6 +64,7 @@ struct run {
     /* per-step tallies, indexed by step */
     struct tally {
         uint64_t start_ns, h2d, d2h, stalls, stall_ns, alloc_waits, windows, compute_ns;
+        uint64_t win[W_KINDS]; /* windows by kind */
     } * steps;
     size_t nsteps, cur_step;
     uint64_t policy_ns, launch_ns, launches;
@@ -82,7 +87,15 @@ static inline struct tally *tally(struct run *r)
 uint64_t sim_clock_ns(void);
 /* Waits for the next copy to finish, committing finished evictions. */
 int wait_one(struct run *r);
-/* One remap window: every finished copy takes effect. */
+/* Moves the clock to t, finishing the copies due by then. */
+int advance(struct run *r, uint64_t t);
+/* A window's drain: with drain_mode = device, every copy in flight ends. */
+int drain(struct run *r);
+/* One remap window (drain, remap): the finished copies of the directions
+ * in the mask dirs (1 << H2D, 1 << D2H) numbered from `from` on take
+ * effect, as the library's windows commit only their own kind. */
+int commit_window(struct run *r, int dirs, size_t from, int kind);
+/* One remap window (a prefetch window): every finished copy takes effect. */
 int commit_all(struct run *r);
 int any_ready(const struct run *r, int dir);
 int reserve_buf(struct run *r, size_t n);

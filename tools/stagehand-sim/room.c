@@ -7,8 +7,9 @@
  * The model's pool keeps no freed region (its memory goes back at the
  * free): there is nothing to trim, and no LRU beside the policy's victims.
  * Evictions the engine asks for are synchronous, as the library's are
- * (copy, wait, remap window); the model's clock runs meanwhile, and the
- * copies that finish are decision points as everywhere else.
+ * (a remap window that drains the device, copies and waits, then remaps),
+ * and early evictions committed here open a window of their own; the
+ * model's clock runs meanwhile.
  *
  * No shared state: everything lives in the run (replay.h).
  */
@@ -39,7 +40,7 @@ static int wait_copies(struct run *r, size_t from, size_t to, int dir)
 {
     for (size_t c = from; c < to && !r->failed; c++) {
         while (r->cp[c].dir == dir && (r->cp[c].state == C_QUEUED || r->cp[c].state == C_ISSUED))
-            if (wait_one(r))
+            if (advance(r, r->cp[next_done(r)].done_ns))
                 return SH_EINVAL;
     }
     return r->failed ? SH_EINVAL : 0;
@@ -69,7 +70,7 @@ static size_t commit_early(void *ctx)
             break;
     free(flying);
     if (!r->failed && any_ready(r, D2H))
-        commit_all(r);
+        commit_window(r, 1 << D2H, 0, W_EARLY);
     return released_since(r, before);
 }
 
@@ -88,10 +89,11 @@ static size_t evict_chosen(void *ctx, size_t need, const uintptr_t *protect, siz
             sh_policy_victims(r->pol, need, (const uint64_t *)protect, np, r->buf, r->capbuf);
         r->policy_ns += sim_clock_ns() - t0;
         if (n > 0) {
+            /* as sh_pool_evict: the window drains the device, then copies */
             size_t first = r->ncp;
-            if (evict_list(r, r->buf, n, 1) == 0 && wait_copies(r, first, r->ncp, D2H) == 0 &&
-                any_ready(r, D2H))
-                commit_all(r);
+            if (drain(r) == 0 && evict_list(r, r->buf, n, 1) == 0 &&
+                wait_copies(r, first, r->ncp, D2H) == 0 && any_ready(r, D2H))
+                commit_window(r, 1 << D2H, first, W_EVICT);
             break;
         }
         if (any_ready(r, H2D)) {
