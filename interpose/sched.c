@@ -470,7 +470,7 @@ static void plan_limits(struct sh_policy_plan *plan, size_t h2d_busy, size_t d2h
         h.max_inflight_d2h != told.max_inflight_d2h ||
         h.suppress_speculative != told.suppress_speculative || h.rules_fired != told.rules_fired ||
         h.high_watermark != told.high_watermark || h.low_watermark != told.low_watermark) {
-        told = h; /* passed on when they change */
+        told = h;                           /* passed on when they change */
         sh_engine_hints(&sh_rt.engine, &h); /* the watermarks and copy caps in force */
         sh_tm_hints(h.prefetch_window, h.max_inflight_h2d, h.max_inflight_d2h,
                     h.suppress_speculative, h.rules_fired);

@@ -84,7 +84,8 @@ static size_t evict_chosen(void *ctx, size_t need, const uintptr_t *protect, siz
         if (reserve_buf(r, r->nreg + 16))
             break;
         uint64_t t0 = sim_clock_ns();
-        size_t n = sh_policy_victims(r->pol, need, (const uint64_t *)protect, np, r->buf, r->capbuf);
+        size_t n =
+            sh_policy_victims(r->pol, need, (const uint64_t *)protect, np, r->buf, r->capbuf);
         r->policy_ns += sim_clock_ns() - t0;
         if (n > 0) {
             size_t first = r->ncp;
