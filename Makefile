@@ -37,7 +37,7 @@ SIM_DRV_SRCS := $(wildcard tests/sim/drv_*.c)
 # The library's fingerprint kernel runs on the simulated GPU as its host
 # stand-in (clean/hash.c), registered when a module loads its PTX.
 SIM_DRV_OBJS := $(SIM_DRV_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/sim/stubs_cuda.o \
-                $(BUILD)/obj/sim/errors_cuda.o $(BUILD)/obj/clean/hash.o
+                $(BUILD)/obj/sim/errors_cuda.o $(BUILD)/obj/clean/hash.o $(BUILD)/obj/clean/ptx.o
 SIM_RT_OBJS  := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/sim/cudart*.c)) $(BUILD)/obj/sim/stubs_cudart.o \
                 $(BUILD)/obj/sim/errors_cudart.o
 SIM_CUPTI_OBJS := $(BUILD)/obj/tests/sim/cupti.o $(BUILD)/obj/sim/stubs_cupti.o
@@ -157,6 +157,12 @@ SIM_LINK := -L$(BUILD)/sim -l:libcudart.so.13 -l:libcuda.so.1 \
 $(BUILD)/tests/sim/%: $(BUILD)/obj/tests/sim/%.o $(SIM_LIBS)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< $(LDFLAGS_ALL) $(SIM_LINK) -l:libcupti.so.13 -lcmocka
+
+# test_sim_module checks the module's kernel against the CPU fingerprint.
+$(BUILD)/tests/sim/test_sim_module: $(BUILD)/obj/tests/sim/test_sim_module.o \
+        $(BUILD)/obj/clean/hash.o $(BUILD)/obj/clean/ptx.o $(SIM_LIBS)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $(filter %.o,$^) $(LDFLAGS_ALL) $(SIM_LINK) -l:libcupti.so.13 -lcmocka
 
 # The gating test holds the gate itself: the wrappers and the library are
 # linked in, over the simulated GPU.
