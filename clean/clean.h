@@ -28,6 +28,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" { /* tests/gpu's fingerprint.cu checks the kernel against this */
+#endif
+
 #define SH_CLEAN_BLOCK    4096 /* bytes per block */
 #define SH_CLEAN_NH_ROUND 4    /* NH sums per block */
 #define SH_CLEAN_NH_WORDS (SH_CLEAN_BLOCK / 4 + 4 * (SH_CLEAN_NH_ROUND - 1))
@@ -96,4 +100,7 @@ int sh_clean_learn_keep(struct sh_clean_learn *l);
 /* At an eviction that compared a kept copy: clean or dirty. */
 void sh_clean_learn_note(struct sh_clean_learn *l, int clean);
 
+#ifdef __cplusplus
+}
+#endif
 #endif
