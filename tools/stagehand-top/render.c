@@ -111,8 +111,7 @@ static void clean_pair(struct top_canvas *cv, const struct top_rect *r, int y, i
 {
     char saved[16], v[48];
     top_human_bytes(saved, sizeof saved, (double)c[SH_TM_C_clean_bytes]);
-    snprintf(v, sizeof v, "%llu (%s not copied)", (unsigned long long)c[SH_TM_C_clean_evictions],
-             saved);
+    snprintf(v, sizeof v, "%llu (%s)", (unsigned long long)c[SH_TM_C_clean_evictions], saved);
     pair(cv, r, y, x, "Clean", c[SH_TM_C_clean_evictions] ? TA_OK : TA_VALUE, v);
 }
 
