@@ -293,11 +293,6 @@ static int copy_drain(void *ctx)
     return result(copier.drv, sh_driver_sync(copier.drv), "cuCtxSynchronize");
 }
 
-CUstream sh_driver_copy_stream(int dir)
-{
-    return copier.stream[dir];
-}
-
 int sh_driver_copy_ops(struct sh_driver *drv, struct sh_copy_ops *ops)
 {
     int least = 0, greatest = 0;

@@ -101,9 +101,6 @@ void sh_driver_fence_ops(struct sh_driver *drv, struct sh_fence_ops *ops);
  * streams, an event per copy. SH_EDRIVER if the streams cannot be made. */
 int sh_driver_copy_ops(struct sh_driver *drv, struct sh_copy_ops *ops);
 
-/* The copy engine's stream for direction dir (after sh_driver_copy_ops). */
-CUstream sh_driver_copy_stream(int dir);
-
 /* A fence: an event recorded on stream. 0 if none could be recorded. */
 uint64_t sh_driver_fence_record(struct sh_driver *drv, CUstream stream);
 

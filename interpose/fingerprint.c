@@ -4,11 +4,13 @@
  * XORing its blocks' digests into its own 16-byte slot, read back at once
  * and finished on the host (clean.h).
  *
- * It runs only inside remap windows, where nothing else runs: the pool
- * calls it there. The module, the key (in device memory, read by every
- * thread block) and the slots are set up at the first call, so a program
- * that never evicts pays nothing; if that fails, every later call fails
- * too and the pool copies as it would without clean skip.
+ * The pool calls it inside remap windows, where nothing else runs (what it
+ * trusts), and at an early eviction's start (a guess). It has a stream of
+ * its own, so a call never waits behind the copies in flight. The module,
+ * the key (in device memory, read by every thread block), the slots and
+ * the stream are set up at the first call, so a program that never evicts
+ * pays nothing; if that fails, every later call fails too and the pool
+ * copies as it would without clean skip.
  *
  * The library's own launch must not be taken for the program's: CUPTI
  * reports it like any other, and the callback leaves it alone while
@@ -38,6 +40,7 @@ static struct {
     pthread_mutex_t mu;
     int state;
     CUfunction fn;
+    CUstream stream;
     CUdeviceptr key, out; /* the key, then SLOTS result slots */
     struct sh_clean_key host_key;
     uint64_t x[SLOTS][2];
@@ -78,6 +81,7 @@ static int lookup(const struct sh_driver *d)
 static int set_up(const struct sh_driver *d)
 {
     CUmodule mod;
+    int least = 0, greatest = 0;
     const char *why = NULL;
     if (!lookup(d))
         why = "the driver lacks an entry point it needs";
@@ -89,6 +93,10 @@ static int set_up(const struct sh_driver *d)
     else if (fp.alloc(&fp.key, DEVICE_BYTES) != CUDA_SUCCESS ||
              fp.htod(fp.key, &fp.host_key, sizeof fp.host_key) != CUDA_SUCCESS)
         why = "no device memory for its key";
+    else if (d->cuCtxGetStreamPriorityRange(&least, &greatest) != CUDA_SUCCESS ||
+             d->cuStreamCreateWithPriority(&fp.stream, CU_STREAM_NON_BLOCKING, greatest) !=
+                 CUDA_SUCCESS)
+        why = "no stream for it";
     if (why) {
         sh_log(SH_LOG_WARN, "clean regions cannot be told (%s): every eviction copies", why);
         return BROKEN;
@@ -117,7 +125,7 @@ static CUresult launch(CUstream s, uintptr_t addr, size_t len, unsigned slot)
 static int round_trip(const uintptr_t *addr, const size_t *len, size_t n, struct sh_clean_fp *out,
                       uint64_t bus[2])
 {
-    CUstream s = sh_driver_copy_stream(SH_D2H);
+    CUstream s = fp.stream;
     CUresult r = fp.memset(fp.out, 0, 16 * n, s);
     for (size_t i = 0; i < n && r == CUDA_SUCCESS; i++)
         if (len[i])

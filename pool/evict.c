@@ -117,7 +117,7 @@ static size_t pick_victims(struct sh_pool *pool, size_t need, struct candidates 
             sh_state_move_from(&c->r[i]->state, SH_RS_RESIDENT, SH_RS_EVICTING, c->r[i]->id) == 0) {
             pool->st.regions[SH_RS_RESIDENT]--;
             pool->st.regions[SH_RS_EVICTING]++;
-            sh_pool_kept_take(pool, c->r[i]);
+            sh_pool_kept_take(pool, c->r[i], 0);
             c->r[n++] = c->r[i];
             bytes += c->r[i]->mapped;
         }
@@ -369,7 +369,7 @@ int sh_pool_evict_these(struct sh_pool *pool, const uintptr_t *vas, size_t n, si
             sh_state_move_from(&r->state, SH_RS_RESIDENT, SH_RS_EVICTING, r->id) == 0) {
             pool->st.regions[SH_RS_RESIDENT]--;
             pool->st.regions[SH_RS_EVICTING]++;
-            sh_pool_kept_take(pool, r);
+            sh_pool_kept_take(pool, r, 0);
             c.r[c.n++] = r;
         }
     }

@@ -31,6 +31,9 @@
 
 #include <stdlib.h>
 
+static int fingerprint(struct sh_pool *pool, const struct region *r, uintptr_t base,
+                       struct sh_clean_fp *out);
+
 /* ---- the kept list (mu held) ---- */
 
 static void list_push(struct sh_pool *pool, struct region *r)
@@ -61,19 +64,56 @@ static void list_unlink(struct sh_pool *pool, struct region *r)
     pool->st.kept_bytes -= r->mapped;
 }
 
-void sh_pool_kept_take(struct sh_pool *pool, struct region *r)
+/* r's kept copies become its slabs. */
+static void kept_to_slabs(struct region *r)
+{
+    for (unsigned i = 0; i < r->nchunks; i++) {
+        r->chunks[i].slab = r->chunks[i].kept;
+        r->chunks[i].kept = NULL;
+    }
+}
+
+void sh_pool_kept_take(struct sh_pool *pool, struct region *r, int early)
 {
     r->from_kept = r->has_kept;
     r->spoiled = 0;
+    r->ahead = 0;
     for (unsigned i = 0; i < r->nchunks; i++)
         r->chunks[i].clean = 0;
     if (!r->has_kept)
         return;
     list_unlink(pool, r);
+    if (!early) /* an early eviction decides at its start (sh_pool_kept_changed) */
+        kept_to_slabs(r);
+}
+
+int sh_pool_kept_changed(struct sh_pool *pool, struct region *r)
+{
+    struct sh_clean_fp *now = malloc(r->nchunks * sizeof *now);
+    int changed = !now || fingerprint(pool, r, r->va, now) != 0;
+    for (unsigned i = 0; i < r->nchunks && !changed; i++)
+        changed = !sh_clean_fp_equal(now[i], r->chunks[i].fp);
+    free(now);
+    return changed;
+}
+
+void sh_pool_kept_ahead_off(struct region *r)
+{
+    r->ahead = 0;
+    kept_to_slabs(r);
+}
+
+void sh_pool_kept_ahead(struct sh_pool *pool, struct region *r)
+{
     for (unsigned i = 0; i < r->nchunks; i++) {
-        r->chunks[i].slab = r->chunks[i].kept;
-        r->chunks[i].kept = NULL;
+        struct chunk *c = &r->chunks[i];
+        struct sh_slab *spare = c->clean ? c->slab : c->kept;
+        if (c->clean) /* the copy kept is the bytes: the one made ahead is not needed */
+            c->slab = c->kept;
+        c->kept = NULL;
+        sh_hostpool_put(pool->mover.host, spare);
     }
+    r->spoiled = 1; /* its slabs are what the eviction made of them */
 }
 
 struct sh_slab *sh_pool_kept_detach(struct sh_pool *pool, struct region *r)
@@ -221,28 +261,33 @@ void sh_pool_kept_restored(struct sh_pool *pool, struct region *r)
 
 void sh_pool_kept_unevict(struct sh_pool *pool, struct region *r)
 {
+    if (r->ahead && !r->spoiled) { /* the slabs copied ahead go; the kept copy stays */
+        sh_pool_give_back_slabs(pool, r);
+        kept_to_slabs(r);
+    }
     int keep = r->from_kept && !r->spoiled;
-    r->from_kept = 0;
+    r->from_kept = r->ahead = 0;
     settle_resident(pool, r, keep);
 }
 
 size_t sh_pool_kept_evicted(struct sh_pool *pool, struct region *r)
 {
-    size_t copied = 0, clean = 0;
+    size_t dirty = 0, clean = 0;
     for (unsigned i = 0; i < r->nchunks; i++) {
         if (r->chunks[i].clean)
             clean += r->chunks[i].size;
         else
-            copied += r->chunks[i].size;
+            dirty += r->chunks[i].size;
     }
     if (r->from_kept) {
-        sh_clean_learn_note(&r->learn, copied == 0);
+        sh_clean_learn_note(&r->learn, dirty == 0);
         pthread_mutex_lock(&pool->mu);
-        pool->st.clean_evictions += copied == 0;
-        pool->st.dirty_evictions += copied != 0;
-        pool->st.clean_bytes += clean;
+        pool->st.clean_evictions += dirty == 0;
+        pool->st.dirty_evictions += dirty != 0;
+        pool->st.clean_bytes += r->ahead ? 0 : clean; /* copied ahead: nothing was saved */
         pthread_mutex_unlock(&pool->mu);
     }
-    r->from_kept = 0;
+    size_t copied = r->ahead ? r->mapped : dirty;
+    r->from_kept = r->ahead = 0;
     return copied;
 }

@@ -502,12 +502,19 @@ static void ev_abandon(struct sh_pool *pool, struct region *r)
 }
 
 /* Queues r's copies device -> slabs and lists it; 0, or r is RESIDENT. A
- * region whose kept copies are its slabs queues none: its window
+ * region with kept copies that still match queues none: its window
  * fingerprints it and copies only what changed. */
 static int ev_start_one(struct sh_pool *pool, struct region *r)
 {
     struct sh_xfer *x = pool->mover.xfer;
     if (r->from_kept) {
+        /* Changed since its restore (a guess: its window compares again):
+         * copy ahead as usual, so that the copy overlaps compute. */
+        r->ahead = sh_pool_kept_changed(pool, r) && sh_pool_get_slabs(pool, r, 0) == 0;
+        if (!r->ahead)
+            sh_pool_kept_ahead_off(r);
+    }
+    if (r->from_kept && !r->ahead) {
         r->mv_first = 1;
         r->mv_last = 0; /* no copy to wait for */
         pthread_mutex_lock(&pool->mu);
@@ -570,7 +577,7 @@ static int ev_startable(struct sh_pool *pool, struct region *r)
     r->ev_issued = issued;
     pool->st.regions[SH_RS_RESIDENT]--;
     pool->st.regions[SH_RS_EVICTING]++;
-    sh_pool_kept_take(pool, r);
+    sh_pool_kept_take(pool, r, 1);
     return 1;
 }
 
@@ -614,7 +621,10 @@ static void ev_compare(struct sh_pool *pool, struct region **v, size_t n, char *
     sh_pool_kept_compare(pool, sel, m);
     int failed = 0;
     for (size_t j = 0; j < m; j++)
-        for (unsigned i = 0; i < sel[j]->nchunks && !failed; i++) {
+        if (sel[j]->ahead) /* copied ahead, unused since: each chunk picks its slab */
+            sh_pool_kept_ahead(pool, sel[j]);
+    for (size_t j = 0; j < m; j++)
+        for (unsigned i = 0; i < sel[j]->nchunks && !failed && !sel[j]->ahead; i++) {
             struct chunk *c = &sel[j]->chunks[i];
             if (c->clean)
                 continue;
@@ -657,7 +667,7 @@ static void ev_committed(struct sh_pool *pool, struct region *r, void *released)
 {
     pthread_mutex_lock(&pool->mu);
     pool->st.early_commits++;
-    if (!r->from_kept)
+    if (!r->from_kept || r->ahead)
         pool->st.evicted_bytes -= r->mapped; /* counted as they were copied */
     pthread_mutex_unlock(&pool->mu);
     sh_pool_evicted_one(pool, r, released);

@@ -266,8 +266,9 @@ struct sh_pool_mover {
      * fingerprint (clean.h) of the device bytes at addr[i], len[i]; 0, or
      * an error (then nothing is taken as clean). bus[dir] += the bytes it
      * moved each way (its results; once, its key), which count as copied.
-     * Called in remap windows only. NULL: every eviction copies, no host
-     * copy is kept. */
+     * Trusted only in remap windows; called also at an early eviction's
+     * start, as a guess whether to copy ahead. NULL: every eviction
+     * copies, no host copy is kept. */
     int (*fingerprint)(void *ctx, const uintptr_t *addr, const size_t *len, size_t n,
                        struct sh_clean_fp *out, uint64_t bus[2]);
     void *fp_ctx;

@@ -85,10 +85,12 @@ struct region {
     /* Clean regions (keep.c). has_kept: its chunks hold kept copies and it
      * is on pool->kept (pool->mu). The rest is its mover's: from_kept, the
      * eviction under way took those copies as its slabs; spoiled, a copy
-     * into them was made since; keep_next, the restore under way keeps
-     * its slabs; learn, what its evictions taught. */
+     * into them was made since; ahead, an early eviction that also copies
+     * into fresh slabs from its start (the region was dirty last time),
+     * its kept copy still in chunk->kept; keep_next, the restore under way
+     * keeps its slabs; learn, what its evictions taught. */
     struct region *kept_prev, *kept_next;
-    int has_kept, from_kept, spoiled, keep_next;
+    int has_kept, from_kept, spoiled, ahead, keep_next;
     struct sh_clean_learn learn;
     unsigned nchunks;
     struct chunk chunks[];
@@ -183,7 +185,13 @@ void sh_pool_unrestore(struct sh_pool *pool, struct region *r, unsigned n);
 
 /* keep.c: host copies kept after a restore (clean regions).
  *   kept_take      r just went RESIDENT -> EVICTING (mu held): its kept
- *                  copies, if any, become its slabs (from_kept)
+ *                  copies, if any, become its slabs (from_kept); for an
+ *                  early eviction (early) they stay kept until its start
+ *                  asks kept_changed: 1 when the device bytes differ from
+ *                  the copy now (a guess: nothing is stopped), and then it
+ *                  copies ahead into fresh slabs (ahead), else kept_ahead_off
+ *   kept_ahead     an early eviction that copied ahead, in its window,
+ *                  compared: each chunk keeps the slab that holds its bytes
  *   kept_detach    r leaves RESIDENT another way (freed, pinned, unmapped;
  *                  mu held): its kept slabs, linked by next, for kept_put
  *                  once mu is released
@@ -199,7 +207,12 @@ void sh_pool_unrestore(struct sh_pool *pool, struct region *r, unsigned n);
  *                  if nothing was copied into them
  *   kept_evicted   an eviction committed: what it taught; returns the
  *                  bytes copied in the window (those not found clean) */
-void sh_pool_kept_take(struct sh_pool *pool, struct region *r);
+void sh_pool_kept_take(struct sh_pool *pool, struct region *r, int early);
+void sh_pool_kept_ahead(struct sh_pool *pool, struct region *r);
+int sh_pool_kept_changed(struct sh_pool *pool, struct region *r);
+/* An early eviction that does not copy ahead: its kept copies become its
+ * slabs; its window compares and copies what changed. */
+void sh_pool_kept_ahead_off(struct region *r);
 struct sh_slab *sh_pool_kept_detach(struct sh_pool *pool, struct region *r);
 void sh_pool_kept_put(struct sh_pool *pool, struct sh_slab *list);
 size_t sh_pool_kept_reclaim(struct sh_pool *pool);

@@ -292,8 +292,9 @@ static size_t commit_early(size_t *back)
     return n;
 }
 
-/* An early eviction of a kept region queues no copy: its window compares,
- * and copies what changed; one used meanwhile stays, its copy kept. */
+/* An early eviction of a kept region that still matches queues no copy:
+ * its window compares, and copies what changed; one used meanwhile stays,
+ * its copy kept. */
 static void test_early_eviction_of_kept(void **state)
 {
     (void)state;
@@ -317,16 +318,59 @@ static void test_early_eviction_of_kept(void **state)
     assert_int_equal(back, 1);
     assert_int_equal(state_of(a), SH_RS_RESIDENT);
     assert_int_equal(pstats().kept_bytes, RSIZE);
-    /* Changed, then evicted early: the window copies the changed chunk. */
-    ((volatile uint32_t *)a)[0] ^= 1;
+    /* Written after its start by something no stamp saw: the window finds
+     * the chunk changed and copies it there. */
     evict_one(alloc(G)); /* a window drains what was issued */
     assert_int_equal(start_early(a), 1);
+    ((volatile uint32_t *)a)[0] ^= 1;
     before = d2h();
     assert_int_equal(commit_early(&back), 1);
     assert_int_equal(d2h() - before, CH);
+    assert_int_equal(pstats().dirty_evictions, 1);
     restore_one(a);
     ((volatile uint32_t *)a)[0] ^= 1;
     assert_int_equal(bad_words(a, RSIZE, 11), 0);
+    stop();
+}
+
+/* Changed before its start: the early eviction sees it, copies ahead as
+ * usual (the copy overlaps compute), and its window still compares, so the
+ * chunks that did not change keep their kept copies. */
+static void test_early_eviction_copies_ahead(void **state)
+{
+    (void)state;
+    sys_start_ops(&clean_opts);
+    uintptr_t a = alloc(RSIZE);
+    fill(a, RSIZE, 12);
+    evict_one(a);
+    restore_one(a);
+    ((volatile uint32_t *)a)[RSIZE / 4 - 1] ^= 1; /* the 128K chunk */
+    evict_one(alloc(G));
+    size_t before = d2h(), back = 0;
+    assert_int_equal(start_early(a), 1);
+    assert_int_equal(d2h() - before, RSIZE); /* copied ahead, whole */
+    struct sh_hostpool_stats hs;
+    sh_hostpool_stats(sys.host, &hs);
+    unsigned free_256k = hs.class_free[2];
+    assert_int_equal(commit_early(&back), 1);
+    assert_int_equal(d2h() - before, RSIZE); /* nothing more in the window */
+    struct sh_pool_stats st = pstats();
+    assert_int_equal(st.dirty_evictions, 1);
+    assert_int_equal(st.clean_bytes, 0); /* copied all the same */
+    sh_hostpool_stats(sys.host, &hs);
+    assert_int_equal(hs.class_free[2], free_256k + 1); /* the spare copy of the clean chunk */
+    restore_one(a);
+    ((volatile uint32_t *)a)[RSIZE / 4 - 1] ^= 1;
+    assert_int_equal(bad_words(a, RSIZE, 12), 0);
+    /* Written and then used: called off; the fresh slabs go, the copy stays. */
+    ((volatile uint32_t *)a)[0] ^= 1;
+    evict_one(alloc(G));
+    assert_int_equal(start_early(a), 1);
+    sh_pool_issued(sys.pool, &a, 1, 0);
+    assert_int_equal(commit_early(&back), 0);
+    assert_int_equal(pstats().kept_bytes, RSIZE);
+    ((volatile uint32_t *)a)[0] ^= 1;
+    assert_int_equal(bad_words(a, RSIZE, 12), 0);
     stop();
 }
 
@@ -393,6 +437,7 @@ int main(void)
         cmocka_unit_test_teardown(test_free_and_pin_drop_copies, teardown),
         cmocka_unit_test_teardown(test_fingerprint_failure_copies, teardown),
         cmocka_unit_test_teardown(test_early_eviction_of_kept, teardown),
+        cmocka_unit_test_teardown(test_early_eviction_copies_ahead, teardown),
         cmocka_unit_test_teardown(test_prefetch_keeps, teardown),
         cmocka_unit_test_teardown(test_always_dirty_stops_fingerprinting, teardown),
     };

@@ -76,6 +76,11 @@ static int advance(struct run *r, uint64_t t)
     return 0;
 }
 
+int run_hold(struct run *r, uint64_t ns)
+{
+    return advance(r, r->now + ns);
+}
+
 /* Waits for the next copy to finish; fails when none is in flight. The GPU
  * is idle meanwhile, so a finished eviction is committed at once (a remap
  * window has nothing to drain) and its memory goes to the next restore. */

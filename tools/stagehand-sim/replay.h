@@ -88,6 +88,8 @@ static inline struct tally *tally(struct run *r)
 
 /* ---- the model's moves (replay.c) ---- */
 uint64_t sim_clock_ns(void);
+/* The host waits ns (copies go on meanwhile). */
+int run_hold(struct run *r, uint64_t ns);
 /* Waits for the next copy to finish, committing finished evictions. */
 int wait_one(struct run *r);
 /* One remap window: every finished copy takes effect. */
