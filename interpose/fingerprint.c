@@ -49,6 +49,7 @@ static struct {
     __typeof__(cuModuleLoadData) *load;
     __typeof__(cuModuleGetFunction) *get;
     __typeof__(cuMemAlloc) *alloc;
+    __typeof__(cuMemFree) *free;
     __typeof__(cuMemcpyHtoD) *htod;
     __typeof__(cuMemsetD8Async) *memset;
     __typeof__(cuMemcpyDtoHAsync) *dtoh;
@@ -71,10 +72,11 @@ static int lookup(const struct sh_driver *d)
     fp.load = (__typeof__(fp.load))sh_driver_optional(d, "cuModuleLoadData", 12000);
     fp.get = (__typeof__(fp.get))sh_driver_optional(d, "cuModuleGetFunction", 12000);
     fp.alloc = (__typeof__(fp.alloc))sh_driver_optional(d, "cuMemAlloc", 12000);
+    fp.free = (__typeof__(fp.free))sh_driver_optional(d, "cuMemFree", 12000);
     fp.htod = (__typeof__(fp.htod))sh_driver_optional(d, "cuMemcpyHtoD", 12000);
     fp.memset = (__typeof__(fp.memset))sh_driver_optional(d, "cuMemsetD8Async", 12000);
     fp.dtoh = (__typeof__(fp.dtoh))sh_driver_optional(d, "cuMemcpyDtoHAsync", 12000);
-    return fp.load && fp.get && fp.alloc && fp.htod && fp.memset && fp.dtoh;
+    return fp.load && fp.get && fp.alloc && fp.free && fp.htod && fp.memset && fp.dtoh;
 }
 
 /* The module, the key and the slots; fp.mu held, the managed context current. */
@@ -90,13 +92,16 @@ static int set_up(const struct sh_driver *d)
     else if (fp.load(&mod, sh_clean_ptx) != CUDA_SUCCESS ||
              fp.get(&fp.fn, mod, SH_CLEAN_KERNEL) != CUDA_SUCCESS)
         why = "its kernel did not load";
-    else if (fp.alloc(&fp.key, DEVICE_BYTES) != CUDA_SUCCESS ||
-             fp.htod(fp.key, &fp.host_key, sizeof fp.host_key) != CUDA_SUCCESS)
-        why = "no device memory for its key";
     else if (d->cuCtxGetStreamPriorityRange(&least, &greatest) != CUDA_SUCCESS ||
              d->cuStreamCreateWithPriority(&fp.stream, CU_STREAM_NON_BLOCKING, greatest) !=
                  CUDA_SUCCESS)
         why = "no stream for it";
+    else if (fp.alloc(&fp.key, DEVICE_BYTES) != CUDA_SUCCESS)
+        why = "no device memory for its key";
+    else if (fp.htod(fp.key, &fp.host_key, sizeof fp.host_key) != CUDA_SUCCESS) {
+        fp.free(fp.key); /* nothing may stay that the library does not count */
+        why = "its key could not be copied";
+    }
     if (why) {
         sh_log(SH_LOG_WARN, "clean regions cannot be told (%s): every eviction copies", why);
         return BROKEN;
