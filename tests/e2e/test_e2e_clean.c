@@ -332,6 +332,8 @@ static int write_paths_child(void)
         rc = 6; /* windows that compare kept copies drain the device */
     if (rc == 0 && managed && st.lost_writes)
         rc = 7;
+    free(c.mirror);
+    cudaFreeHost(c.pinned);
     return rc ? rc : failures ? 8 : 0;
 }
 
