@@ -22,7 +22,7 @@ CFLAGS_ALL := -std=c11 -D_GNU_SOURCE $(OPT) -g -fPIC -pthread $(WARN) \
               $(CFLAGS)
 LDFLAGS_ALL := -pthread $(if $(SAN),-fsanitize=$(SAN)) $(LDFLAGS)
 
-MODULES  := interpose engine pool transfer policy config telemetry node
+MODULES  := interpose engine pool transfer policy config telemetry node clean
 LIB_SRCS := $(foreach m,$(MODULES),$(wildcard $(m)/*.c))
 # The interception table's wrappers, generated from the CUDA headers; they
 # and the lookup hooks (dlsym above all) go into the shared library only,
@@ -34,8 +34,10 @@ LIB_OBJS := $(filter-out $(ICEPT_OBJS),$(LIB_SRCS:%.c=$(BUILD)/obj/%.o))
 LIB_LIBS := -ldl -linih -lm -lz -lelf
 
 SIM_DRV_SRCS := $(wildcard tests/sim/drv_*.c)
+# The library's fingerprint kernel runs on the simulated GPU as its host
+# stand-in (clean/hash.c), registered when a module loads its PTX.
 SIM_DRV_OBJS := $(SIM_DRV_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/sim/stubs_cuda.o \
-                $(BUILD)/obj/sim/errors_cuda.o
+                $(BUILD)/obj/sim/errors_cuda.o $(BUILD)/obj/clean/hash.o $(BUILD)/obj/clean/ptx.o
 SIM_RT_OBJS  := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/sim/cudart*.c)) $(BUILD)/obj/sim/stubs_cudart.o \
                 $(BUILD)/obj/sim/errors_cudart.o
 SIM_CUPTI_OBJS := $(BUILD)/obj/tests/sim/cupti.o $(BUILD)/obj/sim/stubs_cupti.o
@@ -54,7 +56,7 @@ TOOLS     := $(TOOL_DIRS:tools/%=$(BUILD)/%)
 PREREQ := $(BUILD)/.prereqs
 
 .PHONY: all test test-python test-bins check format asan ubsan tsan install clean bench bench-policy demo valgrind faults \
-        stress
+        stress ptx
 .DEFAULT_GOAL := all
 
 all: $(BUILD)/libstagehand.so $(SIM_LIBS) $(TOOLS)
@@ -85,6 +87,8 @@ $(BUILD)/obj/interpose/dlsym.o: CFLAGS_ALL := $(filter-out -fsanitize=%,$(CFLAGS
 # The pointer scan reads every byte an eviction lands: vectorised, it keeps
 # up with the copies (about 4x faster than the default cost model allows).
 $(BUILD)/obj/pool/ptrscan.o: CFLAGS_ALL += -ftree-vectorize -fvect-cost-model=dynamic
+# The fingerprint's NH sums likewise (the simulated GPU runs them as the kernel).
+$(BUILD)/obj/clean/hash.o: CFLAGS_ALL += -ftree-vectorize -fvect-cost-model=dynamic
 # A preloaded library's thread-locals are global-dynamic: with descriptors,
 # the launch path reads them without a call into the dynamic linker.
 ifeq ($(shell uname -m),x86_64)
@@ -153,6 +157,12 @@ SIM_LINK := -L$(BUILD)/sim -l:libcudart.so.13 -l:libcuda.so.1 \
 $(BUILD)/tests/sim/%: $(BUILD)/obj/tests/sim/%.o $(SIM_LIBS)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< $(LDFLAGS_ALL) $(SIM_LINK) -l:libcupti.so.13 -lcmocka
+
+# test_sim_module checks the module's kernel against the CPU fingerprint.
+$(BUILD)/tests/sim/test_sim_module: $(BUILD)/obj/tests/sim/test_sim_module.o \
+        $(BUILD)/obj/clean/hash.o $(BUILD)/obj/clean/ptx.o $(SIM_LIBS)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $(filter %.o,$^) $(LDFLAGS_ALL) $(SIM_LINK) -l:libcupti.so.13 -lcmocka
 
 # The gating test holds the gate itself: the wrappers and the library are
 # linked in, over the simulated GPU.
@@ -259,6 +269,11 @@ bench: all $(BENCH_BINS) $(BUILD)/tests/e2e/test_e2e_learned $(BUILD)/demo/train
 
 bench-policy: $(BUILD)/stagehand-sim
 	tools/stagehand-sim/bench-policy.sh $(BUILD)/stagehand-sim
+
+# The fingerprint kernel's PTX, made again from clean/fp.cu (needs nvcc;
+# the result, clean/ptx.c, is committed).
+ptx:
+	mk/gen_ptx.sh $(CUDA_HOME)/bin/nvcc clean/fp.cu clean/ptx.c
 
 # ---- checks and sanitizers -----------------------------------------------
 FORMAT_SRCS = $(shell git ls-files '*.c' '*.h' 2>/dev/null)

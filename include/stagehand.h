@@ -96,6 +96,13 @@ typedef struct stagehand_stats {
     /* Device memory kept for reuse (freed regions, spare chunks, free
      * small blocks): what trimming the memory pool releases. */
     uint64_t cached_bytes;
+    /* Clean regions ([policy] clean_skip): a restored region keeps its host
+     * copy, and an eviction that finds its bytes unchanged copies nothing. */
+    uint64_t clean_evictions; /* evictions that copied nothing */
+    uint64_t dirty_evictions; /* evictions that compared a kept copy and found changes */
+    uint64_t clean_bytes;     /* bytes evictions did not copy: unchanged since the restore */
+    uint64_t fingerprints;    /* fingerprint kernel launches */
+    uint64_t kept_bytes;      /* host memory the kept copies hold now */
 } stagehand_stats_t;
 
 /* Fills *out (at most size bytes of it); 0, or -1 if out is NULL. */

@@ -64,7 +64,7 @@ EXPORT int stagehand_get_stats(stagehand_stats_t *out, size_t size)
         s.budget_bytes = sh_rt.cfg.budget.vram_budget.bytes;
         s.high_watermark = sh_rt.cfg.budget.vram_high_watermark.bytes;
         s.low_watermark = sh_rt.cfg.budget.vram_low_watermark.bytes;
-        s.device_bytes = st.device_bytes;
+        s.device_bytes = st.device_bytes + sh_fingerprint_device_bytes();
         s.live_bytes = st.live_bytes;
         s.regions_live = st.regions[SH_RS_RESIDENT] + st.regions[SH_RS_EVICTING] +
                          st.regions[SH_RS_HOST] + st.regions[SH_RS_RESTORING] - st.slabs;
@@ -83,6 +83,11 @@ EXPORT int stagehand_get_stats(stagehand_stats_t *out, size_t size)
         s.host_bytes = st.host_bytes;
         s.checksum_mismatches = st.checksum_mismatches;
         s.lost_writes = st.lost_writes;
+        s.clean_evictions = st.clean_evictions;
+        s.dirty_evictions = st.dirty_evictions;
+        s.clean_bytes = st.clean_bytes;
+        s.fingerprints = st.fingerprints;
+        s.kept_bytes = st.kept_bytes;
         s.opaque_work = st.opaque;
         s.regions_pinned = st.pinned;
         s.launches = atomic_load(&sh_rt.launches);

@@ -226,6 +226,17 @@ void sh_sched_stall(uintptr_t base, uint64_t wait_us);
 void sh_sched_timing_begin(void);
 void sh_sched_timing_issue(void);
 
+/* The clean-region fingerprint on the device (fingerprint.c): the pool's
+ * mover calls sh_fingerprint inside remap windows (struct sh_pool_mover).
+ * sh_fingerprint_own: 1 while the calling thread launches the library's
+ * own kernel (the launch tracking leaves it alone). device_bytes: the
+ * device memory it holds for its key and results. */
+struct sh_clean_fp;
+int sh_fingerprint(void *ctx, const uintptr_t *addr, const size_t *len, size_t n,
+                   struct sh_clean_fp *out, uint64_t bus[2]);
+int sh_fingerprint_own(void);
+size_t sh_fingerprint_device_bytes(void);
+
 /* The live monitor and JSONL (monitor.c, over telemetry/). */
 void sh_monitor_start(void);
 void sh_monitor_sync(void);

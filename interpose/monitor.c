@@ -25,7 +25,7 @@ static atomic_int started; /* the publisher thread reads it */
 struct seen {
     uint64_t evictions, restores, evicted_bytes, restored_bytes, allocs, frees, oom, launches;
     uint64_t pool_hits, pool_misses, prefetches, prefetch_hits, prefetch_misses, stalls, stall_us;
-    uint64_t deferred;
+    uint64_t deferred, clean_evictions, clean_bytes, fingerprints;
 };
 static struct seen last;
 
@@ -45,6 +45,7 @@ static void set_region_gauges(const struct sh_pool_stats *st)
     sh_tm_set(SH_TM_G_regions_restoring, (int64_t)st->regions[SH_RS_RESTORING]);
     sh_tm_set(SH_TM_G_regions_freed, (int64_t)st->regions[SH_RS_FREED]);
     sh_tm_set(SH_TM_G_regions_pinned, (int64_t)st->pinned);
+    sh_tm_set(SH_TM_G_kept_bytes, (int64_t)st->kept_bytes);
     struct sh_sched_stats ss;
     if (sh_sched_stats(&ss) == 0) {
         sh_tm_set(SH_TM_G_regions_persistent, (int64_t)ss.persistent);
@@ -99,6 +100,9 @@ void sh_monitor_sync(void)
     delta(SH_TM_C_launches, atomic_load(&sh_rt.launches), &last.launches);
     delta(SH_TM_C_deferred, atomic_load(&sh_rt.engine.deferred), &last.deferred);
     delta(SH_TM_C_prefetch_issued, st.prefetches, &last.prefetches);
+    delta(SH_TM_C_clean_evictions, st.clean_evictions, &last.clean_evictions);
+    delta(SH_TM_C_clean_bytes, st.clean_bytes, &last.clean_bytes);
+    delta(SH_TM_C_fingerprints, st.fingerprints, &last.fingerprints);
     /* A prefetch that committed as copied was in time; one redone in the
      * window or cancelled was not. */
     delta(SH_TM_C_prefetch_hits, st.prefetch_commits - st.prefetch_redos, &last.prefetch_hits);
@@ -109,7 +113,7 @@ void sh_monitor_sync(void)
         delta(SH_TM_C_stall_time_us, ss.stall_us, &last.stall_us);
     }
     pthread_mutex_unlock(&sync_mu);
-    sh_tm_vram(st.device_bytes);
+    sh_tm_vram(st.device_bytes + sh_fingerprint_device_bytes());
     set_region_gauges(&st);
     set_host_gauges();
     if (sh_rt.xfer) {

@@ -31,6 +31,18 @@ $(GPU_BUILD)/%: tests/gpu/%.cu tests/gpu/common.cuh include/stagehand.h
 	@mkdir -p $(@D)
 	$(NVCC) $(GPU_NVCCFLAGS) -o $@ $< $(GPU_LDLIBS)
 
+# fingerprint checks the library's PTX against its CPU fingerprint: both
+# linked in as the library builds them.
+$(GPU_BUILD)/clean_%.o: clean/%.c clean/clean.h
+	@mkdir -p $(@D)
+	$(CC) -std=c11 -D_GNU_SOURCE -O2 -I include -I . -c $< -o $@
+
+$(GPU_BUILD)/fingerprint: tests/gpu/fingerprint.cu tests/gpu/common.cuh clean/clean.h \
+        $(GPU_BUILD)/clean_hash.o $(GPU_BUILD)/clean_ptx.o
+	@mkdir -p $(@D)
+	$(NVCC) $(GPU_NVCCFLAGS) -I . -o $@ $< $(GPU_BUILD)/clean_hash.o $(GPU_BUILD)/clean_ptx.o \
+	    $(GPU_LDLIBS)
+
 $(GPU_BUILD)/probe: tests/gpu/probe.c
 	@mkdir -p $(@D)
 	$(CC) -std=c11 -O2 -Wall -Wextra -o $@ $< -ldl

@@ -42,6 +42,10 @@ struct sh_trace_event {
     uint64_t step;       /* STEP: the number of the step that begins */
     const uint64_t *ids; /* LAUNCH: the regions it touches */
     size_t n;
+    /* LAUNCH: ro[k] is 1 when the launch only reads ids[k] (`i ro` records);
+     * NULL when the trace says nothing of it: every region it touches counts
+     * as written. Appending copies it too. */
+    const uint8_t *ro;
     uint32_t line; /* where it was read, 0 when built in memory */
 };
 
@@ -75,6 +79,11 @@ int sh_trace_write_launch(struct sh_trace_writer *w, uint64_t t_us, uint64_t dur
                           uint64_t stream, uint64_t kernel, const uint64_t *ids, size_t n,
                           uint64_t *seq);
 int sh_trace_write_duration(struct sh_trace_writer *w, uint64_t seq, uint64_t dur_us);
+/* Launch number seq only reads the regions ids[0..n) of those it touches
+ * (an `i ro` record); every other region a launch touches counts as
+ * written. */
+int sh_trace_write_read_only(struct sh_trace_writer *w, uint64_t seq, const uint64_t *ids,
+                             size_t n);
 int sh_trace_write_step(struct sh_trace_writer *w, uint64_t t_us, uint64_t step, int marked);
 int sh_trace_write_phase(struct sh_trace_writer *w, uint64_t t_us, int phase, int marked);
 /* Bytes handed to the writer so far (written or buffered). */
@@ -88,6 +97,14 @@ void sh_trace_destroy(struct sh_trace *t);
 /* Appends a copy of *ev (its ids too). No checks: a builder's job. */
 int sh_trace_append(struct sh_trace *t, const struct sh_trace_event *ev);
 int sh_trace_set_kernel_name(struct sh_trace *t, uint64_t kernel, const char *name);
+/* The launch at event index ev only reads region id: SH_ENOTFOUND when it
+ * does not touch id, SH_EINVAL when ev is no launch. */
+int sh_trace_set_read_only(struct sh_trace *t, size_t ev, uint64_t id);
+/* 1 when the launch e writes its k-th region (as far as the trace says). */
+static inline int sh_trace_writes(const struct sh_trace_event *e, size_t k)
+{
+    return !e->ro || !e->ro[k];
+}
 
 size_t sh_trace_count(const struct sh_trace *t);
 /* The i-th event, NULL past the end. Valid until the next append. */

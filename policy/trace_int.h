@@ -26,6 +26,8 @@ struct sh_trace {
     size_t n, cap;
     uint64_t *pool;
     size_t npool, cappool;
+    uint8_t *ro; /* per entry of pool: 1 when that launch only reads it; NULL until needed */
+    size_t capro;
     struct kname *names;
     size_t nnames, capnames;
     char *source;

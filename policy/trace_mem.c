@@ -40,6 +40,7 @@ void sh_trace_destroy(struct sh_trace *t)
     free(t->ev);
     free(t->ids_off);
     free(t->pool);
+    free(t->ro);
     free(t->source);
     free(t);
 }
@@ -62,11 +63,31 @@ int sh_trace_grow(void **arr, size_t *cap, size_t need, size_t elem)
     return 0;
 }
 
-/* The pool moved: point every launch at its ids again. */
+/* A pool moved: point every launch at its ids and flags again. */
 static void rebase_ids(struct sh_trace *t)
 {
-    for (size_t i = 0; i < t->n; i++)
+    for (size_t i = 0; i < t->n; i++) {
         t->ev[i].ids = t->ev[i].n ? t->pool + t->ids_off[i] : NULL;
+        t->ev[i].ro = t->ev[i].n && t->ro ? t->ro + t->ids_off[i] : NULL;
+    }
+}
+
+/* Read-only flags for every id in the pool, the new ones clear; once a
+ * trace has them, every launch points at its own. */
+static int ro_cover(struct sh_trace *t, size_t need)
+{
+    size_t had = t->ro ? t->capro : 0;
+    if (t->ro && need <= t->capro)
+        return 0;
+    size_t cap = need > t->cappool ? need : t->cappool;
+    uint8_t *ro = realloc(t->ro, cap ? cap : 1);
+    if (!ro)
+        return SH_ENOMEM;
+    memset(ro + had, 0, (cap ? cap : 1) - had);
+    t->ro = ro;
+    t->capro = cap ? cap : 1;
+    rebase_ids(t);
+    return 0;
 }
 
 int sh_trace_append(struct sh_trace *t, const struct sh_trace_event *ev)
@@ -89,13 +110,18 @@ int sh_trace_append(struct sh_trace *t, const struct sh_trace_event *ev)
     if (ev->n > SIZE_MAX - t->npool ||
         sh_trace_grow((void **)&t->pool, &t->cappool, t->npool + ev->n, sizeof *t->pool))
         return SH_ENOMEM;
+    if ((ev->ro || t->ro) && ro_cover(t, t->npool + ev->n))
+        return SH_ENOMEM;
     struct sh_trace_event *e = &t->ev[t->n];
     *e = *ev;
     t->ids_off[t->n] = t->npool;
     if (ev->n)
         memcpy(t->pool + t->npool, ev->ids, ev->n * sizeof *ev->ids);
+    if (ev->n && ev->ro)
+        memcpy(t->ro + t->npool, ev->ro, ev->n);
     t->npool += ev->n;
     e->ids = ev->n ? t->pool + t->ids_off[t->n] : NULL;
+    e->ro = ev->n && t->ro ? t->ro + t->ids_off[t->n] : NULL;
     t->n++;
     if (old != t->pool)
         rebase_ids(t);
@@ -123,6 +149,24 @@ int sh_trace_set_kernel_name(struct sh_trace *t, uint64_t kernel, const char *na
     t->names[t->nnames].kernel = kernel;
     t->names[t->nnames].name = copy;
     t->nnames++;
+    return 0;
+}
+
+int sh_trace_set_read_only(struct sh_trace *t, size_t ev, uint64_t id)
+{
+    if (!t || ev >= t->n || t->ev[ev].type != SH_TRACE_LAUNCH)
+        return SH_EINVAL;
+    const struct sh_trace_event *e = &t->ev[ev];
+    size_t k = 0;
+    while (k < e->n && e->ids[k] != id)
+        k++;
+    if (k == e->n)
+        return SH_ENOTFOUND;
+    if (ro_cover(t, t->npool))
+        return SH_ENOMEM;
+    for (; k < e->n; k++) /* a region listed twice: each mention */
+        if (e->ids[k] == id)
+            t->ro[t->ids_off[ev] + k] = 1;
     return 0;
 }
 

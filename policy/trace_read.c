@@ -442,12 +442,42 @@ static int rec_kernel(struct parser *ps)
 }
 
 /* "i KEY VALUE...": only "source" is known; other keys are for later versions. */
+/* `i ro SEQ N ID...`: launch SEQ only reads those of its regions. */
+static int rec_read_only(struct parser *ps)
+{
+    uint64_t seq, n;
+    int rc;
+    if ((rc = field_u64(ps, "launch number", &seq)) || (rc = field_u64(ps, "region count", &n)))
+        return rc;
+    if (seq >= ps->nlaunch)
+        return fail(ps, "read-only regions of launch %llu, but only %zu launches came before",
+                    (unsigned long long)seq, ps->nlaunch);
+    size_t ev = ps->launch_ev[seq];
+    if (n > ps->t->ev[ev].n)
+        return fail(ps, "%llu read-only regions, but launch %llu touches %zu",
+                    (unsigned long long)n, (unsigned long long)seq, ps->t->ev[ev].n);
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t id;
+        if ((rc = field_u64(ps, "region id", &id)))
+            return rc;
+        rc = sh_trace_set_read_only(ps->t, ev, id);
+        if (rc == SH_ENOTFOUND)
+            return fail(ps, "launch %llu does not touch region %llu", (unsigned long long)seq,
+                        (unsigned long long)id);
+        if (rc)
+            return fail(ps, "out of memory");
+    }
+    return line_done(ps);
+}
+
 static int rec_info(struct parser *ps)
 {
     const char *tok;
     size_t len;
     if (!token(ps, &tok, &len))
         return fail(ps, "missing info key");
+    if (len == 2 && memcmp(tok, "ro", 2) == 0)
+        return rec_read_only(ps);
     if (len != 6 || memcmp(tok, "source", 6) != 0)
         return 0;
     if ((size_t)(ps->end - ps->cur) > NAME_MAX_LEN)

@@ -310,6 +310,46 @@ int sh_trace_write_duration(struct sh_trace_writer *w, uint64_t seq, uint64_t du
     return 0;
 }
 
+int sh_trace_write_read_only(struct sh_trace_writer *w, uint64_t seq, const uint64_t *ids, size_t n)
+{
+    if (!w || seq >= w->seq || (n && !ids) || n > SH_TRACE_MAX_REFS)
+        return SH_EINVAL;
+    int rc = w_room(w, LINE_MAX_OUT);
+    if (rc)
+        return rc;
+    w_str(w, "i ro");
+    w_sp_u64(w, seq);
+    w_sp_u64(w, n);
+    for (size_t i = 0; i < n; i++) {
+        rc = w_room(w, 24);
+        if (rc)
+            return rc;
+        w_sp_u64(w, ids[i]);
+    }
+    w_char(w, '\n');
+    return 0;
+}
+
+/* The `i ro` record of a launch just written, if it reads some region only. */
+static int save_read_only(struct sh_trace_writer *w, const struct sh_trace_event *e)
+{
+    size_t m = 0;
+    for (size_t k = 0; e->ro && k < e->n; k++)
+        m += e->ro[k];
+    if (m == 0)
+        return 0;
+    uint64_t *ids = malloc(m * sizeof *ids);
+    if (!ids)
+        return SH_ENOMEM;
+    m = 0;
+    for (size_t k = 0; k < e->n; k++)
+        if (e->ro[k])
+            ids[m++] = e->ids[k];
+    int rc = sh_trace_write_read_only(w, w->seq - 1, ids, m);
+    free(ids);
+    return rc;
+}
+
 int sh_trace_write_step(struct sh_trace_writer *w, uint64_t t_us, uint64_t step, int marked)
 {
     if (!w)
@@ -346,9 +386,11 @@ static int save_event(struct sh_trace_writer *w, const struct sh_trace_event *e)
         return sh_trace_write_alloc(w, e->t_us, e->id, e->bytes, e->stream, e->cls);
     case SH_TRACE_FREE:
         return sh_trace_write_free(w, e->t_us, e->id, e->cls);
-    case SH_TRACE_LAUNCH:
-        return sh_trace_write_launch(w, e->t_us, e->dur_us, e->stream, e->kernel, e->ids, e->n,
-                                     NULL);
+    case SH_TRACE_LAUNCH: {
+        int rc =
+            sh_trace_write_launch(w, e->t_us, e->dur_us, e->stream, e->kernel, e->ids, e->n, NULL);
+        return rc ? rc : save_read_only(w, e);
+    }
     case SH_TRACE_STEP:
         return sh_trace_write_step(w, e->t_us, e->step, e->marked);
     case SH_TRACE_PHASE:

@@ -143,6 +143,8 @@ static void backing_free(struct sh_pool *pool, struct region *r)
             sh_chunkcache_put(pool->cc, c->handle, c->size);
         if (c->slab)
             sh_hostpool_put(pool->mover.host, c->slab);
+        if (c->kept)
+            sh_hostpool_put(pool->mover.host, c->kept);
     }
     free(r);
 }
@@ -170,8 +172,10 @@ int sh_pool_backing_unmap(struct sh_pool *pool, uintptr_t va)
     sh_rindex_remove(pool->index, va, NULL);
     pthread_rwlock_unlock(&pool->index_lock);
     pool->st.regions[r->state]--;
+    struct sh_slab *kept = sh_pool_kept_detach(pool, r); /* unmapped, it is not evicted */
     pthread_mutex_unlock(&pool->mu);
     pthread_mutex_unlock(&pool->move_mu);
+    sh_pool_kept_put(pool, kept);
     if (unmap_chunks(pool, r, va, r->nchunks) != 0)
         sh_log(SH_LOG_ERROR,
                "cannot unmap the program's mapping at 0x%llx (%zu bytes): its memory stays "

@@ -117,6 +117,7 @@ static size_t pick_victims(struct sh_pool *pool, size_t need, struct candidates 
             sh_state_move_from(&c->r[i]->state, SH_RS_RESIDENT, SH_RS_EVICTING, c->r[i]->id) == 0) {
             pool->st.regions[SH_RS_RESIDENT]--;
             pool->st.regions[SH_RS_EVICTING]++;
+            sh_pool_kept_take(pool, c->r[i], 0);
             c->r[n++] = c->r[i];
             bytes += c->r[i]->mapped;
         }
@@ -135,11 +136,24 @@ void sh_pool_give_back_slabs(struct sh_pool *pool, struct region *r)
         }
 }
 
+/* A slab for c: a free one, else one a kept copy gives up (the first host
+ * memory to go), else one the host pool grows within wait_ms. */
+static int get_slab(struct sh_pool *pool, struct chunk *c, unsigned wait_ms)
+{
+    struct sh_hostpool *hp = pool->mover.host;
+    int rc = sh_hostpool_get(hp, c->size, 0, &c->slab);
+    while (rc == SH_ENOMEM && sh_pool_kept_reclaim(pool) > 0)
+        rc = sh_hostpool_get(hp, c->size, 0, &c->slab);
+    if (rc == SH_ENOMEM && wait_ms)
+        rc = sh_hostpool_get(hp, c->size, wait_ms, &c->slab);
+    return rc;
+}
+
 int sh_pool_get_slabs(struct sh_pool *pool, struct region *r, unsigned wait_ms)
 {
     for (unsigned i = 0; i < r->nchunks; i++) {
         struct chunk *c = &r->chunks[i];
-        int rc = sh_hostpool_get(pool->mover.host, c->size, wait_ms, &c->slab);
+        int rc = get_slab(pool, c, wait_ms);
         if (rc) {
             sh_pool_give_back_slabs(pool, r);
             return rc;
@@ -218,9 +232,13 @@ static size_t evict_window(struct sh_pool *pool, struct region **v, size_t n)
     struct sh_xfer *x = pool->mover.xfer;
     if (sh_pool_drain(pool, v, n) != 0)
         return 0;
+    sh_pool_kept_compare(pool, v, n); /* chunks whose kept copy is still right stay uncopied */
     for (size_t k = 0; k < n; k++)
         for (unsigned i = 0; i < v[k]->nchunks; i++) {
             struct chunk *c = &v[k]->chunks[i];
+            if (c->clean)
+                continue;
+            v[k]->spoiled = 1;
             if (sh_xfer_copy(x, SH_D2H, c->slab->staging, v[k]->va + c->off, c->size) != 0) {
                 sh_xfer_flush(x, SH_D2H); /* nothing lands in a slab after it went back */
                 return 0;
@@ -228,6 +246,9 @@ static size_t evict_window(struct sh_pool *pool, struct region **v, size_t n)
         }
     if (sh_xfer_flush(x, SH_D2H) != 0)
         return 0;
+    for (size_t k = 0; k < n; k++) /* verify_moves: what clean chunks left uncopied matches */
+        if (v[k]->from_kept)
+            sh_pool_check_move(pool, v[k], v[k]->va, "clean eviction");
     /* Work issued from here on runs on the slabs (sh_pool_issued). */
     uint64_t now = __atomic_load_n(&pool->clock, __ATOMIC_RELAXED);
     for (size_t k = 0; k < n; k++)
@@ -260,9 +281,10 @@ void sh_pool_evicted_one(struct sh_pool *pool, struct region *r, size_t *release
     *released += r->mapped;
     __atomic_add_fetch(&r->evictions, 1, __ATOMIC_RELAXED);
     sh_pool_scan_landed(pool, r); /* outside the window: launches go on */
+    size_t copied = sh_pool_kept_evicted(pool, r);
     pthread_mutex_lock(&pool->mu);
     pool->st.evictions++;
-    pool->st.evicted_bytes += r->mapped;
+    pool->st.evicted_bytes += copied;
     sh_bytes_add(&pool->st.host_bytes, r->mapped);
     pthread_mutex_unlock(&pool->mu);
     sh_pool_finish_state(pool, r, SH_RS_HOST);
@@ -276,7 +298,7 @@ static void evict_batch(struct sh_pool *pool, struct candidates *c, size_t n, si
     size_t ready = 0;
     unsigned wait_ms = pool->mover.slab_wait_ms;
     for (size_t k = 0; k < n; k++) {
-        if (sh_pool_get_slabs(pool, c->r[k], wait_ms) == 0) {
+        if (c->r[k]->from_kept || sh_pool_get_slabs(pool, c->r[k], wait_ms) == 0) {
             c->r[ready++] = c->r[k];
         } else {
             /* No slabs for its chunk sizes: it stays, the others may still go,
@@ -298,8 +320,7 @@ static void evict_batch(struct sh_pool *pool, struct candidates *c, size_t n, si
         } else if (c->r[k]->stuck) {
             sh_pool_make_stuck(pool, c->r[k], "eviction");
         } else {
-            sh_pool_give_back_slabs(pool, c->r[k]);
-            sh_pool_finish_state(pool, c->r[k], SH_RS_RESIDENT);
+            sh_pool_kept_unevict(pool, c->r[k]);
         }
     }
 }
@@ -348,6 +369,7 @@ int sh_pool_evict_these(struct sh_pool *pool, const uintptr_t *vas, size_t n, si
             sh_state_move_from(&r->state, SH_RS_RESIDENT, SH_RS_EVICTING, r->id) == 0) {
             pool->st.regions[SH_RS_RESIDENT]--;
             pool->st.regions[SH_RS_EVICTING]++;
+            sh_pool_kept_take(pool, r, 0);
             c.r[c.n++] = r;
         }
     }
@@ -517,19 +539,24 @@ static size_t restore_window(struct sh_pool *pool, struct region **v, size_t n)
             sh_pool_unrestore(pool, v[j], v[j]->nchunks);
         k = 0;
     }
+    uintptr_t *at = k ? malloc(k * sizeof *at) : NULL;
+    for (size_t j = 0; at && j < k; j++)
+        at[j] = v[j]->va;
+    if (at) /* the bytes landed and nothing runs: what the slabs hold, fingerprinted */
+        sh_pool_kept_mark(pool, v, at, k);
+    free(at);
     return k;
 }
 
 static void restored(struct sh_pool *pool, struct region *r)
 {
-    sh_pool_give_back_slabs(pool, r);
     __atomic_add_fetch(&r->restores, 1, __ATOMIC_RELAXED);
     pthread_mutex_lock(&pool->mu);
     pool->st.restores++;
     pool->st.restored_bytes += r->mapped;
     sh_bytes_sub(&pool->st.host_bytes, r->mapped);
     pthread_mutex_unlock(&pool->mu);
-    sh_pool_finish_state(pool, r, SH_RS_RESIDENT);
+    sh_pool_kept_restored(pool, r); /* its slabs kept as a copy, or given back */
 }
 
 int sh_pool_restore(struct sh_pool *pool, const uintptr_t *addrs, size_t n)

@@ -390,6 +390,27 @@ static void pf_redo(struct sh_pool *pool, struct region **v, size_t n, char *st)
     }
 }
 
+/* Which of the regions about to commit keep their slabs as host copies, of
+ * the bytes their device chunks now hold at scratch (copies landed or
+ * redone, nothing running). A prefetch that missed a write the launch scan
+ * could not see (DESIGN.md: prefetch leans on that scan) already lost it;
+ * its kept copy then holds it where the device does not. */
+static void pf_keep(struct sh_pool *pool, struct region **v, size_t n, const char *st)
+{
+    struct region **sel = malloc(n * (sizeof *sel + sizeof(uintptr_t)));
+    if (!sel)
+        return; /* nothing kept: each keep_next is still 0 */
+    uintptr_t *at = (uintptr_t *)(sel + n);
+    size_t m = 0;
+    for (size_t k = 0; k < n; k++)
+        if (st[k] == PF_OK) {
+            at[m] = v[k]->scratch;
+            sel[m++] = v[k];
+        }
+    sh_pool_kept_mark(pool, sel, at, m);
+    free(sel);
+}
+
 /* The commit window (gate held): st[k] ends PF_OK for each region of v now
  * on its device chunks, PF_FAIL for those left on their slabs. */
 static void pf_window(struct sh_pool *pool, struct region **v, size_t n, char *st)
@@ -404,6 +425,7 @@ static void pf_window(struct sh_pool *pool, struct region **v, size_t n, char *s
         st[k] = bad || pf_stale(pool, v[k]) ? PF_REDO : PF_OK;
     }
     pf_redo(pool, v, n, st);
+    pf_keep(pool, v, n, st);
     for (size_t k = 0; k < n; k++) {
         if (st[k] != PF_OK)
             continue;
@@ -417,14 +439,13 @@ static void pf_window(struct sh_pool *pool, struct region **v, size_t n, char *s
 static void pf_committed(struct sh_pool *pool, struct region *r)
 {
     drop_scratch(pool, r, r->nchunks);
-    sh_pool_give_back_slabs(pool, r);
     pthread_mutex_lock(&pool->mu);
     pool->st.prefetch_commits++;
     __atomic_add_fetch(&r->restores, 1, __ATOMIC_RELAXED);
     pool->st.restores++; /* its bytes were counted as they were copied */
     sh_bytes_sub(&pool->st.host_bytes, r->mapped);
     pthread_mutex_unlock(&pool->mu);
-    sh_pool_finish_state(pool, r, SH_RS_RESIDENT);
+    sh_pool_kept_restored(pool, r); /* its slabs kept as a copy, or given back */
 }
 
 static void pf_committed_cb(struct sh_pool *pool, struct region *r, void *arg)
@@ -474,17 +495,34 @@ size_t sh_pool_prefetch_ready(struct sh_pool *pool, size_t *inflight)
 /* Back to RESIDENT: its copies have finished or were never queued. */
 static void ev_abandon(struct sh_pool *pool, struct region *r)
 {
-    sh_pool_give_back_slabs(pool, r);
     pthread_mutex_lock(&pool->mu);
     pool->st.early_abandons++;
     pthread_mutex_unlock(&pool->mu);
-    sh_pool_finish_state(pool, r, SH_RS_RESIDENT);
+    sh_pool_kept_unevict(pool, r); /* kept copies nothing was copied into stay */
 }
 
-/* Queues r's copies device -> slabs and lists it; 0, or r is RESIDENT. */
+/* Queues r's copies device -> slabs and lists it; 0, or r is RESIDENT. A
+ * region with kept copies that still match queues none: its window
+ * fingerprints it and copies only what changed. */
 static int ev_start_one(struct sh_pool *pool, struct region *r)
 {
     struct sh_xfer *x = pool->mover.xfer;
+    if (r->from_kept) {
+        /* Changed since its restore (a guess: its window compares again):
+         * copy ahead as usual, so that the copy overlaps compute. */
+        r->ahead = sh_pool_kept_changed(pool, r) && sh_pool_get_slabs(pool, r, 0) == 0;
+        if (!r->ahead)
+            sh_pool_kept_ahead_off(r);
+    }
+    if (r->from_kept && !r->ahead) {
+        r->mv_first = 1;
+        r->mv_last = 0; /* no copy to wait for */
+        pthread_mutex_lock(&pool->mu);
+        pool->st.early_evictions++;
+        pthread_mutex_unlock(&pool->mu);
+        move_push(pool, &pool->ev, r);
+        return 0;
+    }
     if (sh_pool_get_slabs(pool, r, 0) != 0) {
         sh_pool_finish_state(pool, r, SH_RS_RESIDENT);
         return SH_ENOMEM;
@@ -539,6 +577,7 @@ static int ev_startable(struct sh_pool *pool, struct region *r)
     r->ev_issued = issued;
     pool->st.regions[SH_RS_RESIDENT]--;
     pool->st.regions[SH_RS_EVICTING]++;
+    sh_pool_kept_take(pool, r, 1);
     return 1;
 }
 
@@ -568,6 +607,36 @@ static int ev_switch(struct sh_pool *pool, struct region *r)
     return 0;
 }
 
+/* The regions of v that took kept copies and were not used since their
+ * start: fingerprinted here (drained, gated), their changed chunks copied
+ * now. Those whose copies fail are marked in bad[]. */
+static void ev_compare(struct sh_pool *pool, struct region **v, size_t n, char *bad)
+{
+    struct sh_xfer *x = pool->mover.xfer;
+    struct region **sel = malloc(n * sizeof *sel);
+    size_t m = 0;
+    for (size_t k = 0; sel && k < n; k++)
+        if (v[k]->from_kept && sh_pool_issued_at(pool, v[k]) == v[k]->ev_issued)
+            sel[m++] = v[k];
+    sh_pool_kept_compare(pool, sel, m);
+    int failed = 0;
+    for (size_t j = 0; j < m; j++)
+        if (sel[j]->ahead) /* copied ahead, unused since: each chunk picks its slab */
+            sh_pool_kept_ahead(pool, sel[j]);
+    for (size_t j = 0; j < m; j++)
+        for (unsigned i = 0; i < sel[j]->nchunks && !failed && !sel[j]->ahead; i++) {
+            struct chunk *c = &sel[j]->chunks[i];
+            if (c->clean)
+                continue;
+            sel[j]->spoiled = 1;
+            failed = sh_xfer_copy(x, SH_D2H, c->slab->staging, sel[j]->va + c->off, c->size) != 0;
+        }
+    failed |= m && sh_xfer_flush(x, SH_D2H) != 0; /* which copy failed is unknown */
+    for (size_t k = 0; k < n; k++)
+        bad[k] = !sel || (failed && v[k]->from_kept);
+    free(sel);
+}
+
 /* The commit window (gate held): ok[k] is 1 for each region of v now on
  * its slabs, 0 for those left on their device chunks. */
 static void ev_window(struct sh_pool *pool, struct region **v, size_t n, char *ok)
@@ -576,13 +645,15 @@ static void ev_window(struct sh_pool *pool, struct region **v, size_t n, char *o
     memset(ok, 0, n);
     if (sh_pool_drain(pool, v, n) != 0)
         return;
+    ev_compare(pool, v, n, ok); /* ok[k] says "failed" until the loop below */
     uint64_t now = __atomic_load_n(&pool->clock, __ATOMIC_RELAXED);
     for (size_t k = 0; k < n; k++) {
         struct region *r = v[k];
         /* Drained: the copies are done. Work issued since they began may
          * have written the device chunks under them: that region stays. */
-        int copied = sh_xfer_wait_seq(x, SH_D2H, r->mv_first, r->mv_last) == 0;
+        int copied = !ok[k] && sh_xfer_wait_seq(x, SH_D2H, r->mv_first, r->mv_last) == 0;
         int unused = sh_pool_issued_at(pool, r) == r->ev_issued || pool->mover.plant_lost_write;
+        ok[k] = 0;
         if (copied && unused)
             sh_pool_check_move(pool, r, r->va, "early eviction");
         if (copied && unused && ev_switch(pool, r) == 0) {
@@ -596,7 +667,8 @@ static void ev_committed(struct sh_pool *pool, struct region *r, void *released)
 {
     pthread_mutex_lock(&pool->mu);
     pool->st.early_commits++;
-    pool->st.evicted_bytes -= r->mapped; /* counted as they were copied */
+    if (!r->from_kept || r->ahead)
+        pool->st.evicted_bytes -= r->mapped; /* counted as they were copied */
     pthread_mutex_unlock(&pool->mu);
     sh_pool_evicted_one(pool, r, released);
 }

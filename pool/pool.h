@@ -13,6 +13,7 @@
 #ifndef SH_POOL_H
 #define SH_POOL_H
 
+#include "clean/clean.h"
 #include "pool/pool_parts.h"
 #include "transfer/transfer.h"
 
@@ -81,6 +82,14 @@ struct sh_pool_stats {
     uint64_t early_evictions; /* regions whose eviction copy was started ahead of need */
     uint64_t early_commits;   /* ... and committed: they are HOST */
     uint64_t early_abandons;  /* ... or left RESIDENT: used meanwhile, failure, freed */
+    /* clean regions (keep.c) */
+    uint64_t clean_evictions;     /* evictions that found the kept copy unchanged: no copy */
+    uint64_t dirty_evictions;     /* ... that found it changed (in some chunk): copied */
+    uint64_t clean_bytes;         /* bytes not copied: their chunk was unchanged */
+    uint64_t fingerprints;        /* ranges fingerprinted (kernel launches) */
+    uint64_t fingerprinted_bytes; /* bytes they covered */
+    uint64_t kept_dropped;        /* regions whose copies were given up for host memory */
+    size_t kept_bytes;            /* host bytes held by kept copies now */
 };
 
 struct sh_pool;
@@ -253,6 +262,16 @@ struct sh_pool_mover {
     int (*streams_idle)(void *ctx, uint64_t mask);
     void *drain_ctx;
     unsigned slab_wait_ms; /* how long to wait for the host pool to grow */
+    /* Clean regions ([policy] clean_skip; keep.c): fills out[i] with the
+     * fingerprint (clean.h) of the device bytes at addr[i], len[i]; 0, or
+     * an error (then nothing is taken as clean). bus[dir] += the bytes it
+     * moved each way (its results; once, its key), which count as copied.
+     * Trusted only in remap windows; called also at an early eviction's
+     * start, as a guess whether to copy ahead. NULL: every eviction
+     * copies, no host copy is kept. */
+    int (*fingerprint)(void *ctx, const uintptr_t *addr, const size_t *len, size_t n,
+                       struct sh_clean_fp *out, uint64_t bus[2]);
+    void *fp_ctx;
 };
 
 /* Enables eviction. Until called, sh_pool_evict releases nothing. */

@@ -121,6 +121,8 @@ static void unbuild(struct sh_pool *pool, struct region *r, unsigned mapped_chun
             sh_chunkcache_put(pool->cc, c->handle, c->size);
         if (c->slab) /* an evicted region freed by the program */
             sh_hostpool_put(pool->mover.host, c->slab);
+        if (c->kept) /* a live region's host copy, at teardown */
+            sh_hostpool_put(pool->mover.host, c->kept);
     }
     if (kept)
         sh_log(SH_LOG_ERROR, "cannot unmap %zu bytes of 0x%llx: they stay reserved and mapped",
@@ -494,6 +496,7 @@ static void settle(struct sh_pool *pool, struct region *r)
 int sh_pool_pin(struct sh_pool *pool, uintptr_t addr)
 {
     int rc = SH_ENOTFOUND;
+    struct sh_slab *kept = NULL;
     pthread_mutex_lock(&pool->mu);
     pthread_rwlock_rdlock(&pool->index_lock);
     struct region *r = sh_rindex_lookup(pool->index, addr);
@@ -504,10 +507,12 @@ int sh_pool_pin(struct sh_pool *pool, uintptr_t addr)
         if (rc == 1) {
             __atomic_store_n(&r->pinned, 1, __ATOMIC_RELAXED);
             pool->st.pinned++;
+            kept = sh_pool_kept_detach(pool, r); /* it never moves again */
             rc = 0;
         }
     }
     pthread_mutex_unlock(&pool->mu);
+    sh_pool_kept_put(pool, kept);
     return rc;
 }
 
@@ -541,7 +546,10 @@ int sh_pool_free(struct sh_pool *pool, uintptr_t va, uint64_t stream, uint64_t f
     int from = r->state, drop = from == SH_RS_HOST || r->pinned; /* torn down at once */
     size_t held = stream_ordered(r->path) ? r->size : 0;
     int rc = sh_state_move(&r->state, SH_RS_FREED, r->id);
+    struct sh_slab *kept = NULL;
     if (rc == 0) {
+        kept = sh_pool_kept_detach(pool, r);   /* freed regions are never copied */
+        r->learn = (struct sh_clean_learn){0}; /* the next allocation is another tensor */
         r->stream = stream;
         r->fence = fence;
         pool->st.regions[from]--;
@@ -559,6 +567,7 @@ int sh_pool_free(struct sh_pool *pool, uintptr_t va, uint64_t stream, uint64_t f
         }
     }
     pthread_mutex_unlock(&pool->mu);
+    sh_pool_kept_put(pool, kept);
     if (rc == 0)
         sh_pool_usage_sub(pool, held);
     /* Once on the freed list, r may be torn down by another thread at once. */

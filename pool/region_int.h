@@ -27,6 +27,13 @@ struct chunk {
     /* Nonzero: nothing is mapped at the chunk's address (a remap failed
      * both ways) and this handle holds its bytes (repair.c; atomic). */
     uint64_t hole;
+    /* Clean regions (keep.c): a RESIDENT region's host copy of the chunk as
+     * it was restored, and the fingerprint of those bytes (which an
+     * eviction that takes the copy as its slab keeps). clean: in that
+     * eviction's window, the device bytes matched: nothing to copy. */
+    struct sh_slab *kept;
+    struct sh_clean_fp fp;
+    int clean;
 };
 
 /* Moves in flight whose copies go one way (prefetches: H2D; early
@@ -75,6 +82,16 @@ struct region {
      * and the references the program holds to its handle. pool->mu. */
     int vmm_mapped;
     unsigned vmm_refs;
+    /* Clean regions (keep.c). has_kept: its chunks hold kept copies and it
+     * is on pool->kept (pool->mu). The rest is its mover's: from_kept, the
+     * eviction under way took those copies as its slabs; spoiled, a copy
+     * into them was made since; ahead, an early eviction that also copies
+     * into fresh slabs from its start (the region was dirty last time),
+     * its kept copy still in chunk->kept; keep_next, the restore under way
+     * keeps its slabs; learn, what its evictions taught. */
+    struct region *kept_prev, *kept_next;
+    int has_kept, from_kept, spoiled, ahead, keep_next;
+    struct sh_clean_learn learn;
     unsigned nchunks;
     struct chunk chunks[];
 };
@@ -94,7 +111,8 @@ struct sh_pool {
     struct region *lru_head, *lru_tail;
     struct region *buckets[NBUCKETS];
     uint64_t next_id, clock;
-    struct move_list pf, ev; /* prefetches, early evictions in flight */
+    struct move_list pf, ev;              /* prefetches, early evictions in flight */
+    struct region *kept_head, *kept_tail; /* regions holding kept copies, oldest first (mu) */
     /* Work issued at or before this clock has finished: the last window
      * that drained the whole device read it. */
     uint64_t drained;
@@ -169,5 +187,44 @@ int sh_pool_get_chunks(struct sh_pool *pool, struct region *r);
 void sh_pool_verify(struct sh_pool *pool, struct region *r, const struct chunk *c);
 void sh_pool_check_move(struct sh_pool *pool, struct region *r, uintptr_t dev, const char *kind);
 void sh_pool_unrestore(struct sh_pool *pool, struct region *r, unsigned n);
+
+/* keep.c: host copies kept after a restore (clean regions).
+ *   kept_take      r just went RESIDENT -> EVICTING (mu held): its kept
+ *                  copies, if any, become its slabs (from_kept); for an
+ *                  early eviction (early) they stay kept until its start
+ *                  asks kept_changed: 1 when the device bytes differ from
+ *                  the copy now (a guess: nothing is stopped), and then it
+ *                  copies ahead into fresh slabs (ahead), else kept_ahead_off
+ *   kept_ahead     an early eviction that copied ahead, in its window,
+ *                  compared: each chunk keeps the slab that holds its bytes
+ *   kept_detach    r leaves RESIDENT another way (freed, pinned, unmapped;
+ *                  mu held): its kept slabs, linked by next, for kept_put
+ *                  once mu is released
+ *   kept_reclaim   gives up the oldest region's copies (no lock held):
+ *                  the bytes freed, 0 when none was kept
+ *   kept_compare   in an eviction window: fingerprints the regions of v
+ *                  that took kept copies and marks their clean chunks
+ *   kept_mark      in a restore window, the bytes landed at base[k]:
+ *                  whether each region keeps its slabs, and their
+ *                  fingerprints
+ *   kept_restored  a restore committed: RESIDENT, its slabs kept or given back
+ *   kept_unevict   an eviction did not happen: RESIDENT, copies kept again
+ *                  if nothing was copied into them
+ *   kept_evicted   an eviction committed: what it taught; returns the
+ *                  bytes copied in the window (those not found clean) */
+void sh_pool_kept_take(struct sh_pool *pool, struct region *r, int early);
+void sh_pool_kept_ahead(struct sh_pool *pool, struct region *r);
+int sh_pool_kept_changed(struct sh_pool *pool, struct region *r);
+/* An early eviction that does not copy ahead: its kept copies become its
+ * slabs; its window compares and copies what changed. */
+void sh_pool_kept_ahead_off(struct region *r);
+struct sh_slab *sh_pool_kept_detach(struct sh_pool *pool, struct region *r);
+void sh_pool_kept_put(struct sh_pool *pool, struct sh_slab *list);
+size_t sh_pool_kept_reclaim(struct sh_pool *pool);
+void sh_pool_kept_compare(struct sh_pool *pool, struct region **v, size_t n);
+void sh_pool_kept_mark(struct sh_pool *pool, struct region **v, const uintptr_t *base, size_t n);
+void sh_pool_kept_restored(struct sh_pool *pool, struct region *r);
+void sh_pool_kept_unevict(struct sh_pool *pool, struct region *r);
+size_t sh_pool_kept_evicted(struct sh_pool *pool, struct region *r);
 
 #endif

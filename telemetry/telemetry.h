@@ -59,7 +59,10 @@
     X(phase_step_end_us, "us", "time spent in the STEP_END phase")                                 \
     X(cupti_handovers, "times",                                                                    \
       "CUPTI given up to another subscriber (a profiler): hooks meanwhile")                        \
-    X(cupti_returns, "times", "CUPTI taken back once the other subscriber unsubscribed")
+    X(cupti_returns, "times", "CUPTI taken back once the other subscriber unsubscribed")           \
+    X(clean_evictions, "regions", "evictions that found the region unchanged since its restore")   \
+    X(clean_bytes, "bytes", "bytes evictions did not copy: unchanged since their restore")         \
+    X(fingerprints, "launches", "fingerprint kernel launches (clean_skip)")
 
 /* ---- gauges: the latest value, set with atomic stores ---------------------- */
 #define SH_TM_GAUGES(X)                                                                            \
@@ -91,7 +94,8 @@
     X(host_node_budget, "bytes", "host budget shared by the node's processes; 0: per process")     \
     X(host_node_used, "bytes", "pinned host bytes the processes sharing the node budget hold")     \
     X(host_node_share, "bytes", "this process's part of host_node_used")                           \
-    X(host_node_ranks, "processes", "processes sharing the node budget, this one included")
+    X(host_node_ranks, "processes", "processes sharing the node budget, this one included")        \
+    X(kept_bytes, "bytes", "host memory held by copies of resident regions (clean_skip)")
 
 #define SH_TM_ENUM_C_(name, unit, help) SH_TM_C_##name,
 #define SH_TM_ENUM_G_(name, unit, help) SH_TM_G_##name,

@@ -35,6 +35,8 @@ STATS_FIELDS = (
     ("node_budget_bytes", False), ("node_used_bytes", False), ("node_ranks", False),
     ("launches_unscanned", False),
     ("cupti_handovers", False), ("cupti_returns", False), ("cached_bytes", False),
+    ("clean_evictions", False), ("dirty_evictions", False), ("clean_bytes", False),
+    ("fingerprints", False), ("kept_bytes", False),
 )
 
 

@@ -48,6 +48,6 @@ sed -n 's/^summary //p' "$tmp/sh" | tr ' ' '\n' | awk -F= '
     END {
         printf "   step time            %s s (reference %s s)\n", v["step_s"], ref
         printf "   peak device memory   %s MB of a %s MB budget\n", v["peak_device_mb"], v["budget_mb"]
-        printf "   device -> host       %s MB in %s evictions\n", v["d2h_mb"], v["evictions"]
+        printf "   device -> host       %s MB in %s evictions (%s unchanged: not copied)\n", v["d2h_mb"], v["evictions"], v["clean"]
         printf "   host -> device       %s MB in %s restores\n", v["h2d_mb"], v["restores"]
     }' ref="$(sed -n 's/.*step_s=\([^ ]*\).*/\1/p' "$tmp/ref")"

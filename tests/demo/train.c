@@ -232,10 +232,10 @@ int main(void)
     if (get)
         get(&st, sizeof st);
     printf("summary steps=%d step_s=%.2f peak_device_mb=%zu budget_mb=%llu d2h_mb=%llu "
-           "h2d_mb=%llu evictions=%llu restores=%llu\n",
+           "h2d_mb=%llu evictions=%llu restores=%llu clean=%llu\n",
            STEPS, total / STEPS, sim.device_bytes_peak >> 20,
            (unsigned long long)(st.budget_bytes >> 20), (unsigned long long)(st.d2h_bytes >> 20),
            (unsigned long long)(st.h2d_bytes >> 20), (unsigned long long)st.evictions,
-           (unsigned long long)st.restores);
+           (unsigned long long)st.restores, (unsigned long long)st.clean_evictions);
     return 0;
 }

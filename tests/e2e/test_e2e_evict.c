@@ -276,14 +276,17 @@ static void test_stress(void **state)
 }
 
 /* drain_mode = tracked: the same workloads, each window waiting only for
- * the streams that used its regions, never for the whole device. */
+ * the streams that used its regions, never for the whole device. (A window
+ * that compares a kept host copy drains the device: clean_skip off here;
+ * test_e2e_clean covers it.) */
 static void test_tracked_drain(void **state)
 {
     (void)state;
     if (!preloaded || getenv("E2E_EVICT_TRACKED"))
         skip();
     static const char *const env[] = {"E2E_EVICT_TRACKED=1",
-                                      "STAGEHAND_TRANSFER_DRAIN_MODE=tracked", NULL};
+                                      "STAGEHAND_TRANSFER_DRAIN_MODE=tracked",
+                                      "STAGEHAND_POLICY_CLEAN_SKIP=false", NULL};
     assert_int_equal(e2e_rerun(saved_argv, env), 0);
 }
 

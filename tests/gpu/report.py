@@ -38,7 +38,7 @@ MB = 2 ** 20
 DEFAULT_SLACK_MB = 2048
 COPY_TARGET = 0.85
 # The C programs in the order run.sh runs them.
-C_ORDER = ("host_vmm", "oversub-plain", "oversub", "pointer_table", "pointer_table-plain",
+C_ORDER = ("host_vmm", "fingerprint", "oversub-plain", "oversub", "pointer_table", "pointer_table-plain",
            "stress", "stress-plain", "tracking-cupti", "tracking-hooks", "tracking-subscriber",
            "bandwidth", "launch-plain", "launch-cupti", "launch-hooks")
 OVERHEAD_TARGET = 0.01

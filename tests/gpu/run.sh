@@ -223,6 +223,7 @@ part_c() {
     mkdir -p "$res/c"
     echo "== C scenarios (library budget ${c_budget} MB)"
     run_c host_vmm 120 "$bin/host_vmm"
+    run_c fingerprint 120 "$bin/fingerprint"
     run_c oversub-plain 300 env OVERSUB_TOTAL_MB=$((3 * c_budget)) "$bin/oversub"
     run_c oversub 600 "${lib_env[@]}" "$bin/oversub"
     local d1 d2

@@ -32,9 +32,15 @@ def read_trace(path):
     with opener(path, "rt") as f:
         lines = f.read().splitlines()
     assert lines[0] == "stagehand-trace 1"
-    live, recs, t = {}, [], 0
+    live, recs, t, launches = {}, [], 0, []
     for line in lines[1:]:
         f = line.split()
+        if f[:2] == ["i", "ro"]:  # regions launch f[2] only reads: among its own
+            n = int(f[3])
+            assert len(f) == 4 + n and int(f[2]) < len(launches), line
+            assert set(f[4:]) <= set(launches[int(f[2])][6:]), line
+            recs.append(f)
+            continue
         if f[0] in ("i", "k", "#"):
             continue
         now = int(f[1])
@@ -50,6 +56,7 @@ def read_trace(path):
         elif f[0] == "l":
             n = int(f[5])
             assert len(f) == 6 + n and all(int(r, 0) in live for r in f[6:]), line
+            launches.append(f)
         recs.append(f)
     return recs
 
@@ -204,6 +211,58 @@ def test_launches_name_the_regions_of_their_tensors(tmp_path):
     assert int(launches[0][2]) == round(1e6 * max(2 * 1024 ** 3 / 7e12, 12 * MIB / 85e9))
     end = int(launches[1][1]) + int(launches[1][2])  # `del a`, after both launches
     assert [r[:3] for r in recs if r[0] == "f"] == [["f", str(end), ids[0]]]
+
+
+def written_regions(recs):
+    """Per launch (in order), the regions it writes: those its `i ro`
+    record does not name."""
+    launches, ro = [], {}
+    for r in recs:
+        if r[0] == "l":
+            launches.append(r[6:])
+        elif r[:2] == ["i", "ro"]:
+            ro[int(r[2])] = set(r[4:])
+    return [set(ids) - ro.get(k, set()) for k, ids in enumerate(launches)]
+
+
+def test_launches_say_what_they_only_read(tmp_path):
+    path = str(tmp_path / "m.trace")
+    with st.Recorder(path, mode="async", gpu="fp32=10,bw=100,launch_us=0"):
+        a = torch.empty(1024, 1024, device="meta")
+        b = torch.empty(1024, 1024, device="meta")
+        c = a @ b                          # reads a and b, writes c
+        c.add_(a)                          # in place: writes c, reads a
+        torch.mul(a, 2, out=b)             # out=: writes b, reads a
+        del c
+    recs = read_trace(path)
+    ids = [r[2] for r in recs if r[0] == "a"]
+    assert written_regions(recs) == [{ids[2]}, {ids[2]}, {ids[1]}]
+    assert [r for r in recs if r[:2] == ["i", "ro"]] == [
+        ["i", "ro", "0", "2", ids[0], ids[1]], ["i", "ro", "1", "1", ids[0]],
+        ["i", "ro", "2", "1", ids[0]]]
+
+
+def test_lora_never_writes_the_frozen_weights(tmp_path):
+    """Every base weight is read by the timed steps, written by none; in a
+    full fine-tune the optimizer writes them. So stagehand-sim's clean
+    regions copy LoRA's weights out only once."""
+    written, weights = {}, {}
+    for extra in ("", ",lora=8"):
+        spec = models.parse(TINY_GPT + extra)
+        path = str(tmp_path / "g.trace")
+        st.record(spec.model, spec.batch, path, steps=3, forward=spec.forward,
+                  loss=spec.loss, optimizer=spec.optimizer)
+        recs = read_trace(path)
+        first = next(i for i, r in enumerate(recs) if r[0] == "l")
+        # regions allocated before the first launch and live at the end: the model
+        live = {r[2] for r in recs[:first] if r[0] == "a"} - {r[2] for r in recs if r[0] == "f"}
+        touched = set().union(*(set(r[6:]) for r in recs if r[0] == "l"))
+        weights[extra] = live & touched
+        written[extra] = set().union(*written_regions(recs)) & weights[extra]
+    assert weights[",lora=8"] and weights[""]
+    assert written[""] == weights[""]  # AdamW writes every parameter
+    # with LoRA only the adapters (a few small regions, if any) are written
+    assert len(written[",lora=8"]) < len(weights[",lora=8"]) / 2
 
 
 def test_checkpointing_and_lora_free_what_they_should(tmp_path):

@@ -41,6 +41,7 @@ struct sim_kernel {
     int nparams;
     size_t sizes[MAX_PARAMS], offsets[MAX_PARAMS], total;
     unsigned duration_us;
+    bool builtin; /* a kernel of a module (drv_module.c): takes the time its work takes */
 };
 
 static pthread_mutex_t kern_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -192,6 +193,18 @@ SIM_EXPORT int simcuda_register_kernel(simcuda_kernel_fn fn, const char *name, i
                                        const size_t *param_sizes, unsigned duration_us)
 {
     return simcuda_register_kernel_aligned(fn, name, nparams, param_sizes, NULL, duration_us);
+}
+
+CUfunction sim_builtin_kernel(simcuda_kernel_fn fn, const char *name, int nparams,
+                              const size_t *param_sizes)
+{
+    if (simcuda_register_kernel(fn, name, nparams, param_sizes, 0) != 0)
+        return NULL;
+    struct sim_kernel *k = (struct sim_kernel *)simcuda_function(fn);
+    pthread_mutex_lock(&kern_mu);
+    k->builtin = true;
+    pthread_mutex_unlock(&kern_mu);
+    return (CUfunction)k;
 }
 
 SIM_EXPORT CUfunction simcuda_function(simcuda_kernel_fn fn)
@@ -374,7 +387,7 @@ static struct launch_op *launch_op_new(struct sim_kernel *k, void **params)
     op->op.node_type = CU_GRAPH_NODE_TYPE_KERNEL;
     op->op.relocate = launch_relocate;
     op->k = k;
-    op->us = k->duration_us ? k->duration_us : sim_cfg.kernel_us;
+    op->us = k->duration_us ? k->duration_us : k->builtin ? 0 : sim_cfg.kernel_us;
     for (int i = 0; i < k->nparams; i++) {
         memcpy(op->buf + k->offsets[i], params[i], k->sizes[i]);
         op->args[i] = op->buf + k->offsets[i];

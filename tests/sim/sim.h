@@ -8,7 +8,8 @@
  * and their attributes), drv_ptr.c (pointer
  * queries), drv_stream.c (streams, worker threads), drv_event.c (events),
  * drv_exec.c (kernels, launches, fault guard), drv_copy.c (copies,
- * memsets), drv_graph.c (capture and graphs). mem.h is shared by the memory
+ * memsets), drv_graph.c (capture and graphs), drv_module.c (modules: the
+ * library's own PTX). mem.h is shared by the memory
  * files.
  */
 #ifndef SIM_H
@@ -232,6 +233,11 @@ struct sim_op *sim_kernel_op(const CUDA_KERNEL_NODE_PARAMS *p, CUresult *r);
 CUresult sim_op_add_wait(struct sim_op *op, struct sim_stream *s, uint64_t ticket);
 
 /* ---- execution ---- */
+/* Registers fn as the kernel of a module (drv_module.c): it runs in the
+ * time its work takes, whatever SIMCUDA_KERNEL_US says. NULL when the
+ * table is full. */
+CUfunction sim_builtin_kernel(simcuda_kernel_fn fn, const char *name, int nparams,
+                              const size_t *param_sizes);
 /* Runs fn(arg) on the calling worker; returns false and records the fault
  * if it touched an address with no mapping or no access. */
 bool sim_guarded(void (*fn)(void *), void *arg, const char *what);

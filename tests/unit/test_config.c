@@ -158,7 +158,7 @@ static void test_shipped_ini(void **state)
         assert_non_null(ki.unit);
         assert_non_null(ki.help);
     }
-    assert_int_equal(i, 41);
+    assert_int_equal(i, 42);
     assert_int_equal(sh_config_key_at(i, &ki), SH_ENOTFOUND);
     assert_origin(&c, "budget", "vram_budget_mb", "stagehand.ini:63");
 }
@@ -275,15 +275,15 @@ static void test_summary(void **state)
     sh_config_summary(&c, buf, sizeof buf);
     assert_string_equal(buf, "budget=100% high=auto low=auto host=50% min_region=1024KB chunk=64MB "
                              "classes=1,4,16,64,256 slabs=64,16,8,4,2 d2h=2 h2d=2 drain=device "
-                             "eviction=learned window=64 prefetch=on conductor=on tracking=auto "
-                             "telemetry=on checksums=off");
+                             "eviction=learned window=64 prefetch=on clean=on conductor=on "
+                             "tracking=auto telemetry=on checksums=off");
     resolve_ok(&c);
     sh_config_summary(&c, buf, sizeof buf);
     assert_string_equal(buf, "budget=16384MB high=auto low=auto host=32768MB "
                              "min_region=1024KB chunk=64MB classes=1,4,16,64,256 "
                              "slabs=64,16,8,4,2 d2h=2 h2d=2 drain=device eviction=learned "
-                             "window=64 prefetch=on conductor=on tracking=auto telemetry=on "
-                             "checksums=off");
+                             "window=64 prefetch=on clean=on conductor=on tracking=auto "
+                             "telemetry=on checksums=off");
     sh_config_summary(&c, buf, 12);
     assert_string_equal(buf, "budget=1638");
 }

@@ -2,9 +2,12 @@
  * (tests/unit/traces/sim_*.trace) that once made it fail: a run that never
  * ended, a false out-of-memory, and region ids reused after their free
  * (replayed, and followed, with step marks or without), and a recorded
- * model replayed without its marks;
- * and ones that show the library's engine making room in the model, and
- * its remap windows opened as the library opens them. Runs the built tool
+ * model replayed without its marks; ones that show the library's engine
+ * making room in the model, and its remap windows opened as the library
+ * opens them; and clean regions ([policy] clean_skip): what launches only
+ * read leaves without a copy, every use counts as a write in a trace that
+ * says nothing of it, and fingerprints cost their bytes over --hbm-gbps.
+ * Runs the built tool
  * ($STAGEHAND_TEST_BUILD/stagehand-sim) under a memory limit, so a replay
  * whose lists grow without end fails here instead of taking the machine's
  * memory; one that never ends is stopped by the test runner's timeout.
@@ -19,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #define DIR "tests/unit/traces/"
 
@@ -239,6 +243,98 @@ static void test_learned_windows_as_the_library(void **state)
     }
 }
 
+/* The figure after key= on the line of policy p. */
+static double field(const char *p, const char *key)
+{
+    char want[64];
+    snprintf(want, sizeof want, "policy=%s step_s=", p);
+    const char *l = strstr(out, want);
+    if (!l)
+        fail_msg("no line for %s in\n%s", p, out);
+    snprintf(want, sizeof want, " %s=", key);
+    const char *v = strstr(l, want);
+    assert_non_null(v);
+    return strtod(v + strlen(want), NULL);
+}
+
+/* A configuration file of one [policy] key, or a trace without its `i ro`
+ * records, in a temporary file (removed by the caller). */
+static void temp_file(char *path, const char *text)
+{
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    FILE *fp = fdopen(fd, "w");
+    assert_non_null(fp);
+    fputs(text, fp);
+    fclose(fp);
+}
+
+#define CLEAN DIR "sim_clean.trace --vram-gb 1"
+#define RO    536870912.0 /* one region's bytes */
+
+/* Regions 1 and 2 are only read: once restored, their evictions copy
+ * nothing, where clean_skip = false copies them every time; region 3 is
+ * written, copied every time either way. No policy beats the bound. */
+static void test_clean_regions(void **state)
+{
+    (void)state;
+    char off[] = "/tmp/sim_noclean_XXXXXX";
+    temp_file(off, "[policy]\nclean_skip = false\n");
+    char args[256];
+    assert_int_equal(sim("--trace " CLEAN), 0);
+    for (size_t i = 0; i < sizeof policies / sizeof policies[0]; i++) {
+        assert_true(field(policies[i], "d2h_bytes") == RO);
+        assert_true(field(policies[i], "clean_evictions") >= 2);
+        assert_true(field(policies[i], "ratio") >= 1.0);
+    }
+    snprintf(args, sizeof args, "--trace " CLEAN " --config %s", off);
+    assert_int_equal(sim(args), 0);
+    unlink(off);
+    for (size_t i = 0; i < sizeof policies / sizeof policies[0]; i++) {
+        assert_true(field(policies[i], "d2h_bytes") >= 2 * RO);
+        assert_true(field(policies[i], "clean_evictions") == 0);
+    }
+}
+
+/* The same trace without its `i ro` records (as every trace before them):
+ * every use is a write, nothing is clean. */
+static void test_old_traces_write_everything(void **state)
+{
+    (void)state;
+    FILE *fp = fopen(DIR "sim_clean.trace", "r");
+    assert_non_null(fp);
+    static char text[16384];
+    size_t n = 0;
+    char line[256];
+    while (fgets(line, sizeof line, fp))
+        if (strncmp(line, "i ro ", 5) != 0)
+            n += (size_t)snprintf(text + n, sizeof text - n, "%s", line);
+    fclose(fp);
+    char path[] = "/tmp/sim_old_XXXXXX";
+    temp_file(path, text);
+    char args[256];
+    snprintf(args, sizeof args, "--trace %s --vram-gb 1", path);
+    assert_int_equal(sim(args), 0);
+    unlink(path);
+    for (size_t i = 0; i < sizeof policies / sizeof policies[0]; i++) {
+        assert_true(field(policies[i], "clean_evictions") == 0);
+        assert_true(field(policies[i], "d2h_bytes") >= 2 * RO);
+    }
+}
+
+/* A fingerprint takes a region's bytes over the device's bandwidth, in the
+ * window: at 1 GB/s each of half a GiB costs half a second. */
+static void test_fingerprint_cost(void **state)
+{
+    (void)state;
+    assert_int_equal(sim("--trace " CLEAN " --policy learned --hbm-gbps 100000"), 0);
+    double fast = field("learned", "step_s");
+    assert_int_equal(sim("--trace " CLEAN " --policy learned --hbm-gbps 1"), 0);
+    double slow = field("learned", "step_s");
+    /* per steady step at least one clean eviction's and one kept restore's */
+    assert_true(slow >= fast + 2 * RO / 1e9);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -251,6 +347,9 @@ int main(void)
         cmocka_unit_test(test_alloc_evicts_to_the_low_watermark),
         cmocka_unit_test(test_reactive_windows_by_kind),
         cmocka_unit_test(test_learned_windows_as_the_library),
+        cmocka_unit_test(test_clean_regions),
+        cmocka_unit_test(test_old_traces_write_everything),
+        cmocka_unit_test(test_fingerprint_cost),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,7 +1,8 @@
 /* test_trace.c — the trace format: writer and reader agree on every record,
- * long launches cross the writer's buffer, every kind of bad input is
- * reported as "path:line: what", and no input at all makes the reader
- * crash (truncations and random damage of a good trace). */
+ * the regions a launch only reads (`i ro`) included, long launches cross
+ * the writer's buffer, every kind of bad input is reported as "path:line:
+ * what", and no input at all makes the reader crash (truncations and
+ * random damage of a good trace). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -259,6 +260,59 @@ static void test_parse_odd_bytes(void **state)
     assert_string_equal(tiny, "mem:2: ");
     assert_int_equal(sh_trace_parse("mem", lng, sizeof lng - 1, &t, NULL, 0), SH_EINVAL);
     assert_null(t);
+}
+
+/* `i ro` records: the regions a launch only reads; a trace without them
+ * (every one before them) writes everything it touches. */
+static void test_read_only_records(void **state)
+{
+    (void)state;
+    struct sh_trace *t = NULL;
+    char err[256];
+    static const char old[] = "stagehand-trace 1\na 0 1 4 7 u\nl 1 2 7 9 1 1\n";
+    assert_int_equal(sh_trace_parse("mem", old, sizeof old - 1, &t, err, sizeof err), 0);
+    assert_null(at(t, 1)->ro);
+    assert_true(sh_trace_writes(at(t, 1), 0));
+    sh_trace_destroy(t);
+    static const char ro[] = "stagehand-trace 1\na 0 1 4 7 u\na 0 2 4 7 u\n"
+                             "l 1 2 7 9 2 1 2\ni ro 0 1 2\ni other key skipped\nl 3 2 7 9 1 2\n";
+    assert_int_equal(sh_trace_parse("mem", ro, sizeof ro - 1, &t, err, sizeof err), 0);
+    const struct sh_trace_event *l0 = at(t, 2), *l1 = at(t, 3);
+    assert_true(sh_trace_writes(l0, 0));
+    assert_false(sh_trace_writes(l0, 1));
+    assert_true(sh_trace_writes(l1, 0)); /* no record: written */
+    /* Written back and read again: the same. */
+    assert_int_equal(sh_trace_save(t, tmp_file(), "round trip"), 0);
+    sh_trace_destroy(t);
+    assert_int_equal(sh_trace_read(tmp_file(), &t, err, sizeof err), 0);
+    assert_false(sh_trace_writes(at(t, 2), 1));
+    assert_true(sh_trace_writes(at(t, 2), 0));
+    assert_true(sh_trace_writes(at(t, 3), 0));
+    /* Misuse of the builder. */
+    assert_int_equal(sh_trace_set_read_only(t, 0, 1), SH_EINVAL);    /* an allocation */
+    assert_int_equal(sh_trace_set_read_only(t, 99, 1), SH_EINVAL);   /* no such event */
+    assert_int_equal(sh_trace_set_read_only(t, 3, 1), SH_ENOTFOUND); /* not its region */
+    assert_int_equal(sh_trace_set_read_only(t, 3, 2), 0);
+    assert_false(sh_trace_writes(at(t, 3), 0));
+    sh_trace_destroy(t);
+    unlink(tmp_file());
+    static const struct {
+        const char *rec, *want;
+    } bad[] = {
+        {"i ro 5 1 1", "mem:4: read-only regions of launch 5, but only 1 launches came before"},
+        {"i ro 0 1 3", "mem:4: launch 0 does not touch region 3"},
+        {"i ro 0 3 1 1 1", "mem:4: 3 read-only regions, but launch 0 touches 1"},
+        {"i ro 0 1", "mem:4: missing region id"},
+        {"i ro 0 1 1 1", "mem:4: unexpected \"1\" at the end of the line"},
+        {"i ro x", "mem:4: launch number: not a number: \"x\""},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char text[256];
+        int n = snprintf(text, sizeof text, "stagehand-trace 1\na 0 1 4 7 u\nl 1 2 7 9 1 1\n%s\n",
+                         bad[i].rec);
+        assert_int_equal(sh_trace_parse("mem", text, (size_t)n, &t, err, sizeof err), SH_EINVAL);
+        assert_string_equal(err, bad[i].want);
+    }
 }
 
 /* ---- writing ---- */
@@ -555,6 +609,7 @@ int main(void)
         cmocka_unit_test(test_read_gzip),
         cmocka_unit_test(test_read_line_endings),
         cmocka_unit_test(test_read_bad_files),
+        cmocka_unit_test(test_read_only_records),
         cmocka_unit_test(test_read_missing_file),
         cmocka_unit_test(test_parse_odd_bytes),
         cmocka_unit_test(test_write_read_round_trip),

@@ -6,7 +6,10 @@
 # (and prints belady's distance to the bound beside them). Then the same for
 # the traces recorded from real models (tools/stagehand-sim/traces), with
 # issue 19's targets at 2x: learned within 5% of belady, 1.25x faster than
-# reactive, at most 2% slower than lru.
+# reactive, at most 2% slower than lru. Last, learned at 2x with
+# [policy] clean_skip on (shipped) and off: issue 17's targets on LoRA,
+# D2H bytes at most half the H2D bytes and a step no slower, and no slower
+# on the other shapes.
 # Usage: tools/stagehand-sim/bench-policy.sh build/stagehand-sim
 # docs/POLICY.md explains the model, the bound and the results.
 set -euo pipefail
@@ -25,17 +28,23 @@ shapes=("full fine-tune|"
 # target_line NAME OUTPUT: the 2x targets of one shape, and how far the
 # belady oracle itself is from the bound.
 target_line() {
-    local learned reactive belady
+    local learned reactive belady bytes
     learned=$(printf '%s\n' "$2" | sed -n 's/^policy=learned step_s=\([0-9.]*\) .* ratio=\([0-9.]*\) .*/\1 \2/p')
     reactive=$(printf '%s\n' "$2" | sed -n 's/^policy=reactive step_s=\([0-9.]*\) .*/\1/p')
     belady=$(printf '%s\n' "$2" | sed -n 's/^policy=belady .* ratio=\([0-9.]*\) .*/\1/p')
-    awk -v n="$1" -v l="$learned" -v r="$reactive" -v b="$belady" 'BEGIN {
-        split(l, a, " ");
+    bytes=$(learned_bytes "$2")
+    awk -v n="$1" -v l="$learned" -v r="$reactive" -v b="$belady" -v x="$bytes" 'BEGIN {
+        split(l, a, " "); split(x, y, " ");
         speed = r / a[1];
         bound = "misses"; if (a[2] + 0 <= 1.10) bound = "meets";
         fast = "misses"; if (speed >= 1.5) fast = "meets";
-        printf "target at 2x, %s: learned/lower_bound=%.3f (%s 1.10) speedup_vs_reactive=%.2f (%s 1.5) belady/lower_bound=%.3f\n",
-            n, a[2], bound, speed, fast, b }'
+        printf "target at 2x, %s: learned/lower_bound=%.3f (%s 1.10) speedup_vs_reactive=%.2f (%s 1.5) belady/lower_bound=%.3f learned_d2h/h2d=%.3f\n",
+            n, a[2], bound, speed, fast, b, y[2] / y[1] }'
+}
+
+# learned_bytes OUTPUT: learned's H2D and D2H bytes per step.
+learned_bytes() {
+    printf '%s\n' "$1" | sed -n 's/^policy=learned .* h2d_bytes=\([0-9]*\) d2h_bytes=\([0-9]*\) .*/\1 \2/p'
 }
 
 summary=()
@@ -89,7 +98,8 @@ fi
 # The same at 2x with drain_mode = tracked, whose remap windows wait only
 # for the streams that used the regions moved, not for copies in flight.
 tracked=$(mktemp)
-trap 'rm -f "$tracked"' EXIT
+noclean=$(mktemp)
+trap 'rm -f "$tracked" "$noclean"' EXIT
 sed 's/^drain_mode *=.*/drain_mode = tracked/' "$config" >"$tracked"
 grep -q '^drain_mode = tracked' "$tracked" || printf '[transfer]\ndrain_mode = tracked\n' >>"$tracked"
 common=("${common[@]/#$config/$tracked}")
@@ -98,4 +108,40 @@ for shape in "${shapes[@]}"; do
     name=${shape%%|*}
     read -r -a extra <<<"${shape#*|}"
     target_line "$name" "$("$sim" "${common[@]}" "${extra[@]+"${extra[@]}"}" --oversub 2.0)"
+done
+
+# Clean regions (issue 17): learned at 2x with clean_skip on and off. On
+# LoRA the frozen weights come back unchanged, so their evictions copy
+# nothing: D2H at most half of H2D, and a step no slower than with it off.
+sed 's/^clean_skip *=.*/clean_skip = false/' "$config" >"$noclean"
+grep -q '^clean_skip = false' "$noclean" || printf '[policy]\nclean_skip = false\n' >>"$noclean"
+common=("${common[@]/#$tracked/$config}")
+echo "## clean_skip at 2x (learned)"
+for shape in "${shapes[@]}"; do
+    name=${shape%%|*}
+    read -r -a extra <<<"${shape#*|}"
+    on=$("$sim" "${common[@]}" "${extra[@]+"${extra[@]}"}" --oversub 2.0 --policy learned)
+    off=$("$sim" "${common[@]/#$config/$noclean}" "${extra[@]+"${extra[@]}"}" --oversub 2.0 \
+        --policy learned)
+    step() { printf '%s\n' "$1" | sed -n 's/^policy=learned step_s=\([0-9.]*\) .*/\1/p'; }
+    awk -v n="$name" -v s1="$(step "$on")" -v s0="$(step "$off")" -v b1="$(learned_bytes "$on")" \
+        -v b0="$(learned_bytes "$off")" -v lora="$([[ $name == LoRA* ]] && echo 1 || echo 0)" 'BEGIN {
+        split(b1, x, " "); split(b0, y, " ");
+        r1 = x[2] / x[1]; r0 = y[2] / y[1];
+        faster = (s1 <= s0 ? "meets" : "misses");
+        bytes = lora ? sprintf(" (%s 0.5)", r1 <= 0.5 ? "meets" : "misses") : "";
+        printf "clean_skip at 2x, %s: step_s on=%.4f off=%.4f on/off=%.3f (%s 1.0) d2h/h2d on=%.3f%s off=%.3f d2h_bytes on=%s off=%s\n",
+            n, s1, s0, s1 / s0, faster, r1, bytes, r0, x[2], y[2] }'
+done
+for trace in "$traces"/*.trace.gz; do
+    [ -e "$trace" ] || continue
+    name=$(basename "$trace" .trace.gz)
+    model=(--trace "$trace" --pcie-gbps 25 --duplex full --oversub 2.0 --policy learned)
+    on=$("$sim" "${model[@]}" --config "$config")
+    off=$("$sim" "${model[@]}" --config "$noclean")
+    awk -v n="$name" -v s1="$(step "$on")" -v s0="$(step "$off")" -v b1="$(learned_bytes "$on")" \
+        -v b0="$(learned_bytes "$off")" 'BEGIN {
+        split(b1, x, " "); split(b0, y, " ");
+        printf "clean_skip at 2x, recorded %s: step_s on=%.4f off=%.4f on/off=%.3f d2h/h2d on=%.3f off=%.3f\n",
+            n, s1, s0, s1 / s0, x[2] / x[1], y[2] / y[1] }'
 done

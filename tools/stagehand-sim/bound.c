@@ -169,6 +169,11 @@ int sim_shape_of(const struct sh_trace *t, uint64_t default_ns, struct sim_shape
  *   VRAM, was evicted within it: after its last use there (a launch keeps
  *   its regions) and before B.
  *
+ * With clean_skip an eviction copies nothing when the region was not written
+ * since its restore, so only the regions allocated or written in the
+ * segment count towards D2H: of the bytes that must leave, at most those of
+ * the others leave for free.
+ *
  * Each direction's bytes take bytes / bandwidth on its own link, or the sum
  * on a shared one, and the launches run one at a time: a segment lasts at
  * least max(compute, link). Segments do not overlap, so the sum over any
@@ -182,6 +187,9 @@ struct seg_in {
     const uint64_t *born, *died, *bytes; /* per region: launches before its alloc, its free
                                            (UINT64_MAX: never freed), its size */
     const size_t *loff, *lreg;           /* the regions launch k touches */
+    const uint8_t *lwr;                  /* ... and whether it writes each */
+    uint64_t *dstamp;                    /* per region: the segment that dirtied it */
+    int clean;                           /* clean_skip: only dirty bytes must be copied out */
     const size_t *aoff, *alist;          /* regions allocated just before launch k */
     const size_t *foff, *flist;          /* regions freed just before launch k */
     uint64_t default_ns;
@@ -192,6 +200,7 @@ struct seg_acc {
     uint64_t mark;   /* stamp of the regions in the segment */
     uint64_t before; /* bytes used in it that existed before A */
     uint64_t live;   /* bytes on the device within it and still live at B */
+    uint64_t dirty;  /* of those, allocated or written within it (clean_skip) */
     uint64_t B;      /* launches covered so far, from the trace's first */
 };
 
@@ -211,19 +220,37 @@ static void seg_take(const struct seg_in *in, struct seg_acc *acc, uint64_t *sta
     acc->live += in->bytes[g];
 }
 
+/* Region g holds bytes no kept copy has: its eviction copies. */
+static void seg_dirty(const struct seg_in *in, struct seg_acc *acc, size_t g)
+{
+    if (!in->clean || in->dstamp[g] == acc->mark)
+        return;
+    in->dstamp[g] = acc->mark;
+    acc->dirty += in->bytes[g];
+}
+
 /* Extends the segment to launch B (exclusive): B's uses, the allocations up
  * to B, and the frees up to B (a region freed before B is not live at B). */
 static void seg_extend(const struct seg_in *in, struct seg_acc *acc, uint64_t *stamp, uint64_t A,
                        uint64_t B)
 {
     for (uint64_t i = acc->B; i < B; i++) {
-        for (size_t j = in->loff[i]; j < in->loff[i + 1]; j++)
+        for (size_t j = in->loff[i]; j < in->loff[i + 1]; j++) {
             seg_take(in, acc, stamp, in->lreg[j], A);
-        for (size_t j = in->aoff[i + 1]; j < in->aoff[i + 2]; j++)
+            if (in->lwr[j])
+                seg_dirty(in, acc, in->lreg[j]);
+        }
+        for (size_t j = in->aoff[i + 1]; j < in->aoff[i + 2]; j++) {
             seg_take(in, acc, stamp, in->alist[j], A);
-        for (size_t j = in->foff[i + 1]; j < in->foff[i + 2]; j++)
-            if (stamp[in->flist[j]] == acc->mark)
-                acc->live -= in->bytes[in->flist[j]];
+            seg_dirty(in, acc, in->alist[j]);
+        }
+        for (size_t j = in->foff[i + 1]; j < in->foff[i + 2]; j++) {
+            size_t g = in->flist[j];
+            if (stamp[g] == acc->mark)
+                acc->live -= in->bytes[g];
+            if (in->clean && in->dstamp[g] == acc->mark)
+                acc->dirty -= in->bytes[g];
+        }
     }
     acc->B = B;
 }
@@ -276,7 +303,7 @@ static double segment_dp(const struct seg_in *in, const struct sim_params *sp, u
             seg_extend(in, &acc, stamp, A, in->lo + hi);
             uint64_t next = seg_next(in, &acc, stamp, stamp2, ++marks[1]);
             double compute = pre[hi] - pre[a * stride];
-            double link = link_s(sp, acc.before, acc.live + next);
+            double link = link_s(sp, acc.before, (in->clean ? acc.dirty : acc.live) + next);
             double v = best[a] + (compute > link ? compute : link);
             if (v > best[b + 1])
                 best[b + 1] = v;
@@ -298,6 +325,7 @@ struct seg_index {
     size_t nreg, nl, nlreg;
     uint64_t *born, *died, *bytes;
     size_t *launch, *loff, *lreg, *aoff, *alist, *foff, *flist;
+    uint8_t *lwr;
 };
 
 static void seg_index_free(struct seg_index *x)
@@ -309,6 +337,7 @@ static void seg_index_free(struct seg_index *x)
     free(x->launch);
     free(x->loff);
     free(x->lreg);
+    free(x->lwr);
     free(x->aoff);
     free(x->alist);
     free(x->foff);
@@ -335,8 +364,10 @@ static void seg_index_launch(struct seg_index *x, const struct sh_trace_event *e
     x->launch[x->nl] = i;
     for (size_t j = 0; j < e->n; j++) {
         size_t g = idmap_get(&x->ids, e->ids[j]);
-        if (g != SIZE_MAX)
+        if (g != SIZE_MAX) {
+            x->lwr[x->nlreg] = (uint8_t)sh_trace_writes(e, j);
             x->lreg[x->nlreg++] = g;
+        }
     }
     x->loff[++x->nl] = x->nlreg;
 }
@@ -349,6 +380,7 @@ static int seg_index_build(const struct sh_trace *t, struct seg_index *x)
             touches += sh_trace_at(t, i)->n;
     memset(x, 0, sizeof *x);
     x->lreg = malloc(touches * sizeof *x->lreg);
+    x->lwr = malloc(touches);
     x->born = malloc(ne * sizeof *x->born);
     x->died = malloc(ne * sizeof *x->died);
     x->bytes = malloc(ne * sizeof *x->bytes);
@@ -358,8 +390,8 @@ static int seg_index_build(const struct sh_trace *t, struct seg_index *x)
     x->foff = calloc(ne + 3, sizeof *x->foff);
     x->alist = malloc(ne * sizeof *x->alist);
     x->flist = malloc(ne * sizeof *x->flist);
-    if (!x->born || !x->died || !x->bytes || !x->launch || !x->loff || !x->lreg || !x->aoff ||
-        !x->foff || !x->alist || !x->flist)
+    if (!x->born || !x->died || !x->bytes || !x->launch || !x->loff || !x->lreg || !x->lwr ||
+        !x->aoff || !x->foff || !x->alist || !x->flist)
         return SH_ENOMEM;
     int rc = 0;
     for (size_t i = 0; i + 1 < ne && !rc; i++) {
@@ -405,8 +437,9 @@ int sim_segment_bound(const struct sh_trace *t, const struct sim_params *sp, dou
     rc = seg_index_build(t, &x);
     size_t ne = sh_trace_count(t) + 1;
     uint64_t *stamp = calloc(ne, sizeof *stamp), *stamp2 = calloc(ne, sizeof *stamp2);
+    uint64_t *dstamp = calloc(ne, sizeof *dstamp);
     size_t *lstep = malloc((nst + 1) * sizeof *lstep);
-    if (!rc && (!stamp || !stamp2 || !lstep))
+    if (!rc && (!stamp || !stamp2 || !dstamp || !lstep))
         rc = SH_ENOMEM;
     if (!rc)
         step_launches(t, starts, nst, lstep);
@@ -421,6 +454,9 @@ int sim_segment_bound(const struct sh_trace *t, const struct sim_params *sp, dou
                             .n = lstep[s + 1] - lstep[s],
                             .loff = x.loff,
                             .lreg = x.lreg,
+                            .lwr = x.lwr,
+                            .dstamp = dstamp,
+                            .clean = sp->clean_skip,
                             .born = x.born,
                             .died = x.died,
                             .bytes = x.bytes,
@@ -433,6 +469,7 @@ int sim_segment_bound(const struct sh_trace *t, const struct sim_params *sp, dou
     }
     *out = rc ? 0 : sum / (double)(nst - first);
     seg_index_free(&x);
+    free(dstamp);
     free(stamp);
     free(stamp2);
     free(lstep);

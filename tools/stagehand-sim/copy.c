@@ -68,6 +68,12 @@ static uint64_t copy_ns(const struct run *r, uint64_t bytes)
     return (uint64_t)((double)bytes / r->sp->pcie_bytes_per_s * 1e9 + 0.5);
 }
 
+/* One fingerprint of the region's bytes on the device. */
+static uint64_t fp_ns(const struct run *r, uint64_t bytes)
+{
+    return (uint64_t)((double)bytes / r->sp->hbm_bytes_per_s * 1e9 + 0.5);
+}
+
 /* The copies in flight the engine allows now (the configured caps, or the
  * Conductor's tighter ones), as the library's copy engine is set to. */
 static int cap_of(struct run *r, int dir)
@@ -82,20 +88,20 @@ static void issue(struct run *r, int c)
     struct copy *cp = &r->cp[c];
     int l = link_of(r, cp->dir);
     uint64_t start = r->link_free[l] > r->now ? r->link_free[l] : r->now;
-    cp->done_ns = start + copy_ns(r, cp->bytes);
-    r->link_free[l] = cp->done_ns;
+    cp->done_ns = start + copy_ns(r, cp->link);
+    if (cp->link)
+        r->link_free[l] = cp->done_ns;
     cp->state = C_ISSUED;
     if (r->sp->verbose > 3)
         fprintf(stderr, "      %s region %llu %s %.3f..%.3f ms %llu\n",
                 cp->dir == H2D ? "h2d" : "d2h", (unsigned long long)r->reg[cp->reg].id,
-                cp->demand ? "demand" : "ahead",
-                (double)(cp->done_ns - copy_ns(r, cp->bytes)) / 1e6, (double)cp->done_ns / 1e6,
-                (unsigned long long)cp->bytes);
+                cp->demand ? "demand" : "ahead", (double)(cp->done_ns - copy_ns(r, cp->link)) / 1e6,
+                (double)cp->done_ns / 1e6, (unsigned long long)cp->link);
     fifo_push(&r->issued[cp->dir], c, 0);
     if (cp->dir == H2D)
-        tally(r)->h2d += cp->bytes;
+        tally(r)->h2d += cp->link;
     else
-        tally(r)->d2h += cp->bytes;
+        tally(r)->d2h += cp->link;
 }
 
 /* Issues queued copies while slots are free; a demand copy always gets one. */
@@ -113,6 +119,8 @@ static void refill(struct run *r, int dir)
     }
 }
 
+static int ready(struct run *r, int c);
+
 int start_copy(struct run *r, size_t g, int dir, int demand)
 {
     if (r->ncp == r->capcp) {
@@ -125,7 +133,23 @@ int start_copy(struct run *r, size_t g, int dir, int demand)
     }
     int c = (int)r->ncp++;
     struct sreg *s = &r->reg[g];
-    r->cp[c] = (struct copy){.reg = g, .dir = dir, .demand = demand, .bytes = s->bytes};
+    r->cp[c] =
+        (struct copy){.reg = g, .dir = dir, .demand = demand, .bytes = s->bytes, .link = s->bytes};
+    if (dir == D2H && s->kept) {
+        /* The window fingerprints it; a region no launch wrote since its
+         * restore needs no copy (the library's clean eviction). An early
+         * eviction fingerprints it at its start too: one found changed
+         * copies ahead as usual. (A launch that wrote it after that start
+         * used it, and calls the eviction off.) */
+        struct copy *cp = &r->cp[c];
+        cp->kept = 1;
+        cp->clean = !s->dirty;
+        cp->link = cp->clean ? 0 : s->bytes;
+        cp->fp_ns = fp_ns(r, s->bytes);
+        if (!demand && run_hold(r, fp_ns(r, s->bytes))) /* the guess holds up its planner */
+            return SH_EINVAL;
+        s->kept = 0;
+    }
     s->copy = c;
     s->res = dir == H2D ? SH_RES_TO_DEVICE : SH_RES_TO_HOST;
     if (dir == H2D)
@@ -135,6 +159,10 @@ int start_copy(struct run *r, size_t g, int dir, int demand)
     if (r->used > r->peak)
         r->peak = r->used;
     sh_policy_residency(r->pol, s->id, s->res);
+    if (r->cp[c].kept && r->cp[c].clean) { /* nothing to carry: ready for its window */
+        r->cp[c].done_ns = r->now;
+        return ready(r, c);
+    }
     if (fifo_push(&r->queued[dir], c, demand))
         return run_fail(r, "out of memory");
     refill(r, dir);
@@ -155,25 +183,31 @@ int next_done(const struct run *r)
     return best;
 }
 
+static int ready(struct run *r, int c)
+{
+    struct copy *cp = &r->cp[c];
+    if (r->nready == r->capready) {
+        size_t cap = r->capready ? r->capready * 2 : 64;
+        int *v = realloc(r->ready, cap * sizeof *v);
+        if (!v)
+            return run_fail(r, "out of memory");
+        r->ready = v;
+        r->capready = cap;
+    }
+    cp->state = C_READY;
+    r->ready[r->nready++] = c;
+    r->nready_dir[cp->dir]++;
+    return 0;
+}
+
 int finish(struct run *r, int c)
 {
     struct copy *cp = &r->cp[c];
     fifo_pop(&r->issued[cp->dir]);
-    if (cp->cancelled) {
+    if (cp->cancelled)
         cp->state = C_DONE;
-    } else {
-        if (r->nready == r->capready) {
-            size_t cap = r->capready ? r->capready * 2 : 64;
-            int *v = realloc(r->ready, cap * sizeof *v);
-            if (!v)
-                return run_fail(r, "out of memory");
-            r->ready = v;
-            r->capready = cap;
-        }
-        cp->state = C_READY;
-        r->ready[r->nready++] = c;
-        r->nready_dir[cp->dir]++;
-    }
+    else if (ready(r, c))
+        return SH_EINVAL;
     refill(r, cp->dir);
     return 0;
 }

@@ -70,17 +70,24 @@ static void g_free(struct gen *g, uint64_t id, int cls)
     put(g, &e);
 }
 
-static void g_launch(struct gen *g, uint64_t kernel, double us, const uint64_t *ids, size_t n)
+/* A launch of the regions ids[0..n), writing those whose bit is set in
+ * `writes` (bit k: ids[k]) and only reading the others. */
+static void g_launch(struct gen *g, uint64_t kernel, double us, const uint64_t *ids, size_t n,
+                     unsigned writes)
 {
     uint64_t dur = (uint64_t)(us + 0.5);
     if (dur == 0)
         dur = 1;
+    uint8_t ro[8];
+    for (size_t k = 0; k < n && k < sizeof ro; k++)
+        ro[k] = !(writes >> k & 1);
     struct sh_trace_event e = {.type = SH_TRACE_LAUNCH,
                                .kernel = kernel,
                                .stream = STREAM,
                                .dur_us = dur,
                                .ids = ids,
-                               .n = n};
+                               .n = n,
+                               .ro = ro};
     put(g, &e);
     g->t_us += dur;
 }
@@ -114,18 +121,19 @@ static uint64_t forward(struct gen *g, const struct gen_params *p, const struct 
         if (p->lora)
             ids[n++] = b[i].lora;
         ids[n++] = in;
+        unsigned writes = 1u << n | 1u << (n + 1); /* the activations, the checkpoint */
         b[i].in_ckpt = in;
         b[i].act = g_alloc(g, s->act, SH_CLASS_TRANSIENT);
         ids[n++] = b[i].act;
         if (p->checkpointing) {
             uint64_t out = g_alloc(g, s->ckpt, SH_CLASS_TRANSIENT);
             ids[n++] = out;
-            g_launch(g, K_FWD, s->fwd_us, ids, n);
+            g_launch(g, K_FWD, s->fwd_us, ids, n, writes);
             g_free(g, b[i].act, SH_CLASS_TRANSIENT); /* recomputed in backward */
             b[i].act = 0;
             in = out;
         } else {
-            g_launch(g, K_FWD, s->fwd_us, ids, n);
+            g_launch(g, K_FWD, s->fwd_us, ids, n, writes);
             in = b[i].act;
         }
     }
@@ -141,7 +149,7 @@ static void backward(struct gen *g, const struct gen_params *p, const struct sha
         if (p->checkpointing) {
             b[i].act = g_alloc(g, s->act, SH_CLASS_TRANSIENT);
             uint64_t rid[4] = {b[i].w, b[i].in_ckpt, b[i].act, p->lora ? b[i].lora : 0};
-            g_launch(g, K_RECOMPUTE, s->fwd_us, rid, p->lora ? 4 : 3);
+            g_launch(g, K_RECOMPUTE, s->fwd_us, rid, p->lora ? 4 : 3, 1u << 2);
         }
         b[i].grad = g_alloc(g, p->lora ? s->lora : s->grad, SH_CLASS_TRANSIENT);
         ids[n++] = b[i].w;
@@ -149,9 +157,10 @@ static void backward(struct gen *g, const struct gen_params *p, const struct sha
             ids[n++] = b[i].lora;
         ids[n++] = b[i].act;
         ids[n++] = b[i].in_ckpt;
+        unsigned writes = 1u << n; /* the gradient */
         ids[n++] = b[i].grad;
         ids[n++] = dy;
-        g_launch(g, K_BWD, s->bwd_us, ids, n);
+        g_launch(g, K_BWD, s->bwd_us, ids, n, writes);
         g_free(g, b[i].act, SH_CLASS_TRANSIENT);
         b[i].act = 0;
         /* the block's input is the previous block's output: free it with
@@ -165,8 +174,9 @@ static void optimizer(struct gen *g, const struct gen_params *p, const struct sh
                       struct block *b)
 {
     for (int i = 0; i < p->blocks; i++) {
+        /* writes the weights (the adapter) and the state, reads the gradient */
         uint64_t ids[3] = {p->lora ? b[i].lora : b[i].w, b[i].grad, b[i].state};
-        g_launch(g, K_ADAM, s->opt_us, ids, 3);
+        g_launch(g, K_ADAM, s->opt_us, ids, 3, 1u << 0 | 1u << 2);
     }
     for (int i = 0; i < p->blocks; i++)
         g_free(g, b[i].grad, SH_CLASS_TRANSIENT); /* zero_grad(set_to_none) */
@@ -188,7 +198,7 @@ static void eval_step(struct gen *g, const struct gen_params *p, const struct sh
         ids[n++] = in;
         uint64_t out = g_alloc(g, s->act, SH_CLASS_TRANSIENT);
         ids[n++] = out;
-        g_launch(g, K_FWD, s->fwd_us, ids, n);
+        g_launch(g, K_FWD, s->fwd_us, ids, n, 1u << (n - 1));
         g_free(g, in, SH_CLASS_TRANSIENT);
         in = out;
     }
@@ -209,7 +219,7 @@ static void one_step(struct gen *g, const struct gen_params *p, const struct sha
     uint64_t last = forward(g, p, s, b, x);
     uint64_t dy = g_alloc(g, s->ckpt, SH_CLASS_TRANSIENT);
     uint64_t lid[2] = {last, dy};
-    g_launch(g, K_LOSS, s->fwd_us / 8, lid, 2);
+    g_launch(g, K_LOSS, s->fwd_us / 8, lid, 2, 1u << 1);
     if (p->checkpointing)
         g_free(g, last, SH_CLASS_TRANSIENT);
     if (p->marks)

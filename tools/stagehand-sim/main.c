@@ -40,6 +40,9 @@ static void usage(FILE *f)
           "  --duplex full|shared (full)   shared: both directions share one link\n"
           "  --remap-us X (20)    each remap window     --map-us X (20) per chunk committed\n"
           "  --default-us X (10)  launches with no duration in the trace\n"
+          "  --hbm-gbps X (2000)  device memory bandwidth, GB/s: what a fingerprint of a\n"
+          "                       region costs ([policy] clean_skip), and the generated\n"
+          "                       optimizer's kernels\n"
           "  --config FILE        stagehand.ini for [budget] [transfer] [policy] [conductor]\n"
           "  --ignore-marks       the policy finds the steps itself, as for a program that marks\n"
           "                       none (the trace's marks still delimit the steps measured)\n"
@@ -93,6 +96,7 @@ enum {
     O_BENCHW,
     O_EVAL,
     O_NOMARKS,
+    O_HBM,
     O_HELP
 };
 
@@ -127,6 +131,7 @@ static const struct option longopts[] = {
     {"bench-writer", required_argument, 0, O_BENCHW},
     {"eval-every", required_argument, 0, O_EVAL},
     {"ignore-marks", no_argument, 0, O_NOMARKS},
+    {"hbm-gbps", required_argument, 0, O_HBM},
     {"help", no_argument, 0, O_HELP},
     {0, 0, 0, 0},
 };
@@ -166,7 +171,7 @@ static const struct numopt numopts[] = {
     {O_OVERSUB, 0.01, 1000, 0, OFF(oversub)},      {O_PCIE, 0.001, 1e5, 0, OFF(pcie_gbps)},
     {O_REMAP, 0, 1e6, 0, OFF(remap_us)},           {O_MAP, 0, 1e6, 0, OFF(map_us)},
     {O_DEFAULT, 0, 1e6, 0, OFF(default_us)},       {O_EVAL, 0, 10000, 1, OFF(g.eval_every)},
-    {O_BENCHW, 1, 1e9, 1, OFF(bench_writer)},
+    {O_BENCHW, 1, 1e9, 1, OFF(bench_writer)},      {O_HBM, 1, 1e6, 0, OFF(g.hbm_gbps)},
 };
 
 /* One option with a numeric argument into the right field; the message names
@@ -330,7 +335,7 @@ static int bench_writer(long n, const char *path)
 }
 
 static int load_params(const struct opts *o, uint64_t vram, struct sh_policy_params *pp,
-                       int *drain_copies)
+                       struct sim_params *sp)
 {
     struct sh_config cfg;
     char err[SH_CONFIG_ERR_MAX];
@@ -356,7 +361,8 @@ static int load_params(const struct opts *o, uint64_t vram, struct sh_policy_par
     }
     if (o->no_conductor)
         pp->conductor_enabled = 0;
-    *drain_copies = cfg.transfer.drain_mode == SH_CONFIG_DRAIN_DEVICE;
+    sp->drain_copies = cfg.transfer.drain_mode == SH_CONFIG_DRAIN_DEVICE;
+    sp->clean_skip = cfg.policy.clean_skip;
     return 0;
 }
 
@@ -389,13 +395,14 @@ static int run_policies(const struct opts *o, const struct sh_trace *t, const ch
         .remap_base_ns = (uint64_t)(o->remap_us * 1000),
         .map_ns = (uint64_t)(o->map_us * 1000),
         .default_ns = (uint64_t)(o->default_us * 1000),
+        .hbm_bytes_per_s = o->g.hbm_gbps * 1e9,
         .verbose = o->verbose,
         .ignore_marks = o->ignore_marks,
     };
     sp.vram_bytes = o->vram_gb > 0 ? (uint64_t)(o->vram_gb * SIM_GIB)
                                    : (uint64_t)((double)shape.footprint / o->oversub);
     struct sh_policy_params pp;
-    if (load_params(o, sp.vram_bytes, &pp, &sp.drain_copies))
+    if (load_params(o, sp.vram_bytes, &pp, &sp))
         return 1;
     sp.chunk_bytes = 64ull << 20;
     uint64_t unavoidable;
@@ -426,9 +433,10 @@ static int run_policies(const struct opts *o, const struct sh_trace *t, const ch
             continue;
         }
         printf("policy=%s step_s=%.4f lower_bound_s=%.4f ratio=%.3f h2d_bytes=%llu "
-               "d2h_bytes=%llu stalls=%llu\n",
+               "d2h_bytes=%llu stalls=%llu clean_evictions=%llu\n",
                kind_names[k], res.step_s, lb, res.step_s / lb, (unsigned long long)res.h2d_bytes,
-               (unsigned long long)res.d2h_bytes, (unsigned long long)res.stalls);
+               (unsigned long long)res.d2h_bytes, (unsigned long long)res.stalls,
+               (unsigned long long)res.clean);
         if (o->verbose)
             fprintf(stderr,
                     "  steady step: compute %.4f s, stall %.4f s, alloc waits %llu, windows "

@@ -76,6 +76,11 @@ int advance(struct run *r, uint64_t t)
     return 0;
 }
 
+int run_hold(struct run *r, uint64_t ns)
+{
+    return advance(r, r->now + ns);
+}
+
 /* Waits for the next copy to finish; fails when none is in flight. The GPU
  * is idle meanwhile, so a finished eviction is committed at once (a remap
  * window has nothing to drain) and its memory goes to the next restore. */
@@ -108,9 +113,34 @@ static uint64_t copies_done_ns(const struct run *r)
     return t;
 }
 
+/* 1 when the window committing dirs from `from` on compares a kept copy:
+ * it drains the whole device first, whatever drain_mode says (a writer the
+ * scan missed must be done). */
+static int compares(const struct run *r, int dirs, size_t from)
+{
+    for (size_t i = 0; i < r->nready; i++) {
+        int c = r->ready[i];
+        const struct copy *cp = &r->cp[c];
+        if (cp->state == C_READY && cp->kept && (dirs & 1 << cp->dir) && (size_t)c >= from)
+            return 1;
+    }
+    return 0;
+}
+
 int drain(struct run *r)
 {
     return r->sp->drain_copies ? advance(r, copies_done_ns(r)) : 0;
+}
+
+/* A restore lands: with clean_skip its slabs stay, as a copy of the bytes
+ * fingerprinted in this window (unless the region learnt to keep none). */
+static uint64_t keep_copy(struct run *r, struct sreg *s)
+{
+    if (!r->sp->clean_skip || !s->live || !sh_clean_learn_keep(&s->learn))
+        return 0;
+    s->kept = 1;
+    s->dirty = 0;
+    return (uint64_t)((double)s->bytes / r->sp->hbm_bytes_per_s * 1e9 + 0.5);
 }
 
 /* A finished copy takes effect (its region's window is open). */
@@ -119,8 +149,14 @@ static uint64_t commit_one(struct run *r, struct copy *cp)
     cp->state = C_DONE;
     struct sreg *s = &r->reg[cp->reg];
     s->copy = -1;
+    uint64_t cost = r->sp->map_ns * chunks(r, cp->bytes) + cp->fp_ns;
+    if (cp->kept) {
+        sh_clean_learn_note(&s->learn, cp->clean);
+        tally(r)->clean += cp->clean;
+    }
     if (cp->dir == H2D) {
         s->res = SH_RES_DEVICE;
+        cost += keep_copy(r, s);
     } else {
         s->res = SH_RES_HOST;
         r->used -= s->bytes;
@@ -130,12 +166,12 @@ static uint64_t commit_one(struct run *r, struct copy *cp)
         sh_policy_residency(r->pol, s->id, s->res);
     else if (cp->dir == H2D)
         r->used -= s->bytes; /* freed while coming back */
-    return r->sp->map_ns * chunks(r, cp->bytes);
+    return cost;
 }
 
 int commit_window(struct run *r, int dirs, size_t from, int kind)
 {
-    if (drain(r))
+    if (compares(r, dirs, from) ? advance(r, copies_done_ns(r)) : drain(r))
         return SH_EINVAL;
     uint64_t cost = r->sp->remap_base_ns;
     size_t keep = 0;
@@ -287,6 +323,7 @@ static int on_free(struct run *r, const struct sh_trace_event *e)
         return run_fail(r, "trace line %u: free of unknown region", e->line);
     struct sreg *s = &r->reg[g];
     s->live = 0;
+    s->kept = 0; /* a free gives the copy back */
     /* As the library does (sh_sched_free): the policy records the free and
      * forgets the region at once, whatever its memory is still doing, so
      * that the id may come back for the next allocation (the pool reuses a
@@ -328,6 +365,7 @@ static void abandon_eviction(struct run *r, struct sreg *s)
     s->copy = -1;
     r->evicting -= s->bytes;
     s->res = SH_RES_DEVICE;
+    s->kept = cp->kept && cp->clean; /* nothing was copied into it: still good */
     sh_policy_residency(r->pol, s->id, SH_RES_DEVICE);
 }
 
@@ -426,6 +464,9 @@ static int on_launch(struct run *r, const struct sh_trace_event *e)
         return SH_EINVAL;
     if (make_resident(r, e->ids, e->n))
         return SH_EINVAL;
+    for (size_t k = 0; k < e->n; k++) /* a kept copy of what it writes goes stale */
+        if (sh_trace_writes(e, k))
+            r->reg[reg_of(r, e->ids[k])].dirty = 1;
     uint64_t t0 = sim_clock_ns();
     if (sh_policy_launch(r->pol, r->now / 1000, e->kernel, e->stream, e->ids, e->n))
         return run_fail(r, "trace line %u: policy refused the launch", e->line);
@@ -544,6 +585,7 @@ static void summarise(struct run *r, size_t nst, struct sim_result *res)
         sum.alloc_waits += r->steps[s].alloc_waits;
         sum.windows += r->steps[s].windows;
         sum.compute_ns += r->steps[s].compute_ns;
+        sum.clean += r->steps[s].clean;
     }
     res->steps = (int)nst;
     res->step_s = (double)sum.start_ns / 1e9 / (double)k;
@@ -554,6 +596,7 @@ static void summarise(struct run *r, size_t nst, struct sim_result *res)
     res->stall_s = (double)sum.stall_ns / 1e9 / (double)k;
     res->alloc_waits = (sum.alloc_waits + k / 2) / k;
     res->windows = (sum.windows + k / 2) / k;
+    res->clean = (sum.clean + k / 2) / k;
     res->peak_bytes = r->peak;
     res->policy_ns_per_launch = r->launches ? (double)r->policy_ns / (double)r->launches : 0;
     res->launch_ns_per_launch = r->launches ? (double)r->launch_ns / (double)r->launches : 0;
@@ -563,7 +606,7 @@ static void summarise(struct run *r, size_t nst, struct sim_result *res)
             fprintf(stderr,
                     "  step %zu: %.4f s, compute %.4f s, h2d %llu, d2h %llu, stalls %llu "
                     "(%.4f s), alloc waits %llu, windows %llu (prefetch %llu, early %llu, "
-                    "evict %llu, restore %llu)\n",
+                    "evict %llu, restore %llu), clean evictions %llu\n",
                     s, (double)(end - r->steps[s].start_ns) / 1e9,
                     (double)r->steps[s].compute_ns / 1e9, (unsigned long long)r->steps[s].h2d,
                     (unsigned long long)r->steps[s].d2h, (unsigned long long)r->steps[s].stalls,
@@ -572,7 +615,8 @@ static void summarise(struct run *r, size_t nst, struct sim_result *res)
                     (unsigned long long)r->steps[s].win[W_PREFETCH],
                     (unsigned long long)r->steps[s].win[W_EARLY],
                     (unsigned long long)r->steps[s].win[W_EVICT],
-                    (unsigned long long)r->steps[s].win[W_RESTORE]);
+                    (unsigned long long)r->steps[s].win[W_RESTORE],
+                    (unsigned long long)r->steps[s].clean);
         }
     }
 }

@@ -5,6 +5,7 @@
 #ifndef SH_SIM_REPLAY_H
 #define SH_SIM_REPLAY_H
 
+#include "clean/clean.h"
 #include "engine/engine.h"
 #include "tools/stagehand-sim/sim.h"
 
@@ -24,12 +25,19 @@ struct sreg {
     int res;       /* enum sh_policy_residency, as the policy was told */
     int copy;      /* active copy, -1 for none */
     uint64_t seen; /* run.stamp when last counted */
+    /* clean_skip: a host copy is kept since the last restore; a launch
+     * wrote the region since; what its evictions taught (clean.h). */
+    int kept, dirty;
+    struct sh_clean_learn learn;
 };
 
 struct copy {
     size_t reg;
     int dir, state, cancelled, demand;
     uint64_t bytes, done_ns;
+    uint64_t link;   /* bytes over the link: 0 for a clean eviction */
+    uint64_t fp_ns;  /* fingerprints in its commit window */
+    int kept, clean; /* an eviction that took a kept copy, and found it clean */
 };
 
 /* A FIFO of copy indices. */
@@ -63,7 +71,7 @@ struct run {
     size_t nprot;
     /* per-step tallies, indexed by step */
     struct tally {
-        uint64_t start_ns, h2d, d2h, stalls, stall_ns, alloc_waits, windows, compute_ns;
+        uint64_t start_ns, h2d, d2h, stalls, stall_ns, alloc_waits, windows, compute_ns, clean;
         uint64_t win[W_KINDS]; /* windows by kind */
     } * steps;
     size_t nsteps, cur_step;
@@ -85,6 +93,8 @@ static inline struct tally *tally(struct run *r)
 
 /* ---- the model's moves (replay.c) ---- */
 uint64_t sim_clock_ns(void);
+/* The host waits ns (copies go on meanwhile). */
+int run_hold(struct run *r, uint64_t ns);
 /* Waits for the next copy to finish, committing finished evictions. */
 int wait_one(struct run *r);
 /* Moves the clock to t, finishing the copies due by then. */

@@ -52,6 +52,12 @@ struct sim_params {
     int drain_copies;        /* drain_mode = device: a window waits for copies in flight */
     uint64_t chunk_bytes;
     uint64_t default_ns; /* launches with no duration */
+    /* [policy] clean_skip: a restore keeps a host copy; an eviction of a
+     * region no launch wrote since copies nothing. Fingerprints (one at the
+     * restore, one at the eviction) take bytes / hbm_bytes_per_s in the
+     * remap window. */
+    int clean_skip;
+    double hbm_bytes_per_s;
     int verbose;
     int ignore_marks; /* the policy is told no mark: it finds the steps itself */
 };
@@ -67,6 +73,7 @@ struct sim_result {
     uint64_t alloc_waits;        /* per steady step: allocations that waited for room */
     uint64_t peak_bytes;         /* device bytes, whole run */
     uint64_t windows;            /* remap windows per steady step */
+    uint64_t clean;              /* per steady step: evictions that copied nothing */
     double policy_ns_per_launch; /* host time in the policy's decisions, per launch */
     double launch_ns_per_launch; /* host time in sh_policy_launch(), per launch */
     char error[256];

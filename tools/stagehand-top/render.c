@@ -105,6 +105,16 @@ const char *top_spark_glyph(int utf8, int level)
     return utf8 ? blocks[level] : ascii[level];
 }
 
+/* Evictions that copied nothing, and the bytes they did not copy. */
+static void clean_pair(struct top_canvas *cv, const struct top_rect *r, int y, int x,
+                       const uint64_t *c)
+{
+    char saved[16], v[48];
+    top_human_bytes(saved, sizeof saved, (double)c[SH_TM_C_clean_bytes]);
+    snprintf(v, sizeof v, "%llu (%s)", (unsigned long long)c[SH_TM_C_clean_evictions], saved);
+    pair(cv, r, y, x, "Clean", c[SH_TM_C_clean_evictions] ? TA_OK : TA_VALUE, v);
+}
+
 /* ---- title and status -------------------------------------------------------------- */
 
 /* The title: who we watch on the left, where it is on the right. The
@@ -352,7 +362,8 @@ static void info(struct top_canvas *cv, const struct top_rect *r, const struct t
         snprintf(d, sizeof d, "%llu", (unsigned long long)c[SH_TM_C_evictions]);
         x = pair(cv, r, y, r->x, "Evicted", TA_VALUE, a);
         x = pair(cv, r, y, x, "Restored", TA_VALUE, b);
-        pair(cv, r, y, x, "Evictions", TA_VALUE, d);
+        x = pair(cv, r, y, x, "Evictions", TA_VALUE, d);
+        clean_pair(cv, r, y, x, c);
         y++;
     }
     if (y < r->y + r->h) { /* regions and tracking */

@@ -140,6 +140,19 @@ def bytes_moved(func, args, out):
     return sum(nbytes(t) for t in tensors(args)) + sum(nbytes(t) for t in outs)
 
 
+def written(func, args, kwargs, out):
+    """The tensors a kernel writes: its results, and the arguments its schema
+    marks as written (Tensor(a!): in-place and out= ops, _foreach_*_ lists)."""
+    ws = tensors(out)
+    kwargs = kwargs or {}
+    for i, a in enumerate(func._schema.arguments):
+        if a.alias_info is None or not a.alias_info.is_write:
+            continue
+        v = args[i] if i < len(args) and not a.kwarg_only else kwargs.get(a.name)
+        ws += tensors(v)
+    return ws
+
+
 def is_multi_tensor(func):
     n = name(func)
     return (n.startswith("_foreach_") or n.startswith("_fused_")) and any(

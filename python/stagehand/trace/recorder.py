@@ -350,6 +350,7 @@ class Recorder:
             self._writer.kernel(kid, str(func))
         flops, rate = ops.flops_and_rate(func, args, out, self.tf32_matmul)
         nbytes = ops.bytes_moved(func, (args, kwargs), out)
+        wr = {id(t) for t in ops.written(func, args, kwargs, out)}
         if ops.is_multi_tensor(func):
             lists = [a for a in args if isinstance(a, (list, tuple))]
             if isinstance(out, (list, tuple)):
@@ -357,13 +358,18 @@ class Recorder:
             for share, idx in ops.multi_tensor_launches(args, out):
                 ts = [lst[i] for lst in lists for i in idx
                       if i < len(lst) and isinstance(lst[i], torch.Tensor)]
-                self._launch(kid, self._regions(ts), flops * share, nbytes * share, rate)
+                self._launch(kid, ts, wr, flops * share, nbytes * share, rate)
             return
-        self._launch(kid, self._regions(ins + outs), flops, nbytes, rate)
+        self._launch(kid, ins + outs, wr, flops, nbytes, rate)
 
-    def _launch(self, kid, regions, flops, nbytes, rate):
+    def _launch(self, kid, ts, wr, flops, nbytes, rate):
+        """One launch of the tensors ts, writing those whose id is in wr: the
+        regions it only reads go to the trace's `i ro` record."""
+        regions = self._regions(ts)
+        writes = set(self._regions([t for t in ts if id(t) in wr]))
         dur = max(1, int(round(self.gpu.duration_us(flops, nbytes, rate))))
-        self._writer.launch(self.clock, dur, kid, regions)
+        self._writer.launch(self.clock, dur, kid, regions,
+                            read_only=[r for r in regions if r not in writes])
         self.clock += dur
         self.stats["launches"] += 1
 

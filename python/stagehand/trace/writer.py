@@ -58,9 +58,14 @@ class TraceWriter:
     def free(self, t, rid, cls="u"):
         self._line("f %d 0x%x %s" % (self._time(t), rid, cls))
 
-    def launch(self, t, dur, kid, rids, stream=0):
+    def launch(self, t, dur, kid, rids, stream=0, read_only=()):
+        """A launch touching rids; those in read_only it only reads (an
+        `i ro` record), the others it writes."""
         ids = "".join(" 0x%x" % r for r in rids)
         self._line("l %d %d %d %d %d%s" % (self._time(t), dur, stream, kid, len(rids), ids))
+        if read_only:
+            ro = "".join(" 0x%x" % r for r in read_only)
+            self._line("i ro %d %d%s" % (self.launches, len(read_only), ro))
         self.launches += 1
 
     def step(self, t, n, marked=True):

@@ -1,0 +1,293 @@
+/* keep.c — clean regions: host copies kept after a restore, and the
+ * fingerprints that let an eviction skip its copy.
+ *
+ * When a region is restored (on demand or by a prefetch's commit) its
+ * slabs can stay allocated, unmapped from its address, as a copy of its
+ * bytes as they were then, with a fingerprint of them taken on the device
+ * in the restore's window (clean.h). At its next eviction the slabs are the
+ * eviction's own, and inside the window, drained and gated, so that
+ * nothing can write the region from the fingerprint to the unmap, its
+ * device bytes are fingerprinted again: chunks that match need no copy.
+ * Whatever wrote the region meanwhile, seen by the launch scan or not, it
+ * changed those bytes; nothing here trusts the scan.
+ *
+ * Kept copies are the first host memory given up when a slab is needed
+ * (sh_pool_kept_reclaim, oldest first), and go with the region's free,
+ * pin or unmapping. A region found dirty evictions in a row stops keeping
+ * copies for a while (clean/learn.c), and so stops paying for
+ * fingerprints.
+ *
+ * Locking: pool->mu guards the kept list, has_kept and each RESIDENT
+ * region's chunk->kept: a region leaves RESIDENT under mu and its copies
+ * leave the list with it (to its eviction as slabs, or back to the host
+ * pool). From then on its owner (the thread that moved its state) alone
+ * touches its slabs, fingerprints and learning record. Fingerprints run in
+ * remap windows only.
+ */
+#include "pool/region_int.h"
+
+#include "sh_err.h"
+#include "sh_log.h"
+
+#include <stdlib.h>
+
+static int fingerprint(struct sh_pool *pool, const struct region *r, uintptr_t base,
+                       struct sh_clean_fp *out);
+
+/* ---- the kept list (mu held) ---- */
+
+static void list_push(struct sh_pool *pool, struct region *r)
+{
+    r->kept_next = NULL;
+    r->kept_prev = pool->kept_tail;
+    if (pool->kept_tail)
+        pool->kept_tail->kept_next = r;
+    else
+        pool->kept_head = r;
+    pool->kept_tail = r;
+    r->has_kept = 1;
+    pool->st.kept_bytes += r->mapped;
+}
+
+static void list_unlink(struct sh_pool *pool, struct region *r)
+{
+    if (r->kept_prev)
+        r->kept_prev->kept_next = r->kept_next;
+    else
+        pool->kept_head = r->kept_next;
+    if (r->kept_next)
+        r->kept_next->kept_prev = r->kept_prev;
+    else
+        pool->kept_tail = r->kept_prev;
+    r->kept_prev = r->kept_next = NULL;
+    r->has_kept = 0;
+    pool->st.kept_bytes -= r->mapped;
+}
+
+/* r's kept copies become its slabs. */
+static void kept_to_slabs(struct region *r)
+{
+    for (unsigned i = 0; i < r->nchunks; i++) {
+        r->chunks[i].slab = r->chunks[i].kept;
+        r->chunks[i].kept = NULL;
+    }
+}
+
+void sh_pool_kept_take(struct sh_pool *pool, struct region *r, int early)
+{
+    r->from_kept = r->has_kept;
+    r->spoiled = 0;
+    r->ahead = 0;
+    for (unsigned i = 0; i < r->nchunks; i++)
+        r->chunks[i].clean = 0;
+    if (!r->has_kept)
+        return;
+    list_unlink(pool, r);
+    if (!early) /* an early eviction decides at its start (sh_pool_kept_changed) */
+        kept_to_slabs(r);
+}
+
+int sh_pool_kept_changed(struct sh_pool *pool, struct region *r)
+{
+    struct sh_clean_fp *now = malloc(r->nchunks * sizeof *now);
+    int changed = !now || fingerprint(pool, r, r->va, now) != 0;
+    for (unsigned i = 0; i < r->nchunks && !changed; i++)
+        changed = !sh_clean_fp_equal(now[i], r->chunks[i].fp);
+    free(now);
+    return changed;
+}
+
+void sh_pool_kept_ahead_off(struct region *r)
+{
+    r->ahead = 0;
+    kept_to_slabs(r);
+}
+
+void sh_pool_kept_ahead(struct sh_pool *pool, struct region *r)
+{
+    for (unsigned i = 0; i < r->nchunks; i++) {
+        struct chunk *c = &r->chunks[i];
+        struct sh_slab *spare = c->clean ? c->slab : c->kept;
+        if (c->clean) /* the copy kept is the bytes: the one made ahead is not needed */
+            c->slab = c->kept;
+        c->kept = NULL;
+        sh_hostpool_put(pool->mover.host, spare);
+    }
+    r->spoiled = 1; /* its slabs are what the eviction made of them */
+}
+
+struct sh_slab *sh_pool_kept_detach(struct sh_pool *pool, struct region *r)
+{
+    struct sh_slab *list = NULL;
+    if (!r->has_kept)
+        return NULL;
+    list_unlink(pool, r);
+    for (unsigned i = 0; i < r->nchunks; i++) {
+        struct sh_slab *s = r->chunks[i].kept;
+        r->chunks[i].kept = NULL;
+        s->next = list; /* off every free list while kept: the link is ours */
+        list = s;
+    }
+    return list;
+}
+
+void sh_pool_kept_put(struct sh_pool *pool, struct sh_slab *list)
+{
+    while (list) {
+        struct sh_slab *next = list->next;
+        sh_hostpool_put(pool->mover.host, list);
+        list = next;
+    }
+}
+
+size_t sh_pool_kept_reclaim(struct sh_pool *pool)
+{
+    pthread_mutex_lock(&pool->mu);
+    struct region *r = pool->kept_head;
+    size_t bytes = r ? r->mapped : 0;
+    struct sh_slab *list = r ? sh_pool_kept_detach(pool, r) : NULL;
+    if (r)
+        pool->st.kept_dropped++;
+    pthread_mutex_unlock(&pool->mu);
+    sh_pool_kept_put(pool, list);
+    return bytes;
+}
+
+/* ---- fingerprints (in windows) ---- */
+
+/* Fingerprints chunks [0, nchunks) of r as mapped at base; 0 or an error. */
+static int fingerprint(struct sh_pool *pool, const struct region *r, uintptr_t base,
+                       struct sh_clean_fp *out)
+{
+    uintptr_t *addr = malloc(r->nchunks * (sizeof *addr + sizeof(size_t)));
+    if (!addr)
+        return SH_ENOMEM;
+    size_t *len = (size_t *)(addr + r->nchunks);
+    for (unsigned i = 0; i < r->nchunks; i++) {
+        addr[i] = base + r->chunks[i].off;
+        len[i] = r->chunks[i].size;
+    }
+    uint64_t bus[2] = {0, 0};
+    int rc = pool->mover.fingerprint(pool->mover.fp_ctx, addr, len, r->nchunks, out, bus);
+    free(addr);
+    pthread_mutex_lock(&pool->mu);
+    pool->st.fingerprints += r->nchunks;
+    pool->st.fingerprinted_bytes += rc == 0 ? r->mapped : 0;
+    pool->st.evicted_bytes += bus[SH_D2H]; /* every byte that crosses the bus */
+    pool->st.restored_bytes += bus[SH_H2D];
+    pthread_mutex_unlock(&pool->mu);
+    return rc;
+}
+
+/* A drain of the whole device, where the window's own drain may have
+ * waited only for the streams the scan named: a writer it did not see
+ * must be done before its bytes are judged. */
+static int drain_all(struct sh_pool *pool)
+{
+    if (!pool->mover.drain_streams)
+        return 0; /* the window drained the device already */
+    uint64_t now = __atomic_load_n(&pool->clock, __ATOMIC_RELAXED);
+    int rc = sh_xfer_drain(pool->mover.xfer);
+    if (rc == 0)
+        __atomic_store_n(&pool->drained, now, __ATOMIC_RELAXED);
+    return rc;
+}
+
+void sh_pool_kept_compare(struct sh_pool *pool, struct region **v, size_t n)
+{
+    int any = 0;
+    for (size_t k = 0; k < n; k++)
+        any |= v[k]->from_kept;
+    if (!any || drain_all(pool) != 0)
+        return; /* no copy to compare, or the device cannot be waited for: copy all */
+    for (size_t k = 0; k < n; k++) {
+        struct region *r = v[k];
+        if (!r->from_kept)
+            continue;
+        struct sh_clean_fp *now = malloc(r->nchunks * sizeof *now);
+        if (now && fingerprint(pool, r, r->va, now) == 0)
+            for (unsigned i = 0; i < r->nchunks; i++)
+                r->chunks[i].clean = sh_clean_fp_equal(now[i], r->chunks[i].fp);
+        free(now);
+    }
+}
+
+void sh_pool_kept_mark(struct sh_pool *pool, struct region **v, const uintptr_t *base, size_t n)
+{
+    for (size_t k = 0; k < n; k++) {
+        struct region *r = v[k];
+        r->keep_next = 0;
+        if (!pool->mover.fingerprint || r->pinned || r->stuck || !sh_clean_learn_keep(&r->learn))
+            continue;
+        struct sh_clean_fp *fp = malloc(r->nchunks * sizeof *fp);
+        if (fp && fingerprint(pool, r, base[k], fp) == 0) {
+            for (unsigned i = 0; i < r->nchunks; i++)
+                r->chunks[i].fp = fp[i];
+            r->keep_next = 1;
+        }
+        free(fp);
+    }
+}
+
+/* ---- after the window ---- */
+
+/* r is RESIDENT again, on its device chunks; its slabs become its kept
+ * copies (keep) or go back to the host pool. */
+static void settle_resident(struct sh_pool *pool, struct region *r, int keep)
+{
+    if (!keep)
+        sh_pool_give_back_slabs(pool, r);
+    pthread_mutex_lock(&pool->mu);
+    if (keep) {
+        for (unsigned i = 0; i < r->nchunks; i++) {
+            r->chunks[i].kept = r->chunks[i].slab;
+            r->chunks[i].slab = NULL;
+        }
+        list_push(pool, r); /* with the state: a RESIDENT region's copies are on the list */
+    }
+    int from = r->state;
+    sh_state_move(&r->state, SH_RS_RESIDENT, r->id);
+    pool->st.regions[from]--;
+    pool->st.regions[SH_RS_RESIDENT]++;
+    pthread_mutex_unlock(&pool->mu);
+}
+
+void sh_pool_kept_restored(struct sh_pool *pool, struct region *r)
+{
+    int keep = r->keep_next;
+    r->keep_next = 0;
+    settle_resident(pool, r, keep);
+}
+
+void sh_pool_kept_unevict(struct sh_pool *pool, struct region *r)
+{
+    if (r->ahead && !r->spoiled) { /* the slabs copied ahead go; the kept copy stays */
+        sh_pool_give_back_slabs(pool, r);
+        kept_to_slabs(r);
+    }
+    int keep = r->from_kept && !r->spoiled;
+    r->from_kept = r->ahead = 0;
+    settle_resident(pool, r, keep);
+}
+
+size_t sh_pool_kept_evicted(struct sh_pool *pool, struct region *r)
+{
+    size_t dirty = 0, clean = 0;
+    for (unsigned i = 0; i < r->nchunks; i++) {
+        if (r->chunks[i].clean)
+            clean += r->chunks[i].size;
+        else
+            dirty += r->chunks[i].size;
+    }
+    if (r->from_kept) {
+        sh_clean_learn_note(&r->learn, dirty == 0);
+        pthread_mutex_lock(&pool->mu);
+        pool->st.clean_evictions += dirty == 0;
+        pool->st.dirty_evictions += dirty != 0;
+        pool->st.clean_bytes += r->ahead ? 0 : clean; /* copied ahead: nothing was saved */
+        pthread_mutex_unlock(&pool->mu);
+    }
+    size_t copied = r->ahead ? r->mapped : dirty;
+    r->from_kept = r->ahead = 0;
+    return copied;
+}

@@ -1,0 +1,102 @@
+/* drv_module.c — modules, as far as the simulated GPU can run them: the
+ * library's own PTX (clean/ptx.c, the fingerprint kernel). A module loaded
+ * from exactly that text binds its entry, stagehand_fp_v1, to the kernel's
+ * host stand-in (clean/hash.c), which computes what the PTX computes, bit
+ * for bit (tests/gpu checks the two agree on a real card). Any other image
+ * is refused loudly: the simulated GPU cannot compile or run device code.
+ *
+ * Locking: mod_mu guards the module list. Modules are never freed: an
+ * unloaded one is marked dead, so a stale handle is caught, never followed.
+ */
+#include "sim.h"
+
+#include "clean/clean.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MODULE_MAGIC 0x4d4f444cu
+#define MODULE_DEAD  0x44454144u
+
+struct sim_module {
+    unsigned magic;
+    CUfunction fn;
+    struct sim_module *next;
+};
+
+static pthread_mutex_t mod_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct sim_module *modules; /* every module ever loaded */
+
+/* The live module behind h, or NULL; mod_mu held. */
+static struct sim_module *module_get(CUmodule h)
+{
+    for (struct sim_module *m = modules; m; m = m->next)
+        if ((CUmodule)m == h)
+            return m->magic == MODULE_MAGIC ? m : NULL;
+    return NULL;
+}
+
+SIM_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
+{
+    CUresult r = sim_enter(__func__, true);
+    if (r)
+        return r;
+    if (!module || !image)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (strcmp(image, sh_clean_ptx) != 0) {
+        fprintf(stderr, "simcuda: cuModuleLoadData: the simulated GPU runs no device code but "
+                        "the library's own PTX (" SH_CLEAN_KERNEL ")\n");
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    static const size_t sizes[] = {sizeof(void *), sizeof(uint64_t), sizeof(void *),
+                                   sizeof(void *)};
+    struct sim_module *m = calloc(1, sizeof *m);
+    if (!m)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    m->magic = MODULE_MAGIC;
+    m->fn = sim_builtin_kernel(sh_clean_kernel_host, SH_CLEAN_KERNEL, 4, sizes);
+    if (!m->fn) {
+        free(m);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pthread_mutex_lock(&mod_mu);
+    m->next = modules;
+    modules = m;
+    pthread_mutex_unlock(&mod_mu);
+    *module = (CUmodule)m;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
+{
+    CUresult r = sim_enter(__func__, true);
+    if (r)
+        return r;
+    if (!hfunc || !name)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mod_mu);
+    struct sim_module *m = module_get(hmod);
+    CUfunction f = m ? m->fn : NULL;
+    pthread_mutex_unlock(&mod_mu);
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (strcmp(name, SH_CLEAN_KERNEL) != 0)
+        return CUDA_ERROR_NOT_FOUND;
+    *hfunc = f;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuModuleUnload(CUmodule hmod)
+{
+    CUresult r = sim_enter(__func__, false);
+    if (r)
+        return r;
+    pthread_mutex_lock(&mod_mu);
+    struct sim_module *m = module_get(hmod);
+    if (m)
+        m->magic = MODULE_DEAD;
+    pthread_mutex_unlock(&mod_mu);
+    return m ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}

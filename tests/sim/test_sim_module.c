@@ -1,0 +1,143 @@
+/* test_sim_module.c — modules on the simulated GPU: the library's PTX
+ * loads and its kernel computes the CPU fingerprint's part, on a stream,
+ * from device memory, with any grid; any other image, a changed copy of
+ * the PTX included, is refused loudly; handles are checked.
+ *
+ * main() sets SIMCUDA_KERNEL_US, which the library's kernel must ignore.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <cuda.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "clean/clean.h"
+
+static CUcontext ctx;
+
+static void need_ctx(void)
+{
+    if (ctx)
+        return;
+    assert_int_equal(cuInit(0), CUDA_SUCCESS);
+    CUdevice dev;
+    assert_int_equal(cuDeviceGet(&dev, 0), CUDA_SUCCESS);
+    assert_int_equal(cuDevicePrimaryCtxRetain(&ctx, dev), CUDA_SUCCESS);
+    assert_int_equal(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+}
+
+/* Runs the kernel over n bytes of device memory filled from host bytes p
+ * with `grid` blocks; returns X. */
+static void run_kernel(CUfunction f, const unsigned char *p, uint64_t n, unsigned grid,
+                       const struct sh_clean_key *k, uint64_t x[2])
+{
+    CUdeviceptr src, key, out;
+    CUstream s;
+    assert_int_equal(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    assert_int_equal(cuMemAlloc(&src, n), CUDA_SUCCESS);
+    assert_int_equal(cuMemAlloc(&key, sizeof *k), CUDA_SUCCESS);
+    assert_int_equal(cuMemAlloc(&out, 16), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyHtoD(src, p, n), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyHtoD(key, k, sizeof *k), CUDA_SUCCESS);
+    assert_int_equal(cuMemsetD8Async(out, 0, 16, s), CUDA_SUCCESS);
+    void *args[] = {&src, &n, &key, &out};
+    assert_int_equal(cuLaunchKernel(f, grid, 1, 1, SH_CLEAN_THREADS, 1, 1, 0, s, args, NULL),
+                     CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyDtoHAsync(x, out, 16, s), CUDA_SUCCESS);
+    assert_int_equal(cuStreamSynchronize(s), CUDA_SUCCESS);
+    cuMemFree(src);
+    cuMemFree(key);
+    cuMemFree(out);
+    cuStreamDestroy(s);
+}
+
+static void test_kernel_matches_cpu(void **state)
+{
+    (void)state;
+    need_ctx();
+    CUmodule m;
+    CUfunction f;
+    assert_int_equal(cuModuleLoadData(&m, sh_clean_ptx), CUDA_SUCCESS);
+    assert_int_equal(cuModuleGetFunction(&f, m, SH_CLEAN_KERNEL), CUDA_SUCCESS);
+    struct sh_clean_key k;
+    assert_int_equal(sh_clean_key_random(&k), 0);
+    const uint64_t n = 3 * SH_CLEAN_BLOCK + 12;
+    unsigned char *p = malloc(n);
+    assert_non_null(p);
+    for (uint64_t i = 0; i < n; i++)
+        p[i] = (unsigned char)(i * 7 + 3);
+    uint64_t want[2] = {0, 0};
+    sh_clean_blocks(&k, p, n, want);
+    static const unsigned grids[] = {1, 2, 4, 1024};
+    for (size_t g = 0; g < sizeof grids / sizeof *grids; g++) {
+        uint64_t x[2];
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        run_kernel(f, p, n, grids[g], &k, x);
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        assert_memory_equal(x, want, sizeof want);
+        /* SIMCUDA_KERNEL_US (2 s) is not this kernel's time. */
+        assert_true(b.tv_sec - a.tv_sec < 2);
+    }
+    free(p);
+    assert_int_equal(cuModuleUnload(m), CUDA_SUCCESS);
+    assert_int_equal(cuModuleUnload(m), CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(cuModuleGetFunction(&f, m, SH_CLEAN_KERNEL), CUDA_ERROR_INVALID_HANDLE);
+}
+
+static void test_other_images_refused(void **state)
+{
+    (void)state;
+    need_ctx();
+    size_t n = strlen(sh_clean_ptx);
+    char *changed = malloc(n + 1);
+    assert_non_null(changed);
+    memcpy(changed, sh_clean_ptx, n + 1);
+    changed[n - 2] = changed[n - 2] == ' ' ? '\t' : ' '; /* one byte off */
+    char err[1024] = "";
+    fflush(stderr);
+    FILE *cap = tmpfile();
+    assert_non_null(cap);
+    int saved = dup(2);
+    dup2(fileno(cap), 2);
+    CUmodule m = NULL;
+    CUresult r1 = cuModuleLoadData(&m, changed);
+    CUresult r2 = cuModuleLoadData(&m, "\177ELF not a module");
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    rewind(cap);
+    err[fread(err, 1, sizeof err - 1, cap)] = 0;
+    fclose(cap);
+    free(changed);
+    assert_int_equal(r1, CUDA_ERROR_NOT_SUPPORTED);
+    assert_int_equal(r2, CUDA_ERROR_NOT_SUPPORTED);
+    assert_null(m);
+    assert_non_null(strstr(err, "cuModuleLoadData"));
+    assert_int_equal(cuModuleLoadData(NULL, sh_clean_ptx), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuModuleLoadData(&m, NULL), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuModuleLoadData(&m, sh_clean_ptx), CUDA_SUCCESS);
+    CUfunction f = NULL;
+    assert_int_equal(cuModuleGetFunction(&f, m, "another_kernel"), CUDA_ERROR_NOT_FOUND);
+    assert_int_equal(cuModuleGetFunction(&f, (CUmodule)&f, SH_CLEAN_KERNEL),
+                     CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(cuModuleGetFunction(NULL, m, SH_CLEAN_KERNEL), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuModuleUnload(m), CUDA_SUCCESS);
+}
+
+int main(void)
+{
+    setenv("SIMCUDA_KERNEL_US", "2000000", 1);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_kernel_matches_cpu),
+        cmocka_unit_test(test_other_images_refused),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
