@@ -48,7 +48,7 @@ static int victim_before(const struct sh_policy *p, const struct victim *a, cons
     const struct region *ra = &p->tab[a->slot], *rb = &p->tab[b->slot];
     if (ra->bytes != rb->bytes)
         return ra->bytes > rb->bytes;
-    return ra->id < rb->id;
+    return ra->aseq < rb->aseq; /* allocation order: ids may come back */
 }
 
 static int window_of(const struct sh_policy *p)
