@@ -308,9 +308,6 @@ static int tracked(void)
     return sh_rt.cfg.transfer.drain_mode == SH_CONFIG_DRAIN_TRACKED;
 }
 
-/* The slot of a stream, made on first sight; 63 when they are all taken.
- * Keyed by identity: every thread's per-thread stream has its own slot, or
- * one thread's launch would re-record the event another's work is behind. */
 /* An event for stream s: made in s's context, or recording it there fails
  * (and the drain falls back to waiting for the whole device). */
 static CUresult slot_event_create(CUstream s, CUevent *ev)
@@ -325,6 +322,9 @@ static CUresult slot_event_create(CUstream s, CUevent *ev)
     return r;
 }
 
+/* The slot of a stream, made on first sight; 63 when they are all taken.
+ * Keyed by identity: every thread's per-thread stream has its own slot, or
+ * one thread's launch would re-record the event another's work is behind. */
 static int stream_slot(CUstream s)
 {
     uint64_t key = sh_stream_key(s);
@@ -339,13 +339,6 @@ static int stream_slot(CUstream s)
     return i < nslots ? i : STREAM_SLOTS;
 }
 
-/* While a launch or copy is issued (inside the gate): the regions it uses
- * take the issue stamp that tells a prefetch in flight to redo its copy.
- * With a tracked drain, its stream's event now marks the end of that work
- * and the regions remember the stream; re-recording the event is what
- * makes a later wait cover every launch before it. Work issued into a
- * stream capture does not run, and an event recorded there is never
- * recorded for real: it marks nothing (the graph's launch does). */
 /* A copy or graph on another device's stream can use regions with no peer
  * access: drains wait for its context from now on. A kernel on another
  * device reaches them only through peer access (peers.c), so a kernel
@@ -356,6 +349,13 @@ static void note_other(CUstream stream)
         sh_stream_note(stream);
 }
 
+/* While a launch or copy is issued (inside the gate): the regions it uses
+ * take the issue stamp that tells a prefetch in flight to redo its copy.
+ * With a tracked drain, its stream's event now marks the end of that work
+ * and the regions remember the stream; re-recording the event is what
+ * makes a later wait cover every launch before it. Work issued into a
+ * stream capture does not run, and an event recorded there is never
+ * recorded for real: it marks nothing (the graph's launch does). */
 static void mark_issued(void)
 {
     if (pending.quiet) {
