@@ -83,6 +83,7 @@ EXPORT int stagehand_get_stats(stagehand_stats_t *out, size_t size)
         s.host_bytes = st.host_bytes;
         s.checksum_mismatches = st.checksum_mismatches;
         s.lost_writes = st.lost_writes;
+        s.unseen_writes = st.unseen_writes;
         s.clean_evictions = st.clean_evictions;
         s.dirty_evictions = st.dirty_evictions;
         s.clean_bytes = st.clean_bytes;

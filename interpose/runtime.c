@@ -246,7 +246,8 @@ static void open_mover(void)
                               .checksums = c->debug.debug_checksums,
                               .verify_moves = c->debug.debug_verify_moves,
                               .slab_wait_ms = 2000,
-                              .fingerprint = c->policy.clean_skip ? sh_fingerprint : NULL};
+                              .fingerprint = sh_fingerprint,
+                              .clean_skip = c->policy.clean_skip};
     sh_launch_tracked_drain(&m.drain_streams, &m.streams_idle);
     sh_pool_set_mover(sh_rt.pool, &m);
 }

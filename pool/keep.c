@@ -31,9 +31,6 @@
 
 #include <stdlib.h>
 
-static int fingerprint(struct sh_pool *pool, const struct region *r, uintptr_t base,
-                       struct sh_clean_fp *out);
-
 /* ---- the kept list (mu held) ---- */
 
 static void list_push(struct sh_pool *pool, struct region *r)
@@ -87,13 +84,11 @@ void sh_pool_kept_take(struct sh_pool *pool, struct region *r, int early)
         kept_to_slabs(r);
 }
 
-int sh_pool_kept_changed(struct sh_pool *pool, struct region *r)
+int sh_pool_kept_changed(const struct region *r)
 {
-    struct sh_clean_fp *now = malloc(r->nchunks * sizeof *now);
-    int changed = !now || fingerprint(pool, r, r->va, now) != 0;
+    int changed = 0;
     for (unsigned i = 0; i < r->nchunks && !changed; i++)
-        changed = !sh_clean_fp_equal(now[i], r->chunks[i].fp);
-    free(now);
+        changed = !sh_clean_fp_equal(r->chunks[i].ev_fp, r->chunks[i].fp);
     return changed;
 }
 
@@ -155,10 +150,11 @@ size_t sh_pool_kept_reclaim(struct sh_pool *pool)
 
 /* ---- fingerprints (in windows) ---- */
 
-/* Fingerprints chunks [0, nchunks) of r as mapped at base; 0 or an error. */
-static int fingerprint(struct sh_pool *pool, const struct region *r, uintptr_t base,
-                       struct sh_clean_fp *out)
+int sh_pool_fingerprint(struct sh_pool *pool, const struct region *r, uintptr_t base,
+                        struct sh_clean_fp *out)
 {
+    if (!pool->mover.fingerprint)
+        return SH_EDRIVER;
     uintptr_t *addr = malloc(r->nchunks * (sizeof *addr + sizeof(size_t)));
     if (!addr)
         return SH_ENOMEM;
@@ -205,7 +201,7 @@ void sh_pool_kept_compare(struct sh_pool *pool, struct region **v, size_t n)
         if (!r->from_kept)
             continue;
         struct sh_clean_fp *now = malloc(r->nchunks * sizeof *now);
-        if (now && fingerprint(pool, r, r->va, now) == 0)
+        if (now && sh_pool_fingerprint(pool, r, r->va, now) == 0)
             for (unsigned i = 0; i < r->nchunks; i++)
                 r->chunks[i].clean = sh_clean_fp_equal(now[i], r->chunks[i].fp);
         free(now);
@@ -217,10 +213,10 @@ void sh_pool_kept_mark(struct sh_pool *pool, struct region **v, const uintptr_t 
     for (size_t k = 0; k < n; k++) {
         struct region *r = v[k];
         r->keep_next = 0;
-        if (!pool->mover.fingerprint || r->pinned || r->stuck || !sh_clean_learn_keep(&r->learn))
+        if (!pool->mover.clean_skip || r->pinned || r->stuck || !sh_clean_learn_keep(&r->learn))
             continue;
         struct sh_clean_fp *fp = malloc(r->nchunks * sizeof *fp);
-        if (fp && fingerprint(pool, r, base[k], fp) == 0) {
+        if (fp && sh_pool_fingerprint(pool, r, base[k], fp) == 0) {
             for (unsigned i = 0; i < r->nchunks; i++)
                 r->chunks[i].fp = fp[i];
             r->keep_next = 1;

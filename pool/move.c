@@ -21,6 +21,7 @@
 #include "sh_err.h"
 #include "sh_log.h"
 
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 /* ---- moves in flight: prefetches and early evictions ---- */
@@ -332,6 +333,10 @@ static int pf_pick(struct sh_pool *pool, struct region *r)
 int sh_pool_prefetch_start(struct sh_pool *pool, const uintptr_t *vas, size_t n, uintptr_t *started,
                            size_t *nstarted)
 {
+    if (__atomic_load_n(&pool->no_prefetch, __ATOMIC_RELAXED)) {
+        *nstarted = 0;
+        return 0; /* an unseen writer was found (ev_unseen_write) */
+    }
     return move_start(pool, vas, n, started, nstarted, pf_pick, pf_start_one);
 }
 
@@ -501,16 +506,38 @@ static void ev_abandon(struct sh_pool *pool, struct region *r)
     sh_pool_kept_unevict(pool, r); /* kept copies nothing was copied into stay */
 }
 
+/* The fingerprints of r's device bytes before anything is copied ahead
+ * (chunk->ev_fp): work the scan did not see may write r under the copy,
+ * and its window compares again. 0, or r could not be fingerprinted. */
+static int ev_snapshot(struct sh_pool *pool, struct region *r)
+{
+    struct sh_clean_fp *fp = malloc(r->nchunks * sizeof *fp);
+    int rc = fp ? sh_pool_fingerprint(pool, r, r->va, fp) : SH_ENOMEM;
+    for (unsigned i = 0; i < r->nchunks && rc == 0; i++)
+        r->chunks[i].ev_fp = fp[i];
+    free(fp);
+    if (rc && !__atomic_exchange_n(&pool->no_early, 1, __ATOMIC_RELAXED))
+        sh_log(SH_LOG_WARN, "a region could not be fingerprinted: early evictions wait for "
+                            "pressure instead (they could not tell whether a write was lost)");
+    return rc;
+}
+
 /* Queues r's copies device -> slabs and lists it; 0, or r is RESIDENT. A
  * region with kept copies that still match queues none: its window
  * fingerprints it and copies only what changed. */
 static int ev_start_one(struct sh_pool *pool, struct region *r)
 {
     struct sh_xfer *x = pool->mover.xfer;
+    if (ev_snapshot(pool, r) != 0) {
+        if (r->from_kept)
+            sh_pool_kept_ahead_off(r); /* the kept copies as slabs, as ev_abandon expects */
+        ev_abandon(pool, r);
+        return SH_EDRIVER;
+    }
     if (r->from_kept) {
         /* Changed since its restore (a guess: its window compares again):
          * copy ahead as usual, so that the copy overlaps compute. */
-        r->ahead = sh_pool_kept_changed(pool, r) && sh_pool_get_slabs(pool, r, 0) == 0;
+        r->ahead = sh_pool_kept_changed(r) && sh_pool_get_slabs(pool, r, 0) == 0;
         if (!r->ahead)
             sh_pool_kept_ahead_off(r);
     }
@@ -584,6 +611,10 @@ static int ev_startable(struct sh_pool *pool, struct region *r)
 int sh_pool_evict_start(struct sh_pool *pool, const uintptr_t *vas, size_t n, uintptr_t *started,
                         size_t *nstarted)
 {
+    if (__atomic_load_n(&pool->no_early, __ATOMIC_RELAXED)) {
+        *nstarted = 0;
+        return 0; /* no fingerprint to tell a lost write by (ev_snapshot) */
+    }
     return move_start(pool, vas, n, started, nstarted, ev_startable, ev_start_one);
 }
 
@@ -637,6 +668,38 @@ static void ev_compare(struct sh_pool *pool, struct region **v, size_t n, char *
     free(sel);
 }
 
+/* In r's window (drained): 1 when its device bytes are those its copy
+ * ahead read, by fingerprint; chunks found clean keep their kept copy and
+ * need no match. A region whose copies were all made in the window (kept
+ * copies, nothing copied ahead) needs none. */
+static int ev_unchanged(struct sh_pool *pool, struct region *r)
+{
+    if ((r->from_kept && !r->ahead) || pool->mover.plant_lost_write)
+        return 1;
+    struct sh_clean_fp *now = malloc(r->nchunks * sizeof *now);
+    int same = now && sh_pool_fingerprint(pool, r, r->va, now) == 0;
+    for (unsigned i = 0; i < r->nchunks && same; i++)
+        same = r->chunks[i].clean || sh_clean_fp_equal(now[i], r->chunks[i].ev_fp);
+    free(now);
+    return same;
+}
+
+/* r changed with no work naming it: something writes regions through a
+ * pointer the library never saw. Early evictions stay safe (each is
+ * compared), but a prefetch cannot be (its source is host memory, which
+ * only a copy as long as the prefetch's own could compare): none starts
+ * from now on. */
+static void ev_unseen_write(struct sh_pool *pool, const struct region *r)
+{
+    __atomic_add_fetch(&pool->st.unseen_writes, 1, __ATOMIC_RELAXED);
+    if (!__atomic_exchange_n(&pool->no_prefetch, 1, __ATOMIC_RELAXED))
+        sh_log(SH_LOG_WARN,
+               "region %" PRIu64 " (0x%" PRIxPTR ") changed under an early eviction with no "
+               "work naming it: a kernel writes through pointers the library cannot see; its "
+               "early eviction was dropped, and prefetch is off from now on",
+               r->id, r->va);
+}
+
 /* The commit window (gate held): ok[k] is 1 for each region of v now on
  * its slabs, 0 for those left on their device chunks. */
 static void ev_window(struct sh_pool *pool, struct region **v, size_t n, char *ok)
@@ -650,13 +713,17 @@ static void ev_window(struct sh_pool *pool, struct region **v, size_t n, char *o
     for (size_t k = 0; k < n; k++) {
         struct region *r = v[k];
         /* Drained: the copies are done. Work issued since they began may
-         * have written the device chunks under them: that region stays. */
+         * have written the device chunks under them: that region stays. So
+         * does one whose bytes changed with no work naming it. */
         int copied = !ok[k] && sh_xfer_wait_seq(x, SH_D2H, r->mv_first, r->mv_last) == 0;
         int unused = sh_pool_issued_at(pool, r) == r->ev_issued || pool->mover.plant_lost_write;
+        int same = copied && unused && ev_unchanged(pool, r);
         ok[k] = 0;
-        if (copied && unused)
+        if (copied && unused && !same)
+            ev_unseen_write(pool, r);
+        if (same)
             sh_pool_check_move(pool, r, r->va, "early eviction");
-        if (copied && unused && ev_switch(pool, r) == 0) {
+        if (same && ev_switch(pool, r) == 0) {
             r->evict_clock = now; /* work issued from here on runs on the slabs */
             ok[k] = 1;
         }

@@ -69,9 +69,12 @@ struct sh_pool_stats {
     uint64_t evicted_bytes, restored_bytes; /* bytes copied each way (prefetches included) */
     uint64_t checksum_mismatches;
     uint64_t lost_writes; /* moves whose two sides differed in the window (verify_moves) */
-    uint64_t opaque;      /* pieces of opaque work issued */
-    size_t host_bytes;    /* bytes of regions living in host slabs */
-    size_t pinned;        /* live regions pinned (sh_pool_pin) */
+    /* early evictions left resident: the region's bytes changed under the
+     * copy with no work naming it (a pointer the library never saw) */
+    uint64_t unseen_writes;
+    uint64_t opaque;   /* pieces of opaque work issued */
+    size_t host_bytes; /* bytes of regions living in host slabs */
+    size_t pinned;     /* live regions pinned (sh_pool_pin) */
     /* prefetch (evict.c) */
     uint64_t prefetches;       /* regions whose prefetch copy was started */
     uint64_t prefetch_commits; /* ... and committed */
@@ -262,16 +265,19 @@ struct sh_pool_mover {
     int (*streams_idle)(void *ctx, uint64_t mask);
     void *drain_ctx;
     unsigned slab_wait_ms; /* how long to wait for the host pool to grow */
-    /* Clean regions ([policy] clean_skip; keep.c): fills out[i] with the
-     * fingerprint (clean.h) of the device bytes at addr[i], len[i]; 0, or
-     * an error (then nothing is taken as clean). bus[dir] += the bytes it
-     * moved each way (its results; once, its key), which count as copied.
-     * Trusted only in remap windows; called also at an early eviction's
-     * start, as a guess whether to copy ahead. NULL: every eviction
-     * copies, no host copy is kept. */
+    /* Fills out[i] with the fingerprint (clean.h) of the device bytes at
+     * addr[i], len[i]; 0, or an error. bus[dir] += the bytes it moved each
+     * way (its results; once, its key), which count as copied. An early
+     * eviction fingerprints its region before its copy and again in its
+     * window, and commits only if they match: NULL (or failing), no early
+     * eviction starts. Clean regions use it too. */
     int (*fingerprint)(void *ctx, const uintptr_t *addr, const size_t *len, size_t n,
                        struct sh_clean_fp *out, uint64_t bus[2]);
     void *fp_ctx;
+    /* [policy] clean_skip (keep.c): a restore keeps the host copy and its
+     * fingerprint; an eviction that finds the bytes unchanged copies
+     * nothing. Needs fingerprint. */
+    int clean_skip;
 };
 
 /* Enables eviction. Until called, sh_pool_evict releases nothing. */

@@ -34,6 +34,9 @@ struct chunk {
     struct sh_slab *kept;
     struct sh_clean_fp fp;
     int clean;
+    /* An early eviction's (move.c): the device bytes' fingerprint before
+     * its copy ahead, which its window compares again. */
+    struct sh_clean_fp ev_fp;
 };
 
 /* Moves in flight whose copies go one way (prefetches: H2D; early
@@ -123,6 +126,9 @@ struct sh_pool {
      * is no pointer into one, without a lookup. */
     uintptr_t lo, hi;
     size_t holes; /* chunks with a hole (repair.c; atomic) */
+    /* Atomics, set once (move.c): no early eviction starts (no
+     * fingerprint), no prefetch starts (a write the scan missed was seen). */
+    int no_early, no_prefetch;
     pthread_mutex_t strand_mu;
     struct strand *stranded; /* scratch mappings that cannot be unmapped */
     size_t nstranded;
@@ -192,9 +198,10 @@ void sh_pool_unrestore(struct sh_pool *pool, struct region *r, unsigned n);
  *   kept_take      r just went RESIDENT -> EVICTING (mu held): its kept
  *                  copies, if any, become its slabs (from_kept); for an
  *                  early eviction (early) they stay kept until its start
- *                  asks kept_changed: 1 when the device bytes differ from
- *                  the copy now (a guess: nothing is stopped), and then it
- *                  copies ahead into fresh slabs (ahead), else kept_ahead_off
+ *                  asks kept_changed: 1 when the device bytes, as
+ *                  fingerprinted into chunk->ev_fp, differ from the copy
+ *                  (a guess: nothing is stopped), and then it copies ahead
+ *                  into fresh slabs (ahead), else kept_ahead_off
  *   kept_ahead     an early eviction that copied ahead, in its window,
  *                  compared: each chunk keeps the slab that holds its bytes
  *   kept_detach    r leaves RESIDENT another way (freed, pinned, unmapped;
@@ -214,7 +221,11 @@ void sh_pool_unrestore(struct sh_pool *pool, struct region *r, unsigned n);
  *                  bytes copied in the window (those not found clean) */
 void sh_pool_kept_take(struct sh_pool *pool, struct region *r, int early);
 void sh_pool_kept_ahead(struct sh_pool *pool, struct region *r);
-int sh_pool_kept_changed(struct sh_pool *pool, struct region *r);
+int sh_pool_kept_changed(const struct region *r);
+/* The fingerprints of r's chunks as mapped at base (pool->mover's, counted
+ * in the stats); 0 or an error. */
+int sh_pool_fingerprint(struct sh_pool *pool, const struct region *r, uintptr_t base,
+                        struct sh_clean_fp *out);
 /* An early eviction that does not copy ahead: its kept copies become its
  * slabs; its window compares and copies what changed. */
 void sh_pool_kept_ahead_off(struct region *r);

@@ -36,7 +36,7 @@ STATS_FIELDS = (
     ("launches_unscanned", False),
     ("cupti_handovers", False), ("cupti_returns", False), ("cached_bytes", False),
     ("clean_evictions", False), ("dirty_evictions", False), ("clean_bytes", False),
-    ("fingerprints", False), ("kept_bytes", False),
+    ("fingerprints", False), ("kept_bytes", False), ("unseen_writes", False),
 )
 
 

@@ -34,8 +34,9 @@ static struct {
     struct sh_gate *gate;
 } sys;
 
-/* Clean regions: the fingerprint on the CPU over the bytes the fake maps
- * (its memory is real), counted; fp_fail makes every call fail. */
+/* The fingerprint (clean regions, early evictions) on the CPU over the
+ * bytes the fake maps (its memory is real), counted; fail makes every call
+ * fail. */
 static struct {
     struct sh_clean_key key;
     int calls, ranges, fail;
@@ -98,7 +99,8 @@ static void sys_start(const struct opts *o, const struct sh_copy_ops *copy)
                               .drain_streams = o->drain_streams,
                               .streams_idle = o->streams_idle,
                               .slab_wait_ms = 100,
-                              .fingerprint = o->clean ? fake_fingerprint : NULL};
+                              .fingerprint = fake_fingerprint,
+                              .clean_skip = o->clean};
     memset(&fpk, 0, sizeof fpk);
     for (size_t i = 0; i < sizeof fpk.key.nh / sizeof fpk.key.nh[0]; i++)
         fpk.key.nh[i] = (uint32_t)(i * 2654435761u);

@@ -430,6 +430,61 @@ static void test_early_eviction_exact(void **state)
     stop();
 }
 
+/* A write that no work named (through a pointer the scan never saw) under
+ * an early eviction's copy: the window's fingerprint differs from the
+ * start's, so the region stays on the device with the write, the pool
+ * counts an unseen write, and no prefetch starts from then on (a prefetch
+ * could not be compared as cheaply). Before the fingerprints the commit put
+ * the region on slabs holding the bytes from before the write. */
+static void test_early_eviction_unseen_write(void **state)
+{
+    (void)state;
+    start(&std_opts);
+    uintptr_t a = alloc(RSIZE), b = alloc(RSIZE);
+    evict_one(b);
+    fill(a, RSIZE, 5);
+    assert_int_equal(start_early(a), 1);
+    fill(a, RSIZE, 6); /* no issue(): the library saw nothing */
+    size_t back = 0;
+    assert_int_equal(commit_early(1, &back), 0);
+    assert_int_equal(back, 1);
+    assert_int_equal(state_of(a), SH_RS_RESIDENT);
+    assert_int_equal(bad_words(a, RSIZE, 6), 0);
+    struct sh_pool_stats st;
+    sh_pool_stats(sys.pool, &st);
+    assert_int_equal(st.unseen_writes, 1);
+    assert_int_equal(st.early_commits, 0);
+    assert_int_equal(start_prefetch(b), 0);
+    assert_int_equal(state_of(b), SH_RS_HOST);
+    /* An unchanged region still goes early, compared. */
+    assert_int_equal(start_early(a), 1);
+    assert_int_equal(commit_early(1, &back), 1);
+    assert_int_equal(state_of(a), SH_RS_HOST);
+    assert_int_equal(bad_words(a, RSIZE, 6), 0);
+    stop();
+}
+
+/* Without a fingerprint a lost write could not be told: no early eviction
+ * starts (the region waits for pressure, whose window copies). */
+static void test_early_eviction_needs_fingerprint(void **state)
+{
+    (void)state;
+    start(&std_opts);
+    uintptr_t a = alloc(RSIZE), b = alloc(RSIZE);
+    evict_one(b);
+    fill(a, RSIZE, 3);
+    fpk.fail = 1;
+    assert_int_equal(start_early(a), 0);
+    assert_int_equal(state_of(a), SH_RS_RESIDENT);
+    fpk.fail = 0;
+    int calls = fpk.calls;
+    assert_int_equal(start_early(a), 0); /* off for good: not even tried */
+    assert_int_equal(fpk.calls, calls);
+    evict_one(a);
+    assert_int_equal(bad_words(a, RSIZE, 3), 0);
+    stop();
+}
+
 /* Work issued against a region while its copy ran may have changed it
  * under the copy: the commit leaves it resident, with the new bytes. */
 static void test_early_eviction_abandoned(void **state)
@@ -985,6 +1040,8 @@ int main(void)
         cmocka_unit_test_teardown(test_prefetch_redo_issued_late, teardown),
         cmocka_unit_test_teardown(test_early_eviction_exact, teardown),
         cmocka_unit_test_teardown(test_early_eviction_abandoned, teardown),
+        cmocka_unit_test_teardown(test_early_eviction_unseen_write, teardown),
+        cmocka_unit_test_teardown(test_early_eviction_needs_fingerprint, teardown),
         cmocka_unit_test_teardown(test_early_eviction_tracked, teardown),
         cmocka_unit_test_teardown(test_free_during_early_eviction, teardown),
         cmocka_unit_test_teardown(test_free_during_prefetch, teardown),

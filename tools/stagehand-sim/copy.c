@@ -135,19 +135,25 @@ int start_copy(struct run *r, size_t g, int dir, int demand)
     struct sreg *s = &r->reg[g];
     r->cp[c] =
         (struct copy){.reg = g, .dir = dir, .demand = demand, .bytes = s->bytes, .link = s->bytes};
+    if (dir == D2H && !demand) {
+        /* An early eviction fingerprints the region at its start and again
+         * in its window, where a change no launch made calls it off. The
+         * first holds up its planner. */
+        r->cp[c].fp_ns = fp_ns(r, s->bytes);
+        if (run_hold(r, fp_ns(r, s->bytes)))
+            return SH_EINVAL;
+    }
     if (dir == D2H && s->kept) {
         /* The window fingerprints it; a region no launch wrote since its
-         * restore needs no copy (the library's clean eviction). An early
-         * eviction fingerprints it at its start too: one found changed
-         * copies ahead as usual. (A launch that wrote it after that start
-         * used it, and calls the eviction off.) */
+         * restore needs no copy (the library's clean eviction); an early
+         * one found changed at its start copies ahead as usual. (A launch
+         * that wrote it after that start used it, and calls the eviction
+         * off.) */
         struct copy *cp = &r->cp[c];
         cp->kept = 1;
         cp->clean = !s->dirty;
         cp->link = cp->clean ? 0 : s->bytes;
         cp->fp_ns = fp_ns(r, s->bytes);
-        if (!demand && run_hold(r, fp_ns(r, s->bytes))) /* the guess holds up its planner */
-            return SH_EINVAL;
         s->kept = 0;
     }
     s->copy = c;
