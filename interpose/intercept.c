@@ -255,8 +255,38 @@ void sh_work_copy(struct sh_work *w, uintptr_t dst, uintptr_t src, size_t n)
 {
     sh_work_range(w, dst, n);
     sh_work_range(w, src, n);
-    if (n && src && sh_pool_lookup(sh_rt.pool, dst, NULL) != 0 && host_readable(src))
+    if (n && src && host_readable(src))
         sh_launch_mark_upload((const void *)dst, (const void *)src, n);
+}
+
+/* 1 when a copy of kind `kind` (cudaMemcpyKind) from src reads host memory. */
+static int from_host(int kind, uintptr_t src)
+{
+    return kind == cudaMemcpyHostToDevice || (kind == cudaMemcpyDefault && host_readable(src));
+}
+
+/* One side of a pitched copy: its first byte, its pitch, its rows per slice. */
+struct span {
+    uintptr_t at;
+    size_t pitch, rows;
+};
+
+/* A pitched upload: depth slices of height rows of width bytes. */
+static void up_block(struct span d, struct span s, size_t width, size_t height, size_t slices)
+{
+    for (size_t z = 0; z < slices; z++)
+        sh_launch_mark_upload_rows((const void *)(d.at + z * d.rows * d.pitch), d.pitch,
+                                   (const void *)(s.at + z * s.rows * s.pitch), s.pitch, width,
+                                   height);
+}
+
+void sh_work_rcopy2d(struct sh_work *w, uintptr_t dst, size_t dpitch, uintptr_t src, size_t spitch,
+                     size_t width, size_t height, int kind)
+{
+    sh_work_pitch(w, dst, dpitch, width, height);
+    sh_work_pitch(w, src, spitch, width, height);
+    if (width && height && src && from_host(kind, src))
+        up_block((struct span){dst, dpitch, 0}, (struct span){src, spitch, 0}, width, height, 1);
 }
 
 void sh_work_rcopy(struct sh_work *w, uintptr_t dst, uintptr_t src, size_t n, int kind)
@@ -298,6 +328,14 @@ static void side(struct sh_work *w, uintptr_t base, size_t x, size_t y, size_t z
 
 #define DEVICE_SIDE(t) ((t) == CU_MEMORYTYPE_DEVICE || (t) == CU_MEMORYTYPE_UNIFIED)
 
+/* The host address a descriptor's side reads, 0 when it is not host memory. */
+static uintptr_t host_of(CUmemorytype t, const void *host, CUdeviceptr dev)
+{
+    if (t == CU_MEMORYTYPE_HOST)
+        return (uintptr_t)host;
+    return t == CU_MEMORYTYPE_UNIFIED && dev && host_readable(dev) ? dev : 0;
+}
+
 void sh_work_copy2d(struct sh_work *w, const CUDA_MEMCPY2D *p)
 {
     if (!p)
@@ -308,7 +346,17 @@ void sh_work_copy2d(struct sh_work *w, const CUDA_MEMCPY2D *p)
     if (DEVICE_SIDE(p->dstMemoryType))
         side(w, p->dstDevice, p->dstXInBytes, p->dstY, 0, p->dstPitch, 0, p->WidthInBytes,
              p->Height, 1);
+    uintptr_t h = host_of(p->srcMemoryType, p->srcHost, p->srcDevice);
+    if (h && DEVICE_SIDE(p->dstMemoryType))
+        up_block(
+            (struct span){p->dstDevice + p->dstY * p->dstPitch + p->dstXInBytes, p->dstPitch, 0},
+            (struct span){h + p->srcY * p->srcPitch + p->srcXInBytes, p->srcPitch, 0},
+            p->WidthInBytes, p->Height, 1);
 }
+
+/* Where a 3D descriptor's side starts: origin (x bytes, y rows, z slices). */
+#define AT3D(base, p, s)                                                                           \
+    ((base) + ((p)->s##Z * (p)->s##Height + (p)->s##Y) * (p)->s##Pitch + (p)->s##XInBytes)
 
 #define COPY3D(w, p)                                                                               \
     do {                                                                                           \
@@ -318,6 +366,11 @@ void sh_work_copy2d(struct sh_work *w, const CUDA_MEMCPY2D *p)
         if (DEVICE_SIDE((p)->dstMemoryType))                                                       \
             side(w, (p)->dstDevice, (p)->dstXInBytes, (p)->dstY, (p)->dstZ, (p)->dstPitch,         \
                  (p)->dstHeight, (p)->WidthInBytes, (p)->Height, (p)->Depth);                      \
+        uintptr_t h_ = host_of((p)->srcMemoryType, (p)->srcHost, (p)->srcDevice);                  \
+        if (h_ && DEVICE_SIDE((p)->dstMemoryType))                                                 \
+            up_block((struct span){AT3D((p)->dstDevice, p, dst), (p)->dstPitch, (p)->dstHeight},   \
+                     (struct span){AT3D(h_, p, src), (p)->srcPitch, (p)->srcHeight},               \
+                     (p)->WidthInBytes, (p)->Height, (p)->Depth);                                  \
     } while (0)
 
 void sh_work_copy3d(struct sh_work *w, const CUDA_MEMCPY3D *p)
@@ -344,10 +397,22 @@ void sh_work_copy3dpeer(struct sh_work *w, const CUDA_MEMCPY3D_PEER *p)
                  (p)->extent.depth);                                                               \
     } while (0)
 
+/* Where a runtime 3D copy's side starts. */
+static uintptr_t rat3d(struct cudaPitchedPtr pp, struct cudaPos pos)
+{
+    return (uintptr_t)pp.ptr + (pos.z * pp.ysize + pos.y) * pp.pitch + pos.x;
+}
+
 void sh_work_rcopy3d(struct sh_work *w, const struct cudaMemcpy3DParms *p)
 {
-    if (p)
-        RCOPY3D(w, p);
+    if (!p)
+        return;
+    RCOPY3D(w, p);
+    uintptr_t src = (uintptr_t)p->srcPtr.ptr;
+    if (!p->srcArray && !p->dstArray && src && from_host(p->kind, src))
+        up_block((struct span){rat3d(p->dstPtr, p->dstPos), p->dstPtr.pitch, p->dstPtr.ysize},
+                 (struct span){rat3d(p->srcPtr, p->srcPos), p->srcPtr.pitch, p->srcPtr.ysize},
+                 p->extent.width, p->extent.height, p->extent.depth);
 }
 
 void sh_work_rcopy3dpeer(struct sh_work *w, const struct cudaMemcpy3DPeerParms *p)
@@ -363,6 +428,8 @@ void sh_work_batch(struct sh_work *w, const void *dsts, const void *srcs, const 
     for (size_t i = 0; d && s && sizes && i < count && !w->opaque; i++) {
         sh_work_range(w, d[i], sizes[i]);
         sh_work_range(w, s[i], sizes[i]);
+        if (sizes[i] && s[i] && host_readable(s[i]))
+            sh_launch_mark_upload((const void *)d[i], (const void *)s[i], sizes[i]);
     }
 }
 

@@ -94,6 +94,8 @@ void sh_work_up(struct sh_work *w, uintptr_t dst, const void *src, size_t n);
 void sh_work_copy(struct sh_work *w, uintptr_t dst, uintptr_t src, size_t n);
 void sh_work_rcopy(struct sh_work *w, uintptr_t dst, uintptr_t src, size_t n, int kind);
 void sh_work_pitch(struct sh_work *w, uintptr_t p, size_t pitch, size_t width, size_t height);
+void sh_work_rcopy2d(struct sh_work *w, uintptr_t dst, size_t dpitch, uintptr_t src, size_t spitch,
+                     size_t width, size_t height, int kind);
 void sh_work_copy2d(struct sh_work *w, const CUDA_MEMCPY2D *p);
 void sh_work_copy3d(struct sh_work *w, const CUDA_MEMCPY3D *p);
 void sh_work_copy3dpeer(struct sh_work *w, const CUDA_MEMCPY3D_PEER *p);
@@ -112,13 +114,15 @@ void sh_work_any_stream(struct sh_work *w);
 void sh_work_opaque(struct sh_work *w);
 
 #ifdef SH_ICEPT_VERBS /* the generated file only */
-#define range(p, n)          sh_work_range(&w, (uintptr_t)(p), (size_t)(n))
-#define up(d, s, n)          sh_work_up(&w, (uintptr_t)(d), (const void *)(s), (size_t)(n))
-#define down(d, s, n)        sh_work_range(&w, (uintptr_t)(s), (size_t)(n))
-#define copy(d, s, n)        sh_work_copy(&w, (uintptr_t)(d), (uintptr_t)(s), (size_t)(n))
-#define rcopy(d, s, n, k)    sh_work_rcopy(&w, (uintptr_t)(d), (uintptr_t)(s), (size_t)(n), (int)(k))
-#define pitch(p, pi, wd, h)  sh_work_pitch(&w, (uintptr_t)(p), (pi), (wd), (h))
-#define set(p, n)            sh_work_range(&w, (uintptr_t)(p), (size_t)(n))
+#define range(p, n)         sh_work_range(&w, (uintptr_t)(p), (size_t)(n))
+#define up(d, s, n)         sh_work_up(&w, (uintptr_t)(d), (const void *)(s), (size_t)(n))
+#define down(d, s, n)       sh_work_range(&w, (uintptr_t)(s), (size_t)(n))
+#define copy(d, s, n)       sh_work_copy(&w, (uintptr_t)(d), (uintptr_t)(s), (size_t)(n))
+#define rcopy(d, s, n, k)   sh_work_rcopy(&w, (uintptr_t)(d), (uintptr_t)(s), (size_t)(n), (int)(k))
+#define pitch(p, pi, wd, h) sh_work_pitch(&w, (uintptr_t)(p), (pi), (wd), (h))
+#define set(p, n)           sh_work_range(&w, (uintptr_t)(p), (size_t)(n))
+#define rcopy2d(d, dp, s, sp, wd, h, k)                                                            \
+    sh_work_rcopy2d(&w, (uintptr_t)(d), (dp), (uintptr_t)(s), (sp), (wd), (h), (int)(k))
 #define copy2d(p)            sh_work_copy2d(&w, (const CUDA_MEMCPY2D *)(p))
 #define copy3d(p)            sh_work_copy3d(&w, (const CUDA_MEMCPY3D *)(p))
 #define copy3dpeer(p)        sh_work_copy3dpeer(&w, (p))

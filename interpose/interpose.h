@@ -140,10 +140,21 @@ void sh_launch_set_opaque(void);
 /* Region pointers were copied where no scan can read them: from now on
  * every launch and copy is opaque. */
 void sh_launch_hide_pointers(void);
+/* hostmem.c: host memory kernels can read (pinned, registered), which the
+ * CPU writes unseen. Ranges are added and removed by start. */
+void sh_hostmem_add(const void *p, size_t n);
+void sh_hostmem_del(const void *p);
+/* 1 when one of v[0..n) points into such memory: a pointer table there is
+ * invisible, so the work is opaque. */
+int sh_hostmem_hit(const uintptr_t *v, size_t n);
 /* A host-to-device copy of n bytes from src to dst is being issued: if the
  * bytes hold pointers into regions, dst's region becomes a pointer table
  * and work using it is opaque. */
 void sh_launch_mark_upload(const void *dst, const void *src, size_t n);
+/* The same for rows rows of width bytes, dpitch apart at dst and spitch
+ * apart at src (a 2D copy, or one slice of a 3D one). */
+void sh_launch_mark_upload_rows(const void *dst, size_t dpitch, const void *src, size_t spitch,
+                                size_t width, size_t rows);
 /* With drain_mode = tracked, the drain that waits for given stream slots
  * and the poll that says whether they are idle; NULL otherwise. */
 void sh_launch_tracked_drain(int (**drain)(void *, uint64_t), int (**idle)(void *, uint64_t));

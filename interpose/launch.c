@@ -241,6 +241,8 @@ static size_t scan(const struct layout *l, void **args, uintptr_t *vals)
                 pending.opaque = 1; /* a pointer table outside the regions */
         }
     }
+    if (sh_hostmem_hit(vals, n))
+        pending.opaque = 1; /* host memory the CPU may have filled with pointers */
     return n;
 }
 
@@ -415,13 +417,23 @@ void sh_launch_hide_pointers(void)
                             "every launch now counts as touching every region (slower, safe)");
 }
 
+void sh_launch_mark_upload_rows(const void *dst, size_t dpitch, const void *src, size_t spitch,
+                                size_t width, size_t rows)
+{
+    if (!sh_managed() || !width || !rows || !src)
+        return;
+    uintptr_t d = (uintptr_t)dst;
+    const char *s = src;
+    size_t y = 0;
+    while (y < rows && !sh_pool_find_pointers(sh_rt.pool, s + y * spitch, width, d + y * dpitch))
+        y++;
+    if (y < rows && sh_pool_lookup(sh_rt.pool, d, NULL) != 0)
+        add_ptr_range(d, d + dpitch * (rows - 1) + width);
+}
+
 void sh_launch_mark_upload(const void *dst, const void *src, size_t n)
 {
-    if (!sh_managed() || n == 0 || !src ||
-        !sh_pool_find_pointers(sh_rt.pool, src, n, (uintptr_t)dst))
-        return;
-    if (sh_pool_lookup(sh_rt.pool, (uintptr_t)dst, NULL) != 0)
-        add_ptr_range((uintptr_t)dst, (uintptr_t)dst + n);
+    sh_launch_mark_upload_rows(dst, 0, src, 0, n, 1);
 }
 
 void sh_launch_mark_copy(CUstream stream, const void *dst, const void *src, size_t n)

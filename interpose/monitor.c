@@ -25,7 +25,7 @@ static atomic_int started; /* the publisher thread reads it */
 struct seen {
     uint64_t evictions, restores, evicted_bytes, restored_bytes, allocs, frees, oom, launches;
     uint64_t pool_hits, pool_misses, prefetches, prefetch_hits, prefetch_misses, stalls, stall_us;
-    uint64_t deferred, clean_evictions, clean_bytes, fingerprints;
+    uint64_t deferred, clean_evictions, clean_bytes, fingerprints, unseen_writes;
 };
 static struct seen last;
 
@@ -103,6 +103,7 @@ void sh_monitor_sync(void)
     delta(SH_TM_C_clean_evictions, st.clean_evictions, &last.clean_evictions);
     delta(SH_TM_C_clean_bytes, st.clean_bytes, &last.clean_bytes);
     delta(SH_TM_C_fingerprints, st.fingerprints, &last.fingerprints);
+    delta(SH_TM_C_unseen_writes, st.unseen_writes, &last.unseen_writes);
     /* A prefetch that committed as copied was in time; one redone in the
      * window or cancelled was not. */
     delta(SH_TM_C_prefetch_hits, st.prefetch_commits - st.prefetch_redos, &last.prefetch_hits);

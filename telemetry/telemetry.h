@@ -62,7 +62,9 @@
     X(cupti_returns, "times", "CUPTI taken back once the other subscriber unsubscribed")           \
     X(clean_evictions, "regions", "evictions that found the region unchanged since its restore")   \
     X(clean_bytes, "bytes", "bytes evictions did not copy: unchanged since their restore")         \
-    X(fingerprints, "launches", "fingerprint kernel launches (clean_skip)")
+    X(fingerprints, "launches", "fingerprint kernel launches (clean_skip, early evictions)")       \
+    X(unseen_writes, "regions",                                                                    \
+      "early evictions called off: the region changed with no work naming it")
 
 /* ---- gauges: the latest value, set with atomic stores ---------------------- */
 #define SH_TM_GAUGES(X)                                                                            \

@@ -12,10 +12,11 @@
  *              is off (said once), the budget is a hard limit
  *   checksums  debug checksums on an oversubscribed workload: clean while
  *              every launch is seen; a kernel that writes evicted regions
- *              through a pointer table in pinned host memory (which the
- *              library cannot read pointers from; prefetch off, as a
- *              program keeping such pointers sets it) shows up as a
- *              mismatch naming the region, and the results stay exact
+ *              through a pointer table that kernels wrote in device memory
+ *              (which the library never reads pointers from; prefetch
+ *              off, as a program keeping such pointers may set it) shows
+ *              up as a mismatch naming the region, and the results stay
+ *              exact
  *
  * The exhausted child runs again on a CUDA 12.0 driver, where the library
  * passes every call through and says why in one line.
@@ -90,14 +91,22 @@ static void k_table_bump(void **a)
             t[r][i] += 1;
 }
 
+static void k_table_store(void **a) /* (table, index, pointer) */
+{
+    void **t = *(void ***)a[0];
+    t[*(int *)a[1]] = *(void **)a[2];
+}
+
 static int register_kernels(void)
 {
     size_t fill_sizes[] = {sizeof(void *), sizeof(size_t), sizeof(uint32_t)};
+    size_t store_sizes[] = {sizeof(void *), sizeof(int), sizeof(void *)};
     size_t bump_sizes[] = {sizeof(void *), sizeof(size_t)};
     size_t table_sizes[] = {sizeof(void *), sizeof(int), sizeof(size_t)};
     return simcuda_register_kernel(k_fill, "fill", 3, fill_sizes, 0) ||
            simcuda_register_kernel(k_bump, "bump", 2, bump_sizes, 0) ||
-           simcuda_register_kernel(k_table_bump, "table_bump", 3, table_sizes, 0);
+           simcuda_register_kernel(k_table_bump, "table_bump", 3, table_sizes, 0) ||
+           simcuda_register_kernel(k_table_store, "table_store", 3, store_sizes, 0);
 }
 
 static cudaError_t fill(void *p, uint32_t seed)
@@ -194,9 +203,14 @@ static int child_checksums(void)
 {
     enum { N = 24 }; /* 384 MB against a 256 MB budget */
     static uint32_t *r[N];
+    uint32_t **table;
+    if (cudaMalloc((void **)&table, sizeof r) != cudaSuccess)
+        return 3;
     for (int i = 0; i < N; i++) {
+        void *sargs[] = {&table, &i, &r[i]};
         if (cudaMalloc((void **)&r[i], REGION) != cudaSuccess ||
-            fill(r[i], (uint32_t)(100 + i)) != cudaSuccess)
+            fill(r[i], (uint32_t)(100 + i)) != cudaSuccess ||
+            cudaLaunchKernel((const void *)k_table_store, one, one, sargs, 0, NULL) != cudaSuccess)
             return 3;
     }
     /* Every launch seen: regions come back exactly as they left. */
@@ -220,14 +234,11 @@ static int child_checksums(void)
         if (bump(r[i]) != cudaSuccess)
             return 4;
     fprintf(stderr, "e2e: table\n");
-    /* A kernel reaches every region through a table in pinned host memory:
-     * the evicted ones are written over their host mapping, behind the
-     * library's back. (A table in device memory, uploaded by a copy the
-     * library sees, makes the launch opaque: no mismatch to report.) */
-    uint32_t **table;
-    if (cudaMallocHost((void **)&table, sizeof r) != cudaSuccess)
-        return 5;
-    memcpy(table, r, sizeof r);
+    /* A kernel reaches every region through a table that kernels wrote in
+     * device memory: the evicted ones are written over their host mapping,
+     * behind the library's back. (A table uploaded by a copy the library
+     * sees, or kept in pinned host memory, makes the launch opaque: no
+     * mismatch to report.) */
     int count = N;
     size_t n = WORDS;
     void *args[] = {&table, &count, &n};
@@ -267,7 +278,7 @@ static int child_checksums(void)
     for (int i = 0; i < N; i++)
         if (kept[i])
             cudaFree(r[i]);
-    cudaFreeHost(table);
+    cudaFree(table);
     return 0;
 }
 
@@ -509,8 +520,8 @@ static void test_cuda_12_0_passes_through(void **state)
 static void test_checksums(void **state)
 {
     (void)state;
-    /* A table in pinned host memory is a pointer the library never sees:
-     * the program turns the overlapped moves off, as README says. */
+    /* A table kernels wrote on the device is a pointer the library never
+     * sees: the program turns the overlapped moves off. */
     static const char *const env[] = {"SIMCUDA_VRAM_MB=512", "STAGEHAND_BUDGET_VRAM_BUDGET_MB=256",
                                       "STAGEHAND_DEBUG_DEBUG_CHECKSUMS=1",
                                       "STAGEHAND_POLICY_PREFETCH_ENABLED=false", NULL};

@@ -18,6 +18,14 @@
  *           it early. The early evictions' fingerprints catch the bump
  *           under the copy: the region stays, the library counts an unseen
  *           write and turns prefetch off;
+ *   pinned  the table in pinned host memory (cudaMallocHost), written by
+ *           the CPU: no copy carries it, so no scan reads it (the bump of
+ *           devtable too: a launch pointing into such memory is opaque);
+ *   registered  the same in the program's own memory, registered with
+ *           cudaHostRegister;
+ *   table2d  the table uploaded by cudaMemcpy2D, a row per pointer from a
+ *           host array with padding between them (and the bump of
+ *           devtable);
  *   packed  the optimizer gets a 4-byte-aligned packed struct argument
  *           whose weight pointer sits at offset 4;
  *   nccl    the optimizer is a kernel named like NCCL's that gets the
@@ -160,12 +168,27 @@ static stagehand_stats_t stats(void)
     return st;
 }
 
+/* A table in host memory the device reads: pinned, or the program's own
+ * page registered (replacing *tab, whose device memory stays unused). */
+static int host_table(int pinned, void **tab)
+{
+    if (pinned)
+        return cudaMallocHost(tab, 2 * sizeof(void *)) != cudaSuccess;
+    static char pages[BLOCKS][4096] __attribute__((aligned(4096)));
+    static int next;
+    *tab = pages[next++];
+    return cudaHostRegister(*tab, 4096, cudaHostRegisterDefault) != cudaSuccess;
+}
+
 static int child_main(const char *pattern)
 {
     void *w[BLOCKS], *g[BLOCKS], *s[BLOCKS], *tab[BLOCKS], *x;
     size_t bytes = (size_t)REGION_MB << 20;
-    int devtable = strcmp(pattern, "devtable") == 0;
-    int table = devtable || strcmp(pattern, "table") == 0, nccl = strcmp(pattern, "nccl") == 0;
+    int devtable = strcmp(pattern, "devtable") == 0, pinned = strcmp(pattern, "pinned") == 0;
+    int registered = strcmp(pattern, "registered") == 0, in_host = pinned || registered;
+    int table2d = strcmp(pattern, "table2d") == 0, bumped = devtable || in_host || table2d;
+    int table = bumped || strcmp(pattern, "table") == 0;
+    int nccl = strcmp(pattern, "nccl") == 0;
     int mset = strcmp(pattern, "memset") == 0;
     for (int i = 0; i < BLOCKS; i++) {
         if (cudaMalloc(&w[i], bytes) || cudaMalloc(&g[i], bytes) || cudaMalloc(&s[i], bytes) ||
@@ -176,9 +199,18 @@ static int child_main(const char *pattern)
         cudaMemset(s[i], 0, bytes);
         void *host[2] = {w[i], s[i]};
         void *bargs[] = {&tab[i], &w[i], &s[i]};
+        if (in_host && host_table(pinned, &tab[i]) != 0)
+            return 2;
         if (devtable)
             launch(k_build, bargs);
-        else if (cudaMemcpy(tab[i], host, sizeof host, cudaMemcpyHostToDevice))
+        else if (in_host)
+            memcpy(tab[i], host, sizeof host); /* the CPU writes it: nothing to see */
+        else if (table2d) {
+            void *rows[4] = {w[i], NULL, s[i], NULL};
+            if (cudaMemcpy2D(tab[i], sizeof(void *), rows, 2 * sizeof(void *), sizeof(void *), 2,
+                             cudaMemcpyHostToDevice))
+                return 2;
+        } else if (cudaMemcpy(tab[i], host, sizeof host, cudaMemcpyHostToDevice))
             return 2;
     }
     if (cudaMalloc(&x, 2u << 20) || cudaMemset(x, 0, 2u << 20))
@@ -194,7 +226,7 @@ static int child_main(const char *pattern)
         for (int i = 0; i < BLOCKS; i++) {
             void *args[] = {&w[i], &x}, *targs[] = {&tab[i]};
             launch(k_fwd, args);
-            if (devtable) /* the weight, long before its next named use */
+            if (bumped) /* the weight, long before its next named use */
                 launch(k_bump, targs);
         }
         for (int i = BLOCKS - 1; i >= 0; i--) {
@@ -220,7 +252,7 @@ static int child_main(const char *pattern)
         cudaDeviceSynchronize();
     }
     /* g counts the steps; w adds 1 + 2 + ... + STEPS; s counts the steps. */
-    uint32_t want_w = STEPS * (STEPS + 1) / 2 + (devtable ? STEPS : 0);
+    uint32_t want_w = STEPS * (STEPS + 1) / 2 + (bumped ? STEPS : 0);
     int bad = 0;
     for (int i = 0; i < BLOCKS; i++)
         for (size_t k = 0; k < 3; k++) {
@@ -291,6 +323,23 @@ static void test_devtable(void **state)
     run(args, "devtable", no_prefetch);
 }
 
+static void test_pinned(void **state)
+{
+    (void)state;
+    run(args, "pinned", NULL);
+    run(args, "pinned", tracked);
+    run(args, "pinned", verified);
+    run(args, "registered", NULL);
+    run(args, "registered", verified);
+}
+
+static void test_table2d(void **state)
+{
+    (void)state;
+    run(args, "table2d", NULL);
+    run(args, "table2d", verified);
+}
+
 static void test_packed(void **state)
 {
     (void)state;
@@ -357,6 +406,7 @@ int main(int argc, char **argv)
     args = argv;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table),  cmocka_unit_test(test_devtable),
+        cmocka_unit_test(test_pinned), cmocka_unit_test(test_table2d),
         cmocka_unit_test(test_packed), cmocka_unit_test(test_nccl),
         cmocka_unit_test(test_memset),
     };

@@ -265,6 +265,42 @@ SIM_EXPORT cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n,
         cuMemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, n, (CUstream)s));
 }
 
+/* cudaMemcpy2D(Async): the driver's, with either kind of pointer on each
+ * side (unified: the driver tells them apart). */
+static CUDA_MEMCPY2D rt_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                           size_t height)
+{
+    return (CUDA_MEMCPY2D){.srcMemoryType = CU_MEMORYTYPE_UNIFIED,
+                           .srcDevice = (CUdeviceptr)(uintptr_t)src,
+                           .srcPitch = spitch,
+                           .dstMemoryType = CU_MEMORYTYPE_UNIFIED,
+                           .dstDevice = (CUdeviceptr)(uintptr_t)dst,
+                           .dstPitch = dpitch,
+                           .WidthInBytes = width,
+                           .Height = height};
+}
+
+SIM_EXPORT cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitch,
+                                    size_t width, size_t height, enum cudaMemcpyKind kind)
+{
+    ENTER();
+    if (!valid_kind(kind))
+        return rt_ret(cudaErrorInvalidMemcpyDirection);
+    CUDA_MEMCPY2D p = rt_2d(dst, dpitch, src, spitch, width, height);
+    return rt_ret_cu(cuMemcpy2D_v2(&p));
+}
+
+SIM_EXPORT cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
+                                         size_t width, size_t height, enum cudaMemcpyKind kind,
+                                         cudaStream_t s)
+{
+    ENTER();
+    if (!valid_kind(kind))
+        return rt_ret(cudaErrorInvalidMemcpyDirection);
+    CUDA_MEMCPY2D p = rt_2d(dst, dpitch, src, spitch, width, height);
+    return rt_ret_cu(cuMemcpy2DAsync_v2(&p, (CUstream)s));
+}
+
 /* Copies between devices, through the devices' primary contexts. */
 static cudaError_t memcpy_peer(void *dst, int dst_dev, const void *src, int src_dev, size_t n,
                                cudaStream_t s, bool sync)

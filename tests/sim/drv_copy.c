@@ -283,6 +283,41 @@ SIM_EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_
 {
     return sim_copy(__func__, P(dst), CP(src), n, s, false);
 }
+static const void *endpoint(CUmemorytype type, const void *host, CUdeviceptr dev, size_t x);
+
+/* cuMemcpy2D(Async): one copy per row, in order on the stream; the
+ * synchronous form returns when the last has landed. No arrays. */
+static CUresult copy2d(const char *api, const CUDA_MEMCPY2D *p, CUstream hs, bool sync)
+{
+    CUresult r = sim_enter(api, true);
+    if (r)
+        return r;
+    if (!p || (p->Height > 1 && (p->srcPitch < p->WidthInBytes || p->dstPitch < p->WidthInBytes)))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (p->srcMemoryType == CU_MEMORYTYPE_ARRAY || p->dstMemoryType == CU_MEMORYTYPE_ARRAY)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    const char *src = endpoint(p->srcMemoryType, p->srcHost, p->srcDevice,
+                               p->srcXInBytes + p->srcY * p->srcPitch);
+    char *dst = (char *)(uintptr_t)endpoint(p->dstMemoryType, p->dstHost, p->dstDevice,
+                                            p->dstXInBytes + p->dstY * p->dstPitch);
+    if (!src || !dst)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t y = 0; y < p->Height && r == CUDA_SUCCESS; y++)
+        r = copy_submit(dst + y * p->dstPitch, src + y * p->srcPitch, p->WidthInBytes, hs,
+                        sync && y + 1 == p->Height);
+    return r;
+}
+
+SIM_EXPORT CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D *p)
+{
+    return copy2d(__func__, p, NULL, true);
+}
+
+SIM_EXPORT CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *p, CUstream s)
+{
+    return copy2d(__func__, p, s, false);
+}
+
 SIM_EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n)
 {
     return sim_fill(__func__, P(dst), v, 1, n, NULL, true);

@@ -1,0 +1,105 @@
+/* hostmem.c — host memory that kernels can read: pinned (cudaMallocHost,
+ * cudaHostAlloc, cuMemAllocHost, cuMemHostAlloc) and registered
+ * (cudaHostRegister, cuMemHostRegister). The program's CPU writes it with
+ * no call the library sees, so a pointer table kept there is invisible to
+ * every scan: a launch whose parameters point into such memory is opaque
+ * (launch.c asks sh_hostmem_hit), and so counts as using every region.
+ *
+ * The calls that make and free such memory are hostcalls.c's. A runtime
+ * call that reaches the driver's through those hooks records the same
+ * range twice: ranges are added and removed by start, idempotently.
+ *
+ * Shared state: the ranges, sorted by start, under an rwlock; their count
+ * is an atomic, so a program that pins nothing pays one load per scan.
+ */
+#include "interpose/interpose.h"
+
+#include "sh_log.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct range {
+    uintptr_t lo, hi;
+};
+
+static pthread_rwlock_t lock = PTHREAD_RWLOCK_INITIALIZER;
+static struct range *ranges;
+static size_t nranges, cap;
+static size_t count; /* nranges, read without the lock */
+
+/* The index of the first range starting at or after p; lock held. */
+static size_t first_from(uintptr_t p)
+{
+    size_t lo = 0, hi = nranges;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (ranges[mid].lo < p)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Room for one more range; lock held. */
+static int grow(void)
+{
+    if (nranges < cap)
+        return 0;
+    size_t c = cap ? 2 * cap : 64;
+    struct range *n = realloc(ranges, c * sizeof *n);
+    if (!n)
+        return -1;
+    ranges = n;
+    cap = c;
+    return 0;
+}
+
+void sh_hostmem_add(const void *p, size_t n)
+{
+    uintptr_t lo = (uintptr_t)p;
+    if (!p || !n)
+        return;
+    pthread_rwlock_wrlock(&lock);
+    size_t i = first_from(lo);
+    if (i < nranges && ranges[i].lo == lo) {
+        ranges[i].hi = lo + n; /* recorded by the runtime's call and the driver's */
+    } else if (grow() == 0) {
+        memmove(&ranges[i + 1], &ranges[i], (nranges - i) * sizeof *ranges);
+        ranges[i] = (struct range){lo, lo + n};
+        __atomic_store_n(&count, ++nranges, __ATOMIC_RELEASE);
+    } else {
+        sh_log(SH_LOG_ERROR,
+               "out of memory recording pinned host memory at %p: a launch "
+               "that reads a pointer table there is not known as opaque",
+               p);
+    }
+    pthread_rwlock_unlock(&lock);
+}
+
+void sh_hostmem_del(const void *p)
+{
+    pthread_rwlock_wrlock(&lock);
+    size_t i = first_from((uintptr_t)p);
+    if (i < nranges && ranges[i].lo == (uintptr_t)p) {
+        memmove(&ranges[i], &ranges[i + 1], (nranges - i - 1) * sizeof *ranges);
+        __atomic_store_n(&count, --nranges, __ATOMIC_RELEASE);
+    }
+    pthread_rwlock_unlock(&lock);
+}
+
+int sh_hostmem_hit(const uintptr_t *v, size_t n)
+{
+    if (!n || !__atomic_load_n(&count, __ATOMIC_ACQUIRE))
+        return 0;
+    int hit = 0;
+    pthread_rwlock_rdlock(&lock);
+    for (size_t k = 0; k < n && !hit; k++) {
+        size_t i = first_from(v[k] + 1); /* the first starting after v[k] */
+        hit = i > 0 && v[k] < ranges[i - 1].hi;
+    }
+    pthread_rwlock_unlock(&lock);
+    return hit;
+}
