@@ -103,9 +103,10 @@ typedef struct stagehand_stats {
     uint64_t clean_bytes;     /* bytes evictions did not copy: unchanged since the restore */
     uint64_t fingerprints;    /* fingerprint kernel launches */
     uint64_t kept_bytes;      /* host memory the kept copies hold now */
-    /* Early evictions left resident because the region's bytes changed
-     * under the copy with no work naming it: something writes through a
-     * pointer the library cannot see. After the first, no prefetch starts. */
+    /* Regions whose bytes changed with no work naming them, under an early
+     * eviction (which then stays resident) or since the restore that kept
+     * their copy: something writes through a pointer the library cannot
+     * see. After the first, no prefetch starts. */
     uint64_t unseen_writes;
 } stagehand_stats_t;
 

@@ -201,10 +201,18 @@ void sh_pool_kept_compare(struct sh_pool *pool, struct region **v, size_t n)
         if (!r->from_kept)
             continue;
         struct sh_clean_fp *now = malloc(r->nchunks * sizeof *now);
+        int dirty = 0;
         if (now && sh_pool_fingerprint(pool, r, r->va, now) == 0)
-            for (unsigned i = 0; i < r->nchunks; i++)
+            for (unsigned i = 0; i < r->nchunks; i++) {
                 r->chunks[i].clean = sh_clean_fp_equal(now[i], r->chunks[i].fp);
+                dirty |= !r->chunks[i].clean;
+            }
         free(now);
+        /* Changed, and no work named it since its restore: copied in this
+         * window all the same, but something writes through pointers the
+         * library cannot see. */
+        if (dirty && sh_pool_issued_at(pool, r) == r->kept_issued)
+            sh_pool_unseen_write(pool, r, "since its restore");
     }
 }
 
@@ -220,6 +228,7 @@ void sh_pool_kept_mark(struct sh_pool *pool, struct region **v, const uintptr_t 
             for (unsigned i = 0; i < r->nchunks; i++)
                 r->chunks[i].fp = fp[i];
             r->keep_next = 1;
+            r->kept_issued = sh_pool_issued_at(pool, r); /* in the window: nothing is issued */
         }
         free(fp);
     }

@@ -335,7 +335,7 @@ int sh_pool_prefetch_start(struct sh_pool *pool, const uintptr_t *vas, size_t n,
 {
     if (__atomic_load_n(&pool->no_prefetch, __ATOMIC_RELAXED)) {
         *nstarted = 0;
-        return 0; /* an unseen writer was found (ev_unseen_write) */
+        return 0; /* an unseen writer was found (sh_pool_unseen_write) */
     }
     return move_start(pool, vas, n, started, nstarted, pf_pick, pf_start_one);
 }
@@ -684,20 +684,14 @@ static int ev_unchanged(struct sh_pool *pool, struct region *r)
     return same;
 }
 
-/* r changed with no work naming it: something writes regions through a
- * pointer the library never saw. Early evictions stay safe (each is
- * compared), but a prefetch cannot be (its source is host memory, which
- * only a copy as long as the prefetch's own could compare): none starts
- * from now on. */
-static void ev_unseen_write(struct sh_pool *pool, const struct region *r)
+void sh_pool_unseen_write(struct sh_pool *pool, const struct region *r, const char *when)
 {
     __atomic_add_fetch(&pool->st.unseen_writes, 1, __ATOMIC_RELAXED);
     if (!__atomic_exchange_n(&pool->no_prefetch, 1, __ATOMIC_RELAXED))
         sh_log(SH_LOG_WARN,
-               "region %" PRIu64 " (0x%" PRIxPTR ") changed under an early eviction with no "
-               "work naming it: a kernel writes through pointers the library cannot see; its "
-               "early eviction was dropped, and prefetch is off from now on",
-               r->id, r->va);
+               "region %" PRIu64 " (0x%" PRIxPTR ") changed %s with no work naming it: a kernel "
+               "writes through pointers the library cannot see; prefetch is off from now on",
+               r->id, r->va, when);
 }
 
 /* The commit window (gate held): ok[k] is 1 for each region of v now on
@@ -720,7 +714,7 @@ static void ev_window(struct sh_pool *pool, struct region **v, size_t n, char *o
         int same = copied && unused && ev_unchanged(pool, r);
         ok[k] = 0;
         if (copied && unused && !same)
-            ev_unseen_write(pool, r);
+            sh_pool_unseen_write(pool, r, "under an early eviction (which stays resident)");
         if (same)
             sh_pool_check_move(pool, r, r->va, "early eviction");
         if (same && ev_switch(pool, r) == 0) {

@@ -69,8 +69,8 @@ struct sh_pool_stats {
     uint64_t evicted_bytes, restored_bytes; /* bytes copied each way (prefetches included) */
     uint64_t checksum_mismatches;
     uint64_t lost_writes; /* moves whose two sides differed in the window (verify_moves) */
-    /* early evictions left resident: the region's bytes changed under the
-     * copy with no work naming it (a pointer the library never saw) */
+    /* regions found changed with no work naming them (a pointer the
+     * library never saw): under an early eviction, or since their restore */
     uint64_t unseen_writes;
     uint64_t opaque;   /* pieces of opaque work issued */
     size_t host_bytes; /* bytes of regions living in host slabs */

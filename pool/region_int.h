@@ -94,6 +94,7 @@ struct region {
      * keeps its slabs; learn, what its evictions taught. */
     struct region *kept_prev, *kept_next;
     int has_kept, from_kept, spoiled, ahead, keep_next;
+    uint64_t kept_issued; /* its issue stamp when the kept copy was taken */
     struct sh_clean_learn learn;
     unsigned nchunks;
     struct chunk chunks[];
@@ -222,6 +223,10 @@ void sh_pool_unrestore(struct sh_pool *pool, struct region *r, unsigned n);
 void sh_pool_kept_take(struct sh_pool *pool, struct region *r, int early);
 void sh_pool_kept_ahead(struct sh_pool *pool, struct region *r);
 int sh_pool_kept_changed(const struct region *r);
+/* r's bytes changed `when` with no work naming it: counted, said once, and
+ * no prefetch starts from then on (a prefetch's source is host memory,
+ * which only a second pass over the bus could compare). move.c. */
+void sh_pool_unseen_write(struct sh_pool *pool, const struct region *r, const char *when);
 /* The fingerprints of r's chunks as mapped at base (pool->mover's, counted
  * in the stats); 0 or an error. */
 int sh_pool_fingerprint(struct sh_pool *pool, const struct region *r, uintptr_t base,

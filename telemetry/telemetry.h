@@ -64,7 +64,7 @@
     X(clean_bytes, "bytes", "bytes evictions did not copy: unchanged since their restore")         \
     X(fingerprints, "launches", "fingerprint kernel launches (clean_skip, early evictions)")       \
     X(unseen_writes, "regions",                                                                    \
-      "early evictions called off: the region changed with no work naming it")
+      "regions found changed with no work naming them (early evictions, kept copies)")
 
 /* ---- gauges: the latest value, set with atomic stores ---------------------- */
 #define SH_TM_GAUGES(X)                                                                            \

@@ -176,4 +176,27 @@ static int state_of(uintptr_t va)
     return ri.state;
 }
 
+static inline struct sh_pool_stats pstats(void)
+{
+    struct sh_pool_stats st;
+    sh_pool_stats(sys.pool, &st);
+    return st;
+}
+
+/* Work using va is issued, inside the gate (the stamp the moves read). */
+static inline void issue(uintptr_t va)
+{
+    sh_pool_issued(sys.pool, &va, 1, 0);
+}
+
+/* The region at va goes to the host in a window of its own. */
+static inline void evict_one(uintptr_t va)
+{
+    size_t released = 0, n = 0;
+    uintptr_t out[1];
+    assert_int_equal(sh_pool_evict_these(sys.pool, &va, 1, &released, out, &n), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(state_of(va), SH_RS_HOST);
+}
+
 #endif

@@ -139,13 +139,6 @@ static int restore1(uintptr_t va)
     return sh_pool_restore(sys.pool, &va, 1);
 }
 
-static struct sh_pool_stats pstats(void)
-{
-    struct sh_pool_stats st;
-    sh_pool_stats(sys.pool, &st);
-    return st;
-}
-
 static struct sh_hostpool_stats hstats(void)
 {
     struct sh_hostpool_stats st;

@@ -85,22 +85,6 @@ static int teardown(void **state)
     return 0;
 }
 
-static struct sh_pool_stats pstats(void)
-{
-    struct sh_pool_stats st;
-    sh_pool_stats(sys.pool, &st);
-    return st;
-}
-
-static void evict_one(uintptr_t va)
-{
-    size_t released = 0, n = 0;
-    uintptr_t out[1];
-    assert_int_equal(sh_pool_evict_these(sys.pool, &va, 1, &released, out, &n), 0);
-    assert_int_equal(n, 1);
-    assert_int_equal(state_of(va), SH_RS_HOST);
-}
-
 static void restore_one(uintptr_t va)
 {
     assert_int_equal(sh_pool_restore(sys.pool, &va, 1), 0);
@@ -177,9 +161,28 @@ static void test_last_byte_dirty(void **state)
     assert_int_equal(st.dirty_evictions, 1);
     assert_int_equal(st.clean_evictions, 0);
     assert_int_equal(st.clean_bytes, CH);
+    assert_int_equal(st.unseen_writes, 1); /* no work named it since the restore */
     restore_one(a);
     ((volatile unsigned char *)a)[RSIZE - 1] ^= 0x5a;
     assert_int_equal(bad_words(a, RSIZE, 3), 0);
+    stop();
+}
+
+/* The same change made by work the library saw is no unseen write. */
+static void test_seen_write_is_no_unseen_write(void **state)
+{
+    (void)state;
+    sys_start_ops(&clean_opts);
+    uintptr_t a = alloc(RSIZE);
+    fill(a, RSIZE, 3);
+    evict_one(a);
+    restore_one(a);
+    issue(a);
+    ((volatile unsigned char *)a)[RSIZE - 1] ^= 0x5a;
+    evict_one(a);
+    struct sh_pool_stats st = pstats();
+    assert_int_equal(st.dirty_evictions, 1);
+    assert_int_equal(st.unseen_writes, 0);
     stop();
 }
 
@@ -433,6 +436,7 @@ int main(void)
         cmocka_unit_test_teardown(test_clean_eviction_copies_nothing, teardown),
         cmocka_unit_test_teardown(test_without_clean_skip, teardown),
         cmocka_unit_test_teardown(test_last_byte_dirty, teardown),
+        cmocka_unit_test_teardown(test_seen_write_is_no_unseen_write, teardown),
         cmocka_unit_test_teardown(test_copies_given_up_first, teardown),
         cmocka_unit_test_teardown(test_free_and_pin_drop_copies, teardown),
         cmocka_unit_test_teardown(test_fingerprint_failure_copies, teardown),

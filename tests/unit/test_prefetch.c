@@ -157,21 +157,6 @@ static int teardown(void **state)
     return 0;
 }
 
-/* Work using va is issued, inside the gate (the stamp the redo rule reads). */
-static void issue(uintptr_t va)
-{
-    sh_pool_issued(sys.pool, &va, 1, 0);
-}
-
-static void evict_one(uintptr_t va)
-{
-    size_t released = 0, n = 0;
-    uintptr_t out[1];
-    assert_int_equal(sh_pool_evict_these(sys.pool, &va, 1, &released, out, &n), 0);
-    assert_int_equal(n, 1);
-    assert_int_equal(state_of(va), SH_RS_HOST);
-}
-
 static size_t start_prefetch(uintptr_t va)
 {
     uintptr_t out[1];
