@@ -30,6 +30,11 @@ struct learned {
     CUgraphExec exec;
     uintptr_t *addrs;
     size_t n;
+    /* Its kernel nodes' candidates, checked again against the pointer
+     * tables whenever one is recorded (gen): hit, the last answer. */
+    struct sh_node_scan ns;
+    uint64_t gen;
+    int hit;
     struct learned *next;
 };
 
@@ -152,26 +157,34 @@ static size_t memcpy_addrs(const CUDA_MEMCPY3D *p, uintptr_t *addrs, size_t max)
                     p->dstPitch, p->dstHeight, p->WidthInBytes, p->Height, p->Depth, addrs + k);
 }
 
-static size_t kernel_addrs(const CUDA_KERNEL_NODE_PARAMS *p, uintptr_t *addrs, size_t max)
+static size_t kernel_addrs(const CUDA_KERNEL_NODE_PARAMS *p, uintptr_t *addrs, size_t max,
+                           struct sh_node_scan *ns)
 {
     if (p->func)
-        return sh_launch_scan(p->func, SH_KEY_FUNCTION, p->kernelParams, addrs, max);
-    return sh_launch_scan(p->kern, SH_KEY_KERNEL, p->kernelParams, addrs, max);
+        return sh_launch_scan(p->func, SH_KEY_FUNCTION, p->kernelParams, addrs, max, ns);
+    return sh_launch_scan(p->kern, SH_KEY_KERNEL, p->kernelParams, addrs, max, ns);
 }
 
 /* What a node reads or writes: kernels' pointer parameters, memset and
- * memcpy ranges. Other nodes touch no region's bytes. */
-static size_t scan_node(CUgraphNode node, uintptr_t *addrs, size_t max)
+ * memcpy ranges. Nodes that run nothing on the device, or only the
+ * graph's own memory, touch no region's bytes; any other node (a child
+ * graph, a conditional, a batch of memory operations, a type this build
+ * does not know) or one whose parameters cannot be read makes the graph
+ * opaque. */
+static size_t scan_node(CUgraphNode node, uintptr_t *addrs, size_t max, struct sh_node_scan *ns)
 {
     CUgraphNodeType type;
-    if (sh_rt.drv.cuGraphNodeGetType(node, &type) != CUDA_SUCCESS)
+    if (sh_rt.drv.cuGraphNodeGetType(node, &type) != CUDA_SUCCESS) {
+        ns->opaque = 1;
         return 0;
+    }
     switch (type) {
     case CU_GRAPH_NODE_TYPE_KERNEL: {
         CUDA_KERNEL_NODE_PARAMS p;
-        return sh_rt.drv.cuGraphKernelNodeGetParams(node, &p) == CUDA_SUCCESS
-                   ? kernel_addrs(&p, addrs, max)
-                   : 0;
+        if (sh_rt.drv.cuGraphKernelNodeGetParams(node, &p) == CUDA_SUCCESS)
+            return kernel_addrs(&p, addrs, max, ns);
+        ns->opaque = 1;
+        return 0;
     }
     case CU_GRAPH_NODE_TYPE_MEMSET: {
         CUDA_MEMSET_NODE_PARAMS p;
@@ -185,7 +198,17 @@ static size_t scan_node(CUgraphNode node, uintptr_t *addrs, size_t max)
                    ? memcpy_addrs(&p, addrs, max)
                    : 0;
     }
+    case CU_GRAPH_NODE_TYPE_HOST:
+    case CU_GRAPH_NODE_TYPE_EMPTY:
+    case CU_GRAPH_NODE_TYPE_WAIT_EVENT:
+    case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
+    case CU_GRAPH_NODE_TYPE_EXT_SEMAS_SIGNAL:
+    case CU_GRAPH_NODE_TYPE_EXT_SEMAS_WAIT:
+    case CU_GRAPH_NODE_TYPE_MEM_ALLOC:
+    case CU_GRAPH_NODE_TYPE_MEM_FREE:
+        return 0;
     default:
+        ns->opaque = 1;
         return 0;
     }
 }
@@ -204,11 +227,14 @@ static void learn(CUgraphExec exec, CUgraph graph)
         free(addrs);
         return;
     }
-    size_t k = 0;
-    for (size_t i = 0; i < n && k < GRAPH_MAX_ADDRS; i++)
-        k += scan_node(nodes[i], addrs + k, GRAPH_MAX_ADDRS - k);
+    size_t k = 0, i = 0;
+    for (; i < n && k < GRAPH_MAX_ADDRS; i++)
+        k += scan_node(nodes[i], addrs + k, GRAPH_MAX_ADDRS - k, &l->ns);
     free(nodes);
-    *l = (struct learned){exec, addrs, k, NULL};
+    l->ns.opaque |= i < n; /* nodes left unread */
+    l->exec = exec;
+    l->addrs = addrs;
+    l->n = k;
     pthread_mutex_lock(&graphs_mu);
     l->next = graphs;
     graphs = l;
@@ -223,6 +249,7 @@ static void forget(CUgraphExec exec)
             struct learned *l = *pp;
             *pp = l->next;
             free(l->addrs);
+            free(l->ns.cands);
             free(l);
             break;
         }
@@ -230,7 +257,8 @@ static void forget(CUgraphExec exec)
 }
 
 /* New parameters of one node of exec: what they touch joins what exec is
- * known to touch. */
+ * known to touch; what they may reach through tables is not followed, so
+ * exec counts as opaque from then on. */
 static void learn_more(CUgraphExec exec, const uintptr_t *addrs, size_t n)
 {
     pthread_mutex_lock(&graphs_mu);
@@ -239,6 +267,7 @@ static void learn_more(CUgraphExec exec, const uintptr_t *addrs, size_t n)
             size_t k = l->n + n <= GRAPH_MAX_ADDRS ? n : GRAPH_MAX_ADDRS - l->n;
             memcpy(l->addrs + l->n, addrs, k * sizeof *addrs);
             l->n += k;
+            l->ns.opaque = 1;
             break;
         }
     pthread_mutex_unlock(&graphs_mu);
@@ -285,19 +314,34 @@ EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph,
 
 /* ---- launches ---- */
 
+/* Whether a launch of l is opaque: what its nodes were, or a candidate of
+ * its kernels in a pointer table (checked again when tables change).
+ * graphs_mu held. */
+static int launch_opaque(struct learned *l)
+{
+    uint64_t gen = sh_launch_tables_gen();
+    if (l->gen != gen) {
+        l->hit = sh_launch_in_tables(l->ns.cands, l->ns.ncands);
+        l->gen = gen;
+    }
+    return l->ns.opaque || l->hit;
+}
+
 void sh_graph_launch_begin(CUgraphExec exec, CUstream stream)
 {
     uintptr_t *addrs = NULL;
     size_t n = 0;
+    int opaque = 1; /* a graph not learned (instantiated before any region): anything */
     pthread_mutex_lock(&graphs_mu);
     for (struct learned *l = graphs; l; l = l->next)
         if (l->exec == exec && (addrs = malloc(l->n * sizeof *addrs + 1))) {
             memcpy(addrs, l->addrs, l->n * sizeof *addrs);
             n = l->n;
+            opaque = launch_opaque(l);
             break;
         }
     pthread_mutex_unlock(&graphs_mu);
-    sh_launch_begin_addrs((uint64_t)(uintptr_t)exec, addrs, n, stream);
+    sh_launch_begin_addrs((uint64_t)(uintptr_t)exec, addrs, n, opaque, stream);
     free(addrs);
 }
 
@@ -341,7 +385,8 @@ static void node_changed(int ok, int outer, CUgraphExec exec, const uintptr_t *a
 /* The driver's view of runtime kernel node parameters, for the scan. */
 static size_t rt_kernel_addrs(const struct cudaKernelNodeParams *p, uintptr_t *addrs, size_t max)
 {
-    return p && p->func ? sh_launch_scan(p->func, SH_KEY_HOST_FN, p->kernelParams, addrs, max) : 0;
+    return p && p->func ? sh_launch_scan(p->func, SH_KEY_HOST_FN, p->kernelParams, addrs, max, NULL)
+                        : 0;
 }
 
 static size_t rt_memcpy_addrs(const struct cudaMemcpy3DParms *p, uintptr_t *addrs)
@@ -403,7 +448,7 @@ EXPORT CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec exec, CUgraphNode 
 {
     int outer = updating();
     uintptr_t addrs[GRAPH_NODE_ADDRS];
-    size_t n = outer && p ? kernel_addrs(p, addrs, GRAPH_NODE_ADDRS) : 0;
+    size_t n = outer && p ? kernel_addrs(p, addrs, GRAPH_NODE_ADDRS, NULL) : 0;
     CUresult r = real.cuGraphExecKernelNodeSetParams(exec, node, p);
     node_changed(r == CUDA_SUCCESS, outer, exec, addrs, n);
     return r;
@@ -420,7 +465,7 @@ CUresult cuGraphExecKernelNodeSetParams(CUgraphExec exec, CUgraphNode node,
     int outer = updating();
     uintptr_t addrs[GRAPH_NODE_ADDRS];
     size_t n = outer && p && p->func ? sh_launch_scan(p->func, SH_KEY_FUNCTION, p->kernelParams,
-                                                      addrs, GRAPH_NODE_ADDRS)
+                                                      addrs, GRAPH_NODE_ADDRS, NULL)
                                      : 0;
     CUresult r = real.cuGraphExecKernelNodeSetParams_v1
                      ? real.cuGraphExecKernelNodeSetParams_v1(exec, node, p)

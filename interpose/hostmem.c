@@ -28,6 +28,7 @@ static pthread_rwlock_t lock = PTHREAD_RWLOCK_INITIALIZER;
 static struct range *ranges;
 static size_t nranges, cap;
 static size_t count; /* nranges, read without the lock */
+static uint64_t gen; /* ranges added so far (atomic) */
 
 /* The index of the first range starting at or after p; lock held. */
 static size_t first_from(uintptr_t p)
@@ -66,10 +67,12 @@ void sh_hostmem_add(const void *p, size_t n)
     size_t i = first_from(lo);
     if (i < nranges && ranges[i].lo == lo) {
         ranges[i].hi = lo + n; /* recorded by the runtime's call and the driver's */
+        __atomic_add_fetch(&gen, 1, __ATOMIC_RELEASE);
     } else if (grow() == 0) {
         memmove(&ranges[i + 1], &ranges[i], (nranges - i) * sizeof *ranges);
         ranges[i] = (struct range){lo, lo + n};
         __atomic_store_n(&count, ++nranges, __ATOMIC_RELEASE);
+        __atomic_add_fetch(&gen, 1, __ATOMIC_RELEASE);
     } else {
         sh_log(SH_LOG_ERROR,
                "out of memory recording pinned host memory at %p: a launch "
@@ -102,4 +105,9 @@ int sh_hostmem_hit(const uintptr_t *v, size_t n)
     }
     pthread_rwlock_unlock(&lock);
     return hit;
+}
+
+uint64_t sh_hostmem_gen(void)
+{
+    return __atomic_load_n(&gen, __ATOMIC_ACQUIRE);
 }

@@ -125,7 +125,8 @@ void sh_launch_begin(const void *key, int kind, void **args, CUstream stream);
 void sh_launch_end(void);
 int sh_launch_busy(void);
 /* For launches whose regions are known already (graphs). */
-void sh_launch_begin_addrs(uint64_t key, const uintptr_t *addrs, size_t n, CUstream stream);
+void sh_launch_begin_addrs(uint64_t key, const uintptr_t *addrs, size_t n, int opaque,
+                           CUstream stream);
 /* With drain_mode = tracked: a copy or memset just issued on stream, so the
  * regions it touches remember the stream (src may be NULL). */
 void sh_launch_mark_copy(CUstream stream, const void *dst, const void *src, size_t n);
@@ -147,6 +148,8 @@ void sh_hostmem_del(const void *p);
 /* 1 when one of v[0..n) points into such memory: a pointer table there is
  * invisible, so the work is opaque. */
 int sh_hostmem_hit(const uintptr_t *v, size_t n);
+/* Grows with every range added. */
+uint64_t sh_hostmem_gen(void);
 /* A host-to-device copy of n bytes from src to dst is being issued: if the
  * bytes hold pointers into regions, dst's region becomes a pointer table
  * and work using it is opaque. */
@@ -159,7 +162,24 @@ void sh_launch_mark_upload_rows(const void *dst, size_t dpitch, const void *src,
  * and the poll that says whether they are idle; NULL otherwise. */
 void sh_launch_tracked_drain(int (**drain)(void *, uint64_t), int (**idle)(void *, uint64_t));
 /* The region addresses a launch's parameters point into (at most max). */
-size_t sh_launch_scan(const void *key, int kind, void **args, uintptr_t *addrs, size_t max);
+/* What a graph keeps of its kernel nodes' scans: every candidate value (a
+ * table recorded later may hold one), and whether a launch of them counts
+ * as opaque whatever tables come (a layout, a table already known, too
+ * many candidates, no memory to keep them). */
+struct sh_node_scan {
+    uintptr_t *cands;
+    size_t ncands, cap;
+    int opaque;
+};
+size_t sh_launch_scan(const void *key, int kind, void **args, uintptr_t *addrs, size_t max,
+                      struct sh_node_scan *ns);
+/* 1 when one of vals[0..n) points into a known pointer table: device
+ * memory an upload filled with region pointers, or host memory kernels
+ * read (hostmem.c). */
+int sh_launch_in_tables(const uintptr_t *vals, size_t n);
+/* Grows whenever a table is recorded: a check of sh_launch_in_tables holds
+ * while it stays the same. */
+uint64_t sh_launch_tables_gen(void);
 /* A launch is about to be issued with the candidate pointers vals[0..n)
  * (overwritten): records its use of the regions they point into, restores
  * the evicted ones among them and tells the scheduler. */

@@ -187,6 +187,7 @@ static pthread_mutex_t ranges_mu = PTHREAD_MUTEX_INITIALIZER;
 static uintptr_t range_lo[PTR_RANGES], range_hi[PTR_RANGES];
 static int nranges;
 static uintptr_t ranges_min = UINTPTR_MAX, ranges_max; /* atomics, for the quick test */
+static uint64_t ranges_gen;                            /* atomic: ranges added so far */
 
 static void add_ptr_range(uintptr_t lo, uintptr_t hi)
 {
@@ -204,6 +205,7 @@ static void add_ptr_range(uintptr_t lo, uintptr_t hi)
         __atomic_store_n(&ranges_min, lo, __ATOMIC_RELAXED);
     if (hi > ranges_max)
         __atomic_store_n(&ranges_max, hi, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&ranges_gen, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&ranges_mu);
 }
 
@@ -225,42 +227,87 @@ static int in_ptr_range(uintptr_t v)
 /* Every 4-byte-aligned position of each parameter that can hold an 8-byte
  * pointer: a packed struct argument may keep one at offset 4. Returns the
  * candidates (non-zero values); the pool's index tells which are pointers
- * into regions (sh_pool_use), in one pass. */
+ * into regions (sh_pool_use), in one pass. Parameters holding more than
+ * MAX_ADDRS (a list of tensors passed by value, as fused optimizers do)
+ * make the launch opaque: the pointers past that are not followed. */
 static size_t scan(const struct layout *l, void **args, uintptr_t *vals)
 {
     size_t n = 0;
     for (int i = 0; i < l->nparams && args; i++) {
         const unsigned char *p = args[i];
-        for (size_t off = 0; p && off + 8 <= l->size[i] && n < MAX_ADDRS; off += 4) {
+        for (size_t off = 0; p && off + 8 <= l->size[i]; off += 4) {
             uintptr_t v;
             memcpy(&v, p + off, sizeof v);
             if (!v)
                 continue;
+            if (n == MAX_ADDRS) {
+                pending.opaque = 1;
+                return n;
+            }
             vals[n++] = v;
-            if (in_ptr_range(v))
-                pending.opaque = 1; /* a pointer table outside the regions */
         }
     }
-    if (sh_hostmem_hit(vals, n))
-        pending.opaque = 1; /* host memory the CPU may have filled with pointers */
+    if (sh_launch_in_tables(vals, n))
+        pending.opaque = 1;
     return n;
 }
 
+int sh_launch_in_tables(const uintptr_t *vals, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (in_ptr_range(vals[i]))
+            return 1;               /* a pointer table outside the regions */
+    return sh_hostmem_hit(vals, n); /* host memory the CPU may have filled with pointers */
+}
+
+uint64_t sh_launch_tables_gen(void)
+{
+    return __atomic_load_n(&ranges_gen, __ATOMIC_ACQUIRE) + sh_hostmem_gen();
+}
+
 /* The candidates of one launch's parameters; the layout's opaque flag goes
- * to the launch being issued. */
+ * to the launch being issued. A launch without a layout (the table is
+ * full) is opaque: nothing bounds what it touches. */
 static size_t scan_launch(const void *key, int kind, void **args, uintptr_t *vals)
 {
     const struct layout *l = key ? get_layout(key, kind) : NULL;
-    if (!l)
+    if (!l) {
+        pending.opaque = 1;
         return 0;
+    }
     pending.opaque |= l->opaque;
     return scan(l, args, vals);
 }
 
-size_t sh_launch_scan(const void *key, int kind, void **args, uintptr_t *addrs, size_t max)
+/* ns->cands gets vals[0..n) (growing it); 0, or out of memory. */
+static int keep_cands(struct sh_node_scan *ns, const uintptr_t *vals, size_t n)
+{
+    if (ns->ncands + n > ns->cap) {
+        size_t cap = ns->cap ? ns->cap : 256;
+        while (cap < ns->ncands + n)
+            cap *= 2;
+        uintptr_t *c = realloc(ns->cands, cap * sizeof *c);
+        if (!c)
+            return -1;
+        ns->cands = c;
+        ns->cap = cap;
+    }
+    memcpy(ns->cands + ns->ncands, vals, n * sizeof *vals);
+    ns->ncands += n;
+    return 0;
+}
+
+size_t sh_launch_scan(const void *key, int kind, void **args, uintptr_t *addrs, size_t max,
+                      struct sh_node_scan *ns)
 {
     uintptr_t found[MAX_ADDRS];
-    size_t n = sh_pool_use(sh_rt.pool, found, scan_launch(key, kind, args, found), 0, NULL);
+    int was = pending.opaque; /* a graph's scan is no launch: what it finds goes to ns */
+    pending.opaque = 0;
+    size_t c = scan_launch(key, kind, args, found);
+    if (ns && (pending.opaque || keep_cands(ns, found, c) != 0))
+        ns->opaque = 1; /* now, or whatever tables come */
+    pending.opaque = was;
+    size_t n = sh_pool_use(sh_rt.pool, found, c, 0, NULL);
     n = n < max ? n : max;
     memcpy(addrs, found, n * sizeof *addrs);
     return n;
@@ -596,11 +643,13 @@ void sh_launch_begin(const void *key, int kind, void **args, CUstream stream)
     }
 }
 
-void sh_launch_begin_addrs(uint64_t key, const uintptr_t *addrs, size_t n, CUstream stream)
+void sh_launch_begin_addrs(uint64_t key, const uintptr_t *addrs, size_t n, int opaque,
+                           CUstream stream)
 {
     if (depth++ == 0) {
         pending_begin(stream);
         pending.graph = 1;
+        pending.opaque = opaque || n > MAX_ADDRS; /* beyond MAX_ADDRS: not stamped one by one */
         if (quiet_launch()) {
             sh_gate_enter(sh_rt.gate);
             return;
