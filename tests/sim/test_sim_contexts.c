@@ -3,7 +3,8 @@
  * pushed, has streams of its own (its legacy stream included), and the
  * primary context's cuCtxSynchronize does not wait for them, as on a GPU;
  * its own synchronisation does. Destroying it waits for its work, pops
- * it, and a thread it is still current to gets
+ * it, invalidates its streams and events, and a thread it is still current
+ * to gets
  * CUDA_ERROR_CONTEXT_IS_DESTROYED. cuGetProcAddress hands out the version
  * a caller's CUDA version asks for.
  */
@@ -122,11 +123,15 @@ static void test_primary_sync_skips_created(void **state)
         assert_int_equal(cuCtxSynchronize(), CUDA_SUCCESS);
         assert_int_equal(atomic_load(&done), 1);
     }
-    /* destroying it lets its work end first */
+    /* destroying it lets its work end first; its streams and events go */
+    CUevent ev;
+    assert_int_equal(cuEventCreate(&ev, 0), CUDA_SUCCESS);
     launch_slow(s);
+    assert_int_equal(cuEventRecord(ev, s), CUDA_SUCCESS);
     assert_int_equal(cuCtxDestroy_v2(c), CUDA_SUCCESS);
     assert_int_equal(atomic_load(&done), 1);
     assert_int_equal(cuStreamSynchronize(s), CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(cuEventSynchronize(ev), CUDA_ERROR_INVALID_HANDLE);
 }
 
 static CUcontext shared;
