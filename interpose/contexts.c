@@ -6,9 +6,10 @@
  * region (a mapping's access is per device, not per context), but the
  * managed device's primary context, which a drain synchronises, does not
  * wait for it. So each such context is noted at creation and waited for by
- * every drain after (peermap.c), and forgotten when it is destroyed; the
- * destruction holds drains off, since cuda.h forbids any call that uses a
- * context while cuCtxDestroy runs. Green contexts need nothing here: the
+ * every drain after (peermap.c), and forgotten when it is destroyed, its
+ * work waited for first (a tracked drain's events made there go with it,
+ * launch.c); the destruction holds drains off, since cuda.h forbids any
+ * call that uses a context while cuCtxDestroy runs. Green contexts need nothing here: the
  * primary context's cuCtxSynchronize waits for them (cuda.h).
  *
  * Shared state: the real functions, resolved once.
@@ -97,6 +98,19 @@ CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int
     return created(real.create_v4(pctx, params, flags, dev), pctx, dev);
 }
 
+/* Waits for ctx's work, so that nothing it issued runs once it is
+ * forgotten, whatever the driver's destruction waits for. Before the
+ * library manages anything no region exists for it to touch. */
+static void settle(CUcontext ctx)
+{
+    const struct sh_driver *d = &sh_rt.drv;
+    CUcontext popped;
+    if (!sh_managed() || d->cuCtxPushCurrent(ctx) != CUDA_SUCCESS)
+        return;
+    d->cuCtxSynchronize();
+    d->cuCtxPopCurrent(&popped);
+}
+
 /* The context is forgotten only if the driver destroyed it: one it refused
  * may still run work. */
 static CUresult destroy(destroy_fn f, CUcontext ctx)
@@ -104,9 +118,13 @@ static CUresult destroy(destroy_fn f, CUcontext ctx)
     if (!f)
         return CUDA_ERROR_NOT_FOUND;
     sh_peers_destroying(1);
+    settle(ctx);
     CUresult r = f(ctx);
-    if (r == CUDA_SUCCESS)
+    if (r == CUDA_SUCCESS) {
         sh_peers_forget(ctx);
+        if (sh_managed())
+            sh_launch_forget_context(ctx);
+    }
     sh_peers_destroying(0);
     return r;
 }

@@ -147,6 +147,10 @@ void sh_launch_mark_upload(const void *dst, const void *src, size_t n);
 /* With drain_mode = tracked, the drain that waits for given stream slots
  * and the poll that says whether they are idle; NULL otherwise. */
 void sh_launch_tracked_drain(int (**drain)(void *, uint64_t), int (**idle)(void *, uint64_t));
+/* The program destroyed ctx, whose work had ended: a tracked drain no longer
+ * waits for the events it made there (their handles are gone), and its
+ * streams' slots are not used again. */
+void sh_launch_forget_context(CUcontext ctx);
 /* The region addresses a launch's parameters point into (at most max). */
 size_t sh_launch_scan(const void *key, int kind, void **args, uintptr_t *addrs, size_t max);
 /* A launch is about to be issued with the candidate pointers vals[0..n)

@@ -14,7 +14,8 @@
  * (a direct call, cuGetProcAddress at 12.0 and at the driver's version,
  * cudaGetDriverEntryPointByVersion, dlsym); twice in a row, the first
  * context destroyed before the second is made; and with two devices, the
- * managed one being device 1.
+ * managed one being device 1. A region last written from a context since
+ * destroyed still moves (a tracked drain forgets that context's events).
  *
  * Every case runs in a child of its own (this program again, the case
  * named in E2E_CTX_CASE): a fault is sticky to its device.
@@ -242,6 +243,38 @@ static void in_flight(const char *route, int dev, int scanned, uint32_t v)
         assert_int_equal(cudaFree(old), cudaSuccess);
 }
 
+/* A region written from a stream of a context since destroyed, then
+ * evicted and restored: with a tracked drain it remembers that stream,
+ * whose event went with its context. */
+static void after_destroy(const char *route, int dev)
+{
+    void *more[MAX_FILL], *first[MAX_FILL];
+    CUstream s;
+    void *old = region(1);
+    int nfirst = push_out(old, first); /* launches are scanned from here */
+    void *r = region(2);
+    CUcontext c = create(route, dev);
+    assert_int_equal(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    assert_int_equal(fill(k_fill, r, 5, s), CUDA_SUCCESS);
+    assert_int_equal(cuStreamSynchronize(s), CUDA_SUCCESS);
+    assert_int_equal(cuStreamDestroy(s), CUDA_SUCCESS);
+    destroy(route, c);
+    /* regions used after r, so that r is the least recently used */
+    int n = 0;
+    while (n < MAX_FILL && residency(r) == 1) {
+        assert_int_equal(cudaMalloc(&more[n], REGION_MB * MiB), cudaSuccess);
+        assert_int_equal(fill(k_fill, more[n], 0, NULL), CUDA_SUCCESS);
+        n++;
+    }
+    assert_int_equal(residency(r), 0);
+    check(r, 5);
+    check(old, 1);
+    free_all(more, n);
+    free_all(first, nfirst);
+    assert_int_equal(cudaFree(r), cudaSuccess);
+    assert_int_equal(cudaFree(old), cudaSuccess);
+}
+
 static void run_case(const char *name, const char *route)
 {
     int dev = getenv("STAGEHAND_GENERAL_DEVICE") ? 1 : 0;
@@ -249,6 +282,8 @@ static void run_case(const char *name, const char *route)
     assert_int_equal(cudaSetDevice(dev), cudaSuccess);
     if (strcmp(name, "in-flight") == 0 || strcmp(name, "in-flight-scanned") == 0) {
         in_flight(route, dev, strcmp(name, "in-flight-scanned") == 0, 99);
+    } else if (strcmp(name, "after-destroy") == 0) {
+        after_destroy(route, dev);
     } else if (strcmp(name, "twice") == 0) {
         in_flight(route, dev, 0, 7); /* its context destroyed ... */
         in_flight(route, dev, 0, 8); /* ... before this one is made */
@@ -274,9 +309,12 @@ static int rerun(const char *name, const char *drain, const char *route, int sev
     snprintf(c, sizeof c, "E2E_CTX_CASE=%s", name);
     snprintf(d, sizeof d, "STAGEHAND_TRANSFER_DRAIN_MODE=%s", drain);
     snprintf(r, sizeof r, "E2E_CTX_ROUTE=%s", route);
+    /* after-destroy: least recently used, so the region goes first */
     const char *env[] = {c,
                          d,
                          r,
+                         strcmp(name, "after-destroy") == 0 ? "STAGEHAND_POLICY_EVICTION=lru"
+                                                            : "STAGEHAND_POLICY_EVICTION=learned",
                          several ? "SIMCUDA_DEVICES=2" : "SIMCUDA_DEVICES=1",
                          several ? "STAGEHAND_GENERAL_DEVICE=1" : NULL,
                          NULL};
@@ -316,6 +354,8 @@ static void test_destroyed_then_another(void **state)
     PARENT();
     assert_int_equal(rerun("twice", "device", "driver", 0), 0);
     assert_int_equal(rerun("twice", "tracked", "proc", 0), 0);
+    assert_int_equal(rerun("after-destroy", "tracked", "driver", 0), 0);
+    assert_int_equal(rerun("after-destroy", "device", "driver", 0), 0);
 }
 
 static void test_several_devices(void **state)
