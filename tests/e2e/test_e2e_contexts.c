@@ -244,8 +244,8 @@ static void in_flight(const char *route, int dev, int scanned, uint32_t v)
 }
 
 /* A region written from a stream of a context since destroyed, then
- * evicted and restored: with a tracked drain it remembers that stream,
- * whose event went with its context. */
+ * evicted: with a tracked drain it remembers that stream, whose event went
+ * with its context; the move must neither wait on it nor lose bytes. */
 static void after_destroy(const char *route, int dev)
 {
     void *more[MAX_FILL], *first[MAX_FILL];
