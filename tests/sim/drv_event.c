@@ -31,10 +31,14 @@ struct sim_event {
     double stamp_us;
     bool stamped;
     struct sim_event *next_free;
+    struct sim_event *next_all;
 };
 
 static pthread_mutex_t event_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct sim_event *free_events; /* event_mu */
+/* Every event made, event_mu: those that went with their context stay
+ * reachable (and dead), never freed nor reused. */
+static struct sim_event *all_events;
 
 static double now_us(void)
 {
@@ -74,6 +78,10 @@ SIM_EXPORT CUresult cuEventCreate(CUevent *ph, unsigned int flags)
         if (!e)
             return CUDA_ERROR_OUT_OF_MEMORY;
         pthread_mutex_init(&e->mu, NULL);
+        pthread_mutex_lock(&event_mu);
+        e->next_all = all_events;
+        all_events = e;
+        pthread_mutex_unlock(&event_mu);
     }
     pthread_mutex_lock(&e->mu);
     e->flags = flags;
