@@ -80,14 +80,14 @@ CUresult sh_driver_sync(const struct sh_driver *drv)
     r = drv->cuCtxSynchronize();
     CUcontext popped;
     drv->cuCtxPopCurrent(&popped);
-    if (drv->several)
-        sh_peers_sync(drv);
+    sh_peers_sync(drv);
     return r;
 }
 
 int sh_driver_enter(const struct sh_driver *drv)
 {
-    return drv->several && drv->ctx && drv->cuCtxPushCurrent(drv->ctx) == CUDA_SUCCESS;
+    return (drv->several || sh_peers_waiting()) && drv->ctx &&
+           drv->cuCtxPushCurrent(drv->ctx) == CUDA_SUCCESS;
 }
 
 void sh_driver_leave(const struct sh_driver *drv, int pushed)

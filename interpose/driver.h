@@ -85,15 +85,17 @@ int sh_driver_load(struct sh_driver *drv, const char *path);
 /* Waits for all work in the managed device's context (drv->ctx), whatever
  * context the calling thread has current: a program that drives two GPUs
  * calls in with the other one's current, and a wait for that one would
- * let the managed device's kernels run on under a remap. With several
- * devices, then for the other contexts that may touch regions
- * (sh_peers_sync). Before drv->ctx is known: the current context. Returns
- * the managed context's result. */
+ * let the managed device's kernels run on under a remap. Then for the
+ * other contexts that may touch regions (sh_peers_sync): with several
+ * devices, those of peers and copies; with one or several, those the
+ * program created on the managed device. Before drv->ctx is known: the
+ * current context. Returns the managed context's result. */
 CUresult sh_driver_sync(const struct sh_driver *drv);
 
-/* With several devices, makes the managed context current for a call that
- * acts on the current one (creating an event, asking for free memory):
- * returns 1 when it pushed it, for sh_driver_leave. */
+/* With several devices, or once the program created a context, makes the
+ * managed context current for a call that acts on the current one
+ * (creating an event, asking for free memory): returns 1 when it pushed
+ * it, for sh_driver_leave. */
 int sh_driver_enter(const struct sh_driver *drv);
 void sh_driver_leave(const struct sh_driver *drv, int pushed);
 
@@ -130,14 +132,27 @@ uint64_t sh_driver_fence_record(struct sh_driver *drv, CUstream stream);
  * va + size): lists it and sets its access (dev, and every peer device);
  * on failure it is not listed. sh_peers_listed: lists (1) or forgets (0)
  * a mapping without touching its access. sh_peers_note: work on a stream
- * of ctx used regions: drains wait for ctx from now on. sh_peers_sync:
- * waits for every noted context but drv->ctx (their errors ignored). */
+ * of ctx used regions: drains wait for ctx from now on. sh_peers_own: the
+ * program created ctx on device dev: on the managed device (or before it
+ * is known), drains wait for it from now on, with one device as with
+ * several. sh_peers_destroying(1) ... (0): the program destroys a context
+ * meanwhile, and no drain waits for the noted ones; sh_peers_forget, in
+ * between: ctx is destroyed, drains no longer wait for it (and
+ * sh_peers_generation changes). sh_peers_waiting: whether any context but
+ * the managed one is noted (one relaxed load). sh_peers_sync: waits for
+ * every noted context but drv->ctx (their errors ignored); nothing to do
+ * when none is noted. */
 void sh_peers_init(CUdevice dev, int several);
 void sh_peers_link(const struct sh_driver *drv, CUcontext ctx, int from, int to, int on);
 CUresult sh_peers_mapped(const struct sh_driver *drv, CUdevice dev, uintptr_t va, size_t size);
 void sh_peers_listed(uintptr_t va, size_t size, int listed);
 size_t sh_peers_mappings(void);
 void sh_peers_note(CUcontext ctx);
+void sh_peers_own(CUcontext ctx, int dev);
+void sh_peers_destroying(int on);
+void sh_peers_forget(CUcontext ctx);
+unsigned sh_peers_generation(void);
+int sh_peers_waiting(void);
 void sh_peers_sync(const struct sh_driver *drv);
 
 #endif

@@ -161,6 +161,10 @@ void sh_launch_mark_upload_rows(const void *dst, size_t dpitch, const void *src,
 /* With drain_mode = tracked, the drain that waits for given stream slots
  * and the poll that says whether they are idle; NULL otherwise. */
 void sh_launch_tracked_drain(int (**drain)(void *, uint64_t), int (**idle)(void *, uint64_t));
+/* The program destroyed ctx, whose work had ended: a tracked drain no longer
+ * waits for the events it made there (their handles are gone), and its
+ * streams' slots are not used again. */
+void sh_launch_forget_context(CUcontext ctx);
 /* The region addresses a launch's parameters point into (at most max). */
 /* What a graph keeps of its kernel nodes' scans: every candidate value (a
  * table recorded later may hold one), and whether a launch of them counts

@@ -13,8 +13,10 @@
  * gate's read side until it has been issued.
  *
  * Locking: layout_mu guards the layout cache; ranges_mu the pointer-table
- * ranges (ranges_min/max are read without it). The depth counter is
- * thread-local.
+ * ranges (ranges_min/max are read without it); slots_mu the tracked
+ * drain's stream slots (a slot's event is read without it by the launch
+ * that records it, whose stream's context cannot be destroyed meanwhile).
+ * The depth counter is thread-local.
  */
 #include "interpose/cubin.h"
 #include "interpose/interpose.h"
@@ -348,9 +350,11 @@ static void report_residency(const uintptr_t *bases, size_t nb, const uintptr_t 
 #define STREAM_SLOTS 63 /* bit 63: a stream without a slot; drain the device */
 
 static pthread_mutex_t slots_mu = PTHREAD_MUTEX_INITIALIZER;
-static uint64_t slot_key[STREAM_SLOTS]; /* sh_stream_key of the slot's stream */
-static CUevent slot_event[STREAM_SLOTS];
+static uint64_t slot_key[STREAM_SLOTS];  /* sh_stream_key of the slot's stream */
+static CUevent slot_event[STREAM_SLOTS]; /* NULL once its context is destroyed */
+static CUcontext slot_ctx[STREAM_SLOTS]; /* the context the event was made in */
 static int nslots;
+#define DEAD_KEY UINT64_MAX /* a slot of a destroyed context: no stream matches */
 
 static int tracked(void)
 {
@@ -359,13 +363,17 @@ static int tracked(void)
 
 /* An event for stream s: made in s's context, or recording it there fails
  * (and the drain falls back to waiting for the whole device). */
-static CUresult slot_event_create(CUstream s, CUevent *ev)
+static CUresult slot_event_create(CUstream s, CUevent *ev, CUcontext *made_in)
 {
     const struct sh_driver *d = &sh_rt.drv;
     CUcontext c = NULL, popped;
     if (!d->several || d->cuStreamGetCtx(s, &c) != CUDA_SUCCESS || !c ||
-        d->cuCtxPushCurrent(c) != CUDA_SUCCESS)
+        d->cuCtxPushCurrent(c) != CUDA_SUCCESS) {
+        if (d->cuCtxGetCurrent(made_in) != CUDA_SUCCESS)
+            *made_in = NULL;
         return d->cuEventCreate(ev, CU_EVENT_DISABLE_TIMING);
+    }
+    *made_in = c;
     CUresult r = d->cuEventCreate(ev, CU_EVENT_DISABLE_TIMING);
     d->cuCtxPopCurrent(&popped);
     return r;
@@ -382,7 +390,7 @@ static int stream_slot(CUstream s)
     while (i < nslots && slot_key[i] != key)
         i++;
     if (i == nslots && nslots < STREAM_SLOTS &&
-        slot_event_create(s, &slot_event[i]) == CUDA_SUCCESS)
+        slot_event_create(s, &slot_event[i], &slot_ctx[i]) == CUDA_SUCCESS)
         slot_key[nslots++] = key;
     pthread_mutex_unlock(&slots_mu);
     return i < nslots ? i : STREAM_SLOTS;
@@ -497,9 +505,31 @@ void sh_launch_mark_copy(CUstream stream, const void *dst, const void *src, size
     mark_issued();
 }
 
+void sh_launch_forget_context(CUcontext ctx)
+{
+    pthread_mutex_lock(&slots_mu);
+    for (int i = 0; i < nslots; i++)
+        if (slot_ctx[i] == ctx) {
+            slot_key[i] = DEAD_KEY;
+            slot_event[i] = NULL;
+        }
+    pthread_mutex_unlock(&slots_mu);
+}
+
+/* The events of the slots in mask, NULL for those whose context is gone
+ * (its work ended before it was destroyed). */
+static void slot_events(uint64_t mask, CUevent *ev)
+{
+    pthread_mutex_lock(&slots_mu);
+    for (int i = 0; i < STREAM_SLOTS; i++)
+        ev[i] = mask >> i & 1 ? slot_event[i] : NULL;
+    pthread_mutex_unlock(&slots_mu);
+}
+
 static int drain_streams(void *ctx, uint64_t mask)
 {
     (void)ctx;
+    CUevent ev[STREAM_SLOTS];
     if (mask >> STREAM_SLOTS) {
         if (sh_driver_sync(&sh_rt.drv) != CUDA_SUCCESS)
             return -1;
@@ -509,8 +539,9 @@ static int drain_streams(void *ctx, uint64_t mask)
             return 0;
         mask &= ~(1ull << STREAM_SLOTS);
     }
+    slot_events(mask, ev);
     for (int i = 0; i < STREAM_SLOTS; i++)
-        if (mask >> i & 1 && sh_rt.drv.cuEventSynchronize(slot_event[i]) != CUDA_SUCCESS)
+        if (ev[i] && sh_rt.drv.cuEventSynchronize(ev[i]) != CUDA_SUCCESS)
             return -1;
     return 0;
 }
@@ -587,10 +618,12 @@ static void prepare(const void *key, int kind, void **args)
 static int streams_idle(void *ctx, uint64_t mask)
 {
     (void)ctx;
+    CUevent ev[STREAM_SLOTS];
     if (mask >> STREAM_SLOTS)
         return 0;
+    slot_events(mask, ev);
     for (int i = 0; i < STREAM_SLOTS; i++)
-        if (mask >> i & 1 && sh_rt.drv.cuEventQuery(slot_event[i]) != CUDA_SUCCESS)
+        if (ev[i] && sh_rt.drv.cuEventQuery(ev[i]) != CUDA_SUCCESS)
             return 0;
     return 1;
 }

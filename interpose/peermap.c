@@ -10,23 +10,31 @@
  * from vmm_map); disabling the last link from a device takes it away. A
  * peer's kernels can then use regions, and a copy on any device's stream
  * can, so a drain waits for those contexts too, after the managed one
- * (sh_peers_sync): the contexts that opened the managed device, and those
- * whose streams issued work on regions (sh_peers_note).
+ * (sh_peers_sync): the contexts that opened the managed device, those
+ * whose streams issued work on regions (sh_peers_note), and, with one
+ * device as with several, those the program created on the managed device
+ * (sh_peers_own, contexts.c), whose kernels reach every region.
  *
  * With one device in the process (several = 0) no mapping is listed and
- * vmm_map sets the managed device's access alone, as before.
+ * vmm_map sets the managed device's access alone, as before; a drain then
+ * costs one relaxed load here until the program creates a context.
  *
  * Shared state, all under peers_mu: the links, the mapping table and the
  * other contexts. peers_mu is a leaf: it is taken under the pool's locks
  * (vmm_map), and cuMemSetAccess, which does not block, is called under it,
  * so that a mapping and a link change are seen in one order. Contexts are
- * copied out before they are waited for.
+ * copied out before they are waited for. life_lock: its read side is held
+ * while a drain waits for the other contexts, its write side while the
+ * program destroys one (cuda.h: no call may use a context meanwhile); the
+ * one lock of this file held across blocking calls, taken with no other
+ * lock but the gate.
  */
 #include "interpose/driver.h"
 
 #include "sh_log.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #define MAX_LINKS  256
@@ -52,6 +60,9 @@ static struct maprec *maps;
 static size_t mcap, mused, mlive; /* slots, slots not empty, live records */
 static CUcontext *others;
 static size_t nothers, capothers;
+static atomic_size_t waited;   /* nothers, for the drain's lock-free test */
+static atomic_uint generation; /* bumped when a context is forgotten */
+static pthread_rwlock_t life_lock = PTHREAD_RWLOCK_INITIALIZER;
 
 /* ---- the mapping table: open addressing on va ---- */
 
@@ -175,6 +186,7 @@ static void add_other(CUcontext c)
         capothers = cap;
     }
     others[nothers++] = c;
+    atomic_store_explicit(&waited, nothers, memory_order_relaxed);
 }
 
 void sh_peers_init(CUdevice dev, int several_devices)
@@ -273,13 +285,59 @@ void sh_peers_note(CUcontext ctx)
     pthread_mutex_unlock(&peers_mu);
 }
 
-/* Their errors are theirs: a context that faulted or was destroyed runs
- * nothing more, and the managed device's drain must go on. The list only
- * grows, so it is read in batches, each copied out under the lock. */
+/* Before the managed device is known, every created context counts. */
+void sh_peers_own(CUcontext ctx, int dev)
+{
+    pthread_mutex_lock(&peers_mu);
+    if (managed < 0 || dev == managed)
+        add_other(ctx);
+    pthread_mutex_unlock(&peers_mu);
+}
+
+void sh_peers_destroying(int on)
+{
+    if (on)
+        pthread_rwlock_wrlock(&life_lock);
+    else
+        pthread_rwlock_unlock(&life_lock);
+}
+
+/* Under life_lock's write side: no drain is reading the list. */
+void sh_peers_forget(CUcontext ctx)
+{
+    pthread_mutex_lock(&peers_mu);
+    for (size_t i = 0; i < nothers; i++)
+        if (others[i] == ctx) {
+            others[i] = others[--nothers];
+            break;
+        }
+    atomic_store_explicit(&waited, nothers, memory_order_relaxed);
+    atomic_fetch_add(&generation, 1);
+    pthread_mutex_unlock(&peers_mu);
+}
+
+unsigned sh_peers_generation(void)
+{
+    return atomic_load(&generation);
+}
+
+int sh_peers_waiting(void)
+{
+    return atomic_load_explicit(&waited, memory_order_relaxed) != 0;
+}
+
+/* Their errors are theirs: a context that faulted runs nothing more, and
+ * the managed device's drain must go on. The list only grows while
+ * life_lock is read, so it is read in batches, each copied out under the
+ * lock. A context noted before the drain's window is seen: the note
+ * happens before the work it is for passes the gate. */
 void sh_peers_sync(const struct sh_driver *drv)
 {
+    if (!sh_peers_waiting())
+        return;
     CUcontext batch[SYNC_BATCH], popped;
     size_t at = 0, n;
+    pthread_rwlock_rdlock(&life_lock);
     do {
         pthread_mutex_lock(&peers_mu);
         for (n = 0; n < SYNC_BATCH && at + n < nothers; n++)
@@ -293,4 +351,5 @@ void sh_peers_sync(const struct sh_driver *drv)
         }
         at += n;
     } while (n == SYNC_BATCH);
+    pthread_rwlock_unlock(&life_lock);
 }

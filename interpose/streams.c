@@ -55,10 +55,15 @@ int sh_stream_device(CUstream s)
 
 void sh_stream_note(CUstream s)
 {
-    static _Thread_local CUcontext last; /* noted already: the list only grows */
+    /* noted already, unless a context was forgotten since */
+    static _Thread_local CUcontext last;
+    static _Thread_local unsigned last_gen;
     CUcontext c = NULL;
-    if (sh_rt.drv.cuStreamGetCtx(s, &c) != CUDA_SUCCESS || !c || c == sh_rt.ctx || c == last)
+    unsigned gen = sh_peers_generation();
+    if (sh_rt.drv.cuStreamGetCtx(s, &c) != CUDA_SUCCESS || !c || c == sh_rt.ctx ||
+        (c == last && gen == last_gen))
         return;
     sh_peers_note(c);
     last = c;
+    last_gen = gen;
 }

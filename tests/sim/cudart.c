@@ -109,10 +109,11 @@ cudaError_t rt_enter(void)
     if (init_result != CUDA_SUCCESS)
         return rt_ret_cu(init_result);
     if (!ctx_set) {
-        /* A context of another device made current through the driver is
-         * the thread's device; otherwise device 0's. */
+        /* A context made current through the driver (a device's primary
+         * one, or one the program created) is the thread's; otherwise
+         * device 0's primary context. */
         int d = simcuda__current_device();
-        CUresult r = d > 0 ? CUDA_SUCCESS : cuCtxSetCurrent(primary_ctx[0]);
+        CUresult r = d >= 0 ? CUDA_SUCCESS : cuCtxSetCurrent(primary_ctx[0]);
         if (r != CUDA_SUCCESS)
             return rt_ret_cu(r);
         ctx_set = true;

@@ -184,11 +184,14 @@ SIM_EXPORT CUresult cuInit(unsigned int flags)
     return sim_check();
 }
 
-/* The sticky error the caller sees: its current context's, or with none
- * current, the first faulted device's (one device: always its own). */
+/* The sticky error the caller sees: its current context's (its device's),
+ * or with none current, the first faulted device's (one device: always its
+ * own). A destroyed context still current here refuses every call. */
 static CUresult sticky_error(void)
 {
     CUcontext c = sim_ctx_current();
+    if (c && sim_ctx_destroyed(c))
+        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     if (c)
         return (CUresult)atomic_load(&sticky[sim_ctx_device(c)]);
     for (int d = 0; d < sim_cfg.ndevices; d++)
@@ -537,6 +540,16 @@ static int introduced(const char *symbol)
     return 0;
 }
 
+/* The CUDA version that brought a versioned variant in, where the name's
+ * older variants stay what older callers get (cudaTypedefs.h:
+ * PFN_cuCtxCreate_v3020, _v11040, _v12050); 0 for the rest. */
+static int variant_since(const char *symbol, const char *suffix)
+{
+    if (strcmp(symbol, "cuCtxCreate") != 0)
+        return 0;
+    return strcmp(suffix, "_v4") == 0 ? 12050 : strcmp(suffix, "_v3") == 0 ? 11040 : 0;
+}
+
 /* As cuda.h documents it: a cudaVersion newer than the driver is
  * CUDA_ERROR_INVALID_VALUE; a symbol the driver does not have is
  * CUDA_SUCCESS with *pfn NULL and CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND. */
@@ -568,6 +581,8 @@ SIM_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda
     for (size_t i = 0; self && i < 3 * sizeof suffixes / sizeof *suffixes; i++) {
         size_t t = per_thread ? i % 3 : 2;
         if (!per_thread && i % 3 != 2)
+            continue;
+        if (variant_since(symbol, suffixes[i / 3]) > cudaVersion)
             continue;
         snprintf(name, sizeof name, "%s%s%s", symbol, suffixes[i / 3], threads[t]);
         snprintf(stub_name, sizeof stub_name, "simcuda_stub_%s", name);

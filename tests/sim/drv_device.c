@@ -1,20 +1,31 @@
 /* drv_device.c — the simulated devices (SIMCUDA_DEVICES), their primary
- * contexts, the context stack of each thread, and peer access.
+ * contexts, the contexts a program creates (cuCtxCreate), the context
+ * stack of each thread, and peer access.
  *
  * Shared state: each primary context's reference count is updated
- * atomically, as is each context's peer mask; the context stack and the
- * device a stream worker runs are thread-local.
+ * atomically, as is each context's peer mask and a created context's
+ * state; the context stack and the device a stream worker runs are
+ * thread-local. Created contexts take the slots after the primary ones in
+ * order and a slot is never reused, so a destroyed context's handle stays
+ * destroyed.
  */
 #include "sim.h"
 
 #include <stdio.h>
 
-/* A primary context. Its address is the CUcontext handle. */
+enum { CTX_FREE = 0, CTX_LIVE = 1, CTX_DESTROYED = 2 };
+
+/* A context. Its address is the CUcontext handle; slot i < SIM_MAX_DEVICES
+ * is device i's primary context. */
 struct sim_ctx {
     int retains;
-    atomic_uint peers; /* bit e: peer access to device e's memory enabled */
+    atomic_uint peers; /* primary: bit e, peer access to device e's memory enabled */
+    atomic_int state;  /* created contexts: CTX_* */
+    int dev;           /* created contexts: their device */
 };
-static struct sim_ctx primary[SIM_MAX_DEVICES];
+static struct sim_ctx ctxs[SIM_MAX_CTX];
+#define primary ctxs
+static atomic_int ncreated; /* created slots taken so far */
 
 /* The thread's context stack; the current context is its top. */
 #define CTX_STACK 64
@@ -27,18 +38,49 @@ CUcontext sim_ctx_current(void)
     return depth ? stack[depth - 1] : NULL;
 }
 
-int sim_ctx_device(CUcontext ctx)
+int sim_ctx_index(CUcontext ctx)
 {
     const struct sim_ctx *c = (const struct sim_ctx *)ctx;
-    if (c < primary || c >= primary + sim_cfg.ndevices)
+    if (c < ctxs || c >= ctxs + SIM_MAX_CTX)
         return -1;
-    return (int)(c - primary);
+    int i = (int)(c - ctxs);
+    if (i < SIM_MAX_DEVICES)
+        return i < sim_cfg.ndevices ? i : -1;
+    return atomic_load(&ctxs[i].state) != CTX_FREE ? i : -1;
 }
 
-int sim_current_device(void)
+bool sim_ctx_destroyed(CUcontext ctx)
+{
+    int i = sim_ctx_index(ctx);
+    return i >= SIM_MAX_DEVICES && atomic_load(&ctxs[i].state) == CTX_DESTROYED;
+}
+
+/* The device of a live context; -1 for a destroyed one or no context. */
+int sim_ctx_device(CUcontext ctx)
+{
+    int i = sim_ctx_index(ctx);
+    if (i < 0 || sim_ctx_destroyed(ctx))
+        return -1;
+    return i < SIM_MAX_DEVICES ? i : ctxs[i].dev;
+}
+
+int sim_ctx_current_index(void)
 {
     CUcontext c = sim_ctx_current();
-    return c ? sim_ctx_device(c) : 0;
+    return c ? sim_ctx_index(c) : 0;
+}
+
+CUcontext sim_ctx_handle(int index)
+{
+    return (CUcontext)&ctxs[index];
+}
+
+/* A destroyed context still current to another thread keeps its device,
+ * so the calls its error refuses index nothing out of range. */
+int sim_current_device(void)
+{
+    int i = sim_ctx_current_index();
+    return i < SIM_MAX_DEVICES ? i : ctxs[i].dev;
 }
 
 int sim_running_device(void)
@@ -264,10 +306,12 @@ SIM_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags
 }
 
 /* cuda.h: replaces the top of the stack (pushes onto an empty one); NULL
- * pops it. */
+ * pops it. A destroyed context current here may be replaced. */
 SIM_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
 {
     CUresult r = sim_enter_dev(__func__, sim_ctx_device(ctx));
+    if (r == CUDA_ERROR_CONTEXT_IS_DESTROYED && !ctx)
+        r = CUDA_SUCCESS;
     if (r)
         return r;
     if (ctx && sim_ctx_device(ctx) < 0)
@@ -307,15 +351,126 @@ SIM_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
     return CUDA_SUCCESS;
 }
 
+/* A destroyed context current to this thread may still be popped. */
 SIM_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
 {
-    CUresult r = sim_enter(__func__, true);
+    CUresult r = sim_enter(__func__, false);
+    if (r == CUDA_ERROR_CONTEXT_IS_DESTROYED)
+        r = CUDA_SUCCESS;
     if (r)
         return r;
+    if (!depth)
+        return CUDA_ERROR_INVALID_CONTEXT;
     if (pctx)
         *pctx = stack[depth - 1];
     depth--;
     return CUDA_SUCCESS;
+}
+
+/* ---- contexts the program creates ---- */
+
+/* cuCtxCreate: a new context on dev, pushed on the calling thread's stack;
+ * its streams are its own, and another context's synchronisation does not
+ * wait for them. */
+static CUresult ctx_create(const char *api, CUcontext *pctx, unsigned flags, CUdevice dev)
+{
+    CUresult r = sim_enter_dev(api, dev);
+    if (r)
+        return r;
+    if (!pctx || (flags & ~(unsigned)CU_CTX_FLAGS_MASK))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!sim_device_valid(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (depth == CTX_STACK)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    int i = SIM_MAX_DEVICES + atomic_fetch_add(&ncreated, 1);
+    if (i >= SIM_MAX_CTX) {
+        fprintf(stderr, "simcuda: %s: more than %d contexts created in this process\n", api,
+                SIM_MAX_CTX - SIM_MAX_DEVICES);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    ctxs[i].dev = dev;
+    atomic_store(&ctxs[i].state, CTX_LIVE);
+    if ((r = sim_ctx_open(i)) != CUDA_SUCCESS) {
+        atomic_store(&ctxs[i].state, CTX_DESTROYED);
+        return r;
+    }
+    *pctx = sim_ctx_handle(i);
+    stack[depth++] = *pctx;
+    return CUDA_SUCCESS;
+}
+
+/* Execution affinity and CIG (graphics interop) are not modelled. */
+static CUresult refuse_affinity(const char *api)
+{
+    fprintf(stderr, "simcuda: %s: execution affinity and CIG are not modelled\n", api);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+#undef cuCtxCreate
+#undef cuCtxDestroy
+SIM_EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev);
+SIM_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
+SIM_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n,
+                                   unsigned int flags, CUdevice dev);
+SIM_EXPORT CUresult cuCtxDestroy(CUcontext ctx);
+
+CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    return ctx_create(__func__, pctx, flags, dev);
+}
+
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    return ctx_create(__func__, pctx, flags, dev);
+}
+
+CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n, unsigned int flags,
+                        CUdevice dev)
+{
+    if (n < 0 || (n > 0 && !params))
+        return CUDA_ERROR_INVALID_VALUE;
+    return n > 0 ? refuse_affinity(__func__) : ctx_create(__func__, pctx, flags, dev);
+}
+
+/* cuda.h: ctxCreateParams may be NULL. */
+SIM_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *p, unsigned int flags,
+                                   CUdevice dev)
+{
+    if (p &&
+        (p->numExecAffinityParams < 0 || (p->numExecAffinityParams > 0 && !p->execAffinityParams)))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (p && (p->numExecAffinityParams > 0 || p->cigParams))
+        return refuse_affinity(__func__);
+    return ctx_create(__func__, pctx, flags, dev);
+}
+
+/* cuda.h: waits for nothing the program must not have finished, but the
+ * simulated one lets the context's queued work end first, so no worker
+ * runs for a context that is gone. A primary context is not destroyed. */
+static CUresult ctx_destroy(const char *api, CUcontext ctx)
+{
+    CUresult r = sim_inject(api);
+    if (r)
+        return r;
+    int i = sim_ctx_index(ctx);
+    if (i < SIM_MAX_DEVICES || sim_ctx_destroyed(ctx))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    sim_ctx_close(i);
+    atomic_store(&ctxs[i].state, CTX_DESTROYED);
+    if (depth && stack[depth - 1] == ctx)
+        depth--;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxDestroy(CUcontext ctx)
+{
+    return ctx_destroy(__func__, ctx);
+}
+
+SIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    return ctx_destroy(__func__, ctx);
 }
 
 SIM_EXPORT CUresult cuCtxGetDevice(CUdevice *dev)

@@ -3,7 +3,9 @@
  * to the device current when it was made: recording it on another device's
  * stream, or timing two of different devices, is an invalid handle, while
  * querying, synchronising and waiting work across devices (the CUDA
- * Programming Guide's "Stream and Event Behavior").
+ * Programming Guide's "Stream and Event Behavior"). An event made in a
+ * context the program created goes with it: once the context is destroyed
+ * its handle is invalid.
  *
  * Locking: event_mu guards the free list; each event's mu guards its
  * record. Event structs are never returned to malloc: destroyed ones are
@@ -22,16 +24,21 @@ struct sim_event {
     unsigned magic;
     unsigned flags;
     int dev; /* the device current when it was created */
+    int ctx; /* the context's slot, likewise */
     pthread_mutex_t mu;
     struct sim_stream *stream; /* NULL until recorded */
     uint64_t ticket, gen;
     double stamp_us;
     bool stamped;
     struct sim_event *next_free;
+    struct sim_event *next_all;
 };
 
 static pthread_mutex_t event_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct sim_event *free_events; /* event_mu */
+/* Every event made, event_mu: those that went with their context stay
+ * reachable (and dead), never freed nor reused. */
+static struct sim_event *all_events;
 
 static double now_us(void)
 {
@@ -49,7 +56,9 @@ static void op_free(struct sim_op *op)
 static struct sim_event *event_get(CUevent h)
 {
     struct sim_event *e = (struct sim_event *)h;
-    return e && e->magic == EVENT_MAGIC ? e : NULL;
+    if (!e || e->magic != EVENT_MAGIC || sim_ctx_destroyed(sim_ctx_handle(e->ctx)))
+        return NULL;
+    return e;
 }
 
 SIM_EXPORT CUresult cuEventCreate(CUevent *ph, unsigned int flags)
@@ -69,10 +78,15 @@ SIM_EXPORT CUresult cuEventCreate(CUevent *ph, unsigned int flags)
         if (!e)
             return CUDA_ERROR_OUT_OF_MEMORY;
         pthread_mutex_init(&e->mu, NULL);
+        pthread_mutex_lock(&event_mu);
+        e->next_all = all_events;
+        all_events = e;
+        pthread_mutex_unlock(&event_mu);
     }
     pthread_mutex_lock(&e->mu);
     e->flags = flags;
     e->dev = sim_current_device();
+    e->ctx = sim_ctx_current_index();
     e->stream = NULL;
     e->ticket = 0;
     e->gen++;

@@ -3,9 +3,11 @@
  * Every stream runs its queue in order on its own worker thread. Each op gets
  * a ticket; a stream's `completed` is the ticket of its last finished op, so
  * "has the stream passed this point" is one comparison. Streams belong to a
- * device; each device has its own legacy default stream, which waits for
- * all that device's blocking streams while they wait for it, as on a GPU,
- * and each thread its own per-thread stream on each device.
+ * context, and so to its device; each context (a device's primary one, or
+ * one the program created) has its own legacy default stream, which waits
+ * for all that context's blocking streams while they wait for it, as on a
+ * GPU, and each thread its own per-thread stream in each context. A
+ * context's synchronisation waits for its own streams only.
  *
  * Locking: submit_mu serialises submissions (tickets and the legacy barriers
  * are taken together) and guards the stream list and each stream's state
@@ -35,7 +37,9 @@
 struct sim_stream {
     unsigned magic;
     bool legacy;
+    bool per_thread;
     atomic_int dev; /* rewritten when a dead struct is reused */
+    int ctx;        /* the context's index (sim_ctx_index); likewise */
     unsigned flags;
     int priority;
     pthread_mutex_t mu;
@@ -53,11 +57,12 @@ static pthread_mutex_t submit_mu = PTHREAD_MUTEX_INITIALIZER;
 static int capturing[SIM_MAX_DEVICES]; /* streams capturing now; submit_mu */
 static struct sim_stream *all_streams; /* live and dead, for barriers and sync */
 static struct sim_stream legacy_streams[SIM_MAX_DEVICES];
+static _Atomic(struct sim_stream *) created_legacy[SIM_MAX_CTX]; /* created contexts' */
 static pthread_once_t legacy_once = PTHREAD_ONCE_INIT;
 
-/* The calling thread's per-thread streams, one per device. */
+/* The calling thread's per-thread streams, one per context. */
 struct per_thread {
-    struct sim_stream *s[SIM_MAX_DEVICES];
+    struct sim_stream *s[SIM_MAX_CTX];
 };
 static _Thread_local struct per_thread *per_thread;
 
@@ -103,11 +108,12 @@ static void *worker(void *arg)
     }
 }
 
-static int stream_start(struct sim_stream *s, int dev, bool legacy, unsigned flags, int priority)
+static int stream_start(struct sim_stream *s, int ctx, bool legacy, unsigned flags, int priority)
 {
     s->magic = STREAM_MAGIC;
     s->legacy = legacy;
-    s->dev = dev;
+    s->ctx = ctx;
+    s->dev = sim_ctx_device(sim_ctx_handle(ctx));
     s->flags = flags;
     s->priority = priority;
     s->head = s->tail = NULL;
@@ -161,9 +167,9 @@ static pthread_once_t per_thread_once = PTHREAD_ONCE_INIT;
 static void per_thread_exit(void *arg)
 {
     struct per_thread *pt = arg;
-    for (int d = 0; d < SIM_MAX_DEVICES; d++)
-        if (pt->s[d])
-            stream_retire(pt->s[d]);
+    for (int c = 0; c < SIM_MAX_CTX; c++)
+        if (pt->s[c])
+            stream_retire(pt->s[c]);
     free(pt);
 }
 
@@ -172,7 +178,7 @@ static void per_thread_key_init(void)
     pthread_key_create(&per_thread_key, per_thread_exit);
 }
 
-static struct sim_stream *per_thread_stream(int dev)
+static struct sim_stream *per_thread_stream(int ctx)
 {
     if (!per_thread) {
         pthread_once(&per_thread_once, per_thread_key_init);
@@ -181,24 +187,34 @@ static struct sim_stream *per_thread_stream(int dev)
             return NULL;
         pthread_setspecific(per_thread_key, per_thread);
     }
-    if (!per_thread->s[dev]) {
+    if (!per_thread->s[ctx]) {
         struct sim_stream *s = calloc(1, sizeof *s);
-        if (!s || stream_start(s, dev, false, CU_STREAM_DEFAULT, 0) != 0) {
+        if (!s)
+            return NULL;
+        s->per_thread = true; /* never claimed for reuse while the thread lives */
+        if (stream_start(s, ctx, false, CU_STREAM_DEFAULT, 0) != 0) {
             free(s);
             return NULL;
         }
-        per_thread->s[dev] = s;
+        per_thread->s[ctx] = s;
     }
-    return per_thread->s[dev];
+    return per_thread->s[ctx];
+}
+
+/* A context's legacy stream; NULL for one destroyed. */
+static struct sim_stream *legacy_of(int ctx)
+{
+    return ctx < SIM_MAX_DEVICES ? &legacy_streams[ctx] : atomic_load(&created_legacy[ctx]);
 }
 
 struct sim_stream *sim_stream_get(CUstream h)
 {
     pthread_once(&legacy_once, legacy_init);
+    int ctx = sim_ctx_current_index();
     if (h == NULL || h == CU_STREAM_LEGACY)
-        return &legacy_streams[sim_current_device()];
+        return legacy_of(ctx);
     if (h == CU_STREAM_PER_THREAD)
-        return per_thread_stream(sim_current_device());
+        return sim_ctx_destroyed(sim_ctx_handle(ctx)) ? NULL : per_thread_stream(ctx);
     struct sim_stream *found = NULL;
     pthread_mutex_lock(&submit_mu);
     for (struct sim_stream *s = all_streams; s; s = s->next_all)
@@ -211,6 +227,11 @@ struct sim_stream *sim_stream_get(CUstream h)
 int sim_stream_device(const struct sim_stream *s)
 {
     return s->dev;
+}
+
+int sim_stream_ctx(const struct sim_stream *s)
+{
+    return s->ctx;
 }
 
 static uint64_t submitted(struct sim_stream *s)
@@ -240,21 +261,21 @@ static bool in_use(const struct sim_stream *t)
     return t->magic == STREAM_MAGIC || t->magic == STREAM_DYING;
 }
 
-/* The implicit legacy-stream ordering within s's device (with the work a
+/* The implicit legacy-stream ordering within s's context (with the work a
  * destroyed blocking stream still has queued too); submit_mu held. */
 static CUresult add_barriers(struct sim_stream *s, struct sim_op *op)
 {
     if (s->legacy) {
         for (struct sim_stream *t = all_streams; t; t = t->next_all)
-            if (t != s && t->dev == s->dev && in_use(t) && !(t->flags & CU_STREAM_NON_BLOCKING))
+            if (t != s && t->ctx == s->ctx && in_use(t) && !(t->flags & CU_STREAM_NON_BLOCKING))
                 if (sim_op_add_wait(op, t, submitted(t)))
                     return CUDA_ERROR_OUT_OF_MEMORY;
         return CUDA_SUCCESS;
     }
     if (s->flags & CU_STREAM_NON_BLOCKING)
         return CUDA_SUCCESS;
-    struct sim_stream *l = &legacy_streams[s->dev];
-    return sim_op_add_wait(op, l, l->submitted);
+    struct sim_stream *l = legacy_of(s->ctx);
+    return l ? sim_op_add_wait(op, l, l->submitted) : CUDA_SUCCESS;
 }
 
 /* Invalidates every capture in progress on dev (global capture mode);
@@ -341,13 +362,14 @@ bool sim_stream_done(struct sim_stream *s, uint64_t ticket)
     return done;
 }
 
-/* Waits for what dev's streams have been given so far. */
-static void drain_device(int dev, struct sim_stream *list)
+/* Waits for what dev's streams (ctx < 0), or context ctx's, have been
+ * given so far. */
+static void drain_streams(int dev, int ctx, struct sim_stream *list)
 {
     /* Streams are only ever prepended, so walking from a snapshot is safe;
      * destroyed streams are on the list too, with whatever they still run. */
     for (struct sim_stream *s = list; s; s = s->next_all)
-        if (s->dev == dev)
+        if (ctx < 0 ? s->dev == dev : s->ctx == ctx)
             sim_stream_wait_ticket(s, submitted(s));
 }
 
@@ -357,12 +379,12 @@ void sim_device_synchronize(int dev)
     pthread_mutex_lock(&submit_mu);
     struct sim_stream *list = all_streams;
     pthread_mutex_unlock(&submit_mu);
-    drain_device(dev, list);
+    drain_streams(dev, -1, list);
 }
 
 CUresult sim_ctx_synchronize(void)
 {
-    int dev = sim_current_device();
+    int dev = sim_current_device(), ctx = sim_ctx_current_index();
     pthread_once(&legacy_once, legacy_init);
     pthread_mutex_lock(&submit_mu);
     struct sim_stream *list = all_streams;
@@ -372,8 +394,34 @@ CUresult sim_ctx_synchronize(void)
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     }
     pthread_mutex_unlock(&submit_mu);
-    drain_device(dev, list);
+    drain_streams(dev, ctx, list);
     return sim_check();
+}
+
+CUresult sim_ctx_open(int ctx)
+{
+    pthread_once(&legacy_once, legacy_init);
+    struct sim_stream *s = calloc(1, sizeof *s);
+    if (!s || stream_start(s, ctx, true, 0, 0) != 0) {
+        free(s);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    atomic_store(&created_legacy[ctx], s);
+    return CUDA_SUCCESS;
+}
+
+/* Per-thread streams stay with their threads (which retire them at exit):
+ * nothing reaches them once the context is destroyed. */
+void sim_ctx_close(int ctx)
+{
+    pthread_mutex_lock(&submit_mu);
+    struct sim_stream *list = all_streams;
+    pthread_mutex_unlock(&submit_mu);
+    drain_streams(-1, ctx, list);
+    for (struct sim_stream *t = list; t; t = t->next_all)
+        if (t->ctx == ctx && !t->per_thread)
+            stream_retire(t);
+    atomic_store(&created_legacy[ctx], NULL);
 }
 
 /* Synchronising with a capturing stream is an error that ends the capture. */
@@ -459,12 +507,13 @@ static CUresult create_stream(const char *api, CUstream *ph, unsigned flags, int
     struct sim_stream *s = NULL;
     pthread_mutex_lock(&submit_mu);
     for (struct sim_stream *t = all_streams; t && !s; t = t->next_all)
-        if (t->magic == 0 && !t->legacy)
+        if (t->magic == 0 && !t->legacy && !t->per_thread)
             s = t; /* a destroyed stream whose worker is gone */
     if (s) {
         s->magic = STREAM_CLAIMED; /* ours, but not live until its worker runs */
         s->legacy = false;
         s->dev = sim_current_device();
+        s->ctx = sim_ctx_current_index();
         s->flags = flags;
         s->priority = priority;
         s->capture = NULL;
@@ -483,7 +532,7 @@ static CUresult create_stream(const char *api, CUstream *ph, unsigned flags, int
             return CUDA_ERROR_OUT_OF_MEMORY;
     } else {
         s = calloc(1, sizeof *s);
-        if (!s || stream_start(s, sim_current_device(), false, flags, priority) != 0) {
+        if (!s || stream_start(s, sim_ctx_current_index(), false, flags, priority) != 0) {
             free(s);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
@@ -586,8 +635,7 @@ SIM_EXPORT CUresult cuStreamGetFlags(CUstream h, unsigned int *flags)
 
 /* cuda.h: a special handle (NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD)
  * names the calling thread's current context, CUDA_ERROR_INVALID_CONTEXT
- * with none; a created stream, the context it was made in (every simulated
- * context is a device's primary one). */
+ * with none; a created stream, the context it was made in. */
 SIM_EXPORT CUresult cuStreamGetCtx(CUstream h, CUcontext *pctx)
 {
     CUresult r = sim_enter(__func__, false);
@@ -602,7 +650,7 @@ SIM_EXPORT CUresult cuStreamGetCtx(CUstream h, CUcontext *pctx)
     struct sim_stream *s = sim_stream_get(h);
     if (!s)
         return CUDA_ERROR_INVALID_HANDLE;
-    *pctx = sim_primary_ctx(sim_stream_device(s));
+    *pctx = sim_ctx_handle(s->ctx);
     return CUDA_SUCCESS;
 }
 

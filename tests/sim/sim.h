@@ -29,6 +29,9 @@
 /* ---- configuration (read once, at cuInit) ---- */
 /* The most devices SIMCUDA_DEVICES may ask for. */
 #define SIM_MAX_DEVICES 8
+/* Context slots: the primary contexts', then those the program creates
+ * (cuCtxCreate), each slot used once in the life of the process. */
+#define SIM_MAX_CTX 64
 
 struct sim_cfg {
     int ndevices;                       /* SIMCUDA_DEVICES */
@@ -118,8 +121,15 @@ void sim_set_running_device(int dev);
 bool sim_device_valid(CUdevice dev);
 /* dev's primary context (its handle: valid whether retained or not). */
 CUcontext sim_primary_ctx(int dev);
-/* The device of a context handle; -1 if it is none. */
+/* The device of a context handle; -1 if it is none or destroyed. */
 int sim_ctx_device(CUcontext ctx);
+/* The slot of a context handle (live or destroyed), -1 if it is none; of
+ * the current context, 0 (device 0's primary) with none current. */
+int sim_ctx_index(CUcontext ctx);
+int sim_ctx_current_index(void);
+CUcontext sim_ctx_handle(int index);
+/* Whether ctx is a created context since destroyed. */
+bool sim_ctx_destroyed(CUcontext ctx);
 /* Whether contexts on `from` may access cuMemAlloc memory of `to`
  * (cuCtxEnablePeerAccess). */
 bool sim_peer_enabled(int from, int to);
@@ -194,6 +204,12 @@ struct sim_op {
 struct sim_stream *sim_stream_get(CUstream h);
 /* The device a stream belongs to. */
 int sim_stream_device(const struct sim_stream *s);
+/* The slot of the context a stream belongs to. */
+int sim_stream_ctx(const struct sim_stream *s);
+/* A created context's streams: its legacy stream started (open); every
+ * stream of it waited for and retired (close). */
+CUresult sim_ctx_open(int ctx);
+void sim_ctx_close(int ctx);
 /* Enqueues op (allocated by the caller, freed by op->fini) and returns its
  * ticket through *ticket (may be NULL). Adds the legacy-stream barriers. */
 CUresult sim_stream_submit(struct sim_stream *s, struct sim_op *op, uint64_t *ticket);
@@ -201,7 +217,8 @@ void sim_stream_wait_ticket(struct sim_stream *s, uint64_t ticket);
 /* Waits for everything submitted to s so far. */
 void sim_stream_drain(struct sim_stream *s);
 bool sim_stream_done(struct sim_stream *s, uint64_t ticket);
-/* Waits for every stream of the current device; its sticky error. */
+/* Waits for every stream of the current context (not the device's other
+ * contexts); its sticky error. */
 CUresult sim_ctx_synchronize(void);
 /* Waits for every stream of dev. */
 void sim_device_synchronize(int dev);

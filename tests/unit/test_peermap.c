@@ -8,7 +8,9 @@
  * other devices, from the managed device, or repeated, change nothing; a
  * mapping whose access fails is not listed; the table keeps thousands of
  * mappings through removals; drains wait for each noted context once,
- * never the managed one, past failures, in any number. The module's state
+ * never the managed one, past failures, in any number; and for each
+ * context the program created on the managed device until it is
+ * destroyed; with nothing noted they wait for nothing. The module's state
  * is the process's, so the tests run in order and each undoes its links.
  */
 #include <stdarg.h>
@@ -302,15 +304,55 @@ static void sync_waits_for_noted_contexts(void **state)
     }
 }
 
+/* Contexts the program created on the managed device are waited for;
+ * one on another device is not (its kernels reach regions only through
+ * peer access, noted as a link); a destroyed one is forgotten. */
+static void created_contexts_waited_until_destroyed(void **state)
+{
+    (void)state;
+    unsigned gen = sh_peers_generation();
+    sh_peers_own(ctx(200), MANAGED);
+    sh_peers_own(ctx(201), 0);
+    assert_true(sh_peers_waiting());
+    sh_peers_sync(&drv);
+    size_t s200 = 0, s201 = 0;
+    for (size_t i = 0; i < nsynced; i++) {
+        s200 += synced[i] == ctx(200);
+        s201 += synced[i] == ctx(201);
+    }
+    assert_int_equal(s200, 1);
+    assert_int_equal(s201, 0);
+    sh_peers_destroying(1);
+    sh_peers_forget(ctx(200));
+    sh_peers_destroying(0);
+    assert_int_not_equal(sh_peers_generation(), gen);
+    reset_calls();
+    sh_peers_sync(&drv);
+    for (size_t i = 0; i < nsynced; i++)
+        assert_ptr_not_equal(synced[i], ctx(200));
+}
+
+/* Nothing noted: a drain's wait for other contexts costs one load. */
+static void nothing_noted_nothing_waited(void **state)
+{
+    (void)state;
+    assert_false(sh_peers_waiting());
+    sh_peers_sync(&drv);
+    assert_int_equal(npushed, 0);
+    assert_int_equal(nsynced, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(nothing_noted_nothing_waited, before),
         cmocka_unit_test_setup(link_before_start, before),
         cmocka_unit_test_setup(first_link_grants_last_revokes, before),
         cmocka_unit_test_setup(one_device_grants_nothing, before),
         cmocka_unit_test_setup(failed_access_is_not_listed, before),
         cmocka_unit_test_setup(table_keeps_every_mapping, before),
         cmocka_unit_test_setup(sync_waits_for_noted_contexts, before),
+        cmocka_unit_test_setup(created_contexts_waited_until_destroyed, before),
     };
     return cmocka_run_group_tests_name("peermap", tests, setup, NULL);
 }
