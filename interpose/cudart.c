@@ -197,8 +197,12 @@ EXPORT cudaError_t cudaFree(void *ptr)
     struct sh_region_info info;
     /* A small block lies anywhere in its slab; a region is freed by its start. */
     if (!ptr || !sh_managed() || sh_pool_lookup(sh_rt.pool, (uintptr_t)ptr, &info) != SH_OK ||
-        (info.va != (uintptr_t)ptr && info.path != SH_PATH_SLAB) || info.path == SH_PATH_VMM)
-        return real->cudaFree(ptr);
+        (info.va != (uintptr_t)ptr && info.path != SH_PATH_SLAB) || info.path == SH_PATH_VMM) {
+        cudaError_t e = real->cudaFree(ptr);
+        if (e == cudaSuccess)
+            sh_hostmem_del(ptr); /* managed memory (hostcalls.c) */
+        return e;
+    }
     if (info.state == SH_RS_FREED)
         return bad_free("cudaFree", ptr);
     /* cudaFree synchronises the device; so do we, so the memory is idle. */

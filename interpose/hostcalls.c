@@ -1,8 +1,10 @@
-/* hostcalls.c — the calls that make and free host memory kernels can
- * read: cuMemAllocHost, cuMemHostAlloc, cuMemFreeHost, cuMemHostRegister,
- * cuMemHostUnregister and their runtime forms, however the program found
- * them (intercept.c and dlsym.c hand out these exports). Each passes
- * through; what it made or freed goes to hostmem.c's ranges.
+/* hostcalls.c — the calls that make and free memory both the CPU and
+ * kernels reach: cuMemAllocHost, cuMemHostAlloc, cuMemFreeHost,
+ * cuMemHostRegister, cuMemHostUnregister, cuMemAllocManaged and their
+ * runtime forms, and cuMemFree (which frees managed memory), however the
+ * program found them (intercept.c and dlsym.c hand out these exports).
+ * Each passes through; what it made or freed goes to hostmem.c's ranges.
+ * cudaFree is cudart.c's, which tells hostmem.c too.
  *
  * Shared state: the real functions, resolved once.
  */
@@ -18,6 +20,9 @@ static struct {
     __typeof__(cuMemFreeHost) *free;
     __typeof__(cuMemHostRegister_v2) *reg;
     __typeof__(cuMemHostUnregister) *unreg;
+    __typeof__(cuMemAllocManaged) *managed;
+    __typeof__(cuMemFree_v2) *dev_free;
+    __typeof__(cudaMallocManaged) *rt_managed;
     __typeof__(cudaMallocHost) *rt_alloc;
     __typeof__(cudaHostAlloc) *rt_host_alloc;
     __typeof__(cudaFreeHost) *rt_free;
@@ -34,6 +39,9 @@ static void resolve(void)
     REAL(free, 0, "cuMemFreeHost");
     REAL(reg, 0, "cuMemHostRegister_v2");
     REAL(unreg, 0, "cuMemHostUnregister");
+    REAL(managed, 0, "cuMemAllocManaged");
+    REAL(dev_free, 0, "cuMemFree_v2");
+    REAL(rt_managed, 1, "cudaMallocManaged");
     REAL(rt_alloc, 1, "cudaMallocHost");
     REAL(rt_host_alloc, 1, "cudaHostAlloc");
     REAL(rt_free, 1, "cudaFreeHost");
@@ -139,5 +147,31 @@ EXPORT cudaError_t cudaHostUnregister(void *p)
     cudaError_t e = real.rt_unreg(p);
     if (e == cudaSuccess)
         sh_hostmem_del(p);
+    return e;
+}
+
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    RESOLVE(managed, CUDA_ERROR_NOT_INITIALIZED);
+    CUresult r = real.managed(dptr, bytesize, flags);
+    if (r == CUDA_SUCCESS && dptr)
+        sh_hostmem_add((const void *)(uintptr_t)*dptr, bytesize);
+    return r;
+}
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    RESOLVE(dev_free, CUDA_ERROR_NOT_INITIALIZED);
+    CUresult r = real.dev_free(dptr);
+    if (r == CUDA_SUCCESS)
+        sh_hostmem_del((const void *)(uintptr_t)dptr);
+    return r;
+}
+
+EXPORT cudaError_t cudaMallocManaged(void **p, size_t size, unsigned int flags)
+{
+    RESOLVE(rt_managed, cudaErrorSymbolNotFound);
+    cudaError_t e = real.rt_managed(p, size, flags);
+    KEEP(e == cudaSuccess, p, size);
     return e;
 }

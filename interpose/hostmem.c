@@ -1,6 +1,7 @@
-/* hostmem.c — host memory that kernels can read: pinned (cudaMallocHost,
- * cudaHostAlloc, cuMemAllocHost, cuMemHostAlloc) and registered
- * (cudaHostRegister, cuMemHostRegister). The program's CPU writes it with
+/* hostmem.c — memory both the CPU and kernels reach: pinned host memory
+ * (cudaMallocHost, cudaHostAlloc, cuMemAllocHost, cuMemHostAlloc),
+ * registered host memory (cudaHostRegister, cuMemHostRegister) and managed
+ * memory (cudaMallocManaged, cuMemAllocManaged). The program's CPU writes it with
  * no call the library sees, so a pointer table kept there is invisible to
  * every scan: a launch whose parameters point into such memory is opaque
  * (launch.c asks sh_hostmem_hit), and so counts as using every region.
@@ -84,6 +85,8 @@ void sh_hostmem_add(const void *p, size_t n)
 
 void sh_hostmem_del(const void *p)
 {
+    if (!__atomic_load_n(&count, __ATOMIC_ACQUIRE))
+        return; /* every free of a program that pins nothing comes here */
     pthread_rwlock_wrlock(&lock);
     size_t i = first_from((uintptr_t)p);
     if (i < nranges && ranges[i].lo == (uintptr_t)p) {

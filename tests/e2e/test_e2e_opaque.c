@@ -23,6 +23,7 @@
  *           devtable too: a launch pointing into such memory is opaque);
  *   registered  the same in the program's own memory, registered with
  *           cudaHostRegister;
+ *   managed  the same in managed memory (cudaMallocManaged);
  *   table2d  the table uploaded by cudaMemcpy2D, a row per pointer from a
  *           host array with padding between them (and the bump of
  *           devtable);
@@ -172,12 +173,15 @@ static stagehand_stats_t stats(void)
     return st;
 }
 
-/* A table in host memory the device reads: pinned, or the program's own
- * page registered (replacing *tab, whose device memory stays unused). */
-static int host_table(int pinned, void **tab)
+/* A table in memory the CPU writes and the device reads: pinned ('p'),
+ * managed ('m'), or the program's own page registered ('r'), replacing
+ * *tab, whose device memory stays unused. */
+static int host_table(char kind, void **tab)
 {
-    if (pinned)
+    if (kind == 'p')
         return cudaMallocHost(tab, 2 * sizeof(void *)) != cudaSuccess;
+    if (kind == 'm')
+        return cudaMallocManaged(tab, 2 * sizeof(void *), cudaMemAttachGlobal) != cudaSuccess;
     static char pages[BLOCKS][4096] __attribute__((aligned(4096)));
     static int next;
     *tab = pages[next++];
@@ -217,7 +221,8 @@ static int child_main(const char *pattern)
     void *w[BLOCKS], *g[BLOCKS], *s[BLOCKS], *tab[BLOCKS], *x;
     size_t bytes = (size_t)REGION_MB << 20;
     int devtable = strcmp(pattern, "devtable") == 0, pinned = strcmp(pattern, "pinned") == 0;
-    int registered = strcmp(pattern, "registered") == 0, in_host = pinned || registered;
+    int registered = strcmp(pattern, "registered") == 0, managed = strcmp(pattern, "managed") == 0;
+    int in_host = pinned || registered || managed;
     int table2d = strcmp(pattern, "table2d") == 0, graph = strcmp(pattern, "graph") == 0;
     int bumped = devtable || in_host || table2d || graph;
     int table = bumped || strcmp(pattern, "table") == 0;
@@ -232,7 +237,7 @@ static int child_main(const char *pattern)
         cudaMemset(s[i], 0, bytes);
         void *host[2] = {w[i], s[i]};
         void *bargs[] = {&tab[i], &w[i], &s[i]};
-        if (in_host && host_table(pinned, &tab[i]) != 0)
+        if (in_host && host_table(pinned ? 'p' : managed ? 'm' : 'r', &tab[i]) != 0)
             return 2;
         if (devtable)
             launch(k_build, bargs);
@@ -319,8 +324,8 @@ static int child_main(const char *pattern)
         return 4;
     if (st.lost_writes)
         return 6; /* the verifier saw a loss the bytes checked here missed */
-    if (graph && st.unseen_writes)
-        return 8; /* a replay wrote through the table unseen: not taken as opaque */
+    if (bumped && !devtable && st.unseen_writes)
+        return 8; /* a bump through the table went unseen: not taken as opaque */
     return failures ? 5 : 0;
 }
 
@@ -376,6 +381,7 @@ static void test_pinned(void **state)
     run(args, "pinned", verified);
     run(args, "registered", NULL);
     run(args, "registered", verified);
+    run(args, "managed", NULL);
 }
 
 static void test_graph(void **state)

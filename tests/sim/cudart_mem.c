@@ -24,6 +24,17 @@ SIM_EXPORT cudaError_t cudaMalloc(void **p, size_t size)
     return rt_ret_cu(r);
 }
 
+SIM_EXPORT cudaError_t cudaMallocManaged(void **p, size_t size, unsigned int flags)
+{
+    ENTER();
+    if (!p)
+        return rt_ret(cudaErrorInvalidValue);
+    CUdeviceptr d = 0;
+    CUresult r = cuMemAllocManaged(&d, size, flags);
+    *p = (void *)(uintptr_t)d;
+    return rt_ret_cu(r);
+}
+
 SIM_EXPORT cudaError_t cudaFree(void *p)
 {
     ENTER();

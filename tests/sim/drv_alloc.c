@@ -65,6 +65,22 @@ SIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     return r;
 }
 
+/* Managed memory: the CPU reaches device memory here anyway, so it is a
+ * device allocation the program may also write from the host. */
+SIM_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    CUresult r = sim_enter(__func__, true);
+    if (r)
+        return r;
+    if (!dptr || bytesize == 0 || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
+        return CUDA_ERROR_INVALID_VALUE;
+    uintptr_t va = 0;
+    r = alloc_device(&va, bytesize, sim_current_device(), false);
+    if (r == CUDA_SUCCESS)
+        *dptr = va;
+    return r;
+}
+
 /* Frees a cuMemAlloc allocation; mem_mu held. */
 static CUresult free_device(uintptr_t va)
 {
