@@ -48,6 +48,9 @@ static _Thread_local int depth;
 static atomic_int hidden_pointers;
 static _Thread_local struct {
     uintptr_t bases[MAX_ADDRS];
+    void *regions[MAX_ADDRS]; /* of bases, as the scan found them (found) */
+    uint64_t gen;             /* the index's generation then */
+    int found;
     size_t n;
     CUstream stream;
     int opaque; /* its accesses cannot be bounded: it counts as using every region */
@@ -380,11 +383,13 @@ static void mark_issued(void)
     }
     if (streams == 0 && pending.n && sh_sched_quiet())
         sh_pool_issued_any(sh_rt.pool, 0); /* nothing moves: no region needs its own stamp */
-    else
-        sh_pool_issued(sh_rt.pool, pending.bases, pending.n, streams);
+    else                                   /* the regions the scan found, not looked up twice */
+        sh_pool_issued_found(sh_rt.pool, pending.bases, pending.found ? pending.regions : NULL,
+                             pending.n, pending.gen, streams);
     if (pending.opaque || atomic_load_explicit(&hidden_pointers, memory_order_relaxed))
         sh_pool_issued_opaque(sh_rt.pool, streams);
     pending.n = 0;
+    pending.found = 0;
     pending.opaque = 0;
     pending.any = 0;
 }
@@ -394,6 +399,7 @@ void sh_launch_mark_work(CUstream stream, int any, const uintptr_t *ends, size_t
     if (!sh_managed())
         return;
     pending.n = sh_pool_bases(sh_rt.pool, ends, n < MAX_ADDRS ? n : MAX_ADDRS, pending.bases);
+    pending.found = 0;
     pending.stream = stream;
     pending.any = any;
     pending.opaque = opaque || hidden_pointers;
@@ -432,6 +438,7 @@ void sh_launch_mark_copy(CUstream stream, const void *dst, const void *src, size
     uintptr_t addrs[4] = {(uintptr_t)dst, (uintptr_t)dst + n - 1, (uintptr_t)src,
                           src ? (uintptr_t)src + n - 1 : 0};
     pending.n = sh_pool_bases(sh_rt.pool, addrs, src ? 4 : 2, pending.bases);
+    pending.found = 0;
     pending.stream = stream;
     if (pending.n > 0)
         note_other(stream);
@@ -494,8 +501,10 @@ void sh_launch_prepare(uint64_t kernel, uintptr_t *vals, size_t n)
 {
     atomic_fetch_add(&sh_rt.launches, 1);
     sh_sched_timing_begin();
-    uintptr_t bases[MAX_ADDRS];
-    struct sh_pool_use u = {.bases = bases};
+    /* Found straight into the launch being issued: its issue stamps go to
+     * these regions. */
+    uintptr_t *bases = pending.bases;
+    struct sh_pool_use u = {.bases = bases, .regions = pending.regions};
     uint64_t t0 = mono_us();
     n = sh_pool_use(sh_rt.pool, vals, n < MAX_ADDRS ? n : MAX_ADDRS, t0, &u);
     if (n > 0 && sh_capturing()) {
@@ -506,14 +515,18 @@ void sh_launch_prepare(uint64_t kernel, uintptr_t *vals, size_t n)
         sh_sched_launch(kernel, 0, bases, u.nbases);
         return;
     }
-    memcpy(pending.bases, bases, u.nbases * sizeof *bases);
     pending.n = u.nbases;
+    pending.found = 1;
+    pending.gen = u.gen;
     pending.opaque |= u.ptrs; /* a region of pointers: the kernel may follow them anywhere */
     uint64_t waited = n > 0 ? make_resident(vals, n, &u, t0) : 0;
-    sh_sched_launch(kernel, 0, bases, u.nbases);
-    if (waited)
+    if (waited) {
+        sh_sched_launch(kernel, 0, bases, u.nbases);
         sh_sched_stall(bases[0], waited);
-    sh_sched_plan(bases, u.nbases);
+        sh_sched_plan(bases, u.nbases);
+    } else {
+        sh_sched_launch_plan(kernel, bases, u.nbases);
+    }
     sh_sched_timing_issue();
 }
 
@@ -569,6 +582,7 @@ static void pending_begin(CUstream stream)
 {
     pending.stream = stream;
     pending.n = 0;
+    pending.found = 0;
     pending.opaque = 0;
     pending.quiet = 0;
     pending.graph = 0;

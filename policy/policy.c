@@ -169,7 +169,7 @@ int sh_policy_alloc(struct sh_policy *p, uint64_t t_us, uint64_t id, uint64_t by
     r->alloc_step = p->step;
     r->use_step = p->step;
     r->ridx = NONE32;
-    r->key_gen = p->key_gen - 1;
+    pol_keys_stale(p, r);
     pol_set_res(p, r, SH_RES_DEVICE);
     r->cls = SH_CLASS_UNKNOWN;
     pol_future_alloc(p, r);
@@ -222,6 +222,19 @@ int sh_policy_forget(struct sh_policy *p, uint64_t id)
     return 0;
 }
 
+/* find() for the ids launches name: a training step names the same few
+ * regions launch after launch. */
+static struct region *find_recent(struct sh_policy *p, uint64_t id)
+{
+    uint32_t *c = &p->recent[(id * 0x9e3779b97f4a7c15ull) >> (64 - RECENT_BITS)];
+    if (*c < p->cap && p->tab[*c].state == 1 && p->tab[*c].id == id)
+        return &p->tab[*c];
+    struct region *r = find(p, id);
+    if (r)
+        *c = (uint32_t)(r - p->tab);
+    return r;
+}
+
 /* Known ids of one launch, each once, in order (into p->dedup), and their
  * regions (p->dreg): the launch's steps read them from there, not the table
  * (nothing inserts or deletes regions during a launch). */
@@ -231,7 +244,7 @@ static int dedup_refs(struct sh_policy *p, const uint64_t *ids, size_t n, size_t
         return SH_ENOMEM;
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
-        struct region *r = find(p, ids[i]);
+        struct region *r = find_recent(p, ids[i]);
         if (!r || r->freed) {
             p->st.unknown_refs++;
             continue;
@@ -258,7 +271,8 @@ int sh_policy_launch(struct sh_policy *p, uint64_t t_us, uint64_t kernel, uint64
     if (err)
         return err;
     const uint64_t *ids = p->dedup;
-    if ((err = pol_close_position(p)))
+    /* only allocations since the last launch have positions to close */
+    if (p->rec.na != p->rec.open_from && (err = pol_close_position(p)))
         return err;
     if (!p->marked_steps) {
         if (!p->have_anchor && (err = pol_set_anchor(p, kernel, ids, n)))
@@ -346,14 +360,21 @@ int sh_policy_residency(struct sh_policy *p, uint64_t id, int residency)
 
 void sh_policy_slots(struct sh_policy *p, int h2d_busy, int d2h_busy)
 {
-    if (p)
-        sh_policy_rules_slots(p->rules, h2d_busy, d2h_busy);
+    if (!p)
+        return;
+    sh_policy_rules_slots(p->rules, h2d_busy, d2h_busy);
+    p->told_h2d = h2d_busy;
+    p->told_d2h = d2h_busy;
+    p->told |= 2;
 }
 
 void sh_policy_pressure(struct sh_policy *p, uint64_t device_bytes)
 {
-    if (p)
-        sh_policy_rules_pressure(p->rules, device_bytes);
+    if (!p)
+        return;
+    sh_policy_rules_pressure(p->rules, device_bytes);
+    p->told_bytes = device_bytes;
+    p->told |= 1;
 }
 
 void sh_policy_stall(struct sh_policy *p, uint64_t t_us, uint64_t id, uint64_t wait_us)

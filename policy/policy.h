@@ -166,6 +166,14 @@ int sh_policy_plan(struct sh_policy *p, uint64_t device_bytes, const uint64_t *p
  * for their commit; `needed` is nonzero when the launch being issued needs
  * one of them or the memory of a finished eviction is needed now. */
 int sh_policy_commit_due(const struct sh_policy *p, size_t nready, int needed);
+/* 1 when telling the policy this pressure and these busy slots, then
+ * planning and asking sh_policy_commit_due(p, nready, 0), would change
+ * nothing and find nothing to do: the same inputs as it was last told, the
+ * hints as the caller last read them (told), and a plan found idle since
+ * which nothing it reads has changed. A launch's caller may then skip all
+ * of them. */
+int sh_policy_plan_idle(const struct sh_policy *p, uint64_t device_bytes, int h2d_busy,
+                        int d2h_busy, size_t nready, const struct sh_policy_hints *told);
 void sh_policy_hints(const struct sh_policy *p, struct sh_policy_hints *out);
 
 /* ---- what it knows ---- */

@@ -210,14 +210,6 @@ static int build_recording(struct sh_policy *p, struct recording *rc)
 /* ---------------------------------------------------------------------- */
 /* the step being recorded */
 
-void pol_ident_of(const struct region *r, struct ident *w)
-{
-    w->id = r->id;
-    w->aseq = r->aseq;
-    w->gpos = r->gpos;
-    w->ridx = r->ridx;
-}
-
 /* Allocations since the last launch now know how many followed them at
  * their position: that count is their stable identity. */
 int pol_close_position(struct sh_policy *p)
@@ -230,7 +222,7 @@ int pol_close_position(struct sh_policy *p)
         struct region *reg = find(p, a->who.id);
         if (reg && reg->aseq == a->who.aseq) {
             reg->ridx = a->who.ridx;
-            reg->key_gen = p->key_gen - 1; /* its identity just changed */
+            pol_keys_stale(p, reg); /* its identity just changed */
         }
         if (RESERVE(p->cur_pos, p->cap_cur_pos, p->ncur_pos + 1))
             return SH_ENOMEM;

@@ -26,10 +26,12 @@ struct hot {
 };
 static _Thread_local struct hot hot[1 << HOT_BITS];
 
-static struct region *lookup(const struct sh_pool *pool, uintptr_t v)
+/* tab: this thread's hot table; gen: the index's generation, both read
+ * once per call by the callers that look up many addresses. */
+static inline struct region *lookup_in(struct hot *tab, uint64_t gen, const struct sh_pool *pool,
+                                       uintptr_t v)
 {
-    struct hot *h = &hot[((v >> 16) * 0x9e3779b97f4a7c15u) >> (64 - HOT_BITS)];
-    uint64_t gen = sh_rindex_gen(pool->index);
+    struct hot *h = &tab[((v >> 16) * 0x9e3779b97f4a7c15u) >> (64 - HOT_BITS)];
     if (h->gen == gen && v - h->start < h->len)
         return h->r;
     uintptr_t start;
@@ -39,6 +41,11 @@ static struct region *lookup(const struct sh_pool *pool, uintptr_t v)
         return NULL;
     *h = (struct hot){.gen = gen, .start = start, .len = len, .r = r};
     return r;
+}
+
+static struct region *lookup(const struct sh_pool *pool, uintptr_t v)
+{
+    return lookup_in(hot, sh_rindex_gen(pool->index), pool, v);
 }
 
 /* Adds r's base to u->bases unless it is there (launches name few regions);
@@ -64,9 +71,11 @@ size_t sh_pool_use(struct sh_pool *pool, uintptr_t *vals, size_t n, uint64_t now
         u->ptrs = 0;
     }
     size_t m = 0;
+    struct hot *tab = hot;
     pthread_rwlock_rdlock(&pool->index_lock);
+    uint64_t gen = sh_rindex_gen(pool->index);
     for (size_t i = 0; i < n; i++) {
-        struct region *r = lookup(pool, vals[i]);
+        struct region *r = lookup_in(tab, gen, pool, vals[i]);
         if (!r)
             continue;
         vals[m++] = vals[i];
@@ -76,11 +85,17 @@ size_t sh_pool_use(struct sh_pool *pool, uintptr_t *vals, size_t n, uint64_t now
         u->ptrs |= __atomic_load_n(&r->holds_ptrs, __ATOMIC_RELAXED);
         __atomic_store_n(&r->last_use, now, __ATOMIC_RELAXED);
         __atomic_store_n(&r->last_use_us, now_us, __ATOMIC_RELAXED);
-        if (add_base(u, r) && __atomic_load_n(&r->state, __ATOMIC_RELAXED) == SH_RS_HOST &&
-            !r->stuck)
-            u->host_bytes += r->mapped;
+        size_t k = u->nbases;
+        if (add_base(u, r)) {
+            if (u->regions)
+                u->regions[k] = r;
+            if (__atomic_load_n(&r->state, __ATOMIC_RELAXED) == SH_RS_HOST && !r->stuck)
+                u->host_bytes += r->mapped;
+        }
     }
     pthread_rwlock_unlock(&pool->index_lock);
+    if (u)
+        u->gen = gen;
     return m;
 }
 
@@ -140,20 +155,39 @@ static void raise_stamp(uint64_t *stamp, uint64_t now)
         ;
 }
 
+static void stamp(struct region *r, uint64_t now, uint64_t streams)
+{
+    /* The streams first: whoever sees the stamp sees them (ev_idle). */
+    if (streams)
+        __atomic_or_fetch(&r->use_streams, streams, __ATOMIC_RELAXED);
+    raise_stamp(&r->issued, now);
+}
+
 void sh_pool_issued(struct sh_pool *pool, const uintptr_t *bases, size_t n, uint64_t streams)
+{
+    sh_pool_issued_found(pool, bases, NULL, n, 0, streams);
+}
+
+/* The regions found are alive and still the ones at bases while the index
+ * has the generation they were found in (a region leaves the index before
+ * it is freed, and that changes the generation); otherwise each base is
+ * looked up again. */
+void sh_pool_issued_found(struct sh_pool *pool, const uintptr_t *bases, void *const *regions,
+                          size_t n, uint64_t gen, uint64_t streams)
 {
     if (n == 0)
         return;
     uint64_t now = __atomic_add_fetch(&pool->clock, 1, __ATOMIC_RELAXED);
     pthread_rwlock_rdlock(&pool->index_lock);
-    for (size_t i = 0; i < n; i++) {
-        struct region *r = lookup(pool, bases[i]);
-        if (!r)
-            continue;
-        /* The streams first: whoever sees the stamp sees them (ev_idle). */
-        if (streams)
-            __atomic_or_fetch(&r->use_streams, streams, __ATOMIC_RELAXED);
-        raise_stamp(&r->issued, now);
+    if (regions && gen == sh_rindex_gen(pool->index)) {
+        for (size_t i = 0; i < n; i++)
+            stamp(regions[i], now, streams);
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            struct region *r = lookup(pool, bases[i]);
+            if (r)
+                stamp(r, now, streams);
+        }
     }
     pthread_rwlock_unlock(&pool->index_lock);
 }
