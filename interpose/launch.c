@@ -361,37 +361,40 @@ static void note_other(CUstream stream)
  * recorded for real: it marks nothing (the graph's launch does). */
 static void mark_issued(void)
 {
-    if (pending.quiet) {
+    __typeof__(pending) *pd = &pending; /* one thread-local lookup */
+    if (pd->quiet) {
         /* the next move's drain waits for the whole device */
         sh_pool_issued_any(sh_rt.pool, tracked() ? 1ull << STREAM_SLOTS : 0);
-        pending.quiet = 0;
+        pd->quiet = 0;
         return;
     }
-    if (pending.n == 0 && !pending.opaque)
+    if (pd->n == 0 && !pd->opaque)
         return;
     uint64_t streams = 0;
     if (tracked()) {
-        if (sh_stream_capturing(pending.stream)) {
-            pending.n = 0;
+        if (sh_stream_capturing(pd->stream)) {
+            pd->n = 0;
             return;
         }
-        int slot = pending.any ? STREAM_SLOTS : stream_slot(pending.stream);
+        int slot = pd->any ? STREAM_SLOTS : stream_slot(pd->stream);
         if (slot < STREAM_SLOTS &&
-            sh_rt.drv.cuEventRecord(slot_event[slot], pending.stream) != CUDA_SUCCESS)
+            sh_rt.drv.cuEventRecord(slot_event[slot], pd->stream) != CUDA_SUCCESS)
             slot = STREAM_SLOTS;
         streams = 1ull << slot;
     }
-    if (streams == 0 && pending.n && sh_sched_quiet())
-        sh_pool_issued_any(sh_rt.pool, 0); /* nothing moves: no region needs its own stamp */
-    else                                   /* the regions the scan found, not looked up twice */
-        sh_pool_issued_found(sh_rt.pool, pending.bases, pending.found ? pending.regions : NULL,
-                             pending.n, pending.gen, streams);
-    if (pending.opaque || atomic_load_explicit(&hidden_pointers, memory_order_relaxed))
+    /* nothing moves: no region needs its own stamp; else the regions the
+     * scan found, not looked up twice */
+    if (streams == 0 && pd->n && sh_sched_quiet())
+        sh_pool_issued_any(sh_rt.pool, 0);
+    else
+        sh_pool_issued_found(sh_rt.pool, pd->bases, pd->found ? pd->regions : NULL, pd->n, pd->gen,
+                             streams);
+    if (pd->opaque || atomic_load_explicit(&hidden_pointers, memory_order_relaxed))
         sh_pool_issued_opaque(sh_rt.pool, streams);
-    pending.n = 0;
-    pending.found = 0;
-    pending.opaque = 0;
-    pending.any = 0;
+    pd->n = 0;
+    pd->found = 0;
+    pd->opaque = 0;
+    pd->any = 0;
 }
 
 void sh_launch_mark_work(CUstream stream, int any, const uintptr_t *ends, size_t n, int opaque)
@@ -467,14 +470,9 @@ static int drain_streams(void *ctx, uint64_t mask)
  * first, then evicted ones are restored. u is what sh_pool_use found at t0
  * (a commit makes its host count stale: counted again). Returns the
  * microseconds the launch waited, 0 if none. */
-static uint64_t make_resident(const uintptr_t *addrs, size_t n, const struct sh_pool_use *u,
-                              uint64_t t0)
+/* Brings back the launch's evicted regions (host bytes of them). */
+static void restore(const uintptr_t *addrs, size_t n, const struct sh_pool_use *u, size_t host)
 {
-    size_t host = u->host_bytes, committed = sh_sched_prefetch_wait(u->bases, u->nbases);
-    if (committed)
-        sh_pool_touch(sh_rt.pool, addrs, n, &host);
-    if (host == 0)
-        return committed ? mono_us() - t0 + 1 : 0;
     uintptr_t was[MAX_ADDRS];
     size_t nwas = in_state(u->bases, u->nbases, SH_RS_HOST, was);
     sh_engine_lock(&sh_rt.engine);
@@ -483,6 +481,19 @@ static uint64_t make_resident(const uintptr_t *addrs, size_t n, const struct sh_
         sh_log(SH_LOG_DEBUG, "a launch runs on host-mapped memory: no room to restore");
     sh_engine_unlock(&sh_rt.engine);
     report_residency(u->bases, u->nbases, was, nwas);
+}
+
+static uint64_t make_resident(const uintptr_t *addrs, size_t n, const struct sh_pool_use *u,
+                              uint64_t t0)
+{
+    size_t host = u->host_bytes, committed = 0;
+    if (sh_pool_moving(sh_rt.pool)) /* else no prefetch is in flight to wait for */
+        committed = sh_sched_prefetch_wait(u->bases, u->nbases);
+    if (committed)
+        sh_pool_touch(sh_rt.pool, addrs, n, &host);
+    if (host == 0)
+        return committed ? mono_us() - t0 + 1 : 0;
+    restore(addrs, n, u, host);
     return mono_us() - t0 + 1;
 }
 

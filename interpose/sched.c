@@ -478,10 +478,12 @@ size_t sh_sched_evict_commit(int all)
 
 /* What the plan may start: free copy slots in regions, the hints' caps. */
 static struct sh_policy_hints told = {.prefetch_window = -1}; /* under sched_mu */
+static uint64_t told_gen = UINT64_MAX; /* the policy's hints generation as of told */
 
 static void plan_limits(struct sh_policy_plan *plan, size_t h2d_busy, size_t d2h_busy)
 {
     struct sh_policy_hints h;
+    told_gen = sh_policy_hints_gen(policy);
     sh_policy_hints(policy, &h);
     if (h.prefetch_window != told.prefetch_window || h.max_inflight_h2d != told.max_inflight_h2d ||
         h.max_inflight_d2h != told.max_inflight_d2h ||
@@ -519,7 +521,9 @@ struct plan_in {
 /* Reads the pool for a plan; evicting as sh_pool_evict_ready found it. */
 static void plan_read(struct plan_in *in, uint64_t pressure)
 {
-    in->ready = sh_pool_prefetch_ready(sh_rt.pool, &in->inflight);
+    in->ready = in->evicting || sh_pool_moving(sh_rt.pool)
+                    ? sh_pool_prefetch_ready(sh_rt.pool, &in->inflight)
+                    : 0;
     size_t device_bytes, host_bytes;
     sh_pool_bytes(sh_rt.pool, &device_bytes, &host_bytes);
     /* The policy plans against the budget: memory held outside the pool
@@ -538,7 +542,7 @@ static int plan_locked(const struct plan_in *in, const uintptr_t *bases, size_t 
                        struct sh_policy_plan *plan)
 {
     if (sh_policy_plan_idle(policy, in->dev, (int)in->inflight, (int)in->evicting, in->ready,
-                            &told))
+                            told_gen))
         return -1;
     sh_policy_pressure(policy, in->dev);
     sh_policy_slots(policy, (int)in->inflight, (int)in->evicting);
@@ -598,7 +602,8 @@ void sh_sched_launch_plan(uint64_t kernel, const uintptr_t *bases, size_t n)
 {
     struct plan_in in = {0};
     uint64_t pressure = atomic_load_explicit(&sh_rt.engine.pressure, memory_order_acquire);
-    if (!planning() || sh_pool_evict_ready(sh_rt.pool, &in.evicting) > 0) {
+    if (!planning() ||
+        (sh_pool_moving(sh_rt.pool) && sh_pool_evict_ready(sh_rt.pool, &in.evicting) > 0)) {
         sh_sched_launch(kernel, 0, bases, n);
         sh_sched_plan(bases, n);
         return;

@@ -397,6 +397,11 @@ void sh_policy_hints(const struct sh_policy *p, struct sh_policy_hints *out)
         sh_policy_rules_hints(p->rules, out);
 }
 
+uint64_t sh_policy_hints_gen(const struct sh_policy *p)
+{
+    return p ? sh_policy_rules_gen(p->rules) : 0;
+}
+
 void sh_policy_stats(const struct sh_policy *p, struct sh_policy_stats *out)
 {
     if (!p || !out)

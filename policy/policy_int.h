@@ -248,7 +248,8 @@ struct sh_policy {
         size_t fetch_max, evict_max;
         struct sh_policy_hints h;
     } idle_sig;
-    int idle_h2d, idle_d2h; /* the busy slots told when it was found idle */
+    int idle_h2d, idle_d2h; /* the busy slots told when it was found idle, */
+    uint64_t idle_hgen;     /* and the hints' generation */
     /* the rules' inputs as last told (sh_policy_pressure, _slots) */
     uint64_t told_bytes;
     int told_h2d, told_d2h, told; /* told: both have been */

@@ -688,6 +688,11 @@ void sh_pool_evict_cancel_all(struct sh_pool *pool)
     move_cancel_all(pool, &pool->ev);
 }
 
+int sh_pool_moving(const struct sh_pool *pool)
+{
+    return !move_none(&pool->pf) || !move_none(&pool->ev);
+}
+
 size_t sh_pool_evict_ready(struct sh_pool *pool, size_t *inflight)
 {
     return move_ready(pool, &pool->ev, inflight);

@@ -410,6 +410,9 @@ int sh_pool_evict_start(struct sh_pool *pool, const uintptr_t *vas, size_t n, ui
 int sh_pool_evict_commit(struct sh_pool *pool, int all, uintptr_t *out, uintptr_t *back, size_t max,
                          size_t *nout, size_t *nback, size_t *released);
 size_t sh_pool_evict_ready(struct sh_pool *pool, size_t *inflight);
+/* 1 while a prefetch or an early eviction is in flight (a hint: read
+ * without a lock); 0 says both of the above would find none. */
+int sh_pool_moving(const struct sh_pool *pool);
 /* Cancels every early eviction in flight (teardown); the regions stay RESIDENT. */
 void sh_pool_evict_cancel_all(struct sh_pool *pool);
 

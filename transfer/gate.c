@@ -31,8 +31,10 @@ struct sh_gate {
     unsigned waiting; /* readers blocked on the read side now */
 };
 
-static _Thread_local const struct sh_gate *held_gate;
-static _Thread_local unsigned depth;
+static _Thread_local struct {
+    const struct sh_gate *gate; /* the one held */
+    unsigned depth;
+} held;
 
 int sh_gate_create(struct sh_gate **out)
 {
@@ -97,24 +99,26 @@ static void read_wait(struct sh_gate *g)
 
 void sh_gate_enter(struct sh_gate *g)
 {
-    if (depth++ == 0) {
+    __typeof__(held) *h = &held;
+    if (h->depth++ == 0) {
         if (!read_try(g))
             read_wait(g);
-        held_gate = g;
+        h->gate = g;
     }
 }
 
 void sh_gate_leave(struct sh_gate *g)
 {
-    if (depth > 0 && --depth == 0) {
-        held_gate = NULL;
+    __typeof__(held) *h = &held;
+    if (h->depth > 0 && --h->depth == 0) {
+        h->gate = NULL;
         read_release(g);
     }
 }
 
 int sh_gate_held(const struct sh_gate *g)
 {
-    return depth > 0 && held_gate == g;
+    return held.depth > 0 && held.gate == g;
 }
 
 int sh_gate_lock(struct sh_gate *g)
