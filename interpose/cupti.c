@@ -226,6 +226,29 @@ static void driver_call(CUpti_CallbackId cbid, const void *p, struct launch_call
 /* The first ENTER on a thread with no launch open opens one; its EXIT
  * closes it. A launch a wrapper tracks (hooks on) is left to the wrapper,
  * and so is an EXIT whose ENTER came before we subscribed. */
+/* An ENTER with no launch open on the thread: opens one, unless it is the
+ * library's own kernel (in a remap window) or a wrapper's launch. */
+static __attribute__((noinline)) void open_launch(CUpti_CallbackDomain domain,
+                                                  CUpti_CallbackId cbid, const void *params)
+{
+    if (sh_fingerprint_own() || sh_launch_busy())
+        return;
+    struct launch_call c = {.kind = SH_KEY_FUNCTION};
+    if (domain == CUPTI_CB_DOMAIN_RUNTIME_API)
+        runtime_call(cbid, params, &c);
+    else
+        driver_call(cbid, params, &c);
+    CUstream stream = per_thread_default(is_ptsz(domain, cbid), c.stream);
+    cb_state.open = 1;
+    cb_state.nest = 0;
+    if (c.graph)
+        sh_graph_launch_begin((CUgraphExec)(uintptr_t)c.key, stream);
+    else
+        sh_launch_begin(c.key, c.kind, c.args, stream);
+}
+
+/* Four callbacks a launch (the runtime's and the driver's, each ENTER and
+ * EXIT): all but the one that opens it only count. */
 static void CUPTIAPI on_callback(void *user, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
                                  const void *data)
 {
@@ -239,27 +262,11 @@ static void CUPTIAPI on_callback(void *user, CUpti_CallbackDomain domain, CUpti_
             s->open = 0;
             sh_launch_end();
         }
-        return;
-    }
-    if (s->open) { /* what the launch makes (the library's own kernels too) */
+    } else if (s->open) { /* what the launch makes (the library's own kernels too) */
         s->nest++;
-        return;
+    } else {
+        open_launch(domain, cbid, d->functionParams);
     }
-    /* the library's own kernel, in a remap window, opens nothing */
-    if (sh_fingerprint_own() || sh_launch_busy())
-        return;
-    struct launch_call c = {.kind = SH_KEY_FUNCTION};
-    if (domain == CUPTI_CB_DOMAIN_RUNTIME_API)
-        runtime_call(cbid, d->functionParams, &c);
-    else
-        driver_call(cbid, d->functionParams, &c);
-    CUstream stream = per_thread_default(is_ptsz(domain, cbid), c.stream);
-    s->open = 1;
-    s->nest = 0;
-    if (c.graph)
-        sh_graph_launch_begin((CUgraphExec)(uintptr_t)c.key, stream);
-    else
-        sh_launch_begin(c.key, c.kind, c.args, stream);
 }
 
 static const CUpti_CallbackId runtime_ids[] = {

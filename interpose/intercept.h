@@ -25,6 +25,7 @@
 
 #include "interpose/interpose.h"
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -64,8 +65,17 @@ extern void *const sh_icept_wrappers[];
  * where dlsym(RTLD_NEXT) would miss it. Not cached. */
 void *sh_icept_lookup(int runtime, const char *name);
 /* The real entry point of table entry i, resolved on first use; NULL when
- * the loaded driver or runtime lacks it. */
-void *sh_icept_real(size_t i);
+ * the loaded driver or runtime lacks it. Every intercepted call asks, so
+ * the resolved ones are read inline. */
+#define SH_ICEPT_MAX 1024
+extern _Atomic(void *) sh_icept_reals[SH_ICEPT_MAX];
+void *sh_icept_resolve(size_t i);
+static inline void *sh_icept_real(size_t i)
+{
+    void *f =
+        i < SH_ICEPT_MAX ? atomic_load_explicit(&sh_icept_reals[i], memory_order_acquire) : NULL;
+    return f ? f : sh_icept_resolve(i);
+}
 /* The wrapper standing for the real function f, or f itself. */
 void *sh_icept_wrap(void *f);
 

@@ -42,7 +42,6 @@ struct layout {
 
 static pthread_mutex_t layout_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct layout *layouts; /* open addressing on key */
-static _Thread_local int depth;
 /* Region pointers went where no scan reads them (a module's globals): any
  * kernel may follow them, so all work is opaque from then on. */
 static atomic_int hidden_pointers;
@@ -57,6 +56,7 @@ static _Thread_local struct {
     int any;    /* on streams the library cannot name: a drain waits for the device */
     int quiet;  /* not scanned: it counts as using every region on any stream */
     int graph;  /* a graph: its copies may use regions from another device's stream */
+    int depth;  /* launch calls open on the thread: the outermost is the launch */
 } pending;      /* the launch being issued on this thread */
 static atomic_ullong unscanned; /* launches issued without a scan */
 
@@ -413,7 +413,7 @@ void sh_launch_mark_work(CUstream stream, int any, const uintptr_t *ends, size_t
 
 void sh_launch_set_opaque(void)
 {
-    if (depth > 0)
+    if (pending.depth > 0)
         pending.opaque = 1;
 }
 
@@ -483,8 +483,8 @@ static void restore(const uintptr_t *addrs, size_t n, const struct sh_pool_use *
     report_residency(u->bases, u->nbases, was, nwas);
 }
 
-static uint64_t make_resident(const uintptr_t *addrs, size_t n, const struct sh_pool_use *u,
-                              uint64_t t0)
+static inline __attribute__((always_inline)) uint64_t
+make_resident(const uintptr_t *addrs, size_t n, const struct sh_pool_use *u, uint64_t t0)
 {
     size_t host = u->host_bytes, committed = 0;
     if (sh_pool_moving(sh_rt.pool)) /* else no prefetch is in flight to wait for */
@@ -508,7 +508,9 @@ void sh_launch_make_resident(const uintptr_t *addrs, size_t n)
     make_resident(vals, n, &u, t0);
 }
 
-void sh_launch_prepare(uint64_t kernel, uintptr_t *vals, size_t n)
+/* sh_launch_prepare(), inline in the launch path (each launch runs it). */
+static inline __attribute__((always_inline)) void launch_prepare(uint64_t kernel, uintptr_t *vals,
+                                                                 size_t n)
 {
     atomic_fetch_add(&sh_rt.launches, 1);
     sh_sched_timing_begin();
@@ -541,11 +543,16 @@ void sh_launch_prepare(uint64_t kernel, uintptr_t *vals, size_t n)
     sh_sched_timing_issue();
 }
 
+void sh_launch_prepare(uint64_t kernel, uintptr_t *vals, size_t n)
+{
+    launch_prepare(kernel, vals, n);
+}
+
 /* Makes the regions a launch points into resident. */
 static void prepare(const void *key, int kind, void **args)
 {
     uintptr_t vals[MAX_ADDRS];
-    sh_launch_prepare((uint64_t)(uintptr_t)key, vals, scan_launch(key, kind, args, vals));
+    launch_prepare((uint64_t)(uintptr_t)key, vals, scan_launch(key, kind, args, vals));
 }
 
 /* 1 when every launch issued so far on the streams in mask has finished. */
@@ -580,7 +587,6 @@ static int quiet_launch(void)
         return 0;
     atomic_fetch_add_explicit(&sh_rt.launches, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&unscanned, 1, memory_order_relaxed);
-    pending.quiet = 1;
     return 1;
 }
 
@@ -589,21 +595,23 @@ uint64_t sh_launch_unscanned(void)
     return atomic_load_explicit(&unscanned, memory_order_relaxed);
 }
 
-static void pending_begin(CUstream stream)
+/* Opens the thread's launch; 1 when it is not scanned (quiet_launch). */
+static int pending_begin(CUstream stream, int graph)
 {
-    pending.stream = stream;
-    pending.n = 0;
-    pending.found = 0;
-    pending.opaque = 0;
-    pending.quiet = 0;
-    pending.graph = 0;
+    __typeof__(pending) *pd = &pending;
+    pd->stream = stream;
+    pd->n = 0;
+    pd->found = 0;
+    pd->opaque = 0;
+    pd->graph = graph;
+    pd->quiet = quiet_launch();
+    return pd->quiet;
 }
 
 void sh_launch_begin(const void *key, int kind, void **args, CUstream stream)
 {
-    if (depth++ == 0) {
-        pending_begin(stream);
-        if (!quiet_launch())
+    if (pending.depth++ == 0) {
+        if (!pending_begin(stream, 0))
             prepare(key, kind, args);
         sh_gate_enter(sh_rt.gate);
     }
@@ -611,10 +619,8 @@ void sh_launch_begin(const void *key, int kind, void **args, CUstream stream)
 
 void sh_launch_begin_addrs(uint64_t key, const uintptr_t *addrs, size_t n, CUstream stream)
 {
-    if (depth++ == 0) {
-        pending_begin(stream);
-        pending.graph = 1;
-        if (quiet_launch()) {
+    if (pending.depth++ == 0) {
+        if (pending_begin(stream, 1)) {
             sh_gate_enter(sh_rt.gate);
             return;
         }
@@ -629,10 +635,11 @@ void sh_launch_begin_addrs(uint64_t key, const uintptr_t *addrs, size_t n, CUstr
 
 void sh_launch_end(void)
 {
-    if (depth > 0 && --depth == 0) {
-        if (pending.graph) {
-            note_other(pending.stream);
-            pending.graph = 0;
+    __typeof__(pending) *pd = &pending;
+    if (pd->depth > 0 && --pd->depth == 0) {
+        if (pd->graph) {
+            note_other(pd->stream);
+            pd->graph = 0;
         }
         mark_issued(); /* still inside the gate: no window between issue and mark */
         sh_gate_leave(sh_rt.gate);
@@ -641,7 +648,7 @@ void sh_launch_end(void)
 
 int sh_launch_busy(void)
 {
-    return depth > 0;
+    return pending.depth > 0;
 }
 
 int sh_launch_init(void)

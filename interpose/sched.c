@@ -261,10 +261,13 @@ void sh_sched_free(uintptr_t va)
 static int64_t shown_step;
 static int shown_phase;
 
+/* Inline where they are used: each launch runs them (ALWAYS_INLINE). */
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
 /* The policy and the trace told of a launch; sched_mu held. Returns in
  * step and phase what the monitor has not been shown yet (-1: nothing). */
-static void launch_locked(uint64_t kernel, uint64_t stream, const uintptr_t *bases, size_t n,
-                          int64_t *step, int *phase)
+static ALWAYS_INLINE void launch_locked(uint64_t kernel, uint64_t stream, const uintptr_t *bases,
+                                        size_t n, int64_t *step, int *phase)
 {
     uint64_t t = trace ? now_us() : 0; /* the policy keeps launches in order, not in time */
     int64_t now_step = shown_step;
@@ -285,7 +288,7 @@ static void launch_locked(uint64_t kernel, uint64_t stream, const uintptr_t *bas
 }
 
 /* After sched_mu: the step and phase launch_locked found. */
-static void show_where(int64_t step, int phase)
+static ALWAYS_INLINE void show_where(int64_t step, int phase)
 {
     if (step >= 0 && !atomic_load(&sh_rt.step)) /* explicit marks, when used, already did */
         sh_monitor_step(step);
@@ -519,7 +522,7 @@ struct plan_in {
 };
 
 /* Reads the pool for a plan; evicting as sh_pool_evict_ready found it. */
-static void plan_read(struct plan_in *in, uint64_t pressure)
+static ALWAYS_INLINE void plan_read(struct plan_in *in, uint64_t pressure)
 {
     in->ready = in->evicting || sh_pool_moving(sh_rt.pool)
                     ? sh_pool_prefetch_ready(sh_rt.pool, &in->inflight)
@@ -538,8 +541,8 @@ static void plan_read(struct plan_in *in, uint64_t pressure)
  * -1 when there is nothing to start: the plan failed, or nothing it reads
  * changed since one that found nothing (most launches, and then this is
  * all a launch's plan costs). */
-static int plan_locked(const struct plan_in *in, const uintptr_t *bases, size_t nb,
-                       struct sh_policy_plan *plan)
+static ALWAYS_INLINE int plan_locked(const struct plan_in *in, const uintptr_t *bases, size_t nb,
+                                     struct sh_policy_plan *plan)
 {
     if (sh_policy_plan_idle(policy, in->dev, (int)in->inflight, (int)in->evicting, in->ready,
                             told_gen))

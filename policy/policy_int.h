@@ -4,10 +4,11 @@
  * shared between the files carry the pol_ prefix (they are in the archive
  * tests and tools link, beside everyone else's names).
  *
- *   policy.c   creation, the events it is told, what it knows
+ *   policy.c   creation, the events it is told (a launch: record.c), what it knows
  *   table.c    the u64 map, growing arrays, the region table and its counters
  *   predict.c  which region plays which recorded key; when it is used next
- *   record.c   recording steps, finding their boundaries, matching recordings
+ *   record.c   recording steps, finding their boundaries, matching recordings,
+ *              each launch (sh_policy_launch)
  *   plan.c     victims, prefetch and exchange planning
  *   future.c   the exact future, for belady
  *
@@ -307,14 +308,7 @@ uint64_t pol_distance(struct sh_policy *p, struct region *r);
 int pol_close_position(struct sh_policy *p);
 void pol_set_phase(struct sh_policy *p, int phase);
 int pol_boundary(struct sh_policy *p);
-int pol_is_anchor(const struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n);
-int pol_more_than_init(const struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n);
 int pol_set_anchor(struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n);
-int pol_repeat_found(struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n);
-void pol_match_launch(struct sh_policy *p, uint64_t kernel, size_t n);
-void pol_align_launch(struct sh_policy *p, uint64_t kernel, size_t n);
-int pol_record_launch(struct sh_policy *p, uint64_t kernel, size_t n);
-void pol_auto_phase(struct sh_policy *p, size_t n);
 
 /* ---------------------------------------------------------------------- */
 /* future.c */

@@ -408,7 +408,7 @@ int pol_boundary(struct sh_policy *p)
 /* The seed's rule: the first launch recurring ends a step. It recurs when
  * the kernel is the same and each region is the same one, or one of the
  * same size allocated after that first launch (the next batch). */
-int pol_is_anchor(const struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n)
+static int pol_is_anchor(const struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n)
 {
     if (!p->have_anchor || kernel != p->anchor_kernel || n != p->anchor_n)
         return 0;
@@ -427,7 +427,8 @@ int pol_is_anchor(const struct sh_policy *p, uint64_t kernel, const uint64_t *id
 
 /* A launch after the anchor that an init loop would not make: another
  * kernel, or one reading a region older than the anchor (not its own). */
-int pol_more_than_init(const struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n)
+static int pol_more_than_init(const struct sh_policy *p, uint64_t kernel, const uint64_t *ids,
+                              size_t n)
 {
     if (kernel != p->anchor_kernel)
         return 1;
@@ -521,7 +522,7 @@ static int is_again(const struct sh_policy *p, uint64_t kernel, size_t n, uint32
  * once per layer, and a real model's step, whose activations are new each
  * time, is found by the anchor instead. Returns 1 when it moved the
  * anchor. */
-int pol_repeat_found(struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n)
+static int pol_repeat_found(struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n)
 {
     if (p->found_loop || n == 0 || p->pos >= SEEN_SLOTS / 2)
         return 0; /* a launch touching no region says nothing about the loop */
@@ -574,7 +575,7 @@ static int plays_launch(struct sh_policy *p, const struct recording *rc, uint32_
 
 /* Follows the recording the step departed from (p->align_rec) in order,
  * past one skipped block at most; p->agreed counts the launches it ran. */
-void pol_align_launch(struct sh_policy *p, uint64_t kernel, size_t n)
+static void pol_align_launch(struct sh_policy *p, uint64_t kernel, size_t n)
 {
     if (p->align_rec < 0 || p->agreed != p->pos)
         return;
@@ -598,7 +599,7 @@ void pol_align_launch(struct sh_policy *p, uint64_t kernel, size_t n)
 }
 
 /* Keeps the recordings that agree with launch number p->pos. */
-void pol_match_launch(struct sh_policy *p, uint64_t kernel, size_t n)
+static void pol_match_launch(struct sh_policy *p, uint64_t kernel, size_t n)
 {
     int kept = 0, old_active = p->active;
     for (int c = 0; c < p->ncand; c++) {
@@ -628,7 +629,7 @@ void pol_match_launch(struct sh_policy *p, uint64_t kernel, size_t n)
     }
 }
 
-int pol_record_launch(struct sh_policy *p, uint64_t kernel, size_t n)
+static int pol_record_launch(struct sh_policy *p, uint64_t kernel, size_t n)
 {
     struct rec *r = &p->rec;
     if (RESERVE(r->kernel, r->cap_kernel, r->nl + 1) || RESERVE(r->loff, r->cap_loff, r->nl + 2) ||
@@ -645,7 +646,7 @@ int pol_record_launch(struct sh_policy *p, uint64_t kernel, size_t n)
 
 /* Phases without marks: from the recording followed, else forward until a
  * region that existed when the step began is referenced a second time. */
-void pol_auto_phase(struct sh_policy *p, size_t n)
+static void pol_auto_phase(struct sh_policy *p, size_t n)
 {
     if (p->marked_phases)
         return;
@@ -663,4 +664,97 @@ void pol_auto_phase(struct sh_policy *p, size_t n)
             phase = SH_PHASE_BACKWARD;
     }
     pol_set_phase(p, phase);
+}
+
+/* ---------------------------------------------------------------------- */
+/* the launch event: in this file, so that the steps above inline into it */
+
+/* find() for the ids launches name: a training step names the same few
+ * regions launch after launch. */
+static struct region *find_recent(struct sh_policy *p, uint64_t id)
+{
+    uint32_t *c = &p->recent[(id * 0x9e3779b97f4a7c15ull) >> (64 - RECENT_BITS)];
+    if (*c < p->cap && p->tab[*c].state == 1 && p->tab[*c].id == id)
+        return &p->tab[*c];
+    struct region *r = find(p, id);
+    if (r)
+        *c = (uint32_t)(r - p->tab);
+    return r;
+}
+
+/* Known ids of one launch, each once, in order (into p->dedup), and their
+ * regions (p->dreg): the launch's steps read them from there, not the table
+ * (nothing inserts or deletes regions during a launch). */
+static int dedup_refs(struct sh_policy *p, const uint64_t *ids, size_t n, size_t *out)
+{
+    if (RESERVE(p->dedup, p->cap_dedup, n ? n : 1) || RESERVE(p->dreg, p->cap_dreg, n ? n : 1))
+        return SH_ENOMEM;
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct region *r = find_recent(p, ids[i]);
+        if (!r || r->freed) {
+            p->st.unknown_refs++;
+            continue;
+        }
+        if (r->seen == p->glaunches + 1)
+            continue;
+        r->seen = p->glaunches + 1;
+        p->dreg[m] = r;
+        p->dedup[m++] = ids[i];
+    }
+    *out = m;
+    return 0;
+}
+
+int sh_policy_launch(struct sh_policy *p, uint64_t t_us, uint64_t kernel, uint64_t stream,
+                     const uint64_t *ids_in, size_t n_in)
+{
+    (void)t_us;
+    (void)stream;
+    if (!p || (n_in && !ids_in))
+        return SH_EINVAL;
+    size_t n;
+    int err = dedup_refs(p, ids_in, n_in, &n);
+    if (err)
+        return err;
+    const uint64_t *ids = p->dedup;
+    /* only allocations since the last launch have positions to close */
+    if (p->rec.na != p->rec.open_from && (err = pol_close_position(p)))
+        return err;
+    if (!p->marked_steps) {
+        if (!p->have_anchor && (err = pol_set_anchor(p, kernel, ids, n)))
+            return err;
+        if (p->have_anchor && p->pos > 0 && !p->step_mixed)
+            p->step_mixed = pol_more_than_init(p, kernel, ids, n);
+        int moved = pol_repeat_found(p, kernel, ids, n);
+        if (p->pos > 0 && (moved || pol_is_anchor(p, kernel, ids, n))) {
+            if ((err = pol_boundary(p)))
+                return err;
+            p->found_loop = 1;
+            free(p->seen);
+            p->seen = NULL;
+        }
+    }
+    if (p->ncand)
+        pol_match_launch(p, kernel, n);
+    else
+        pol_align_launch(p, kernel, n);
+    pol_auto_phase(p, n);
+    if ((err = pol_record_launch(p, kernel, n)))
+        return err;
+    for (size_t i = 0; i < n; i++) {
+        struct region *r = p->dreg[i];
+        if (r->use_step != p->step) {
+            r->use_step = p->step;
+            r->uses = 0;
+        }
+        r->uses++;
+        r->last_use = p->glaunches;
+        if (r->fut_cur < r->fut_n)
+            r->fut_cur++;
+    }
+    p->pos++;
+    p->glaunches++;
+    p->st.launches++;
+    return 0;
 }
