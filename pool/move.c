@@ -299,13 +299,13 @@ static int move_start(struct sh_pool *pool, const uintptr_t *vas, size_t n, uint
     pthread_mutex_lock(&pool->move_mu);
     size_t m = 0;
     pthread_mutex_lock(&pool->mu);
-    pthread_rwlock_rdlock(&pool->index_lock);
+    sh_rw_rdlock(&pool->index_lock);
     for (size_t i = 0; i < n; i++) {
         struct region *r = sh_rindex_lookup(pool->index, vas[i]);
         if (r && r->va == vas[i] && r->path != SH_PATH_SLAB && pick(pool, r))
             v[m++] = r;
     }
-    pthread_rwlock_unlock(&pool->index_lock);
+    sh_rw_unlock(&pool->index_lock);
     pthread_mutex_unlock(&pool->mu);
     int rc = 0;
     for (size_t k = 0; k < m; k++) {
@@ -474,12 +474,12 @@ size_t sh_pool_prefetch_needed(struct sh_pool *pool, const uintptr_t *addrs, siz
         return 0;
     pthread_mutex_lock(&pool->mu);
     if (pool->pf.count) {
-        pthread_rwlock_rdlock(&pool->index_lock);
+        sh_rw_rdlock(&pool->index_lock);
         for (size_t i = 0; i < n; i++) {
             const struct region *r = sh_rindex_lookup(pool->index, addrs[i]);
             m += r && r->mv_on == &pool->pf;
         }
-        pthread_rwlock_unlock(&pool->index_lock);
+        sh_rw_unlock(&pool->index_lock);
     }
     pthread_mutex_unlock(&pool->mu);
     return m;

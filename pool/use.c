@@ -72,7 +72,7 @@ size_t sh_pool_use(struct sh_pool *pool, uintptr_t *vals, size_t n, uint64_t now
     }
     size_t m = 0;
     struct hot *tab = hot;
-    pthread_rwlock_rdlock(&pool->index_lock);
+    sh_rw_rdlock(&pool->index_lock);
     uint64_t gen = sh_rindex_gen(pool->index);
     for (size_t i = 0; i < n; i++) {
         struct region *r = lookup_in(tab, gen, pool, vals[i]);
@@ -93,7 +93,7 @@ size_t sh_pool_use(struct sh_pool *pool, uintptr_t *vals, size_t n, uint64_t now
                 u->host_bytes += r->mapped;
         }
     }
-    pthread_rwlock_unlock(&pool->index_lock);
+    sh_rw_unlock(&pool->index_lock);
     if (u)
         u->gen = gen;
     return m;
@@ -108,7 +108,7 @@ size_t sh_pool_bases_ptrs(struct sh_pool *pool, const uintptr_t *addrs, size_t n
                           int *ptrs)
 {
     size_t m = 0;
-    pthread_rwlock_rdlock(&pool->index_lock);
+    sh_rw_rdlock(&pool->index_lock);
     for (size_t i = 0; i < n; i++) {
         struct region *r = lookup(pool, addrs[i]);
         if (r && ptrs && __atomic_load_n(&r->holds_ptrs, __ATOMIC_RELAXED))
@@ -121,7 +121,7 @@ size_t sh_pool_bases_ptrs(struct sh_pool *pool, const uintptr_t *addrs, size_t n
         if (k == m)
             bases[m++] = r->va;
     }
-    pthread_rwlock_unlock(&pool->index_lock);
+    sh_rw_unlock(&pool->index_lock);
     return m;
 }
 
@@ -132,7 +132,7 @@ void sh_pool_touch(struct sh_pool *pool, const uintptr_t *addrs, size_t n, size_
     clock_gettime(CLOCK_MONOTONIC, &ts);
     uint64_t now_us = (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
     *host_bytes = 0;
-    pthread_rwlock_rdlock(&pool->index_lock);
+    sh_rw_rdlock(&pool->index_lock);
     for (size_t i = 0; i < n; i++) {
         struct region *r = lookup(pool, addrs[i]);
         if (!r)
@@ -142,7 +142,7 @@ void sh_pool_touch(struct sh_pool *pool, const uintptr_t *addrs, size_t n, size_
         if (__atomic_load_n(&r->state, __ATOMIC_RELAXED) == SH_RS_HOST && !r->stuck)
             *host_bytes += r->mapped;
     }
-    pthread_rwlock_unlock(&pool->index_lock);
+    sh_rw_unlock(&pool->index_lock);
 }
 
 /* Stamps only grow: two threads' stamps may land in either order, and a
@@ -178,7 +178,7 @@ void sh_pool_issued_found(struct sh_pool *pool, const uintptr_t *bases, void *co
     if (n == 0)
         return;
     uint64_t now = __atomic_add_fetch(&pool->clock, 1, __ATOMIC_RELAXED);
-    pthread_rwlock_rdlock(&pool->index_lock);
+    sh_rw_rdlock(&pool->index_lock);
     if (regions && gen == sh_rindex_gen(pool->index)) {
         for (size_t i = 0; i < n; i++)
             stamp(regions[i], now, streams);
@@ -189,7 +189,7 @@ void sh_pool_issued_found(struct sh_pool *pool, const uintptr_t *bases, void *co
                 stamp(r, now, streams);
         }
     }
-    pthread_rwlock_unlock(&pool->index_lock);
+    sh_rw_unlock(&pool->index_lock);
 }
 
 /* Every reader of a region's stamp takes the later of it and this one
