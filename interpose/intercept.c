@@ -21,7 +21,7 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
-static _Thread_local int depth; /* inside an intercepted call */
+_Thread_local int sh_work_depth; /* inside an intercepted call */
 static atomic_int told_refused;
 _Atomic(void *) sh_icept_reals[SH_ICEPT_MAX];
 
@@ -144,11 +144,11 @@ EXPORT cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **p
 
 /* ---- the work of one call ---- */
 
-int sh_work_begin(struct sh_work *w, CUstream stream, int per_thread)
+int sh_work_open(struct sh_work *w, CUstream stream, int per_thread)
 {
-    if (depth > 0 || !sh_active() || !sh_managed())
+    if (!sh_active() || !sh_managed())
         return 0;
-    depth++;
+    sh_work_depth++;
     memset(w, 0, offsetof(struct sh_work, ends));
     w->per_thread = per_thread;
     w->stream = per_thread ? sh_stream_ptsz(stream) : stream;
@@ -217,7 +217,7 @@ void sh_work_end(struct sh_work *w, int result)
         sh_launch_mark_work(w->stream, w->any_stream, w->ends, w->n, w->opaque);
         sh_gate_leave(sh_rt.gate);
     }
-    depth--;
+    sh_work_depth--;
 }
 
 /* ---- verbs ---- */

@@ -91,7 +91,14 @@ int sh_dl_is_cuda(const struct link_map *lm);
 /* 0: pass the call straight through (the library manages nothing yet, or
  * this thread is inside an intercepted call already). per_thread: the
  * entry is a _ptsz/_ptds variant, so a default stream is the thread's. */
-int sh_work_begin(struct sh_work *w, CUstream stream, int per_thread);
+/* Inline: a call the library itself makes from inside an intercepted one
+ * (a runtime launch's driver launch) leaves at the first test. */
+extern _Thread_local int sh_work_depth; /* inside an intercepted call */
+int sh_work_open(struct sh_work *w, CUstream stream, int per_thread);
+static inline int sh_work_begin(struct sh_work *w, CUstream stream, int per_thread)
+{
+    return sh_work_depth > 0 ? 0 : sh_work_open(w, stream, per_thread);
+}
 int sh_work_issue(struct sh_work *w); /* nonzero: refused, do not issue */
 /* 1 when w might reach memory the pool cannot map again (pool/repair.c);
  * it is said once. */
