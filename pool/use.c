@@ -17,7 +17,7 @@
  * the same few regions over and over, and a hit skips the tree walk. An
  * entry holds while the index has not changed since it was made (its
  * generation, never the same for two indices). Callers hold index_lock. */
-#define HOT_BITS 6
+#define HOT_BITS 8
 struct hot {
     uint64_t gen;
     uintptr_t start;
