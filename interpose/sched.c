@@ -521,12 +521,11 @@ struct plan_in {
     size_t evicting, inflight, ready, dev;
 };
 
-/* Reads the pool for a plan; evicting as sh_pool_evict_ready found it. */
-static ALWAYS_INLINE void plan_read(struct plan_in *in, uint64_t pressure)
+/* Reads the pool for a plan; evicting as sh_pool_evict_ready found it;
+ * moving 0: sh_pool_moving() said nothing is in flight. */
+static ALWAYS_INLINE void plan_read(struct plan_in *in, uint64_t pressure, int moving)
 {
-    in->ready = in->evicting || sh_pool_moving(sh_rt.pool)
-                    ? sh_pool_prefetch_ready(sh_rt.pool, &in->inflight)
-                    : 0;
+    in->ready = moving ? sh_pool_prefetch_ready(sh_rt.pool, &in->inflight) : 0;
     size_t device_bytes, host_bytes;
     sh_pool_bytes(sh_rt.pool, &device_bytes, &host_bytes);
     /* The policy plans against the budget: memory held outside the pool
@@ -588,7 +587,7 @@ void sh_sched_plan(const uintptr_t *bases, size_t nb)
         sh_sched_evict_commit(0);
         sh_pool_evict_ready(sh_rt.pool, &in.evicting);
     }
-    plan_read(&in, pressure);
+    plan_read(&in, pressure, 1);
     uint64_t fetch[MAX_PLAN], evict[MAX_PLAN];
     struct sh_policy_plan plan = {.fetch = fetch, .evict = evict};
     pthread_mutex_lock(&sched_mu);
@@ -605,13 +604,14 @@ void sh_sched_launch_plan(uint64_t kernel, const uintptr_t *bases, size_t n)
 {
     struct plan_in in = {0};
     uint64_t pressure = atomic_load_explicit(&sh_rt.engine.pressure, memory_order_acquire);
-    if (!planning() ||
-        (sh_pool_moving(sh_rt.pool) && sh_pool_evict_ready(sh_rt.pool, &in.evicting) > 0)) {
+    int moving = 0;
+    if (!planning() || ((moving = sh_pool_moving(sh_rt.pool)) &&
+                        sh_pool_evict_ready(sh_rt.pool, &in.evicting) > 0)) {
         sh_sched_launch(kernel, 0, bases, n);
         sh_sched_plan(bases, n);
         return;
     }
-    plan_read(&in, pressure);
+    plan_read(&in, pressure, moving);
     uint64_t fetch[MAX_PLAN], evict[MAX_PLAN];
     struct sh_policy_plan plan = {.fetch = fetch, .evict = evict};
     int armed = sh_engine_armed(&sh_rt.engine);

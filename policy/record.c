@@ -670,15 +670,16 @@ static void pol_auto_phase(struct sh_policy *p, size_t n)
 /* the launch event: in this file, so that the steps above inline into it */
 
 /* find() for the ids launches name: a training step names the same few
- * regions launch after launch. */
-static struct region *find_recent(struct sh_policy *p, uint64_t id)
+ * regions launch after launch. tab and cap: p's, read once by the caller
+ * (the stores it makes could alias them). */
+static struct region *find_recent(struct sh_policy *p, struct region *tab, size_t cap, uint64_t id)
 {
     uint32_t *c = &p->recent[(id * 0x9e3779b97f4a7c15ull) >> (64 - RECENT_BITS)];
-    if (*c < p->cap && p->tab[*c].state == 1 && p->tab[*c].id == id)
-        return &p->tab[*c];
+    if (*c < cap && tab[*c].state == 1 && tab[*c].id == id)
+        return &tab[*c];
     struct region *r = find(p, id);
     if (r)
-        *c = (uint32_t)(r - p->tab);
+        *c = (uint32_t)(r - tab);
     return r;
 }
 
@@ -689,18 +690,20 @@ static int dedup_refs(struct sh_policy *p, const uint64_t *ids, size_t n, size_t
 {
     if (RESERVE(p->dedup, p->cap_dedup, n ? n : 1) || RESERVE(p->dreg, p->cap_dreg, n ? n : 1))
         return SH_ENOMEM;
-    size_t m = 0;
+    struct region *tab = p->tab, **dreg = p->dreg;
+    uint64_t *dedup = p->dedup, mark = p->glaunches + 1;
+    size_t cap = p->cap, m = 0;
     for (size_t i = 0; i < n; i++) {
-        struct region *r = find_recent(p, ids[i]);
+        struct region *r = find_recent(p, tab, cap, ids[i]);
         if (!r || r->freed) {
             p->st.unknown_refs++;
             continue;
         }
-        if (r->seen == p->glaunches + 1)
+        if (r->seen == mark)
             continue;
-        r->seen = p->glaunches + 1;
-        p->dreg[m] = r;
-        p->dedup[m++] = ids[i];
+        r->seen = mark;
+        dreg[m] = r;
+        dedup[m++] = ids[i];
     }
     *out = m;
     return 0;
