@@ -261,7 +261,7 @@ void sh_sched_free(uintptr_t va)
 static int64_t shown_step;
 static int shown_phase;
 
-/* Inline where they are used: each launch runs them (ALWAYS_INLINE). */
+/* For the helpers every launch runs: no call in the way. */
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
 /* The policy and the trace told of a launch; sched_mu held. Returns in
@@ -479,10 +479,12 @@ size_t sh_sched_evict_commit(int all)
     return total;
 }
 
-/* What the plan may start: free copy slots in regions, the hints' caps. */
-static struct sh_policy_hints told = {.prefetch_window = -1}; /* under sched_mu */
-static uint64_t told_gen = UINT64_MAX; /* the policy's hints generation as of told */
+/* The hints last passed on, and the policy's generation of them then
+ * (sh_policy_plan_idle); under sched_mu. */
+static struct sh_policy_hints told = {.prefetch_window = -1};
+static uint64_t told_gen = UINT64_MAX;
 
+/* What the plan may start: free copy slots in regions, the hints' caps. */
 static void plan_limits(struct sh_policy_plan *plan, size_t h2d_busy, size_t d2h_busy)
 {
     struct sh_policy_hints h;

@@ -305,10 +305,8 @@ uint64_t pol_distance(struct sh_policy *p, struct region *r);
 /* ---------------------------------------------------------------------- */
 /* record.c */
 
-int pol_close_position(struct sh_policy *p);
 void pol_set_phase(struct sh_policy *p, int phase);
 int pol_boundary(struct sh_policy *p);
-int pol_set_anchor(struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n);
 
 /* ---------------------------------------------------------------------- */
 /* future.c */

@@ -212,7 +212,7 @@ static int build_recording(struct sh_policy *p, struct recording *rc)
 
 /* Allocations since the last launch now know how many followed them at
  * their position: that count is their stable identity. */
-int pol_close_position(struct sh_policy *p)
+static int close_position(struct sh_policy *p)
 {
     struct rec *r = &p->rec;
     size_t n = r->na - r->open_from;
@@ -340,12 +340,12 @@ static void promote_survivors(struct sh_policy *p)
         }
     }
     /* regions allocated before any launch of this step are not in cur_pos
-     * until closed; pol_close_position() ran before, so the list is complete */
+     * until closed; close_position() ran before, so the list is complete */
 }
 
 static int end_step(struct sh_policy *p)
 {
-    int err = pol_close_position(p);
+    int err = close_position(p);
     if (err)
         return err;
     /* the step matched a recording when one agreed to its very end (an
@@ -408,7 +408,7 @@ int pol_boundary(struct sh_policy *p)
 /* The seed's rule: the first launch recurring ends a step. It recurs when
  * the kernel is the same and each region is the same one, or one of the
  * same size allocated after that first launch (the next batch). */
-static int pol_is_anchor(const struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n)
+static int is_anchor(const struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n)
 {
     if (!p->have_anchor || kernel != p->anchor_kernel || n != p->anchor_n)
         return 0;
@@ -427,8 +427,7 @@ static int pol_is_anchor(const struct sh_policy *p, uint64_t kernel, const uint6
 
 /* A launch after the anchor that an init loop would not make: another
  * kernel, or one reading a region older than the anchor (not its own). */
-static int pol_more_than_init(const struct sh_policy *p, uint64_t kernel, const uint64_t *ids,
-                              size_t n)
+static int more_than_init(const struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n)
 {
     if (kernel != p->anchor_kernel)
         return 1;
@@ -442,7 +441,7 @@ static int pol_more_than_init(const struct sh_policy *p, uint64_t kernel, const 
     return 0;
 }
 
-int pol_set_anchor(struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n)
+static int set_anchor(struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n)
 {
     size_t nb = (n ? n : 1) * sizeof(uint64_t);
     free(p->anchor_ids); /* a retry after running out of memory */
@@ -522,7 +521,7 @@ static int is_again(const struct sh_policy *p, uint64_t kernel, size_t n, uint32
  * once per layer, and a real model's step, whose activations are new each
  * time, is found by the anchor instead. Returns 1 when it moved the
  * anchor. */
-static int pol_repeat_found(struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n)
+static int repeat_found(struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n)
 {
     if (p->found_loop || n == 0 || p->pos >= SEEN_SLOTS / 2)
         return 0; /* a launch touching no region says nothing about the loop */
@@ -537,7 +536,7 @@ static int pol_repeat_found(struct sh_policy *p, uint64_t kernel, const uint64_t
     for (uint32_t i = p->pos - period; i < p->pos; i++)
         if (!same_launch(&p->rec, i - period, i))
             return 0;
-    return pol_set_anchor(p, kernel, ids, n) == 0;
+    return set_anchor(p, kernel, ids, n) == 0;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -575,7 +574,7 @@ static int plays_launch(struct sh_policy *p, const struct recording *rc, uint32_
 
 /* Follows the recording the step departed from (p->align_rec) in order,
  * past one skipped block at most; p->agreed counts the launches it ran. */
-static void pol_align_launch(struct sh_policy *p, uint64_t kernel, size_t n)
+static void align_launch(struct sh_policy *p, uint64_t kernel, size_t n)
 {
     if (p->align_rec < 0 || p->agreed != p->pos)
         return;
@@ -599,7 +598,7 @@ static void pol_align_launch(struct sh_policy *p, uint64_t kernel, size_t n)
 }
 
 /* Keeps the recordings that agree with launch number p->pos. */
-static void pol_match_launch(struct sh_policy *p, uint64_t kernel, size_t n)
+static void match_launch(struct sh_policy *p, uint64_t kernel, size_t n)
 {
     int kept = 0, old_active = p->active;
     for (int c = 0; c < p->ncand; c++) {
@@ -619,7 +618,7 @@ static void pol_match_launch(struct sh_policy *p, uint64_t kernel, size_t n)
         p->align_rec = old_active;
         p->align_q = p->align_from = p->pos;
         p->align_skipped = 0;
-        pol_align_launch(p, kernel, n);
+        align_launch(p, kernel, n);
     }
     if (p->active != old_active) {
         p->key_gen++;
@@ -629,7 +628,7 @@ static void pol_match_launch(struct sh_policy *p, uint64_t kernel, size_t n)
     }
 }
 
-static int pol_record_launch(struct sh_policy *p, uint64_t kernel, size_t n)
+static int record_launch(struct sh_policy *p, uint64_t kernel, size_t n)
 {
     struct rec *r = &p->rec;
     if (RESERVE(r->kernel, r->cap_kernel, r->nl + 1) || RESERVE(r->loff, r->cap_loff, r->nl + 2) ||
@@ -646,7 +645,7 @@ static int pol_record_launch(struct sh_policy *p, uint64_t kernel, size_t n)
 
 /* Phases without marks: from the recording followed, else forward until a
  * region that existed when the step began is referenced a second time. */
-static void pol_auto_phase(struct sh_policy *p, size_t n)
+static void auto_phase(struct sh_policy *p, size_t n)
 {
     if (p->marked_phases)
         return;
@@ -722,15 +721,15 @@ int sh_policy_launch(struct sh_policy *p, uint64_t t_us, uint64_t kernel, uint64
         return err;
     const uint64_t *ids = p->dedup;
     /* only allocations since the last launch have positions to close */
-    if (p->rec.na != p->rec.open_from && (err = pol_close_position(p)))
+    if (p->rec.na != p->rec.open_from && (err = close_position(p)))
         return err;
     if (!p->marked_steps) {
-        if (!p->have_anchor && (err = pol_set_anchor(p, kernel, ids, n)))
+        if (!p->have_anchor && (err = set_anchor(p, kernel, ids, n)))
             return err;
         if (p->have_anchor && p->pos > 0 && !p->step_mixed)
-            p->step_mixed = pol_more_than_init(p, kernel, ids, n);
-        int moved = pol_repeat_found(p, kernel, ids, n);
-        if (p->pos > 0 && (moved || pol_is_anchor(p, kernel, ids, n))) {
+            p->step_mixed = more_than_init(p, kernel, ids, n);
+        int moved = repeat_found(p, kernel, ids, n);
+        if (p->pos > 0 && (moved || is_anchor(p, kernel, ids, n))) {
             if ((err = pol_boundary(p)))
                 return err;
             p->found_loop = 1;
@@ -739,11 +738,11 @@ int sh_policy_launch(struct sh_policy *p, uint64_t t_us, uint64_t kernel, uint64
         }
     }
     if (p->ncand)
-        pol_match_launch(p, kernel, n);
+        match_launch(p, kernel, n);
     else
-        pol_align_launch(p, kernel, n);
-    pol_auto_phase(p, n);
-    if ((err = pol_record_launch(p, kernel, n)))
+        align_launch(p, kernel, n);
+    auto_phase(p, n);
+    if ((err = record_launch(p, kernel, n)))
         return err;
     for (size_t i = 0; i < n; i++) {
         struct region *r = p->dreg[i];
