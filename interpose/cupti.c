@@ -75,7 +75,9 @@ static const char *pending_why; /* ... and why, for the log line */
 /* The callback that opened the thread's launch (its EXIT closes it), and
  * the callbacks nested in that launch since (a runtime launch raises the
  * driver launch it makes). */
-static _Thread_local int cb_open, cb_nest;
+static _Thread_local struct {
+    int open, nest;
+} cb_state;
 
 /* ---- the launch path ---- */
 
@@ -102,8 +104,8 @@ int sh_cupti_pass_begin(void)
 
 void sh_cupti_pass_end(void)
 {
-    if (cb_open) { /* CUPTI went away between ENTER and EXIT: close the launch */
-        cb_open = cb_nest = 0;
+    if (cb_state.open) { /* CUPTI went away between ENTER and EXIT: close the launch */
+        cb_state.open = cb_state.nest = 0;
         sh_launch_end();
     }
     atomic_fetch_sub(&in_pass, 1);
@@ -224,40 +226,47 @@ static void driver_call(CUpti_CallbackId cbid, const void *p, struct launch_call
 /* The first ENTER on a thread with no launch open opens one; its EXIT
  * closes it. A launch a wrapper tracks (hooks on) is left to the wrapper,
  * and so is an EXIT whose ENTER came before we subscribed. */
-static void CUPTIAPI on_callback(void *user, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
-                                 const void *data)
+/* An ENTER with no launch open on the thread: opens one, unless it is the
+ * library's own kernel (in a remap window) or a wrapper's launch. */
+static __attribute__((noinline)) void open_launch(CUpti_CallbackDomain domain,
+                                                  CUpti_CallbackId cbid, const void *params)
 {
-    (void)user;
-    const CUpti_CallbackData *cb = data;
-    if (sh_fingerprint_own())
-        return; /* the library's own kernel, in a remap window */
-    if (cb->callbackSite == CUPTI_API_EXIT) {
-        if (cb_open && cb_nest > 0) {
-            cb_nest--;
-        } else if (cb_open) {
-            cb_open = 0;
-            sh_launch_end();
-        }
-        return;
-    }
-    if (cb_open) {
-        cb_nest++;
-        return;
-    }
-    if (sh_launch_busy())
+    if (sh_fingerprint_own() || sh_launch_busy())
         return;
     struct launch_call c = {.kind = SH_KEY_FUNCTION};
     if (domain == CUPTI_CB_DOMAIN_RUNTIME_API)
-        runtime_call(cbid, cb->functionParams, &c);
+        runtime_call(cbid, params, &c);
     else
-        driver_call(cbid, cb->functionParams, &c);
+        driver_call(cbid, params, &c);
     CUstream stream = per_thread_default(is_ptsz(domain, cbid), c.stream);
-    cb_open = 1;
-    cb_nest = 0;
+    cb_state.open = 1;
+    cb_state.nest = 0;
     if (c.graph)
         sh_graph_launch_begin((CUgraphExec)(uintptr_t)c.key, stream);
     else
         sh_launch_begin(c.key, c.kind, c.args, stream);
+}
+
+/* Four callbacks a launch (the runtime's and the driver's, each ENTER and
+ * EXIT): all but the one that opens it only count. */
+static void CUPTIAPI on_callback(void *user, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
+                                 const void *data)
+{
+    (void)user;
+    const CUpti_CallbackData *d = data;
+    __typeof__(cb_state) *s = &cb_state; /* one thread-local lookup per callback */
+    if (d->callbackSite == CUPTI_API_EXIT) {
+        if (s->open && s->nest > 0) {
+            s->nest--;
+        } else if (s->open) {
+            s->open = 0;
+            sh_launch_end();
+        }
+    } else if (s->open) { /* what the launch makes (the library's own kernels too) */
+        s->nest++;
+    } else {
+        open_launch(domain, cbid, d->functionParams);
+    }
 }
 
 static const CUpti_CallbackId runtime_ids[] = {

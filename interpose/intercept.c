@@ -21,9 +21,9 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
-static _Thread_local int depth; /* inside an intercepted call */
+_Thread_local int sh_work_depth; /* inside an intercepted call */
 static atomic_int told_refused;
-static _Atomic(void *) reals[1024];
+_Atomic(void *) sh_icept_reals[SH_ICEPT_MAX];
 
 /* ---- real functions ---- */
 
@@ -42,11 +42,11 @@ void *sh_icept_lookup(int runtime, const char *name)
     return sh_dl_lookup(RTLD_NEXT, name);
 }
 
-void *sh_icept_real(size_t i)
+void *sh_icept_resolve(size_t i)
 {
-    if (i >= sh_icept_count || i >= sizeof reals / sizeof *reals)
+    if (i >= sh_icept_count || i >= SH_ICEPT_MAX)
         return NULL;
-    void *f = atomic_load_explicit(&reals[i], memory_order_acquire);
+    void *f = atomic_load_explicit(&sh_icept_reals[i], memory_order_acquire);
     if (f)
         return f;
     const struct sh_icept_entry *e = &sh_icept_table[i];
@@ -54,7 +54,7 @@ void *sh_icept_real(size_t i)
     if (f == sh_icept_wrappers[i]) /* never ourselves */
         f = NULL;
     if (f)
-        atomic_store_explicit(&reals[i], f, memory_order_release);
+        atomic_store_explicit(&sh_icept_reals[i], f, memory_order_release);
     return f;
 }
 
@@ -144,11 +144,11 @@ EXPORT cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **p
 
 /* ---- the work of one call ---- */
 
-int sh_work_begin(struct sh_work *w, CUstream stream, int per_thread)
+int sh_work_open(struct sh_work *w, CUstream stream, int per_thread)
 {
-    if (depth > 0 || !sh_active() || !sh_managed())
+    if (!sh_active() || !sh_managed())
         return 0;
-    depth++;
+    sh_work_depth++;
     memset(w, 0, offsetof(struct sh_work, ends));
     w->per_thread = per_thread;
     w->stream = per_thread ? sh_stream_ptsz(stream) : stream;
@@ -217,7 +217,7 @@ void sh_work_end(struct sh_work *w, int result)
         sh_launch_mark_work(w->stream, w->any_stream, w->ends, w->n, w->opaque);
         sh_gate_leave(sh_rt.gate);
     }
-    depth--;
+    sh_work_depth--;
 }
 
 /* ---- verbs ---- */

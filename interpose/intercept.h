@@ -25,6 +25,7 @@
 
 #include "interpose/interpose.h"
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -64,8 +65,17 @@ extern void *const sh_icept_wrappers[];
  * where dlsym(RTLD_NEXT) would miss it. Not cached. */
 void *sh_icept_lookup(int runtime, const char *name);
 /* The real entry point of table entry i, resolved on first use; NULL when
- * the loaded driver or runtime lacks it. */
-void *sh_icept_real(size_t i);
+ * the loaded driver or runtime lacks it. Every intercepted call asks, so
+ * the resolved ones are read inline. */
+#define SH_ICEPT_MAX 1024
+extern _Atomic(void *) sh_icept_reals[SH_ICEPT_MAX];
+void *sh_icept_resolve(size_t i);
+static inline void *sh_icept_real(size_t i)
+{
+    void *f =
+        i < SH_ICEPT_MAX ? atomic_load_explicit(&sh_icept_reals[i], memory_order_acquire) : NULL;
+    return f ? f : sh_icept_resolve(i);
+}
 /* The wrapper standing for the real function f, or f itself. */
 void *sh_icept_wrap(void *f);
 
@@ -81,7 +91,14 @@ int sh_dl_is_cuda(const struct link_map *lm);
 /* 0: pass the call straight through (the library manages nothing yet, or
  * this thread is inside an intercepted call already). per_thread: the
  * entry is a _ptsz/_ptds variant, so a default stream is the thread's. */
-int sh_work_begin(struct sh_work *w, CUstream stream, int per_thread);
+/* Inline: a call the library itself makes from inside an intercepted one
+ * (a runtime launch's driver launch) leaves at the first test. */
+extern _Thread_local int sh_work_depth; /* inside an intercepted call */
+int sh_work_open(struct sh_work *w, CUstream stream, int per_thread);
+static inline int sh_work_begin(struct sh_work *w, CUstream stream, int per_thread)
+{
+    return sh_work_depth > 0 ? 0 : sh_work_open(w, stream, per_thread);
+}
 int sh_work_issue(struct sh_work *w); /* nonzero: refused, do not issue */
 /* 1 when w might reach memory the pool cannot map again (pool/repair.c);
  * it is said once. */

@@ -254,6 +254,9 @@ int sh_sched_quiet(void);
 void sh_sched_announce(const uintptr_t *bases, size_t n, int kind);
 size_t sh_sched_evict_commit(int all);
 void sh_sched_plan(const uintptr_t *bases, size_t nb);
+/* sh_sched_launch then sh_sched_plan, for a launch that did not wait: one
+ * hold of the scheduler's lock where it can. */
+void sh_sched_launch_plan(uint64_t kernel, const uintptr_t *bases, size_t n);
 void sh_sched_stall(uintptr_t base, uint64_t wait_us);
 /* Launch durations for the trace: sh_sched_timing_begin as a launch's
  * preparation starts (it ends the previous launch on the GPU),

@@ -44,18 +44,21 @@ struct layout {
 
 static pthread_mutex_t layout_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct layout *layouts; /* open addressing on key */
-static _Thread_local int depth;
 /* Region pointers went where no scan reads them (a module's globals): any
  * kernel may follow them, so all work is opaque from then on. */
 static atomic_int hidden_pointers;
 static _Thread_local struct {
     uintptr_t bases[MAX_ADDRS];
+    void *regions[MAX_ADDRS]; /* of bases, as the scan found them (found) */
+    uint64_t gen;             /* the index's generation then */
+    int found;
     size_t n;
     CUstream stream;
     int opaque; /* its accesses cannot be bounded: it counts as using every region */
     int any;    /* on streams the library cannot name: a drain waits for the device */
     int quiet;  /* not scanned: it counts as using every region on any stream */
     int graph;  /* a graph: its copies may use regions from another device's stream */
+    int depth;  /* launch calls open on the thread: the outermost is the launch */
 } pending;      /* the launch being issued on this thread */
 static atomic_ullong unscanned; /* launches issued without a scan */
 
@@ -415,35 +418,40 @@ static void note_other(CUstream stream)
  * recorded for real: it marks nothing (the graph's launch does). */
 static void mark_issued(void)
 {
-    if (pending.quiet) {
+    __typeof__(pending) *pd = &pending; /* one thread-local lookup */
+    if (pd->quiet) {
         /* the next move's drain waits for the whole device */
         sh_pool_issued_any(sh_rt.pool, tracked() ? 1ull << STREAM_SLOTS : 0);
-        pending.quiet = 0;
+        pd->quiet = 0;
         return;
     }
-    if (pending.n == 0 && !pending.opaque)
+    if (pd->n == 0 && !pd->opaque)
         return;
     uint64_t streams = 0;
     if (tracked()) {
-        if (sh_stream_capturing(pending.stream)) {
-            pending.n = 0;
+        if (sh_stream_capturing(pd->stream)) {
+            pd->n = 0;
             return;
         }
-        int slot = pending.any ? STREAM_SLOTS : stream_slot(pending.stream);
+        int slot = pd->any ? STREAM_SLOTS : stream_slot(pd->stream);
         if (slot < STREAM_SLOTS &&
-            sh_rt.drv.cuEventRecord(slot_event[slot], pending.stream) != CUDA_SUCCESS)
+            sh_rt.drv.cuEventRecord(slot_event[slot], pd->stream) != CUDA_SUCCESS)
             slot = STREAM_SLOTS;
         streams = 1ull << slot;
     }
-    if (streams == 0 && pending.n && sh_sched_quiet())
-        sh_pool_issued_any(sh_rt.pool, 0); /* nothing moves: no region needs its own stamp */
+    /* nothing moves: no region needs its own stamp; else the regions the
+     * scan found, not looked up twice */
+    if (streams == 0 && pd->n && sh_sched_quiet())
+        sh_pool_issued_any(sh_rt.pool, 0);
     else
-        sh_pool_issued(sh_rt.pool, pending.bases, pending.n, streams);
-    if (pending.opaque || atomic_load_explicit(&hidden_pointers, memory_order_relaxed))
+        sh_pool_issued_found(sh_rt.pool, pd->bases, pd->found ? pd->regions : NULL, pd->n, pd->gen,
+                             streams);
+    if (pd->opaque || atomic_load_explicit(&hidden_pointers, memory_order_relaxed))
         sh_pool_issued_opaque(sh_rt.pool, streams);
-    pending.n = 0;
-    pending.opaque = 0;
-    pending.any = 0;
+    pd->n = 0;
+    pd->found = 0;
+    pd->opaque = 0;
+    pd->any = 0;
 }
 
 void sh_launch_mark_work(CUstream stream, int any, const uintptr_t *ends, size_t n, int opaque)
@@ -451,6 +459,7 @@ void sh_launch_mark_work(CUstream stream, int any, const uintptr_t *ends, size_t
     if (!sh_managed())
         return;
     pending.n = sh_pool_bases(sh_rt.pool, ends, n < MAX_ADDRS ? n : MAX_ADDRS, pending.bases);
+    pending.found = 0;
     pending.stream = stream;
     pending.any = any;
     pending.opaque = opaque || hidden_pointers;
@@ -461,7 +470,7 @@ void sh_launch_mark_work(CUstream stream, int any, const uintptr_t *ends, size_t
 
 void sh_launch_set_opaque(void)
 {
-    if (depth > 0)
+    if (pending.depth > 0)
         pending.opaque = 1;
 }
 
@@ -499,6 +508,7 @@ void sh_launch_mark_copy(CUstream stream, const void *dst, const void *src, size
     uintptr_t addrs[4] = {(uintptr_t)dst, (uintptr_t)dst + n - 1, (uintptr_t)src,
                           src ? (uintptr_t)src + n - 1 : 0};
     pending.n = sh_pool_bases(sh_rt.pool, addrs, src ? 4 : 2, pending.bases);
+    pending.found = 0;
     pending.stream = stream;
     if (pending.n > 0)
         note_other(stream);
@@ -550,14 +560,9 @@ static int drain_streams(void *ctx, uint64_t mask)
  * first, then evicted ones are restored. u is what sh_pool_use found at t0
  * (a commit makes its host count stale: counted again). Returns the
  * microseconds the launch waited, 0 if none. */
-static uint64_t make_resident(const uintptr_t *addrs, size_t n, const struct sh_pool_use *u,
-                              uint64_t t0)
+/* Brings back the launch's evicted regions (host bytes of them). */
+static void restore(const uintptr_t *addrs, size_t n, const struct sh_pool_use *u, size_t host)
 {
-    size_t host = u->host_bytes, committed = sh_sched_prefetch_wait(u->bases, u->nbases);
-    if (committed)
-        sh_pool_touch(sh_rt.pool, addrs, n, &host);
-    if (host == 0)
-        return committed ? mono_us() - t0 + 1 : 0;
     uintptr_t was[MAX_ADDRS];
     size_t nwas = in_state(u->bases, u->nbases, SH_RS_HOST, was);
     sh_engine_lock(&sh_rt.engine);
@@ -566,6 +571,19 @@ static uint64_t make_resident(const uintptr_t *addrs, size_t n, const struct sh_
         sh_log(SH_LOG_DEBUG, "a launch runs on host-mapped memory: no room to restore");
     sh_engine_unlock(&sh_rt.engine);
     report_residency(u->bases, u->nbases, was, nwas);
+}
+
+static inline __attribute__((always_inline)) uint64_t
+make_resident(const uintptr_t *addrs, size_t n, const struct sh_pool_use *u, uint64_t t0)
+{
+    size_t host = u->host_bytes, committed = 0;
+    if (sh_pool_moving(sh_rt.pool)) /* else no prefetch is in flight to wait for */
+        committed = sh_sched_prefetch_wait(u->bases, u->nbases);
+    if (committed)
+        sh_pool_touch(sh_rt.pool, addrs, n, &host);
+    if (host == 0)
+        return committed ? mono_us() - t0 + 1 : 0;
+    restore(addrs, n, u, host);
     return mono_us() - t0 + 1;
 }
 
@@ -580,12 +598,16 @@ void sh_launch_make_resident(const uintptr_t *addrs, size_t n)
     make_resident(vals, n, &u, t0);
 }
 
-void sh_launch_prepare(uint64_t kernel, uintptr_t *vals, size_t n)
+/* sh_launch_prepare(), inline in the launch path (each launch runs it). */
+static inline __attribute__((always_inline)) void launch_prepare(uint64_t kernel, uintptr_t *vals,
+                                                                 size_t n)
 {
     atomic_fetch_add(&sh_rt.launches, 1);
     sh_sched_timing_begin();
-    uintptr_t bases[MAX_ADDRS];
-    struct sh_pool_use u = {.bases = bases};
+    /* Found straight into the launch being issued: its issue stamps go to
+     * these regions. */
+    uintptr_t *bases = pending.bases;
+    struct sh_pool_use u = {.bases = bases, .regions = pending.regions};
     uint64_t t0 = mono_us();
     n = sh_pool_use(sh_rt.pool, vals, n < MAX_ADDRS ? n : MAX_ADDRS, t0, &u);
     if (n > 0 && sh_capturing()) {
@@ -596,22 +618,31 @@ void sh_launch_prepare(uint64_t kernel, uintptr_t *vals, size_t n)
         sh_sched_launch(kernel, 0, bases, u.nbases);
         return;
     }
-    memcpy(pending.bases, bases, u.nbases * sizeof *bases);
     pending.n = u.nbases;
+    pending.found = 1;
+    pending.gen = u.gen;
     pending.opaque |= u.ptrs; /* a region of pointers: the kernel may follow them anywhere */
     uint64_t waited = n > 0 ? make_resident(vals, n, &u, t0) : 0;
-    sh_sched_launch(kernel, 0, bases, u.nbases);
-    if (waited)
+    if (waited) {
+        sh_sched_launch(kernel, 0, bases, u.nbases);
         sh_sched_stall(bases[0], waited);
-    sh_sched_plan(bases, u.nbases);
+        sh_sched_plan(bases, u.nbases);
+    } else {
+        sh_sched_launch_plan(kernel, bases, u.nbases);
+    }
     sh_sched_timing_issue();
+}
+
+void sh_launch_prepare(uint64_t kernel, uintptr_t *vals, size_t n)
+{
+    launch_prepare(kernel, vals, n);
 }
 
 /* Makes the regions a launch points into resident. */
 static void prepare(const void *key, int kind, void **args)
 {
     uintptr_t vals[MAX_ADDRS];
-    sh_launch_prepare((uint64_t)(uintptr_t)key, vals, scan_launch(key, kind, args, vals));
+    launch_prepare((uint64_t)(uintptr_t)key, vals, scan_launch(key, kind, args, vals));
 }
 
 /* 1 when every launch issued so far on the streams in mask has finished. */
@@ -648,7 +679,6 @@ static int quiet_launch(void)
         return 0;
     atomic_fetch_add_explicit(&sh_rt.launches, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&unscanned, 1, memory_order_relaxed);
-    pending.quiet = 1;
     return 1;
 }
 
@@ -657,20 +687,23 @@ uint64_t sh_launch_unscanned(void)
     return atomic_load_explicit(&unscanned, memory_order_relaxed);
 }
 
-static void pending_begin(CUstream stream)
+/* Opens the thread's launch; 1 when it is not scanned (quiet_launch). */
+static int pending_begin(CUstream stream, int graph)
 {
-    pending.stream = stream;
-    pending.n = 0;
-    pending.opaque = 0;
-    pending.quiet = 0;
-    pending.graph = 0;
+    __typeof__(pending) *pd = &pending;
+    pd->stream = stream;
+    pd->n = 0;
+    pd->found = 0;
+    pd->opaque = 0;
+    pd->graph = graph;
+    pd->quiet = quiet_launch();
+    return pd->quiet;
 }
 
 void sh_launch_begin(const void *key, int kind, void **args, CUstream stream)
 {
-    if (depth++ == 0) {
-        pending_begin(stream);
-        if (!quiet_launch())
+    if (pending.depth++ == 0) {
+        if (!pending_begin(stream, 0))
             prepare(key, kind, args);
         sh_gate_enter(sh_rt.gate);
     }
@@ -679,11 +712,10 @@ void sh_launch_begin(const void *key, int kind, void **args, CUstream stream)
 void sh_launch_begin_addrs(uint64_t key, const uintptr_t *addrs, size_t n, int opaque,
                            CUstream stream)
 {
-    if (depth++ == 0) {
-        pending_begin(stream);
-        pending.graph = 1;
+    if (pending.depth++ == 0) {
+        int quiet = pending_begin(stream, 1);
         pending.opaque = opaque || n > MAX_ADDRS; /* beyond MAX_ADDRS: not stamped one by one */
-        if (quiet_launch()) {
+        if (quiet) {
             sh_gate_enter(sh_rt.gate);
             return;
         }
@@ -698,10 +730,11 @@ void sh_launch_begin_addrs(uint64_t key, const uintptr_t *addrs, size_t n, int o
 
 void sh_launch_end(void)
 {
-    if (depth > 0 && --depth == 0) {
-        if (pending.graph) {
-            note_other(pending.stream);
-            pending.graph = 0;
+    __typeof__(pending) *pd = &pending;
+    if (pd->depth > 0 && --pd->depth == 0) {
+        if (pd->graph) {
+            note_other(pd->stream);
+            pd->graph = 0;
         }
         mark_issued(); /* still inside the gate: no window between issue and mark */
         sh_gate_leave(sh_rt.gate);
@@ -710,7 +743,7 @@ void sh_launch_end(void)
 
 int sh_launch_busy(void)
 {
-    return depth > 0;
+    return pending.depth > 0;
 }
 
 int sh_launch_init(void)

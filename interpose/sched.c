@@ -261,11 +261,14 @@ void sh_sched_free(uintptr_t va)
 static int64_t shown_step;
 static int shown_phase;
 
-void sh_sched_launch(uint64_t kernel, uint64_t stream, const uintptr_t *bases, size_t n)
+/* For the helpers every launch runs: no call in the way. */
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
+/* The policy and the trace told of a launch; sched_mu held. Returns in
+ * step and phase what the monitor has not been shown yet (-1: nothing). */
+static ALWAYS_INLINE void launch_locked(uint64_t kernel, uint64_t stream, const uintptr_t *bases,
+                                        size_t n, int64_t *step, int *phase)
 {
-    if (!sh_engine_armed(&sh_rt.engine)) /* far below the limit: nothing to learn yet */
-        return;
-    pthread_mutex_lock(&sched_mu);
     uint64_t t = trace ? now_us() : 0; /* the policy keeps launches in order, not in time */
     int64_t now_step = shown_step;
     int now_phase = shown_phase;
@@ -280,13 +283,29 @@ void sh_sched_launch(uint64_t kernel, uint64_t stream, const uintptr_t *bases, s
                               &seq);
         last_seq = seq;
     }
-    int64_t step = now_step != shown_step ? (shown_step = now_step) : -1;
-    int phase = now_phase != shown_phase ? (shown_phase = now_phase) : -1;
-    pthread_mutex_unlock(&sched_mu);
+    *step = now_step != shown_step ? (shown_step = now_step) : -1;
+    *phase = now_phase != shown_phase ? (shown_phase = now_phase) : -1;
+}
+
+/* After sched_mu: the step and phase launch_locked found. */
+static ALWAYS_INLINE void show_where(int64_t step, int phase)
+{
     if (step >= 0 && !atomic_load(&sh_rt.step)) /* explicit marks, when used, already did */
         sh_monitor_step(step);
     if (phase >= 0)
         sh_monitor_phase(phase);
+}
+
+void sh_sched_launch(uint64_t kernel, uint64_t stream, const uintptr_t *bases, size_t n)
+{
+    if (!sh_engine_armed(&sh_rt.engine)) /* far below the limit: nothing to learn yet */
+        return;
+    int64_t step;
+    int phase;
+    pthread_mutex_lock(&sched_mu);
+    launch_locked(kernel, stream, bases, n, &step, &phase);
+    pthread_mutex_unlock(&sched_mu);
+    show_where(step, phase);
 }
 
 void sh_sched_mark(int step, int phase)
@@ -460,11 +479,16 @@ size_t sh_sched_evict_commit(int all)
     return total;
 }
 
+/* The hints last passed on, and the policy's generation of them then
+ * (sh_policy_plan_idle); under sched_mu. */
+static struct sh_policy_hints told = {.prefetch_window = -1};
+static uint64_t told_gen = UINT64_MAX;
+
 /* What the plan may start: free copy slots in regions, the hints' caps. */
 static void plan_limits(struct sh_policy_plan *plan, size_t h2d_busy, size_t d2h_busy)
 {
-    static struct sh_policy_hints told = {.prefetch_window = -1}; /* under sched_mu */
     struct sh_policy_hints h;
+    told_gen = sh_policy_hints_gen(policy);
     sh_policy_hints(policy, &h);
     if (h.prefetch_window != told.prefetch_window || h.max_inflight_h2d != told.max_inflight_h2d ||
         h.max_inflight_d2h != told.max_inflight_d2h ||
@@ -489,52 +513,118 @@ static void plan_limits(struct sh_policy_plan *plan, size_t h2d_busy, size_t d2h
  * a driver call); allocations measure it too. */
 #define RESERVE_EVERY 256
 
-void sh_sched_plan(const uintptr_t *bases, size_t nb)
+static int planning(void)
 {
-    if (!prefetching() || sh_capturing() || sh_sched_quiet())
-        return;
-    uint64_t pressure = atomic_load_explicit(&sh_rt.engine.pressure, memory_order_acquire);
-    /* Finished early evictions first: the room they free is the plan's. */
-    size_t evicting = 0;
-    if (sh_pool_evict_ready(sh_rt.pool, &evicting) > 0) {
-        sh_sched_evict_commit(0);
-        sh_pool_evict_ready(sh_rt.pool, &evicting);
-    }
-    uint64_t fetch[MAX_PLAN], evict[MAX_PLAN];
-    uintptr_t moved[MAX_PLAN];
-    struct sh_policy_plan plan = {.fetch = fetch, .evict = evict};
-    size_t inflight = 0, ready = sh_pool_prefetch_ready(sh_rt.pool, &inflight);
+    return prefetching() && !sh_capturing() && !sh_sched_quiet();
+}
+
+/* What a plan reads from the pool, read before sched_mu. */
+struct plan_in {
+    size_t evicting, inflight, ready, dev;
+};
+
+/* Reads the pool for a plan; evicting as sh_pool_evict_ready found it;
+ * moving 0: sh_pool_moving() said nothing is in flight. */
+static ALWAYS_INLINE void plan_read(struct plan_in *in, uint64_t pressure, int moving)
+{
+    in->ready = moving ? sh_pool_prefetch_ready(sh_rt.pool, &in->inflight) : 0;
     size_t device_bytes, host_bytes;
     sh_pool_bytes(sh_rt.pool, &device_bytes, &host_bytes);
     /* The policy plans against the budget: memory held outside the pool
      * counts as used, so that prefetches leave it room. */
     static atomic_uint plans;
     int fresh = atomic_fetch_add_explicit(&plans, 1, memory_order_relaxed) % RESERVE_EVERY == 0;
-    size_t dev = device_bytes + sh_engine_reserve_recent(&sh_rt.engine, device_bytes, fresh);
-    note_quiet(pressure, host_bytes, inflight, evicting);
-    pthread_mutex_lock(&sched_mu);
-    sh_policy_pressure(policy, dev);
-    sh_policy_slots(policy, (int)inflight, (int)evicting);
-    plan_limits(&plan, inflight, evicting);
-    int rc = sh_policy_plan(policy, dev, (const uint64_t *)bases, nb, &plan);
-    int due = sh_policy_commit_due(policy, ready, 0);
-    pthread_mutex_unlock(&sched_mu);
-    if (rc != 0)
-        return;
+    in->dev = device_bytes + sh_engine_reserve_recent(&sh_rt.engine, device_bytes, fresh);
+    note_quiet(pressure, host_bytes, in->inflight, in->evicting);
+}
+
+/* The policy's plan; sched_mu held. Returns whether a commit is due, or
+ * -1 when there is nothing to start: the plan failed, or nothing it reads
+ * changed since one that found nothing (most launches, and then this is
+ * all a launch's plan costs). */
+static ALWAYS_INLINE int plan_locked(const struct plan_in *in, const uintptr_t *bases, size_t nb,
+                                     struct sh_policy_plan *plan)
+{
+    if (sh_policy_plan_idle(policy, in->dev, (int)in->inflight, (int)in->evicting, in->ready,
+                            told_gen))
+        return -1;
+    sh_policy_pressure(policy, in->dev);
+    sh_policy_slots(policy, (int)in->inflight, (int)in->evicting);
+    plan_limits(plan, in->inflight, in->evicting);
+    if (sh_policy_plan(policy, in->dev, (const uint64_t *)bases, nb, plan) != 0)
+        return -1;
+    return sh_policy_commit_due(policy, in->ready, 0);
+}
+
+/* Starts what the plan chose; commits the prefetches in flight if due. */
+static void plan_start(const struct sh_policy_plan *plan, int due)
+{
+    uintptr_t moved[MAX_PLAN];
     size_t n = 0;
-    if (plan.nevict && sh_pool_evict_start(sh_rt.pool, (const uintptr_t *)evict, plan.nevict, moved,
-                                           &n) == SH_OK) {
+    if (plan->nevict && sh_pool_evict_start(sh_rt.pool, (const uintptr_t *)plan->evict,
+                                            plan->nevict, moved, &n) == SH_OK) {
         atomic_fetch_add(&sh_rt.engine.pressure, 1); /* not quiet while they fly */
         tell(moved, n, SH_RES_TO_HOST);
     }
-    if (plan.nfetch) {
+    if (plan->nfetch) {
         sh_engine_lock(&sh_rt.engine);
-        int started = sh_pool_prefetch_start(sh_rt.pool, (const uintptr_t *)fetch, plan.nfetch,
-                                             moved, &n) == SH_OK;
+        int started = sh_pool_prefetch_start(sh_rt.pool, (const uintptr_t *)plan->fetch,
+                                             plan->nfetch, moved, &n) == SH_OK;
         sh_engine_unlock(&sh_rt.engine);
         if (started)
             tell(moved, n, SH_RES_TO_DEVICE);
     }
     if (due)
         commit_all();
+}
+
+void sh_sched_plan(const uintptr_t *bases, size_t nb)
+{
+    if (!planning())
+        return;
+    struct plan_in in = {0};
+    uint64_t pressure = atomic_load_explicit(&sh_rt.engine.pressure, memory_order_acquire);
+    /* Finished early evictions first: the room they free is the plan's. */
+    if (sh_pool_evict_ready(sh_rt.pool, &in.evicting) > 0) {
+        sh_sched_evict_commit(0);
+        sh_pool_evict_ready(sh_rt.pool, &in.evicting);
+    }
+    plan_read(&in, pressure, 1);
+    uint64_t fetch[MAX_PLAN], evict[MAX_PLAN];
+    struct sh_policy_plan plan = {.fetch = fetch, .evict = evict};
+    pthread_mutex_lock(&sched_mu);
+    int due = plan_locked(&in, bases, nb, &plan);
+    pthread_mutex_unlock(&sched_mu);
+    if (due >= 0)
+        plan_start(&plan, due);
+}
+
+/* A launch's recording and plan under one hold of sched_mu: the pool is
+ * read first (recording a launch changes nothing there). With early
+ * evictions to commit first, the two go one after the other as before. */
+void sh_sched_launch_plan(uint64_t kernel, const uintptr_t *bases, size_t n)
+{
+    struct plan_in in = {0};
+    uint64_t pressure = atomic_load_explicit(&sh_rt.engine.pressure, memory_order_acquire);
+    int moving = 0;
+    if (!planning() || ((moving = sh_pool_moving(sh_rt.pool)) &&
+                        sh_pool_evict_ready(sh_rt.pool, &in.evicting) > 0)) {
+        sh_sched_launch(kernel, 0, bases, n);
+        sh_sched_plan(bases, n);
+        return;
+    }
+    plan_read(&in, pressure, moving);
+    uint64_t fetch[MAX_PLAN], evict[MAX_PLAN];
+    struct sh_policy_plan plan = {.fetch = fetch, .evict = evict};
+    int armed = sh_engine_armed(&sh_rt.engine);
+    int64_t step = -1;
+    int phase = -1;
+    pthread_mutex_lock(&sched_mu);
+    if (armed) /* far below the limit: nothing to learn yet */
+        launch_locked(kernel, 0, bases, n, &step, &phase);
+    int due = plan_locked(&in, bases, n, &plan);
+    pthread_mutex_unlock(&sched_mu);
+    show_where(step, phase);
+    if (due >= 0)
+        plan_start(&plan, due);
 }

@@ -299,6 +299,27 @@ static void plan_sig(const struct sh_policy *p, uint64_t device_bytes,
     out->h = *h;
 }
 
+/* What sh_policy_plan_idle() checks beside the signature, as of a plan
+ * found idle. */
+static void idle_noted(struct sh_policy *p)
+{
+    p->idle_h2d = p->told_h2d;
+    p->idle_d2h = p->told_d2h;
+    p->idle_hgen = sh_policy_rules_gen(p->rules);
+}
+
+/* The idle plan's signature still holds, as far as the policy's own state
+ * goes (what plan_sig reads but the caller's limits). */
+static int idle_holds(const struct sh_policy *p, uint64_t device_bytes, uint64_t hgen)
+{
+    const struct plan_sig *s = &p->idle_sig;
+    return p->glaunches < p->idle_until && s->version == p->version &&
+           s->device_bytes == device_bytes &&
+           s->key_gen == (p->ncur_pos || p->nprev_pos ? p->key_gen : 0) && s->active == p->active &&
+           s->built == (p->active >= 0 ? p->recs[p->active].built : 0) &&
+           p->idle_h2d == p->told_h2d && p->idle_d2h == p->told_d2h && p->idle_hgen == hgen;
+}
+
 /* One position of the walk: 0 to go on, WALK_END at the end of what is
  * known, else a stop. */
 static int walk_at(struct sh_policy *p, struct walk *w, uint64_t i)
@@ -365,8 +386,10 @@ int sh_policy_plan(struct sh_policy *p, uint64_t device_bytes, const uint64_t *p
         horizon = fw;
     struct plan_sig sig;
     plan_sig(p, device_bytes, plan, &h, &sig);
-    if (p->glaunches < p->idle_until && !memcmp(&sig, &p->idle_sig, sizeof sig))
+    if (p->glaunches < p->idle_until && !memcmp(&sig, &p->idle_sig, sizeof sig)) {
+        idle_noted(p); /* idle with these inputs too */
         return 0;
+    }
     p->idle_until = 0;
     mark_protected(p, protect, np);
     int rc = 0;
@@ -375,6 +398,7 @@ int sh_policy_plan(struct sh_policy *p, uint64_t device_bytes, const uint64_t *p
     if ((rc == 0 || rc == WALK_END) && found_nothing(&w) &&
         (rc == WALK_END || idle_ahead(p, &w, horizon))) {
         p->idle_sig = sig;
+        idle_noted(p);
         p->idle_until = p->glaunches + horizon;
         if (rc == WALK_END || covers_cycle(p, 2 * horizon))
             p->idle_until = UINT64_MAX;
@@ -394,6 +418,20 @@ size_t sh_policy_prefetch(struct sh_policy *p, uint64_t room, uint64_t *out, siz
     if (sh_policy_plan(p, used, NULL, 0, &plan))
         return 0;
     return plan.nfetch;
+}
+
+int sh_policy_plan_idle(const struct sh_policy *p, uint64_t device_bytes, int h2d_busy,
+                        int d2h_busy, size_t nready, uint64_t told)
+{
+    if (!p || p->told != 3 || p->told_bytes != device_bytes || p->told_h2d != h2d_busy ||
+        p->told_d2h != d2h_busy || (nready && sh_policy_commit_due(p, nready, 0)))
+        return 0;
+    uint64_t hgen = sh_policy_rules_gen(p->rules);
+    if (hgen != told)
+        return 0;
+    if (!p->prm.prefetch_enabled || !predicting(p))
+        return 1;
+    return idle_holds(p, device_bytes, hgen);
 }
 
 int sh_policy_commit_due(const struct sh_policy *p, size_t nready, int needed)

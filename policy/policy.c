@@ -169,7 +169,7 @@ int sh_policy_alloc(struct sh_policy *p, uint64_t t_us, uint64_t id, uint64_t by
     r->alloc_step = p->step;
     r->use_step = p->step;
     r->ridx = NONE32;
-    r->key_gen = p->key_gen - 1;
+    pol_keys_stale(p, r);
     pol_set_res(p, r, SH_RES_DEVICE);
     r->cls = SH_CLASS_UNKNOWN;
     pol_future_alloc(p, r);
@@ -222,82 +222,6 @@ int sh_policy_forget(struct sh_policy *p, uint64_t id)
     return 0;
 }
 
-/* Known ids of one launch, each once, in order (into p->dedup), and their
- * regions (p->dreg): the launch's steps read them from there, not the table
- * (nothing inserts or deletes regions during a launch). */
-static int dedup_refs(struct sh_policy *p, const uint64_t *ids, size_t n, size_t *out)
-{
-    if (RESERVE(p->dedup, p->cap_dedup, n ? n : 1) || RESERVE(p->dreg, p->cap_dreg, n ? n : 1))
-        return SH_ENOMEM;
-    size_t m = 0;
-    for (size_t i = 0; i < n; i++) {
-        struct region *r = find(p, ids[i]);
-        if (!r || r->freed) {
-            p->st.unknown_refs++;
-            continue;
-        }
-        if (r->seen == p->glaunches + 1)
-            continue;
-        r->seen = p->glaunches + 1;
-        p->dreg[m] = r;
-        p->dedup[m++] = ids[i];
-    }
-    *out = m;
-    return 0;
-}
-
-int sh_policy_launch(struct sh_policy *p, uint64_t t_us, uint64_t kernel, uint64_t stream,
-                     const uint64_t *ids_in, size_t n_in)
-{
-    (void)t_us;
-    (void)stream;
-    if (!p || (n_in && !ids_in))
-        return SH_EINVAL;
-    size_t n;
-    int err = dedup_refs(p, ids_in, n_in, &n);
-    if (err)
-        return err;
-    const uint64_t *ids = p->dedup;
-    if ((err = pol_close_position(p)))
-        return err;
-    if (!p->marked_steps) {
-        if (!p->have_anchor && (err = pol_set_anchor(p, kernel, ids, n)))
-            return err;
-        if (p->have_anchor && p->pos > 0 && !p->step_mixed)
-            p->step_mixed = pol_more_than_init(p, kernel, ids, n);
-        int moved = pol_repeat_found(p, kernel, ids, n);
-        if (p->pos > 0 && (moved || pol_is_anchor(p, kernel, ids, n))) {
-            if ((err = pol_boundary(p)))
-                return err;
-            p->found_loop = 1;
-            free(p->seen);
-            p->seen = NULL;
-        }
-    }
-    if (p->ncand)
-        pol_match_launch(p, kernel, n);
-    else
-        pol_align_launch(p, kernel, n);
-    pol_auto_phase(p, n);
-    if ((err = pol_record_launch(p, kernel, n)))
-        return err;
-    for (size_t i = 0; i < n; i++) {
-        struct region *r = p->dreg[i];
-        if (r->use_step != p->step) {
-            r->use_step = p->step;
-            r->uses = 0;
-        }
-        r->uses++;
-        r->last_use = p->glaunches;
-        if (r->fut_cur < r->fut_n)
-            r->fut_cur++;
-    }
-    p->pos++;
-    p->glaunches++;
-    p->st.launches++;
-    return 0;
-}
-
 static int explicit_boundary(struct sh_policy *p)
 {
     p->marked_steps = 1;
@@ -346,14 +270,21 @@ int sh_policy_residency(struct sh_policy *p, uint64_t id, int residency)
 
 void sh_policy_slots(struct sh_policy *p, int h2d_busy, int d2h_busy)
 {
-    if (p)
-        sh_policy_rules_slots(p->rules, h2d_busy, d2h_busy);
+    if (!p)
+        return;
+    sh_policy_rules_slots(p->rules, h2d_busy, d2h_busy);
+    p->told_h2d = h2d_busy;
+    p->told_d2h = d2h_busy;
+    p->told |= 2;
 }
 
 void sh_policy_pressure(struct sh_policy *p, uint64_t device_bytes)
 {
-    if (p)
-        sh_policy_rules_pressure(p->rules, device_bytes);
+    if (!p)
+        return;
+    sh_policy_rules_pressure(p->rules, device_bytes);
+    p->told_bytes = device_bytes;
+    p->told |= 1;
 }
 
 void sh_policy_stall(struct sh_policy *p, uint64_t t_us, uint64_t id, uint64_t wait_us)
@@ -374,6 +305,11 @@ void sh_policy_hints(const struct sh_policy *p, struct sh_policy_hints *out)
 {
     if (p && out)
         sh_policy_rules_hints(p->rules, out);
+}
+
+uint64_t sh_policy_hints_gen(const struct sh_policy *p)
+{
+    return p ? sh_policy_rules_gen(p->rules) : 0;
 }
 
 void sh_policy_stats(const struct sh_policy *p, struct sh_policy_stats *out)

@@ -166,7 +166,18 @@ int sh_policy_plan(struct sh_policy *p, uint64_t device_bytes, const uint64_t *p
  * for their commit; `needed` is nonzero when the launch being issued needs
  * one of them or the memory of a finished eviction is needed now. */
 int sh_policy_commit_due(const struct sh_policy *p, size_t nready, int needed);
+/* 1 when telling the policy this pressure and these busy slots, then
+ * planning and asking sh_policy_commit_due(p, nready, 0), would change
+ * nothing and find nothing to do: the same inputs as it was last told, the
+ * hints as the caller last read them, and a plan found idle since
+ * which nothing it reads has changed. A launch's caller may then skip all
+ * of them. told: sh_policy_hints_gen() as of the caller's last
+ * sh_policy_hints(). */
+int sh_policy_plan_idle(const struct sh_policy *p, uint64_t device_bytes, int h2d_busy,
+                        int d2h_busy, size_t nready, uint64_t told);
 void sh_policy_hints(const struct sh_policy *p, struct sh_policy_hints *out);
+/* Equal between two calls, the hints did not change between them. */
+uint64_t sh_policy_hints_gen(const struct sh_policy *p);
 
 /* ---- what it knows ---- */
 struct sh_policy_stats {
@@ -240,6 +251,8 @@ void sh_policy_rules_pressure(struct sh_policy_rules *r, uint64_t device_bytes);
 void sh_policy_rules_slots(struct sh_policy_rules *r, int h2d_busy, int d2h_busy);
 void sh_policy_rules_stall(struct sh_policy_rules *r);
 void sh_policy_rules_hints(const struct sh_policy_rules *r, struct sh_policy_hints *out);
+/* Moves on at every call that may change the hints: equal, they are too. */
+uint64_t sh_policy_rules_gen(const struct sh_policy_rules *r);
 /* Back-off level of rule 3 (the window is prefetch_window >> level). */
 int sh_policy_rules_level(const struct sh_policy_rules *r);
 

@@ -4,10 +4,11 @@
  * shared between the files carry the pol_ prefix (they are in the archive
  * tests and tools link, beside everyone else's names).
  *
- *   policy.c   creation, the events it is told, what it knows
+ *   policy.c   creation, the events it is told (a launch: record.c), what it knows
  *   table.c    the u64 map, growing arrays, the region table and its counters
  *   predict.c  which region plays which recorded key; when it is used next
- *   record.c   recording steps, finding their boundaries, matching recordings
+ *   record.c   recording steps, finding their boundaries, matching recordings,
+ *              each launch (sh_policy_launch)
  *   plan.c     victims, prefetch and exchange planning
  *   future.c   the exact future, for belady
  *
@@ -27,6 +28,7 @@
 #define MAX_RECORDINGS 4
 #define POS_LIMIT      ((int64_t)1 << 39) /* positional identities are |relpos| below this */
 #define RIDX_LIMIT     ((uint32_t)1 << 23)
+#define RECENT_BITS    8
 
 typedef unsigned __int128 u128;
 
@@ -56,7 +58,8 @@ struct region {
     int64_t use_step;                 /* step that `uses` counts */
     uint32_t uses;                    /* references in use_step */
     uint32_t ridx;                    /* allocations after it at its position; NONE32 until known */
-    uint32_t key, key_gen;            /* its key in the active recording, and when found */
+    uint32_t key[MAX_RECORDINGS];     /* its key in each recording, */
+    uint32_t key_gen[MAX_RECORDINGS]; /* valid while this is p->key_gen */
     uint32_t fut_off, fut_n, fut_cur; /* belady: its future uses */
     uint32_t fut_inc;                 /* belady: its incarnation; NONE32 when not in it */
     uint32_t dpos;                    /* 1 + its place in dset; 0 when not there */
@@ -246,10 +249,19 @@ struct sh_policy {
         size_t fetch_max, evict_max;
         struct sh_policy_hints h;
     } idle_sig;
+    int idle_h2d, idle_d2h; /* the busy slots told when it was found idle, */
+    uint64_t idle_hgen;     /* and the hints' generation */
+    /* the rules' inputs as last told (sh_policy_pressure, _slots) */
+    uint64_t told_bytes;
+    int told_h2d, told_d2h, told; /* told: both have been */
 
     /* accounting */
     uint64_t pending_d2h; /* bytes of regions whose eviction is in flight */
     struct sh_policy_stats st;
+
+    /* table slots of ids launches named lately, by a hash of the id: checked
+     * against the table, so never wrong, only missed */
+    uint32_t recent[1 << RECENT_BITS];
 
     /* scratch */
     struct victim *vic;
@@ -270,7 +282,9 @@ void pol_map_free(struct u64map *m);
 void pol_map_reset(struct u64map *m, size_t want);
 int pol_map_put(struct u64map *m, uint64_t key, uint32_t v, uint32_t *out);
 int pol_reserve(void **arr, size_t *cap, size_t need, size_t elem);
-#define RESERVE(arr, cap, need) pol_reserve((void **)&(arr), &(cap), (need), sizeof *(arr))
+/* The test inline: every launch reserves, and almost never grows. */
+#define RESERVE(arr, cap, need)                                                                    \
+    ((need) <= (cap) ? 0 : pol_reserve((void **)&(arr), &(cap), (need), sizeof *(arr)))
 
 int pol_table_resize(struct sh_policy *p, size_t cap);
 struct region *pol_table_insert(struct sh_policy *p, uint64_t id);
@@ -283,8 +297,6 @@ void pol_account_class(struct sh_policy *p, const struct region *r, int sign);
 /* predict.c */
 
 uint32_t pol_key_in(const struct sh_policy *p, const struct recording *rc, const struct region *r);
-/* The same for recording number rec, cached when it is the active one. */
-uint32_t pol_key_in_rec(struct sh_policy *p, int rec, struct region *r);
 struct region *pol_region_for(const struct sh_policy *p, const struct recording *rc, uint32_t k,
                               uint64_t shift);
 const uint32_t *pol_key_uses(const struct recording *rc, uint32_t k);
@@ -293,18 +305,8 @@ uint64_t pol_distance(struct sh_policy *p, struct region *r);
 /* ---------------------------------------------------------------------- */
 /* record.c */
 
-void pol_ident_of(const struct region *r, struct ident *w);
-int pol_close_position(struct sh_policy *p);
 void pol_set_phase(struct sh_policy *p, int phase);
 int pol_boundary(struct sh_policy *p);
-int pol_is_anchor(const struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n);
-int pol_more_than_init(const struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n);
-int pol_set_anchor(struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n);
-int pol_repeat_found(struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n);
-void pol_match_launch(struct sh_policy *p, uint64_t kernel, size_t n);
-void pol_align_launch(struct sh_policy *p, uint64_t kernel, size_t n);
-int pol_record_launch(struct sh_policy *p, uint64_t kernel, size_t n);
-void pol_auto_phase(struct sh_policy *p, size_t n);
 
 /* ---------------------------------------------------------------------- */
 /* future.c */
@@ -397,6 +399,35 @@ static inline int predicting(const struct sh_policy *p)
     if (kind_is(p, SH_POLICY_REACTIVE))
         return 0;
     return following(p);
+}
+
+/* pol_key_in() for recording number rec, cached per region until the key
+ * generation moves on (every boundary, which is when recordings are built
+ * and positions shift, and every change of the recording followed) or r's
+ * identity changes: a launch's regions are matched against every
+ * candidate, launch after launch. */
+static inline uint32_t pol_key_in_rec(struct sh_policy *p, int rec, struct region *r)
+{
+    if (r->key_gen[rec] != p->key_gen) {
+        r->key[rec] = pol_key_in(p, &p->recs[rec], r);
+        r->key_gen[rec] = p->key_gen;
+    }
+    return r->key[rec];
+}
+
+static inline void pol_ident_of(const struct region *r, struct ident *w)
+{
+    w->id = r->id;
+    w->aseq = r->aseq;
+    w->gpos = r->gpos;
+    w->ridx = r->ridx;
+}
+
+/* Forgets r's cached keys: its identity changed. */
+static inline void pol_keys_stale(const struct sh_policy *p, struct region *r)
+{
+    for (int i = 0; i < MAX_RECORDINGS; i++)
+        r->key_gen[i] = p->key_gen - 1;
 }
 
 #endif

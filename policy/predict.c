@@ -29,21 +29,10 @@ uint32_t pol_key_in(const struct sh_policy *p, const struct recording *rc, const
     return map_get(&rc->ids, r->aseq);
 }
 
-/* Cached for the active recording. */
+/* The key r plays in the active recording. */
 static uint32_t key_of(struct sh_policy *p, struct region *r)
 {
-    if (p->active < 0)
-        return NONE32;
-    if (r->key_gen != p->key_gen) {
-        r->key = pol_key_in(p, &p->recs[p->active], r);
-        r->key_gen = p->key_gen;
-    }
-    return r->key;
-}
-
-uint32_t pol_key_in_rec(struct sh_policy *p, int rec, struct region *r)
-{
-    return rec == p->active ? key_of(p, r) : pol_key_in(p, &p->recs[rec], r);
+    return p->active < 0 ? NONE32 : pol_key_in_rec(p, p->active, r);
 }
 
 /* The region allocated at (gpos, ridx) in this step or the last one. */

@@ -210,17 +210,9 @@ static int build_recording(struct sh_policy *p, struct recording *rc)
 /* ---------------------------------------------------------------------- */
 /* the step being recorded */
 
-void pol_ident_of(const struct region *r, struct ident *w)
-{
-    w->id = r->id;
-    w->aseq = r->aseq;
-    w->gpos = r->gpos;
-    w->ridx = r->ridx;
-}
-
 /* Allocations since the last launch now know how many followed them at
  * their position: that count is their stable identity. */
-int pol_close_position(struct sh_policy *p)
+static int close_position(struct sh_policy *p)
 {
     struct rec *r = &p->rec;
     size_t n = r->na - r->open_from;
@@ -230,7 +222,7 @@ int pol_close_position(struct sh_policy *p)
         struct region *reg = find(p, a->who.id);
         if (reg && reg->aseq == a->who.aseq) {
             reg->ridx = a->who.ridx;
-            reg->key_gen = p->key_gen - 1; /* its identity just changed */
+            pol_keys_stale(p, reg); /* its identity just changed */
         }
         if (RESERVE(p->cur_pos, p->cap_cur_pos, p->ncur_pos + 1))
             return SH_ENOMEM;
@@ -348,12 +340,12 @@ static void promote_survivors(struct sh_policy *p)
         }
     }
     /* regions allocated before any launch of this step are not in cur_pos
-     * until closed; pol_close_position() ran before, so the list is complete */
+     * until closed; close_position() ran before, so the list is complete */
 }
 
 static int end_step(struct sh_policy *p)
 {
-    int err = pol_close_position(p);
+    int err = close_position(p);
     if (err)
         return err;
     /* the step matched a recording when one agreed to its very end (an
@@ -416,7 +408,7 @@ int pol_boundary(struct sh_policy *p)
 /* The seed's rule: the first launch recurring ends a step. It recurs when
  * the kernel is the same and each region is the same one, or one of the
  * same size allocated after that first launch (the next batch). */
-int pol_is_anchor(const struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n)
+static int is_anchor(const struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n)
 {
     if (!p->have_anchor || kernel != p->anchor_kernel || n != p->anchor_n)
         return 0;
@@ -435,7 +427,7 @@ int pol_is_anchor(const struct sh_policy *p, uint64_t kernel, const uint64_t *id
 
 /* A launch after the anchor that an init loop would not make: another
  * kernel, or one reading a region older than the anchor (not its own). */
-int pol_more_than_init(const struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n)
+static int more_than_init(const struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n)
 {
     if (kernel != p->anchor_kernel)
         return 1;
@@ -449,7 +441,7 @@ int pol_more_than_init(const struct sh_policy *p, uint64_t kernel, const uint64_
     return 0;
 }
 
-int pol_set_anchor(struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n)
+static int set_anchor(struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n)
 {
     size_t nb = (n ? n : 1) * sizeof(uint64_t);
     free(p->anchor_ids); /* a retry after running out of memory */
@@ -529,7 +521,7 @@ static int is_again(const struct sh_policy *p, uint64_t kernel, size_t n, uint32
  * once per layer, and a real model's step, whose activations are new each
  * time, is found by the anchor instead. Returns 1 when it moved the
  * anchor. */
-int pol_repeat_found(struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n)
+static int repeat_found(struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n)
 {
     if (p->found_loop || n == 0 || p->pos >= SEEN_SLOTS / 2)
         return 0; /* a launch touching no region says nothing about the loop */
@@ -544,7 +536,7 @@ int pol_repeat_found(struct sh_policy *p, uint64_t kernel, const uint64_t *ids, 
     for (uint32_t i = p->pos - period; i < p->pos; i++)
         if (!same_launch(&p->rec, i - period, i))
             return 0;
-    return pol_set_anchor(p, kernel, ids, n) == 0;
+    return set_anchor(p, kernel, ids, n) == 0;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -582,7 +574,7 @@ static int plays_launch(struct sh_policy *p, const struct recording *rc, uint32_
 
 /* Follows the recording the step departed from (p->align_rec) in order,
  * past one skipped block at most; p->agreed counts the launches it ran. */
-void pol_align_launch(struct sh_policy *p, uint64_t kernel, size_t n)
+static void align_launch(struct sh_policy *p, uint64_t kernel, size_t n)
 {
     if (p->align_rec < 0 || p->agreed != p->pos)
         return;
@@ -606,7 +598,7 @@ void pol_align_launch(struct sh_policy *p, uint64_t kernel, size_t n)
 }
 
 /* Keeps the recordings that agree with launch number p->pos. */
-void pol_match_launch(struct sh_policy *p, uint64_t kernel, size_t n)
+static void match_launch(struct sh_policy *p, uint64_t kernel, size_t n)
 {
     int kept = 0, old_active = p->active;
     for (int c = 0; c < p->ncand; c++) {
@@ -626,7 +618,7 @@ void pol_match_launch(struct sh_policy *p, uint64_t kernel, size_t n)
         p->align_rec = old_active;
         p->align_q = p->align_from = p->pos;
         p->align_skipped = 0;
-        pol_align_launch(p, kernel, n);
+        align_launch(p, kernel, n);
     }
     if (p->active != old_active) {
         p->key_gen++;
@@ -636,7 +628,7 @@ void pol_match_launch(struct sh_policy *p, uint64_t kernel, size_t n)
     }
 }
 
-int pol_record_launch(struct sh_policy *p, uint64_t kernel, size_t n)
+static int record_launch(struct sh_policy *p, uint64_t kernel, size_t n)
 {
     struct rec *r = &p->rec;
     if (RESERVE(r->kernel, r->cap_kernel, r->nl + 1) || RESERVE(r->loff, r->cap_loff, r->nl + 2) ||
@@ -653,7 +645,7 @@ int pol_record_launch(struct sh_policy *p, uint64_t kernel, size_t n)
 
 /* Phases without marks: from the recording followed, else forward until a
  * region that existed when the step began is referenced a second time. */
-void pol_auto_phase(struct sh_policy *p, size_t n)
+static void auto_phase(struct sh_policy *p, size_t n)
 {
     if (p->marked_phases)
         return;
@@ -671,4 +663,100 @@ void pol_auto_phase(struct sh_policy *p, size_t n)
             phase = SH_PHASE_BACKWARD;
     }
     pol_set_phase(p, phase);
+}
+
+/* ---------------------------------------------------------------------- */
+/* the launch event: in this file, so that the steps above inline into it */
+
+/* find() for the ids launches name: a training step names the same few
+ * regions launch after launch. tab and cap: p's, read once by the caller
+ * (the stores it makes could alias them). */
+static struct region *find_recent(struct sh_policy *p, struct region *tab, size_t cap, uint64_t id)
+{
+    uint32_t *c = &p->recent[(id * 0x9e3779b97f4a7c15ull) >> (64 - RECENT_BITS)];
+    if (*c < cap && tab[*c].state == 1 && tab[*c].id == id)
+        return &tab[*c];
+    struct region *r = find(p, id);
+    if (r)
+        *c = (uint32_t)(r - tab);
+    return r;
+}
+
+/* Known ids of one launch, each once, in order (into p->dedup), and their
+ * regions (p->dreg): the launch's steps read them from there, not the table
+ * (nothing inserts or deletes regions during a launch). */
+static int dedup_refs(struct sh_policy *p, const uint64_t *ids, size_t n, size_t *out)
+{
+    if (RESERVE(p->dedup, p->cap_dedup, n ? n : 1) || RESERVE(p->dreg, p->cap_dreg, n ? n : 1))
+        return SH_ENOMEM;
+    struct region *tab = p->tab, **dreg = p->dreg;
+    uint64_t *dedup = p->dedup, mark = p->glaunches + 1;
+    size_t cap = p->cap, m = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct region *r = find_recent(p, tab, cap, ids[i]);
+        if (!r || r->freed) {
+            p->st.unknown_refs++;
+            continue;
+        }
+        if (r->seen == mark)
+            continue;
+        r->seen = mark;
+        dreg[m] = r;
+        dedup[m++] = ids[i];
+    }
+    *out = m;
+    return 0;
+}
+
+int sh_policy_launch(struct sh_policy *p, uint64_t t_us, uint64_t kernel, uint64_t stream,
+                     const uint64_t *ids_in, size_t n_in)
+{
+    (void)t_us;
+    (void)stream;
+    if (!p || (n_in && !ids_in))
+        return SH_EINVAL;
+    size_t n;
+    int err = dedup_refs(p, ids_in, n_in, &n);
+    if (err)
+        return err;
+    const uint64_t *ids = p->dedup;
+    /* only allocations since the last launch have positions to close */
+    if (p->rec.na != p->rec.open_from && (err = close_position(p)))
+        return err;
+    if (!p->marked_steps) {
+        if (!p->have_anchor && (err = set_anchor(p, kernel, ids, n)))
+            return err;
+        if (p->have_anchor && p->pos > 0 && !p->step_mixed)
+            p->step_mixed = more_than_init(p, kernel, ids, n);
+        int moved = repeat_found(p, kernel, ids, n);
+        if (p->pos > 0 && (moved || is_anchor(p, kernel, ids, n))) {
+            if ((err = pol_boundary(p)))
+                return err;
+            p->found_loop = 1;
+            free(p->seen);
+            p->seen = NULL;
+        }
+    }
+    if (p->ncand)
+        match_launch(p, kernel, n);
+    else
+        align_launch(p, kernel, n);
+    auto_phase(p, n);
+    if ((err = record_launch(p, kernel, n)))
+        return err;
+    for (size_t i = 0; i < n; i++) {
+        struct region *r = p->dreg[i];
+        if (r->use_step != p->step) {
+            r->use_step = p->step;
+            r->uses = 0;
+        }
+        r->uses++;
+        r->last_use = p->glaunches;
+        if (r->fut_cur < r->fut_n)
+            r->fut_cur++;
+    }
+    p->pos++;
+    p->glaunches++;
+    p->st.launches++;
+    return 0;
 }

@@ -33,6 +33,7 @@ struct sh_policy_rules {
     int level;             /* rule 3: the window is base >> level */
     int step_contended;    /* this step saw a stall with every H2D slot busy */
     int contended_run, calm_run;
+    uint64_t gen; /* moves on at every call that may change h */
 };
 
 static int max_level(const struct sh_policy_rules *r)
@@ -169,6 +170,7 @@ void sh_policy_rules_step(struct sh_policy_rules *r, int confident)
 {
     if (!r)
         return;
+    r->gen++;
     rule_backoff(r);
     r->phase = SH_PHASE_STEP_BEGIN;
     r->confident = confident != 0;
@@ -179,6 +181,7 @@ void sh_policy_rules_confident(struct sh_policy_rules *r, int confident)
 {
     if (!r || (confident != 0) == r->confident)
         return;
+    r->gen++;
     if (confident) {
         r->confident = 1; /* stops further tightening; loosens nothing */
         return;
@@ -194,6 +197,7 @@ void sh_policy_rules_phase(struct sh_policy_rules *r, int phase)
 {
     if (!r || phase < SH_PHASE_STEP_BEGIN || phase > SH_PHASE_STEP_END)
         return;
+    r->gen++;
     r->phase = phase;
     rule_optimizer(r);
     rule_backward(r, r->device_bytes);
@@ -203,6 +207,7 @@ void sh_policy_rules_pressure(struct sh_policy_rules *r, uint64_t device_bytes)
 {
     if (!r)
         return;
+    r->gen++;
     r->device_bytes = device_bytes;
     rule_backward(r, device_bytes);
 }
@@ -225,6 +230,11 @@ void sh_policy_rules_hints(const struct sh_policy_rules *r, struct sh_policy_hin
 {
     if (r && out)
         *out = r->h;
+}
+
+uint64_t sh_policy_rules_gen(const struct sh_policy_rules *r)
+{
+    return r->gen;
 }
 
 int sh_policy_rules_level(const struct sh_policy_rules *r)

@@ -105,9 +105,9 @@ int sh_pool_backing_map(struct sh_pool *pool, struct sh_backing *b, uintptr_t va
     pthread_mutex_lock(&pool->mu);
     if (rc == 0) {
         r->va = va;
-        pthread_rwlock_wrlock(&pool->index_lock);
+        sh_rw_wrlock(&pool->index_lock);
         rc = sh_rindex_insert(pool->index, va, r->mapped, r);
-        pthread_rwlock_unlock(&pool->index_lock);
+        sh_rw_unlock(&pool->index_lock);
     }
     if (rc == 0) {
         sh_pool_note_bounds(pool, r);
@@ -153,9 +153,9 @@ int sh_pool_backing_unmap(struct sh_pool *pool, uintptr_t va)
 {
     pthread_mutex_lock(&pool->move_mu); /* no batch of moves holds it from here */
     pthread_mutex_lock(&pool->mu);
-    pthread_rwlock_rdlock(&pool->index_lock);
+    sh_rw_rdlock(&pool->index_lock);
     struct region *r = sh_rindex_lookup(pool->index, va);
-    pthread_rwlock_unlock(&pool->index_lock);
+    sh_rw_unlock(&pool->index_lock);
     if (!r || r->va != va || r->path != SH_PATH_VMM) {
         pthread_mutex_unlock(&pool->mu);
         pthread_mutex_unlock(&pool->move_mu);
@@ -168,9 +168,9 @@ int sh_pool_backing_unmap(struct sh_pool *pool, uintptr_t va)
         sh_pool_move_cancel(pool, r);
         pthread_mutex_lock(&pool->mu);
     }
-    pthread_rwlock_wrlock(&pool->index_lock);
+    sh_rw_wrlock(&pool->index_lock);
     sh_rindex_remove(pool->index, va, NULL);
-    pthread_rwlock_unlock(&pool->index_lock);
+    sh_rw_unlock(&pool->index_lock);
     pool->st.regions[r->state]--;
     struct sh_slab *kept = sh_pool_kept_detach(pool, r); /* unmapped, it is not evicted */
     pthread_mutex_unlock(&pool->mu);
@@ -209,9 +209,9 @@ int sh_pool_backing_release(struct sh_pool *pool, struct sh_backing *b)
 struct sh_backing *sh_pool_backing_retain(struct sh_pool *pool, uintptr_t addr)
 {
     pthread_mutex_lock(&pool->mu); /* the backing cannot be freed meanwhile */
-    pthread_rwlock_rdlock(&pool->index_lock);
+    sh_rw_rdlock(&pool->index_lock);
     struct region *r = sh_rindex_lookup(pool->index, addr);
-    pthread_rwlock_unlock(&pool->index_lock);
+    sh_rw_unlock(&pool->index_lock);
     if (r && r->path == SH_PATH_VMM)
         r->vmm_refs++;
     else
@@ -251,9 +251,9 @@ size_t sh_pool_backings_in(struct sh_pool *pool, uintptr_t lo, uintptr_t hi, uin
                            size_t *size, size_t max, int *other)
 {
     struct in_range q = {lo, hi, va, size, max, 0, 0};
-    pthread_rwlock_rdlock(&pool->index_lock);
+    sh_rw_rdlock(&pool->index_lock);
     sh_rindex_foreach(pool->index, visit_in_range, &q);
-    pthread_rwlock_unlock(&pool->index_lock);
+    sh_rw_unlock(&pool->index_lock);
     if (other)
         *other = q.other;
     return q.n;

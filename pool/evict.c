@@ -106,9 +106,9 @@ static void sort_by_age(struct candidates *c)
 /* Least recently used first; the choice the learned scheduler replaces. */
 static size_t pick_victims(struct sh_pool *pool, size_t need, struct candidates *c)
 {
-    pthread_rwlock_rdlock(&pool->index_lock);
+    sh_rw_rdlock(&pool->index_lock);
     sh_rindex_foreach(pool->index, collect, c);
-    pthread_rwlock_unlock(&pool->index_lock);
+    sh_rw_unlock(&pool->index_lock);
     sort_by_age(c);
     size_t n = 0, bytes = 0;
     pthread_mutex_lock(&pool->mu);
@@ -362,7 +362,7 @@ int sh_pool_evict_these(struct sh_pool *pool, const uintptr_t *vas, size_t n, si
         return SH_ENOMEM;
     pthread_mutex_lock(&pool->move_mu);
     pthread_mutex_lock(&pool->mu);
-    pthread_rwlock_rdlock(&pool->index_lock);
+    sh_rw_rdlock(&pool->index_lock);
     for (size_t i = 0; i < n; i++) {
         struct region *r = sh_rindex_lookup(pool->index, vas[i]);
         if (r && r->va == vas[i] && r->path != SH_PATH_SLAB && !r->pinned &&
@@ -373,7 +373,7 @@ int sh_pool_evict_these(struct sh_pool *pool, const uintptr_t *vas, size_t n, si
             c.r[c.n++] = r;
         }
     }
-    pthread_rwlock_unlock(&pool->index_lock);
+    sh_rw_unlock(&pool->index_lock);
     pthread_mutex_unlock(&pool->mu);
     evict_batch(pool, &c, c.n, released, evicted, nevicted);
     pthread_mutex_unlock(&pool->move_mu);
@@ -390,7 +390,7 @@ static size_t pick_restores(struct sh_pool *pool, const uintptr_t *addrs, size_t
 {
     size_t m = 0;
     pthread_mutex_lock(&pool->mu); /* mu, then index_lock: region.c's order */
-    pthread_rwlock_rdlock(&pool->index_lock);
+    sh_rw_rdlock(&pool->index_lock);
     for (size_t i = 0; i < n; i++) {
         struct region *r = sh_rindex_lookup(pool->index, addrs[i]);
         if (r && r->state == SH_RS_HOST && !r->stuck &&
@@ -400,7 +400,7 @@ static size_t pick_restores(struct sh_pool *pool, const uintptr_t *addrs, size_t
             out[m++] = r;
         }
     }
-    pthread_rwlock_unlock(&pool->index_lock);
+    sh_rw_unlock(&pool->index_lock);
     pthread_mutex_unlock(&pool->mu);
     return m;
 }

@@ -300,13 +300,13 @@ static int move_start(struct sh_pool *pool, const uintptr_t *vas, size_t n, uint
     pthread_mutex_lock(&pool->move_mu);
     size_t m = 0;
     pthread_mutex_lock(&pool->mu);
-    pthread_rwlock_rdlock(&pool->index_lock);
+    sh_rw_rdlock(&pool->index_lock);
     for (size_t i = 0; i < n; i++) {
         struct region *r = sh_rindex_lookup(pool->index, vas[i]);
         if (r && r->va == vas[i] && r->path != SH_PATH_SLAB && pick(pool, r))
             v[m++] = r;
     }
-    pthread_rwlock_unlock(&pool->index_lock);
+    sh_rw_unlock(&pool->index_lock);
     pthread_mutex_unlock(&pool->mu);
     int rc = 0;
     for (size_t k = 0; k < m; k++) {
@@ -479,12 +479,12 @@ size_t sh_pool_prefetch_needed(struct sh_pool *pool, const uintptr_t *addrs, siz
         return 0;
     pthread_mutex_lock(&pool->mu);
     if (pool->pf.count) {
-        pthread_rwlock_rdlock(&pool->index_lock);
+        sh_rw_rdlock(&pool->index_lock);
         for (size_t i = 0; i < n; i++) {
             const struct region *r = sh_rindex_lookup(pool->index, addrs[i]);
             m += r && r->mv_on == &pool->pf;
         }
-        pthread_rwlock_unlock(&pool->index_lock);
+        sh_rw_unlock(&pool->index_lock);
     }
     pthread_mutex_unlock(&pool->mu);
     return m;
@@ -747,6 +747,11 @@ int sh_pool_evict_commit(struct sh_pool *pool, int all, uintptr_t *out, uintptr_
 void sh_pool_evict_cancel_all(struct sh_pool *pool)
 {
     move_cancel_all(pool, &pool->ev);
+}
+
+int sh_pool_moving(const struct sh_pool *pool)
+{
+    return !move_none(&pool->pf) || !move_none(&pool->ev);
 }
 
 size_t sh_pool_evict_ready(struct sh_pool *pool, size_t *inflight)

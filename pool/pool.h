@@ -297,9 +297,11 @@ int sh_pool_evict_these(struct sh_pool *pool, const uintptr_t *vas, size_t n, si
 /* What the pointers of one piece of work found (sh_pool_use). */
 struct sh_pool_use {
     uintptr_t *bases; /* the caller's array, room for n: distinct regions, no slabs */
+    void **regions;   /* NULL, or the caller's array, room for n: the regions of bases */
     size_t nbases;
     size_t host_bytes; /* device memory it takes to bring back those evicted */
     int ptrs;          /* one of them (slabs included) holds pointers */
+    uint64_t gen;      /* the index's generation they were found in */
 };
 /* The launch path's one pass: keeps in vals[0..return) those of vals[0..n)
  * that point into a region (in order), records a use of those regions now
@@ -319,6 +321,10 @@ size_t sh_pool_bases_ptrs(struct sh_pool *pool, const uintptr_t *addrs, size_t n
  * will redo their copies, and with drain_mode = tracked the regions
  * remember the streams in mask (0: none). */
 void sh_pool_issued(struct sh_pool *pool, const uintptr_t *bases, size_t n, uint64_t streams);
+/* The same for what sh_pool_use found (u->bases, u->regions, u->gen),
+ * without looking the regions up again while the index is unchanged. */
+void sh_pool_issued_found(struct sh_pool *pool, const uintptr_t *bases, void *const *regions,
+                          size_t n, uint64_t gen, uint64_t streams);
 /* Opaque work (accesses the library cannot bound) is being issued, inside
  * the gate, on the streams in mask: it counts as using every region, so
  * every prefetch in flight redoes its copy, every early eviction in flight
@@ -410,6 +416,9 @@ int sh_pool_evict_start(struct sh_pool *pool, const uintptr_t *vas, size_t n, ui
 int sh_pool_evict_commit(struct sh_pool *pool, int all, uintptr_t *out, uintptr_t *back, size_t max,
                          size_t *nout, size_t *nback, size_t *released);
 size_t sh_pool_evict_ready(struct sh_pool *pool, size_t *inflight);
+/* 1 while a prefetch or an early eviction is in flight (a hint: read
+ * without a lock); 0 says both of the above would find none. */
+int sh_pool_moving(const struct sh_pool *pool);
 /* Cancels every early eviction in flight (teardown); the regions stay RESIDENT. */
 void sh_pool_evict_cancel_all(struct sh_pool *pool);
 

@@ -48,9 +48,9 @@ static int is_pointer(struct sh_pool *pool, const unsigned char *p, size_t off, 
     memcpy(&v, p + off, sizeof v);
     if (v - lo >= hi - lo)
         return 0;
-    pthread_rwlock_rdlock(&pool->index_lock);
+    sh_rw_rdlock(&pool->index_lock);
     int found = sh_rindex_lookup(pool->index, v) != NULL;
-    pthread_rwlock_unlock(&pool->index_lock);
+    sh_rw_unlock(&pool->index_lock);
     return found;
 }
 
@@ -98,11 +98,11 @@ static int holds_pointer(struct sh_pool *pool, const unsigned char *p, size_t n)
 
 static void mark(struct sh_pool *pool, uintptr_t into)
 {
-    pthread_rwlock_rdlock(&pool->index_lock);
+    sh_rw_rdlock(&pool->index_lock);
     struct region *dst = sh_rindex_lookup(pool->index, into);
     if (dst)
         __atomic_store_n(&dst->holds_ptrs, 1, __ATOMIC_RELAXED);
-    pthread_rwlock_unlock(&pool->index_lock);
+    sh_rw_unlock(&pool->index_lock);
 }
 
 size_t sh_pool_find_pointers(struct sh_pool *pool, const void *bytes, size_t n, uintptr_t into)

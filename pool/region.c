@@ -196,9 +196,9 @@ static void teardown(struct sh_pool *pool, struct region *r)
         pool->fences.wait(pool->fences.ctx, r->fence);
         fence_drop(pool, r->fence);
     }
-    pthread_rwlock_wrlock(&pool->index_lock);
+    sh_rw_wrlock(&pool->index_lock);
     sh_rindex_remove(pool->index, r->va, NULL);
-    pthread_rwlock_unlock(&pool->index_lock);
+    sh_rw_unlock(&pool->index_lock);
     sh_state_move(&r->state, SH_RS_DEAD, r->id);
     unbuild(pool, r, r->nchunks);
 }
@@ -276,7 +276,7 @@ int sh_pool_create(const struct sh_pool_params *p, const struct sh_vmm_ops *vmm,
     pool->next_id = 1;
     pthread_mutex_init(&pool->mu, NULL);
     pthread_mutex_init(&pool->move_mu, NULL);
-    pthread_rwlock_init(&pool->index_lock, NULL);
+    sh_rw_init(&pool->index_lock);
     pthread_mutex_init(&pool->strand_mu, NULL);
     struct sh_vmm_ops chunk_ops;
     sh_pool_chunk_ops(pool, &chunk_ops);
@@ -343,7 +343,7 @@ void sh_pool_destroy(struct sh_pool *pool)
         sh_chunkcache_destroy(pool->cc);
     if (pool->va)
         sh_vaarena_destroy(pool->va);
-    pthread_rwlock_destroy(&pool->index_lock);
+    sh_rw_destroy(&pool->index_lock);
     pthread_mutex_destroy(&pool->strand_mu);
     free(pool->stranded);
     pthread_mutex_destroy(&pool->move_mu);
@@ -366,12 +366,12 @@ static int region_alloc(struct sh_pool *pool, size_t size, int path, uint64_t st
         fence_drop(pool, r->fence);
         r->fence = 0;
         /* Lookups read these under the index lock alone. */
-        pthread_rwlock_wrlock(&pool->index_lock);
+        sh_rw_wrlock(&pool->index_lock);
         r->size = size;
         r->path = path;
         r->evictions_at_alloc = r->evictions;
         r->restores_at_alloc = r->restores;
-        pthread_rwlock_unlock(&pool->index_lock);
+        sh_rw_unlock(&pool->index_lock);
         /* The old owner's pointer tables are not the new one's. */
         __atomic_store_n(&r->holds_ptrs, 0, __ATOMIC_RELAXED);
         sh_state_move(&r->state, SH_RS_RESIDENT, r->id);
@@ -393,9 +393,9 @@ static int region_alloc(struct sh_pool *pool, size_t size, int path, uint64_t st
     pthread_mutex_lock(&pool->mu);
     r->id = pool->next_id++;
     r->state = SH_RS_RESIDENT;
-    pthread_rwlock_wrlock(&pool->index_lock);
+    sh_rw_wrlock(&pool->index_lock);
     rc = sh_rindex_insert(pool->index, r->va, r->mapped, r);
-    pthread_rwlock_unlock(&pool->index_lock);
+    sh_rw_unlock(&pool->index_lock);
     if (rc == 0) {
         sh_pool_note_bounds(pool, r); /* for sh_pool_find_pointers' quick test */
         pool->st.regions[SH_RS_RESIDENT]++;
@@ -498,9 +498,9 @@ int sh_pool_pin(struct sh_pool *pool, uintptr_t addr)
     int rc = SH_ENOTFOUND;
     struct sh_slab *kept = NULL;
     pthread_mutex_lock(&pool->mu);
-    pthread_rwlock_rdlock(&pool->index_lock);
+    sh_rw_rdlock(&pool->index_lock);
     struct region *r = sh_rindex_lookup(pool->index, addr);
-    pthread_rwlock_unlock(&pool->index_lock);
+    sh_rw_unlock(&pool->index_lock);
     if (r && r->path != SH_PATH_SLAB) {
         settle(pool, r); /* an early eviction in flight is called off */
         rc = r->pinned ? 0 : r->state == SH_RS_RESIDENT && !r->stuck ? 1 : SH_EBUSY;
@@ -529,12 +529,12 @@ int sh_pool_free(struct sh_pool *pool, uintptr_t va, uint64_t stream, uint64_t f
         }
         return rc;
     }
-    pthread_rwlock_rdlock(&pool->index_lock);
+    sh_rw_rdlock(&pool->index_lock);
     uintptr_t start = 0;
     struct region *r = NULL;
     int found = sh_rindex_find(pool->index, va, &start, NULL, (void **)&r) == 0 && start == va &&
                 r->path != SH_PATH_VMM; /* the program unmaps those itself */
-    pthread_rwlock_unlock(&pool->index_lock);
+    sh_rw_unlock(&pool->index_lock);
     if (!found)
         return SH_ENOTFOUND;
     pthread_mutex_lock(&pool->mu);
@@ -580,7 +580,7 @@ int sh_pool_free(struct sh_pool *pool, uintptr_t va, uint64_t stream, uint64_t f
 
 int sh_pool_lookup(struct sh_pool *pool, uintptr_t addr, struct sh_region_info *out)
 {
-    pthread_rwlock_rdlock(&pool->index_lock);
+    sh_rw_rdlock(&pool->index_lock);
     struct region *r = sh_rindex_lookup(pool->index, addr);
     if (r && out)
         *out = (struct sh_region_info){
@@ -593,7 +593,7 @@ int sh_pool_lookup(struct sh_pool *pool, uintptr_t addr, struct sh_region_info *
             r->nchunks,
             __atomic_load_n(&r->evictions, __ATOMIC_RELAXED) - r->evictions_at_alloc,
             __atomic_load_n(&r->restores, __ATOMIC_RELAXED) - r->restores_at_alloc};
-    pthread_rwlock_unlock(&pool->index_lock);
+    sh_rw_unlock(&pool->index_lock);
     return r ? 0 : SH_ENOTFOUND;
 }
 

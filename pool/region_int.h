@@ -13,6 +13,7 @@
 #define SH_POOL_REGION_INT_H
 
 #include "pool/pool.h"
+#include "pool/rwlock.h"
 
 #include <pthread.h>
 
@@ -106,8 +107,8 @@ struct sh_pool {
     struct sh_fence_ops fences;
     struct sh_pool_mover mover; /* eviction's collaborators; zero until set */
     pthread_mutex_t mu;
-    pthread_mutex_t move_mu; /* one eviction or restore batch at a time */
-    pthread_rwlock_t index_lock;
+    pthread_mutex_t move_mu;     /* one eviction or restore batch at a time */
+    struct sh_rwlock index_lock; /* rwlock.h: the read side is cheap */
     struct sh_rindex *index;
     struct sh_vaarena *va;
     struct sh_chunkcache *cc;

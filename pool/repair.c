@@ -90,9 +90,9 @@ int sh_pool_heal(struct sh_pool *pool)
     if (__atomic_load_n(&pool->holes, __ATOMIC_ACQUIRE) == 0)
         return 0;
     pthread_mutex_lock(&pool->move_mu);
-    pthread_rwlock_rdlock(&pool->index_lock);
+    sh_rw_rdlock(&pool->index_lock);
     sh_rindex_foreach(pool->index, heal_visit, pool);
-    pthread_rwlock_unlock(&pool->index_lock);
+    sh_rw_unlock(&pool->index_lock);
     pthread_mutex_unlock(&pool->move_mu);
     return __atomic_load_n(&pool->holes, __ATOMIC_ACQUIRE) ? SH_ELOST : 0;
 }
@@ -120,9 +120,9 @@ int sh_pool_hole_in(struct sh_pool *pool, uintptr_t lo, uintptr_t hi)
     if (__atomic_load_n(&pool->holes, __ATOMIC_ACQUIRE) == 0)
         return 0;
     struct overlap o = {lo < hi ? lo : hi, lo < hi ? hi : lo, 0};
-    pthread_rwlock_rdlock(&pool->index_lock);
+    sh_rw_rdlock(&pool->index_lock);
     sh_rindex_foreach(pool->index, overlap_visit, &o);
-    pthread_rwlock_unlock(&pool->index_lock);
+    sh_rw_unlock(&pool->index_lock);
     return o.found;
 }
 

@@ -47,8 +47,8 @@ static int keep_largest(void *arg, uintptr_t start, size_t len, void *payload)
 size_t sh_pool_regions(struct sh_pool *pool, struct sh_pool_region_report *out, size_t max)
 {
     struct largest l = {out, 0, max};
-    pthread_rwlock_rdlock(&pool->index_lock);
+    sh_rw_rdlock(&pool->index_lock);
     sh_rindex_foreach(pool->index, keep_largest, &l);
-    pthread_rwlock_unlock(&pool->index_lock);
+    sh_rw_unlock(&pool->index_lock);
     return l.n;
 }

@@ -17,7 +17,7 @@
  * the same few regions over and over, and a hit skips the tree walk. An
  * entry holds while the index has not changed since it was made (its
  * generation, never the same for two indices). Callers hold index_lock. */
-#define HOT_BITS 6
+#define HOT_BITS 8
 struct hot {
     uint64_t gen;
     uintptr_t start;
@@ -26,10 +26,12 @@ struct hot {
 };
 static _Thread_local struct hot hot[1 << HOT_BITS];
 
-static struct region *lookup(const struct sh_pool *pool, uintptr_t v)
+/* tab: this thread's hot table; gen: the index's generation, both read
+ * once per call by the callers that look up many addresses. */
+static inline struct region *lookup_in(struct hot *tab, uint64_t gen, const struct sh_pool *pool,
+                                       uintptr_t v)
 {
-    struct hot *h = &hot[((v >> 16) * 0x9e3779b97f4a7c15u) >> (64 - HOT_BITS)];
-    uint64_t gen = sh_rindex_gen(pool->index);
+    struct hot *h = &tab[((v >> 16) * 0x9e3779b97f4a7c15u) >> (64 - HOT_BITS)];
     if (h->gen == gen && v - h->start < h->len)
         return h->r;
     uintptr_t start;
@@ -39,6 +41,11 @@ static struct region *lookup(const struct sh_pool *pool, uintptr_t v)
         return NULL;
     *h = (struct hot){.gen = gen, .start = start, .len = len, .r = r};
     return r;
+}
+
+static struct region *lookup(const struct sh_pool *pool, uintptr_t v)
+{
+    return lookup_in(hot, sh_rindex_gen(pool->index), pool, v);
 }
 
 /* Adds r's base to u->bases unless it is there (launches name few regions);
@@ -64,9 +71,11 @@ size_t sh_pool_use(struct sh_pool *pool, uintptr_t *vals, size_t n, uint64_t now
         u->ptrs = 0;
     }
     size_t m = 0;
-    pthread_rwlock_rdlock(&pool->index_lock);
+    struct hot *tab = hot;
+    sh_rw_rdlock(&pool->index_lock);
+    uint64_t gen = sh_rindex_gen(pool->index);
     for (size_t i = 0; i < n; i++) {
-        struct region *r = lookup(pool, vals[i]);
+        struct region *r = lookup_in(tab, gen, pool, vals[i]);
         if (!r)
             continue;
         vals[m++] = vals[i];
@@ -76,11 +85,17 @@ size_t sh_pool_use(struct sh_pool *pool, uintptr_t *vals, size_t n, uint64_t now
         u->ptrs |= __atomic_load_n(&r->holds_ptrs, __ATOMIC_RELAXED);
         __atomic_store_n(&r->last_use, now, __ATOMIC_RELAXED);
         __atomic_store_n(&r->last_use_us, now_us, __ATOMIC_RELAXED);
-        if (add_base(u, r) && __atomic_load_n(&r->state, __ATOMIC_RELAXED) == SH_RS_HOST &&
-            !r->stuck)
-            u->host_bytes += r->mapped;
+        size_t k = u->nbases;
+        if (add_base(u, r)) {
+            if (u->regions)
+                u->regions[k] = r;
+            if (__atomic_load_n(&r->state, __ATOMIC_RELAXED) == SH_RS_HOST && !r->stuck)
+                u->host_bytes += r->mapped;
+        }
     }
-    pthread_rwlock_unlock(&pool->index_lock);
+    sh_rw_unlock(&pool->index_lock);
+    if (u)
+        u->gen = gen;
     return m;
 }
 
@@ -93,7 +108,7 @@ size_t sh_pool_bases_ptrs(struct sh_pool *pool, const uintptr_t *addrs, size_t n
                           int *ptrs)
 {
     size_t m = 0;
-    pthread_rwlock_rdlock(&pool->index_lock);
+    sh_rw_rdlock(&pool->index_lock);
     for (size_t i = 0; i < n; i++) {
         struct region *r = lookup(pool, addrs[i]);
         if (r && ptrs && __atomic_load_n(&r->holds_ptrs, __ATOMIC_RELAXED))
@@ -106,7 +121,7 @@ size_t sh_pool_bases_ptrs(struct sh_pool *pool, const uintptr_t *addrs, size_t n
         if (k == m)
             bases[m++] = r->va;
     }
-    pthread_rwlock_unlock(&pool->index_lock);
+    sh_rw_unlock(&pool->index_lock);
     return m;
 }
 
@@ -117,7 +132,7 @@ void sh_pool_touch(struct sh_pool *pool, const uintptr_t *addrs, size_t n, size_
     clock_gettime(CLOCK_MONOTONIC, &ts);
     uint64_t now_us = (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
     *host_bytes = 0;
-    pthread_rwlock_rdlock(&pool->index_lock);
+    sh_rw_rdlock(&pool->index_lock);
     for (size_t i = 0; i < n; i++) {
         struct region *r = lookup(pool, addrs[i]);
         if (!r)
@@ -127,7 +142,7 @@ void sh_pool_touch(struct sh_pool *pool, const uintptr_t *addrs, size_t n, size_
         if (__atomic_load_n(&r->state, __ATOMIC_RELAXED) == SH_RS_HOST && !r->stuck)
             *host_bytes += r->mapped;
     }
-    pthread_rwlock_unlock(&pool->index_lock);
+    sh_rw_unlock(&pool->index_lock);
 }
 
 /* Stamps only grow: two threads' stamps may land in either order, and a
@@ -140,22 +155,41 @@ static void raise_stamp(uint64_t *stamp, uint64_t now)
         ;
 }
 
+static void stamp(struct region *r, uint64_t now, uint64_t streams)
+{
+    /* The streams first: whoever sees the stamp sees them (ev_idle). */
+    if (streams)
+        __atomic_or_fetch(&r->use_streams, streams, __ATOMIC_RELAXED);
+    raise_stamp(&r->issued, now);
+}
+
 void sh_pool_issued(struct sh_pool *pool, const uintptr_t *bases, size_t n, uint64_t streams)
+{
+    sh_pool_issued_found(pool, bases, NULL, n, 0, streams);
+}
+
+/* The regions found are alive and still the ones at bases while the index
+ * has the generation they were found in (a region leaves the index before
+ * it is freed, and that changes the generation); otherwise each base is
+ * looked up again. */
+void sh_pool_issued_found(struct sh_pool *pool, const uintptr_t *bases, void *const *regions,
+                          size_t n, uint64_t gen, uint64_t streams)
 {
     if (n == 0)
         return;
     uint64_t now = __atomic_add_fetch(&pool->clock, 1, __ATOMIC_RELAXED);
-    pthread_rwlock_rdlock(&pool->index_lock);
-    for (size_t i = 0; i < n; i++) {
-        struct region *r = lookup(pool, bases[i]);
-        if (!r)
-            continue;
-        /* The streams first: whoever sees the stamp sees them (ev_idle). */
-        if (streams)
-            __atomic_or_fetch(&r->use_streams, streams, __ATOMIC_RELAXED);
-        raise_stamp(&r->issued, now);
+    sh_rw_rdlock(&pool->index_lock);
+    if (regions && gen == sh_rindex_gen(pool->index)) {
+        for (size_t i = 0; i < n; i++)
+            stamp(regions[i], now, streams);
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            struct region *r = lookup(pool, bases[i]);
+            if (r)
+                stamp(r, now, streams);
+        }
     }
-    pthread_rwlock_unlock(&pool->index_lock);
+    sh_rw_unlock(&pool->index_lock);
 }
 
 /* Every reader of a region's stamp takes the later of it and this one

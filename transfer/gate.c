@@ -1,7 +1,17 @@
-/* gate.c — the remap gate: a writer-preferring rwlock whose read side nests
- * per thread.
+/* gate.c — the remap gate: a writer-preferring reader-writer lock whose
+ * read side nests per thread.
  *
- * Locking: the rwlock itself; the per-thread depth is thread-local (one gate
+ * Every launch takes the read side, so it costs two atomic operations
+ * while no window is open or waiting: a reader counts itself in, then
+ * checks that no writer has come; a writer raises its flag, then waits for
+ * the readers to drain. Both sequentially consistent, so a reader and a
+ * writer that race always see each other: either the writer counts the
+ * reader (and waits for it to leave) or the reader sees the flag (and
+ * backs out). Whoever must wait does it under mu, on cv.
+ *
+ * Locking: readers and writer are atomics; mu guards the waits (a reader
+ * that drains the gate under a waiting writer wakes it under mu, so the
+ * wake-up is never lost). The per-thread depth is thread-local (one gate
  * per process in practice, so one depth counter suffices and is checked).
  */
 #include "transfer/transfer.h"
@@ -9,27 +19,30 @@
 #include "sh_err.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 struct sh_gate {
-    pthread_rwlock_t rw;
+    atomic_uint readers; /* threads holding the read side */
+    atomic_int writer;   /* a window is open, or waits for the readers */
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* the readers drained, or a window closed */
     uint64_t windows;
     unsigned waiting; /* readers blocked on the read side now */
 };
 
-static _Thread_local const struct sh_gate *held_gate;
-static _Thread_local unsigned depth;
+static _Thread_local struct {
+    const struct sh_gate *gate; /* the one held */
+    unsigned depth;
+} held;
 
 int sh_gate_create(struct sh_gate **out)
 {
     struct sh_gate *g = calloc(1, sizeof *g);
     if (!g)
         return SH_ENOMEM;
-    pthread_rwlockattr_t attr;
-    pthread_rwlockattr_init(&attr);
-    pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
-    pthread_rwlock_init(&g->rw, &attr);
-    pthread_rwlockattr_destroy(&attr);
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
     *out = g;
     return 0;
 }
@@ -38,46 +51,97 @@ void sh_gate_destroy(struct sh_gate *g)
 {
     if (!g)
         return;
-    pthread_rwlock_destroy(&g->rw);
+    pthread_cond_destroy(&g->cv);
+    pthread_mutex_destroy(&g->mu);
     free(g);
+}
+
+/* Counts a reader out; the last one out under a waiting writer wakes it. */
+static void read_release(struct sh_gate *g)
+{
+    if (atomic_fetch_sub(&g->readers, 1) == 1 && atomic_load(&g->writer)) {
+        pthread_mutex_lock(&g->mu);
+        pthread_cond_broadcast(&g->cv);
+        pthread_mutex_unlock(&g->mu);
+    }
+}
+
+/* 1 if the read side was taken: no writer before the count, nor after. */
+static int read_try(struct sh_gate *g)
+{
+    if (atomic_load(&g->writer))
+        return 0;
+    atomic_fetch_add(&g->readers, 1);
+    if (!atomic_load(&g->writer))
+        return 1;
+    read_release(g); /* a window came meanwhile: it goes first */
+    return 0;
+}
+
+/* Waits out the windows, then takes the read side. */
+static void read_wait(struct sh_gate *g)
+{
+    __atomic_add_fetch(&g->waiting, 1, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&g->mu);
+    for (;;) {
+        while (atomic_load(&g->writer))
+            pthread_cond_wait(&g->cv, &g->mu);
+        atomic_fetch_add(&g->readers, 1);
+        if (!atomic_load(&g->writer))
+            break;
+        /* read_release() without mu: held here */
+        if (atomic_fetch_sub(&g->readers, 1) == 1)
+            pthread_cond_broadcast(&g->cv);
+    }
+    pthread_mutex_unlock(&g->mu);
+    __atomic_sub_fetch(&g->waiting, 1, __ATOMIC_RELAXED);
 }
 
 void sh_gate_enter(struct sh_gate *g)
 {
-    if (depth++ == 0) {
-        __atomic_add_fetch(&g->waiting, 1, __ATOMIC_RELAXED);
-        pthread_rwlock_rdlock(&g->rw);
-        __atomic_sub_fetch(&g->waiting, 1, __ATOMIC_RELAXED);
-        held_gate = g;
+    __typeof__(held) *h = &held;
+    if (h->depth++ == 0) {
+        if (!read_try(g))
+            read_wait(g);
+        h->gate = g;
     }
 }
 
 void sh_gate_leave(struct sh_gate *g)
 {
-    (void)g;
-    if (depth > 0 && --depth == 0) {
-        held_gate = NULL;
-        pthread_rwlock_unlock(&g->rw);
+    __typeof__(held) *h = &held;
+    if (h->depth > 0 && --h->depth == 0) {
+        h->gate = NULL;
+        read_release(g);
     }
 }
 
 int sh_gate_held(const struct sh_gate *g)
 {
-    return depth > 0 && held_gate == g;
+    return held.depth > 0 && held.gate == g;
 }
 
 int sh_gate_lock(struct sh_gate *g)
 {
     if (sh_gate_held(g))
         return SH_EBUSY;
-    pthread_rwlock_wrlock(&g->rw);
+    pthread_mutex_lock(&g->mu);
+    while (atomic_load(&g->writer)) /* another window */
+        pthread_cond_wait(&g->cv, &g->mu);
+    atomic_store(&g->writer, 1); /* no new reader from here */
+    while (atomic_load(&g->readers) != 0)
+        pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
     __atomic_add_fetch(&g->windows, 1, __ATOMIC_RELAXED);
     return 0;
 }
 
 void sh_gate_unlock(struct sh_gate *g)
 {
-    pthread_rwlock_unlock(&g->rw);
+    pthread_mutex_lock(&g->mu);
+    atomic_store(&g->writer, 0);
+    pthread_cond_broadcast(&g->cv); /* the readers waiting, and the next window */
+    pthread_mutex_unlock(&g->mu);
 }
 
 uint64_t sh_gate_windows(const struct sh_gate *g)
