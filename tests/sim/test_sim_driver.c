@@ -786,6 +786,24 @@ static void launch_errors(void **state)
     assert_int_equal(cuMemFree(d), CUDA_SUCCESS);
 }
 
+/* Managed memory: the CPU writes it and a copy reads it back; only the
+ * documented attach flags are taken; cuMemFree frees it. */
+static void managed_memory(void **state)
+{
+    (void)state;
+    need_ctx();
+    CUdeviceptr d = 0;
+    assert_int_equal(cuMemAllocManaged(&d, 4096, 0), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuMemAllocManaged(&d, 0, CU_MEM_ATTACH_GLOBAL), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuMemAllocManaged(&d, 4096, CU_MEM_ATTACH_HOST), CUDA_SUCCESS);
+    ((volatile uint32_t *)(uintptr_t)d)[7] = 0xfeedu;
+    uint32_t back = 0;
+    assert_int_equal(cuMemcpyDtoH(&back, d + 28, 4), CUDA_SUCCESS);
+    assert_int_equal(back, 0xfeedu);
+    assert_int_equal(cuMemFree(d), CUDA_SUCCESS);
+    assert_int_equal(cuMemFree(d), CUDA_ERROR_INVALID_VALUE);
+}
+
 /* ---- what the simulator does not implement ---- */
 
 static void unimplemented_calls_are_refused_loudly(void **state)
@@ -799,7 +817,8 @@ static void unimplemented_calls_are_refused_loudly(void **state)
     struct capture c;
     char err[2048];
     capture_begin(&c);
-    CUresult r1 = cuMemAllocManaged(&d, 4096, CU_MEM_ATTACH_GLOBAL);
+    size_t pitch = 0;
+    CUresult r1 = cuMemAllocPitch(&d, &pitch, 256, 16, 4);
     CUresult r2 = cuGraphCreate(&g, 0);
     CUresult r3 = cuModuleLoad(&m, "nothing.cubin");
     CUresult r4 = cuMemPoolExportPointer(&exported, d);
@@ -809,7 +828,7 @@ static void unimplemented_calls_are_refused_loudly(void **state)
     assert_int_equal(r2, CUDA_ERROR_NOT_SUPPORTED);
     assert_int_equal(r3, CUDA_ERROR_NOT_SUPPORTED);
     assert_int_equal(r4, CUDA_ERROR_NOT_SUPPORTED);
-    assert_non_null(strstr(err, "cuMemAllocManaged"));
+    assert_non_null(strstr(err, "cuMemAllocPitch"));
     assert_non_null(strstr(err, "cuGraphCreate"));
     assert_non_null(strstr(err, "cuModuleLoad"));
     assert_non_null(strstr(err, "cuMemPoolExportPointer"));
@@ -882,6 +901,7 @@ int main(void)
         cmocka_unit_test(launch_copies_argument_values_at_launch),
         cmocka_unit_test(kernel_runs_once_per_launch_on_a_worker_thread),
         cmocka_unit_test(launch_errors),
+        cmocka_unit_test(managed_memory),
         cmocka_unit_test(unimplemented_calls_are_refused_loudly),
         cmocka_unit_test(deprecated_calls_are_refused_loudly_too),
     };
