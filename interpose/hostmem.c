@@ -30,6 +30,8 @@ static struct range *ranges;
 static size_t nranges, cap;
 static size_t count; /* nranges, read without the lock */
 static uint64_t gen; /* ranges added so far (atomic) */
+/* Atomics: every range ever added lies between them. */
+static uintptr_t min_lo = UINTPTR_MAX, max_hi;
 
 /* The index of the first range starting at or after p; lock held. */
 static size_t first_from(uintptr_t p)
@@ -65,6 +67,10 @@ void sh_hostmem_add(const void *p, size_t n)
     if (!p || !n)
         return;
     pthread_rwlock_wrlock(&lock);
+    if (lo < min_lo)
+        __atomic_store_n(&min_lo, lo, __ATOMIC_RELAXED);
+    if (lo + n > max_hi)
+        __atomic_store_n(&max_hi, lo + n, __ATOMIC_RELAXED);
     size_t i = first_from(lo);
     if (i < nranges && ranges[i].lo == lo) {
         ranges[i].hi = lo + n; /* recorded by the runtime's call and the driver's */
@@ -113,4 +119,10 @@ int sh_hostmem_hit(const uintptr_t *v, size_t n)
 uint64_t sh_hostmem_gen(void)
 {
     return __atomic_load_n(&gen, __ATOMIC_ACQUIRE);
+}
+
+void sh_hostmem_bounds(uintptr_t *lo, uintptr_t *hi)
+{
+    *lo = __atomic_load_n(&min_lo, __ATOMIC_RELAXED);
+    *hi = __atomic_load_n(&max_hi, __ATOMIC_RELAXED);
 }

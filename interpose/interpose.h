@@ -150,6 +150,8 @@ void sh_hostmem_del(const void *p);
 int sh_hostmem_hit(const uintptr_t *v, size_t n);
 /* Grows with every range added. */
 uint64_t sh_hostmem_gen(void);
+/* Every range ever added lies in [*lo, *hi) (empty when *hi <= *lo). */
+void sh_hostmem_bounds(uintptr_t *lo, uintptr_t *hi);
 /* A host-to-device copy of n bytes from src to dst is being issued: if the
  * bytes hold pointers into regions, dst's region becomes a pointer table
  * and work using it is opaque. */

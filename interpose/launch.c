@@ -229,13 +229,40 @@ static int in_ptr_range(uintptr_t v)
 
 /* ---- the scan ---- */
 
+/* Where a value must lie to point into a region, a pointer table or host
+ * memory kernels read: [lo[i], lo[i] + span[i]) for some i. */
+struct plausible {
+    uintptr_t lo[3], span[3];
+};
+
+static void plausible_now(struct plausible *pl)
+{
+    uintptr_t lo[3], hi[3];
+    sh_pool_bounds(sh_rt.pool, &lo[0], &hi[0]);
+    lo[1] = __atomic_load_n(&ranges_min, __ATOMIC_RELAXED);
+    hi[1] = __atomic_load_n(&ranges_max, __ATOMIC_RELAXED);
+    sh_hostmem_bounds(&lo[2], &hi[2]);
+    for (int i = 0; i < 3; i++) {
+        pl->lo[i] = lo[i];
+        pl->span[i] = hi[i] > lo[i] ? hi[i] - lo[i] : 0;
+    }
+}
+
+static inline int plausible(const struct plausible *pl, uintptr_t v)
+{
+    return v - pl->lo[0] < pl->span[0] || v - pl->lo[1] < pl->span[1] ||
+           v - pl->lo[2] < pl->span[2];
+}
+
 /* Every 4-byte-aligned position of each parameter that can hold an 8-byte
  * pointer: a packed struct argument may keep one at offset 4. Returns the
- * candidates (non-zero values); the pool's index tells which are pointers
- * into regions (sh_pool_use), in one pass. Parameters holding more than
- * MAX_ADDRS (a list of tensors passed by value, as fused optimizers do)
- * make the launch opaque: the pointers past that are not followed. */
-static size_t scan(const struct layout *l, void **args, uintptr_t *vals)
+ * candidates (non-zero values; with pl, only those that may point into a
+ * region or a table now); the pool's index tells which are pointers into
+ * regions (sh_pool_use), in one pass. More than MAX_ADDRS of them (a list
+ * of tensors passed by value, as fused optimizers pass them, holds a few
+ * hundred) make the launch opaque: the pointers past that are not
+ * followed. */
+static size_t scan(const struct layout *l, void **args, uintptr_t *vals, const struct plausible *pl)
 {
     size_t n = 0;
     for (int i = 0; i < l->nparams && args; i++) {
@@ -243,7 +270,7 @@ static size_t scan(const struct layout *l, void **args, uintptr_t *vals)
         for (size_t off = 0; p && off + 8 <= l->size[i]; off += 4) {
             uintptr_t v;
             memcpy(&v, p + off, sizeof v);
-            if (!v)
+            if (!v || (pl && !plausible(pl, v)))
                 continue;
             if (n == MAX_ADDRS) {
                 pending.opaque = 1;
@@ -272,8 +299,10 @@ uint64_t sh_launch_tables_gen(void)
 
 /* The candidates of one launch's parameters; the layout's opaque flag goes
  * to the launch being issued. A launch without a layout (the table is
- * full) is opaque: nothing bounds what it touches. */
-static size_t scan_launch(const void *key, int kind, void **args, uintptr_t *vals)
+ * full) is opaque: nothing bounds what it touches. With every, values no
+ * region or table holds now are kept too (a graph checks them again when
+ * tables change). */
+static size_t scan_launch(const void *key, int kind, void **args, uintptr_t *vals, int every)
 {
     const struct layout *l = key ? get_layout(key, kind) : NULL;
     if (!l) {
@@ -281,7 +310,10 @@ static size_t scan_launch(const void *key, int kind, void **args, uintptr_t *val
         return 0;
     }
     pending.opaque |= l->opaque;
-    return scan(l, args, vals);
+    struct plausible pl;
+    if (!every)
+        plausible_now(&pl);
+    return scan(l, args, vals, every ? NULL : &pl);
 }
 
 /* ns->cands gets vals[0..n) (growing it); 0, or out of memory. */
@@ -308,7 +340,7 @@ size_t sh_launch_scan(const void *key, int kind, void **args, uintptr_t *addrs, 
     uintptr_t found[MAX_ADDRS];
     int was = pending.opaque; /* a graph's scan is no launch: what it finds goes to ns */
     pending.opaque = 0;
-    size_t c = scan_launch(key, kind, args, found);
+    size_t c = scan_launch(key, kind, args, found, ns != NULL);
     if (ns && (pending.opaque || keep_cands(ns, found, c) != 0))
         ns->opaque = 1; /* now, or whatever tables come */
     pending.opaque = was;
@@ -642,7 +674,7 @@ void sh_launch_prepare(uint64_t kernel, uintptr_t *vals, size_t n)
 static void prepare(const void *key, int kind, void **args)
 {
     uintptr_t vals[MAX_ADDRS];
-    launch_prepare((uint64_t)(uintptr_t)key, vals, scan_launch(key, kind, args, vals));
+    launch_prepare((uint64_t)(uintptr_t)key, vals, scan_launch(key, kind, args, vals, 0));
 }
 
 /* 1 when every launch issued so far on the streams in mask has finished. */

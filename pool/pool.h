@@ -342,6 +342,9 @@ void sh_pool_issued_any(struct sh_pool *pool, uint64_t streams);
  * region, and then the region containing into, if any, is marked as
  * holding pointers; else 0. */
 size_t sh_pool_find_pointers(struct sh_pool *pool, const void *bytes, size_t n, uintptr_t into);
+/* Every region ever indexed lies in [*lo, *hi) (empty when *hi <= *lo): a
+ * value outside points into none, without a lookup. */
+void sh_pool_bounds(struct sh_pool *pool, uintptr_t *lo, uintptr_t *hi);
 /* Records a use of the regions containing addrs[0..n) (a launch) and
  * returns, through *host_bytes, the device memory it takes to bring back
  * those of them that are evicted. */

@@ -33,6 +33,12 @@ void sh_pool_note_bounds(struct sh_pool *pool, const struct region *r)
         ;
 }
 
+void sh_pool_bounds(struct sh_pool *pool, uintptr_t *lo, uintptr_t *hi)
+{
+    *lo = __atomic_load_n(&pool->lo, __ATOMIC_RELAXED);
+    *hi = __atomic_load_n(&pool->hi, __ATOMIC_RELAXED);
+}
+
 static uint32_t word_at(const unsigned char *p, size_t i)
 {
     uint32_t w;

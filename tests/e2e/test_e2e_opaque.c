@@ -31,6 +31,11 @@
  *           table is uploaded (by cudaMemcpy): the replays must count as
  *           opaque once the upload shows the table, so no unseen write is
  *           left for the early evictions' fingerprints to catch;
+ *   list    the optimizer gets its weight and state at the end of a 2.4 KB
+ *           struct passed by value, after 600 words of sizes (as a fused
+ *           optimizer's tensor list): more positions than the scan keeps,
+ *           so the pointers must be found among the values that could be
+ *           pointers at all (the launch named, not opaque);
  *   packed  the optimizer gets a 4-byte-aligned packed struct argument
  *           whose weight pointer sits at offset 4;
  *   nccl    the optimizer is a kernel named like NCCL's that gets the
@@ -113,6 +118,20 @@ static void k_opt_table(void **a) /* (table = {weight, state}, grad) */
     const uint32_t *g = *(uint32_t **)a[1];
     touch(t[1], 1);
     touch(t[0], g[0]);
+}
+
+/* A tensor list passed by value: sizes first, the pointers last. */
+struct list {
+    uint32_t sizes[600];
+    uint32_t *w, *s;
+};
+
+static void k_opt_list(void **a) /* (list, grad) */
+{
+    const struct list *l = a[0];
+    const uint32_t *g = *(uint32_t **)a[1];
+    touch(l->s, l->sizes[599] == 600 ? 1 : 0); /* a list copied wrong writes nothing */
+    touch(l->w, g[0]);
 }
 
 /* What a compiler lays out for `#pragma pack(4)`: the pointer at offset 4. */
@@ -226,7 +245,7 @@ static int child_main(const char *pattern)
     int table2d = strcmp(pattern, "table2d") == 0, graph = strcmp(pattern, "graph") == 0;
     int bumped = devtable || in_host || table2d || graph;
     int table = bumped || strcmp(pattern, "table") == 0;
-    int nccl = strcmp(pattern, "nccl") == 0;
+    int nccl = strcmp(pattern, "nccl") == 0, list = strcmp(pattern, "list") == 0;
     int mset = strcmp(pattern, "memset") == 0;
     for (int i = 0; i < BLOCKS; i++) {
         if (cudaMalloc(&w[i], bytes) || cudaMalloc(&g[i], bytes) || cudaMalloc(&s[i], bytes) ||
@@ -289,10 +308,19 @@ static int child_main(const char *pattern)
                 launch(k_state, sargs);
                 failures += cuMemsetD32Async((CUdeviceptr)(uintptr_t)w[i], sum, WORDS, NULL) !=
                             CUDA_SUCCESS;
-            } else if (nccl)
+            } else if (nccl) {
                 launch(k_nccl, nargs);
-            else
+            } else if (list) {
+                static struct list l;
+                for (int k = 0; k < 600; k++)
+                    l.sizes[k] = (uint32_t)k + 1;
+                l.w = w[i];
+                l.s = s[i];
+                void *largs[] = {&l, &g[i]};
+                launch(k_opt_list, largs);
+            } else {
                 launch(table ? k_opt_table : k_opt_packed, table ? targs : pargs);
+            }
         }
         cudaDeviceSynchronize();
     }
@@ -326,6 +354,8 @@ static int child_main(const char *pattern)
         return 6; /* the verifier saw a loss the bytes checked here missed */
     if (bumped && !devtable && st.unseen_writes)
         return 8; /* a bump through the table went unseen: not taken as opaque */
+    if (list && st.active && (st.opaque_work || st.unseen_writes))
+        return 9; /* the list's pointers were not found, or not all */
     return failures ? 5 : 0;
 }
 
@@ -399,6 +429,13 @@ static void test_table2d(void **state)
     run(args, "table2d", verified);
 }
 
+static void test_list(void **state)
+{
+    (void)state;
+    run(args, "list", NULL);
+    run(args, "list", verified);
+}
+
 static void test_packed(void **state)
 {
     (void)state;
@@ -432,12 +469,14 @@ static int register_kernels(void)
     size_t aligns[] = {_Alignof(struct rec), 0, 0};
     size_t ptr[] = {sizeof(void *)};
     size_t three[] = {sizeof(void *), sizeof(void *), sizeof(void *)};
+    size_t list[] = {sizeof(struct list), sizeof(void *)};
     return simcuda_register_kernel(k_fwd, "fwd", 2, two, KERNEL_US) ||
            simcuda_register_kernel(k_state, "state", 1, ptr, KERNEL_US) ||
            simcuda_register_kernel(k_bwd, "bwd", 2, two, KERNEL_US) ||
            simcuda_register_kernel(k_opt_table, "opt_table", 2, two, KERNEL_US) ||
            simcuda_register_kernel(k_build, "build", 3, three, KERNEL_US) ||
            simcuda_register_kernel(k_bump, "bump", 1, ptr, KERNEL_US) ||
+           simcuda_register_kernel(k_opt_list, "opt_list", 2, list, KERNEL_US) ||
            simcuda_register_kernel_aligned(k_opt_packed, "opt_packed", 3, packed, aligns,
                                            KERNEL_US) ||
            simcuda_register_kernel(k_nccl, "ncclDevKernel_AllReduce_Sum_u32_RING_LL", 2, block,
@@ -466,8 +505,9 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table),  cmocka_unit_test(test_devtable),
         cmocka_unit_test(test_pinned), cmocka_unit_test(test_table2d),
-        cmocka_unit_test(test_graph),  cmocka_unit_test(test_packed),
-        cmocka_unit_test(test_nccl),   cmocka_unit_test(test_memset),
+        cmocka_unit_test(test_graph),  cmocka_unit_test(test_list),
+        cmocka_unit_test(test_packed), cmocka_unit_test(test_nccl),
+        cmocka_unit_test(test_memset),
     };
     return cmocka_run_group_tests_name("e2e_opaque", tests, NULL, NULL);
 }
