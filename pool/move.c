@@ -671,14 +671,15 @@ static void ev_compare(struct sh_pool *pool, struct region **v, size_t n, char *
 /* In r's window (drained): 1 when its device bytes are those its copy
  * ahead read, by fingerprint; chunks found clean keep their kept copy and
  * need no match. A region whose copies were all made in the window (kept
- * copies, nothing copied ahead) needs none. */
+ * copies, nothing copied ahead) needs none. 0: they changed; -1: they
+ * could not be fingerprinted (the region stays, and nothing is proved). */
 static int ev_unchanged(struct sh_pool *pool, struct region *r)
 {
     if ((r->from_kept && !r->ahead) || pool->mover.plant_lost_write)
         return 1;
     struct sh_clean_fp *now = malloc(r->nchunks * sizeof *now);
-    int same = now && sh_pool_fingerprint(pool, r, r->va, now) == 0;
-    for (unsigned i = 0; i < r->nchunks && same; i++)
+    int same = now && sh_pool_fingerprint(pool, r, r->va, now) == 0 ? 1 : -1;
+    for (unsigned i = 0; i < r->nchunks && same == 1; i++)
         same = r->chunks[i].clean || sh_clean_fp_equal(now[i], r->chunks[i].ev_fp);
     free(now);
     return same;
@@ -711,9 +712,9 @@ static void ev_window(struct sh_pool *pool, struct region **v, size_t n, char *o
          * does one whose bytes changed with no work naming it. */
         int copied = !ok[k] && sh_xfer_wait_seq(x, SH_D2H, r->mv_first, r->mv_last) == 0;
         int unused = sh_pool_issued_at(pool, r) == r->ev_issued || pool->mover.plant_lost_write;
-        int same = copied && unused && ev_unchanged(pool, r);
+        int verdict = copied && unused ? ev_unchanged(pool, r) : -1, same = verdict == 1;
         ok[k] = 0;
-        if (copied && unused && !same)
+        if (verdict == 0)
             sh_pool_unseen_write(pool, r, "under an early eviction (which stays resident)");
         if (same)
             sh_pool_check_move(pool, r, r->va, "early eviction");

@@ -468,6 +468,24 @@ static void test_early_eviction_needs_fingerprint(void **state)
     evict_one(a);
     assert_int_equal(bad_words(a, RSIZE, 3), 0);
     stop();
+
+    /* A fingerprint that fails in the window proves nothing: the region
+     * stays, and no unseen write is counted. */
+    start(&std_opts);
+    a = alloc(RSIZE);
+    b = alloc(RSIZE);
+    evict_one(b);
+    fill(a, RSIZE, 3);
+    assert_int_equal(start_early(a), 1);
+    fpk.fail = 1;
+    size_t back = 0;
+    assert_int_equal(commit_early(1, &back), 0);
+    fpk.fail = 0;
+    assert_int_equal(back, 1);
+    assert_int_equal(state_of(a), SH_RS_RESIDENT);
+    assert_int_equal(pstats().unseen_writes, 0);
+    assert_int_equal(bad_words(a, RSIZE, 3), 0);
+    stop();
 }
 
 /* Work issued against a region while its copy ran may have changed it
