@@ -92,6 +92,7 @@ struct rkey {
     uint32_t use_off, nuse;
     uint32_t free_pos; /* NONE32: not freed within the step */
     uint32_t seen;     /* scratch while building */
+    uint64_t walked;   /* a plan's walk allocated it: 2 * stamp + the step (0, 1) */
     /* The table slot of the region that plays it in this step ([0]) and the
      * next ([1]), as of a version and key generation: a plan's walk asks
      * for the same keys launch after launch while nothing changes. */

@@ -715,6 +715,66 @@ static void test_plan_room_for_allocations(void **state)
     sh_policy_destroy(p);
 }
 
+/* A transient allocated and freed within the walk gives its room back: two
+ * of 300 bytes in turn need 300, not 600 (the walk once held each to its
+ * end and evicted for a peak that never comes). */
+static void test_plan_counts_frees_of_walked_allocations(void **state)
+{
+    (void)state;
+    struct sh_policy *p = mk(SH_POLICY_LEARNED);
+    alloc_weights(p, same);
+    uint64_t act = 100;
+    for (int s = 0; s < 2; s++) {
+        launch1(p, KF, 1);
+        for (uint64_t w = 2; w <= 3; w++, act++) {
+            assert_int_equal(sh_policy_alloc(p, t_now, act, 300, 7), 0);
+            uint64_t ids[] = {w, act};
+            launch(p, KF, ids, 2);
+            assert_int_equal(sh_policy_free(p, t_now, act), 0);
+            assert_int_equal(sh_policy_forget(p, act), 0);
+        }
+        launch1(p, KF, 4);
+    }
+    launch1(p, KF, 1); /* step 2, following */
+    uint64_t f[8], e[8];
+    struct sh_policy_plan plan = {.fetch = f, .fetch_max = 8, .evict = e, .evict_max = 8};
+    /* 400 in use under 800: one transient at a time fits */
+    assert_int_equal(sh_policy_plan(p, 400, NULL, 0, &plan), 0);
+    assert_int_equal(plan.nevict, 0);
+    /* 600 in use: 100 bytes short for the first; the second reuses its room */
+    assert_int_equal(sh_policy_plan(p, 600, NULL, 0, &plan), 0);
+    assert_int_equal(plan.nevict, 1);
+    assert_int_equal(e[0], 1);
+    sh_policy_destroy(p);
+}
+
+/* The same for belady's exact future. */
+static void test_plan_belady_counts_frees_of_walked_allocations(void **state)
+{
+    (void)state;
+    struct sh_policy *p = mk(SH_POLICY_BELADY);
+    static const uint64_t l0[] = {1}, l1[] = {2, 100}, l2[] = {3, 101}, l3[] = {4};
+    const struct sh_policy_future f[] = {
+        {SH_FUTURE_ALLOC, 1, 100, NULL, 0},   {SH_FUTURE_ALLOC, 2, 100, NULL, 0},
+        {SH_FUTURE_ALLOC, 3, 100, NULL, 0},   {SH_FUTURE_ALLOC, 4, 100, NULL, 0},
+        {SH_FUTURE_LAUNCH, 0, 0, l0, 1},      {SH_FUTURE_ALLOC, 100, 300, NULL, 0},
+        {SH_FUTURE_LAUNCH, 0, 0, l1, 2},      {SH_FUTURE_FREE, 100, 0, NULL, 0},
+        {SH_FUTURE_ALLOC, 101, 300, NULL, 0}, {SH_FUTURE_LAUNCH, 0, 0, l2, 2},
+        {SH_FUTURE_FREE, 101, 0, NULL, 0},    {SH_FUTURE_LAUNCH, 0, 0, l3, 1},
+    };
+    assert_int_equal(sh_policy_set_future(p, f, sizeof f / sizeof f[0]), 0);
+    alloc_weights(p, same);
+    launch1(p, KF, 1);
+    uint64_t fe[8], e[8];
+    struct sh_policy_plan plan = {.fetch = fe, .fetch_max = 8, .evict = e, .evict_max = 8};
+    assert_int_equal(sh_policy_plan(p, 400, NULL, 0, &plan), 0);
+    assert_int_equal(plan.nevict, 0);
+    assert_int_equal(sh_policy_plan(p, 600, NULL, 0, &plan), 0);
+    assert_int_equal(plan.nevict, 1);
+    assert_int_equal(e[0], 1); /* never used again */
+    sh_policy_destroy(p);
+}
+
 /* ---- divergence ---- */
 
 static void test_divergence_falls_back_to_lru(void **state)
@@ -1023,6 +1083,8 @@ int main(void)
         cmocka_unit_test(test_plan_never_evicts_sooner),
         cmocka_unit_test(test_plan_lru_has_no_exchange),
         cmocka_unit_test(test_plan_room_for_allocations),
+        cmocka_unit_test(test_plan_counts_frees_of_walked_allocations),
+        cmocka_unit_test(test_plan_belady_counts_frees_of_walked_allocations),
         cmocka_unit_test(test_divergence_falls_back_to_lru),
         cmocka_unit_test(test_eval_steps),
         cmocka_unit_test(test_batch_shape_still_follows),
