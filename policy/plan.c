@@ -29,13 +29,28 @@ static u128 lru_score(const struct region *r)
     return (u128)(UINT64_MAX - r->last_use);
 }
 
+/* Learned: the device memory an eviction frees, in bytes × launches, per
+ * copy it costs. A region used again is away until that use and costs a
+ * copy out and one back, or only the one back when it keeps a host copy;
+ * a region the recording frees before any use is away until its free, which
+ * would release it anyway, and costs the copy out. So one freed soon waits
+ * for its free, and one freed late goes before one that must come back. */
+static u128 learned_score(struct sh_policy *p, struct region *r, uint64_t dist)
+{
+    if (dist == DEAD) {
+        uint64_t span = pol_free_distance(p, r);
+        return (u128)(span == FAR ? dist : span) * r->bytes * 2;
+    }
+    return (u128)dist * r->bytes * (r->kept ? 2 : 1);
+}
+
 /* The victim order of the kind, for a region outside the window. */
 static u128 order_score(struct sh_policy *p, struct region *r, uint64_t dist)
 {
     if (kind_is(p, SH_POLICY_BELADY))
         return (u128)dist;
     if (kind_is(p, SH_POLICY_LEARNED) && predicting(p))
-        return dist >= DEAD ? ~(u128)0 : (u128)dist * r->bytes;
+        return learned_score(p, r, dist);
     return lru_score(r);
 }
 
@@ -59,15 +74,15 @@ static int window_of(const struct sh_policy *p)
 }
 
 /* Candidates: resident, not protected, not chosen in this pass. In order:
- * freed regions (no copy), those used later than the window, those the
- * recording says are freed before any use (one copy out for bytes nobody
- * reads again, where the free would have released them for nothing), then
- * those needed within the window (a copy out and a copy back soon). */
+ * freed regions (no copy), those not needed within the window (by the
+ * kind's order), then those needed within it (a copy out and a copy back
+ * soon). The other kinds than learned, which weighs what each costs, put
+ * after the second group the regions the recording frees before any use. */
 enum { VG_FREED, VG_LATER, VG_DEAD, VG_SOON };
 static size_t collect_victims(struct sh_policy *p)
 {
     size_t n = 0;
-    int pred = predicting(p);
+    int pred = predicting(p), learned = kind_is(p, SH_POLICY_LEARNED);
     uint64_t window = (uint64_t)window_of(p);
     for (size_t k = 0; k < p->ndset; k++) { /* the live regions on the device */
         uint32_t i = p->dset[k];
@@ -82,7 +97,7 @@ static size_t collect_victims(struct sh_policy *p)
             continue;
         }
         uint64_t d = pred ? pol_distance(p, r) : FAR;
-        v->group = d == DEAD ? VG_DEAD : pred && d < window ? VG_SOON : VG_LATER;
+        v->group = pred && d < window ? VG_SOON : d == DEAD && !learned ? VG_DEAD : VG_LATER;
         v->score = v->group == VG_SOON ? (u128)d : order_score(p, r, d);
     }
     return n;

@@ -268,6 +268,19 @@ int sh_policy_residency(struct sh_policy *p, uint64_t id, int residency)
     return 0;
 }
 
+int sh_policy_kept(struct sh_policy *p, uint64_t id, int kept)
+{
+    if (!p)
+        return SH_EINVAL;
+    struct region *r = find(p, id);
+    if (!r)
+        return SH_ENOTFOUND;
+    if (r->kept != !!kept && kind_is(p, SH_POLICY_LEARNED))
+        p->version++; /* only learned's order reads it */
+    r->kept = !!kept;
+    return 0;
+}
+
 void sh_policy_slots(struct sh_policy *p, int h2d_busy, int d2h_busy)
 {
     if (!p)

@@ -123,6 +123,11 @@ int sh_policy_step(struct sh_policy *p, uint64_t t_us);
 int sh_policy_phase(struct sh_policy *p, uint64_t t_us, int phase);
 /* Residency as the mechanism carried it out. */
 int sh_policy_residency(struct sh_policy *p, uint64_t id, int residency);
+/* Whether the region, on the device, keeps a host copy of its bytes
+ * ([policy] clean_skip): an eviction of it copies nothing unless it was
+ * written since, so it is a cheaper victim than one that must be copied.
+ * 0 for a region never told. */
+int sh_policy_kept(struct sh_policy *p, uint64_t id, int kept);
 /* Transfer-slot occupancy seen by the caller (feeds the contention rule). */
 void sh_policy_slots(struct sh_policy *p, int h2d_busy, int d2h_busy);
 /* Device bytes in use now (feeds the backward-pressure rule). */

@@ -67,6 +67,7 @@ struct region {
     uint8_t res;
     uint8_t cls;
     uint8_t freed;
+    uint8_t kept; /* keeps a host copy (sh_policy_kept) */
 };
 
 /* An identity as recorded: id, allocation number, allocation position,
@@ -302,6 +303,8 @@ struct region *pol_region_for(const struct sh_policy *p, const struct recording 
                               uint64_t shift);
 const uint32_t *pol_key_uses(const struct recording *rc, uint32_t k);
 uint64_t pol_distance(struct sh_policy *p, struct region *r);
+/* Launches until the recording frees the region's role; FAR: not this step. */
+uint64_t pol_free_distance(struct sh_policy *p, struct region *r);
 
 /* ---------------------------------------------------------------------- */
 /* record.c */

@@ -108,6 +108,15 @@ static uint64_t key_next(const struct recording *rc, uint32_t k, uint32_t c, uin
 
 /* Launches from now to the region's next use; DEAD when the recording says
  * it is freed before any, FAR when unknown. */
+uint64_t pol_free_distance(struct sh_policy *p, struct region *r)
+{
+    uint32_t k = following(p) ? key_of(p, r) : NONE32;
+    if (k == NONE32 || p->recs[p->active].keys[k].free_pos == NONE32)
+        return FAR;
+    uint32_t at = p->recs[p->active].keys[k].free_pos;
+    return at > p->pos ? at - p->pos : 0;
+}
+
 uint64_t pol_distance(struct sh_policy *p, struct region *r)
 {
     if (kind_is(p, SH_POLICY_BELADY)) {

@@ -421,38 +421,74 @@ static void test_freed_first(void **state)
     sh_policy_destroy(p);
 }
 
-/* One step of the loop with a scratch region T (id 50) allocated first,
- * used by the first launch only and freed at the end. */
-static void step_with_scratch(struct sh_policy *p)
+/* A step with two scratch regions of 100 bytes allocated at its start and
+ * read by its first launch only: 51 freed at position 2, 50 at 6. */
+static void step_with_two_scratch(struct sh_policy *p, int record)
 {
-    assert_int_equal(sh_policy_alloc(p, t_now, 50, 300, 7), 0);
-    uint64_t first[] = {1, 50};
-    launch(p, KF, first, 2);
-    fwd_bwd(p, 1);
-    assert_int_equal(sh_policy_free(p, t_now, 50), 0);
-    assert_int_equal(sh_policy_forget(p, 50), 0);
+    static const uint64_t order[] = {1, 2, 3, 4, 4, 3, 2, 1};
+    assert_int_equal(sh_policy_alloc(p, t_now, 50, 100, 7), 0);
+    assert_int_equal(sh_policy_alloc(p, t_now, 51, 100, 7), 0);
+    uint64_t first[] = {1, 50, 51};
+    launch(p, KF, first, 3);
+    for (int i = 1; i < (record ? 8 : 1); i++) {
+        if (i == 2 || i == 6) {
+            uint64_t id = i == 2 ? 51 : 50;
+            assert_int_equal(sh_policy_free(p, t_now, id), 0);
+            assert_int_equal(sh_policy_forget(p, id), 0);
+        }
+        launch1(p, i < 4 ? KF : KB, order[i]);
+    }
 }
 
-/* A region the recording says is freed before any further use goes after
- * every region needed later than the window: copying it out moves bytes
- * nobody reads again. It still goes before those needed within the window
- * (a copy out and a copy back soon). */
-static void test_dead_after_later(void **state)
+/* Learned weighs what an eviction frees against the copies it costs: a
+ * region freed before any further use is away only until its free, which
+ * would release it anyway, for one copy out; one used again is away until
+ * that use, for a copy out and one back, or only the one back when it keeps
+ * a host copy. So a region freed late goes before one needed later, one
+ * freed soon after it, and all before those needed within the window. */
+static void test_dead_weighs_its_free(void **state)
 {
     (void)state;
     struct sh_policy *p = mk(SH_POLICY_LEARNED);
     alloc_weights(p, same);
     assert_int_equal(sh_policy_step(p, t_now), 0);
-    step_with_scratch(p);
+    step_with_two_scratch(p, 1);
     assert_int_equal(sh_policy_step(p, t_now), 0);
     assert_int_equal(stats(p).trace_ready, 1);
-    assert_int_equal(sh_policy_alloc(p, t_now, 50, 300, 7), 0);
-    uint64_t first[] = {1, 50};
-    launch(p, KF, first, 2);
+    step_with_two_scratch(p, 0);
     assert_true(next_use(p, 50) == FAR); /* no use left */
-    /* W1 next at 7 (outside the window of 4), T dead, W4 2, W3 1, W2 0 */
-    static const uint64_t want[] = {1, 50, 4, 3, 2};
-    victims_are(p, 10000, NULL, 0, want, 5);
+    assert_true(next_use(p, 51) == FAR);
+    /* at position 1: 50 freed in 5 (100 B x 5 / 1 copy), W1 needed in 6
+     * (100 B x 6 / 2 copies), 51 freed in 1; W4, W3, W2 within the window */
+    static const uint64_t want[] = {50, 1, 51, 4, 3, 2};
+    victims_are(p, 10000, NULL, 0, want, 6);
+    /* W1 keeps a host copy: its eviction costs only the copy back */
+    assert_int_equal(sh_policy_kept(p, 1, 1), 0);
+    static const uint64_t kept[] = {1, 50, 51, 4, 3, 2};
+    victims_are(p, 10000, NULL, 0, kept, 6);
+    assert_int_equal(sh_policy_kept(p, 1, 0), 0);
+    victims_are(p, 10000, NULL, 0, want, 6);
+    assert_int_equal(sh_policy_kept(p, 99, 1), SH_ENOTFOUND);
+    assert_int_equal(sh_policy_kept(NULL, 1, 1), SH_EINVAL);
+    sh_policy_destroy(p);
+}
+
+/* The other kinds keep such a region after every region needed later. */
+static void test_lru_dead_after_later(void **state)
+{
+    (void)state;
+    struct sh_policy *p = mk(SH_POLICY_LRU);
+    alloc_weights(p, same);
+    assert_int_equal(sh_policy_step(p, t_now), 0);
+    step_with_two_scratch(p, 1);
+    assert_int_equal(sh_policy_step(p, t_now), 0);
+    step_with_two_scratch(p, 0);
+    uint64_t out[16];
+    size_t n = sh_policy_victims(p, 10000, NULL, 0, out, 16);
+    assert_int_equal(n, 6);
+    /* W1 (LRU among those needed later) before both scratch regions */
+    assert_int_equal(out[0], 1);
+    assert_true((out[1] == 50 && out[2] == 51) || (out[1] == 51 && out[2] == 50));
     sh_policy_destroy(p);
 }
 
@@ -1071,7 +1107,8 @@ int main(void)
         cmocka_unit_test(test_learned_score_uses_size),
         cmocka_unit_test(test_belady_order),
         cmocka_unit_test(test_freed_first),
-        cmocka_unit_test(test_dead_after_later),
+        cmocka_unit_test(test_dead_weighs_its_free),
+        cmocka_unit_test(test_lru_dead_after_later),
         cmocka_unit_test(test_protect_and_in_flight),
         cmocka_unit_test(test_prefetch_soonest_first),
         cmocka_unit_test(test_prefetch_window),

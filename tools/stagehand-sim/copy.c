@@ -154,7 +154,7 @@ int start_copy(struct run *r, size_t g, int dir, int demand)
         cp->clean = !s->dirty;
         cp->link = cp->clean ? 0 : s->bytes;
         cp->fp_ns = fp_ns(r, s->bytes);
-        s->kept = 0;
+        sim_kept(r, s, 0);
     }
     s->copy = c;
     s->res = dir == H2D ? SH_RES_TO_DEVICE : SH_RES_TO_HOST;

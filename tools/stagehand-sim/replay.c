@@ -132,13 +132,20 @@ int drain(struct run *r)
     return r->sp->drain_copies ? advance(r, copies_done_ns(r)) : 0;
 }
 
+void sim_kept(struct run *r, struct sreg *s, int kept)
+{
+    if (s->kept != kept && s->live)
+        sh_policy_kept(r->pol, s->id, kept);
+    s->kept = kept;
+}
+
 /* A restore lands: with clean_skip its slabs stay, as a copy of the bytes
  * fingerprinted in this window (unless the region learnt to keep none). */
 static uint64_t keep_copy(struct run *r, struct sreg *s)
 {
     if (!r->sp->clean_skip || !s->live || !sh_clean_learn_keep(&s->learn))
         return 0;
-    s->kept = 1;
+    sim_kept(r, s, 1);
     s->dirty = 0;
     return (uint64_t)((double)s->bytes / r->sp->hbm_bytes_per_s * 1e9 + 0.5);
 }
@@ -323,7 +330,7 @@ static int on_free(struct run *r, const struct sh_trace_event *e)
         return run_fail(r, "trace line %u: free of unknown region", e->line);
     struct sreg *s = &r->reg[g];
     s->live = 0;
-    s->kept = 0; /* a free gives the copy back */
+    sim_kept(r, s, 0); /* a free gives the copy back */
     /* As the library does (sh_sched_free): the policy records the free and
      * forgets the region at once, whatever its memory is still doing, so
      * that the id may come back for the next allocation (the pool reuses a
@@ -365,7 +372,7 @@ static void abandon_eviction(struct run *r, struct sreg *s)
     s->copy = -1;
     r->evicting -= s->bytes;
     s->res = SH_RES_DEVICE;
-    s->kept = cp->kept && cp->clean; /* nothing was copied into it: still good */
+    sim_kept(r, s, cp->kept && cp->clean); /* nothing was copied into it: still good */
     sh_policy_residency(r->pol, s->id, SH_RES_DEVICE);
 }
 

@@ -101,6 +101,8 @@ int wait_one(struct run *r);
 int advance(struct run *r, uint64_t t);
 /* A window's drain: with drain_mode = device, every copy in flight ends. */
 int drain(struct run *r);
+/* Whether s keeps a host copy; the policy is told, as the library tells it. */
+void sim_kept(struct run *r, struct sreg *s, int kept);
 /* One remap window (drain, remap): the finished copies of the directions
  * in the mask dirs (1 << H2D, 1 << D2H) numbered from `from` on take
  * effect, as the library's windows commit only their own kind. */
