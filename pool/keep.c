@@ -296,3 +296,15 @@ size_t sh_pool_kept_evicted(struct sh_pool *pool, struct region *r)
     r->from_kept = r->ahead = 0;
     return copied;
 }
+
+void sh_pool_kept_of(struct sh_pool *pool, const uintptr_t *bases, size_t n, uint8_t *out)
+{
+    pthread_mutex_lock(&pool->mu); /* guards has_kept; then the index */
+    sh_rw_rdlock(&pool->index_lock);
+    for (size_t i = 0; i < n; i++) {
+        const struct region *r = sh_rindex_lookup(pool->index, bases[i]);
+        out[i] = r && r->has_kept;
+    }
+    sh_rw_unlock(&pool->index_lock);
+    pthread_mutex_unlock(&pool->mu);
+}

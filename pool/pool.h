@@ -111,6 +111,11 @@ int sh_pool_alloc(struct sh_pool *pool, size_t size, int path, uint64_t stream, 
 int sh_pool_free(struct sh_pool *pool, uintptr_t va, uint64_t stream, uint64_t fence);
 /* The region containing addr (interior pointers too); SH_ENOTFOUND if none. */
 int sh_pool_lookup(struct sh_pool *pool, uintptr_t addr, struct sh_region_info *out);
+/* For each of bases[0..n): 1 when the region there keeps a host copy of its
+ * bytes (clean regions, keep.c), so that its next eviction may copy
+ * nothing; 0 otherwise, and for an address in no region. What the policy
+ * weighs a victim by (sh_policy_kept). */
+void sh_pool_kept_of(struct sh_pool *pool, const uintptr_t *bases, size_t n, uint8_t *out);
 /* The allocation the program holds at addr, as the driver would name it:
  * a live region's [va, va + size) or a sub-allocated block; SH_ENOTFOUND
  * for anything else (freed, a sub-allocator slab's unused space). */

@@ -111,10 +111,19 @@ static void test_clean_eviction_copies_nothing(void **state)
     evict_one(a);
     assert_int_equal(d2h(), RSIZE);
     assert_int_equal(pstats().kept_bytes, 0);
+    uint8_t kept = 9;
+    sh_pool_kept_of(sys.pool, &a, 1, &kept);
+    assert_int_equal(kept, 0);
     restore_one(a);
     struct sh_pool_stats st = pstats();
     assert_int_equal(st.kept_bytes, RSIZE);
     assert_int_equal(st.fingerprints, 2); /* one per chunk, at the restore */
+    uintptr_t asked[] = {a, a + RSIZE / 2, 4096};
+    uint8_t got[3] = {9, 9, 9};
+    sh_pool_kept_of(sys.pool, asked, 3, got); /* interior pointers too */
+    assert_int_equal(got[0], 1);
+    assert_int_equal(got[1], 1);
+    assert_int_equal(got[2], 0);
     evict_one(a);
     st = pstats();
     assert_int_equal(d2h(), RSIZE); /* nothing more */
@@ -122,6 +131,8 @@ static void test_clean_eviction_copies_nothing(void **state)
     assert_int_equal(st.clean_evictions, 1);
     assert_int_equal(st.clean_bytes, RSIZE);
     assert_int_equal(st.kept_bytes, 0); /* the copy is the eviction's now */
+    sh_pool_kept_of(sys.pool, &a, 1, &kept);
+    assert_int_equal(kept, 0);
     assert_int_equal(bad_words(a, RSIZE, 1), 0);
     restore_one(a);
     assert_int_equal(bad_words(a, RSIZE, 1), 0);
@@ -207,6 +218,11 @@ static void test_copies_given_up_first(void **state)
     struct sh_pool_stats st = pstats();
     assert_int_equal(st.kept_dropped, 1);
     assert_int_equal(st.kept_bytes, CH);
+    uintptr_t ab[] = {a, b};
+    uint8_t kept[2] = {9, 9};
+    sh_pool_kept_of(sys.pool, ab, 2, kept);
+    assert_int_equal(kept[0], 0);
+    assert_int_equal(kept[1], 1);
     evict_one(b); /* still kept: clean */
     assert_int_equal(pstats().clean_evictions, 1);
     restore_one(c);
