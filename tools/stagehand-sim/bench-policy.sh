@@ -62,16 +62,18 @@ done
 echo "## targets"
 printf '%s\n' "${summary[@]}"
 
-# real_line NAME OUTPUT: a recorded model's 2x figures against the targets.
+# real_line NAME OUTPUT: a recorded model's 2x figures against the targets
+# (with ids reused, as the pool reuses addresses, 1.15x reactive's speed).
 real_line() {
-    local step
+    local step want=1.25
     step() { printf '%s\n' "$2" | sed -n "s/^policy=$1 step_s=\([0-9.]*\) .*/\1/p"; }
-    awk -v n="$1" -v l="$(step learned "$2")" -v r="$(step reactive "$2")" \
+    [[ $1 == *-reuse ]] && want=1.15
+    awk -v n="$1" -v w="$want" -v l="$(step learned "$2")" -v r="$(step reactive "$2")" \
         -v u="$(step lru "$2")" -v b="$(step belady "$2")" \
         -v lb="$(printf '%s\n' "$2" | sed -n 's/^policy=learned .* lower_bound_s=\([0-9.]*\) .*/\1/p')" 'BEGIN {
         vb = l / b; vr = r / l; vu = l / u;
-        printf "real model at 2x, %s: learned/belady=%.3f (%s 1.05) speedup_vs_reactive=%.2f (%s 1.25) learned/lru=%.3f (%s 1.02) learned/lower_bound=%.3f belady/lower_bound=%.3f\n",
-            n, vb, (vb <= 1.05 ? "meets" : "misses"), vr, (vr >= 1.25 ? "meets" : "misses"),
+        printf "real model at 2x, %s: learned/belady=%.3f (%s 1.05) speedup_vs_reactive=%.2f (%s %.2f) learned/lru=%.3f (%s 1.02) learned/lower_bound=%.3f belady/lower_bound=%.3f\n",
+            n, vb, (vb <= 1.05 ? "meets" : "misses"), vr, (vr >= w ? "meets" : "misses"), w,
             vu, (vu <= 1.02 ? "meets" : "misses"), l / lb, b / lb }'
 }
 
