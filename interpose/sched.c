@@ -326,6 +326,25 @@ void sh_sched_mark(int step, int phase)
     pthread_mutex_unlock(&sched_mu);
 }
 
+/* Regions back on the device: which keep a host copy (clean regions), so
+ * that learned weighs them as cheap victims. Asked of the pool before
+ * sched_mu, which is never held over the pool's locks. */
+#define KEPT_BATCH 64
+static void tell_kept(const uintptr_t *bases, size_t n)
+{
+    if (!sh_rt.cfg.policy.clean_skip || sh_rt.cfg.policy.eviction != SH_CONFIG_EVICT_LEARNED)
+        return;
+    for (size_t at = 0; at < n; at += KEPT_BATCH) {
+        size_t k = n - at < KEPT_BATCH ? n - at : KEPT_BATCH;
+        uint8_t kept[KEPT_BATCH];
+        sh_pool_kept_of(sh_rt.pool, bases + at, k, kept);
+        pthread_mutex_lock(&sched_mu);
+        for (size_t i = 0; i < k; i++)
+            sh_policy_kept(policy, bases[at + i], kept[i]);
+        pthread_mutex_unlock(&sched_mu);
+    }
+}
+
 void sh_sched_residency(const uintptr_t *bases, size_t n, int on_device)
 {
     if (!policy)
@@ -334,6 +353,8 @@ void sh_sched_residency(const uintptr_t *bases, size_t n, int on_device)
     for (size_t i = 0; i < n; i++)
         sh_policy_residency(policy, bases[i], on_device ? SH_RES_DEVICE : SH_RES_HOST);
     pthread_mutex_unlock(&sched_mu);
+    if (on_device)
+        tell_kept(bases, n);
 }
 
 size_t sh_sched_victims(size_t need, const uintptr_t *protect, size_t np, uintptr_t *out,
@@ -410,6 +431,8 @@ static void tell(const uintptr_t *bases, size_t n, int residency)
     for (size_t i = 0; i < n; i++)
         sh_policy_residency(policy, bases[i], residency);
     pthread_mutex_unlock(&sched_mu);
+    if (residency == SH_RES_DEVICE)
+        tell_kept(bases, n);
     if (residency == SH_RES_HOST)
         sh_sched_announce(bases, n, SH_TM_EV_EVICT);
     else if (residency == SH_RES_TO_DEVICE)
