@@ -751,6 +751,22 @@ static void test_plan_room_for_allocations(void **state)
     sh_policy_destroy(p);
 }
 
+/* Planned with W2 and a transient of 300 bytes next, then W3 and another:
+ * with 400 bytes in use under 800 one at a time fits; with 600 the first
+ * is 100 bytes short (W1 goes: needed last), and the second reuses its
+ * room. */
+static void plans_one_transient(struct sh_policy *p)
+{
+    uint64_t f[8], e[8];
+    struct sh_policy_plan plan = {.fetch = f, .fetch_max = 8, .evict = e, .evict_max = 8};
+    assert_int_equal(sh_policy_plan(p, 400, NULL, 0, &plan), 0);
+    assert_int_equal(plan.nevict, 0);
+    assert_int_equal(sh_policy_plan(p, 600, NULL, 0, &plan), 0);
+    assert_int_equal(plan.nevict, 1);
+    assert_int_equal(e[0], 1);
+    sh_policy_destroy(p);
+}
+
 /* A transient allocated and freed within the walk gives its room back: two
  * of 300 bytes in turn need 300, not 600 (the walk once held each to its
  * end and evicted for a peak that never comes). */
@@ -772,16 +788,7 @@ static void test_plan_counts_frees_of_walked_allocations(void **state)
         launch1(p, KF, 4);
     }
     launch1(p, KF, 1); /* step 2, following */
-    uint64_t f[8], e[8];
-    struct sh_policy_plan plan = {.fetch = f, .fetch_max = 8, .evict = e, .evict_max = 8};
-    /* 400 in use under 800: one transient at a time fits */
-    assert_int_equal(sh_policy_plan(p, 400, NULL, 0, &plan), 0);
-    assert_int_equal(plan.nevict, 0);
-    /* 600 in use: 100 bytes short for the first; the second reuses its room */
-    assert_int_equal(sh_policy_plan(p, 600, NULL, 0, &plan), 0);
-    assert_int_equal(plan.nevict, 1);
-    assert_int_equal(e[0], 1);
-    sh_policy_destroy(p);
+    plans_one_transient(p);
 }
 
 /* The same for belady's exact future. */
@@ -801,14 +808,7 @@ static void test_plan_belady_counts_frees_of_walked_allocations(void **state)
     assert_int_equal(sh_policy_set_future(p, f, sizeof f / sizeof f[0]), 0);
     alloc_weights(p, same);
     launch1(p, KF, 1);
-    uint64_t fe[8], e[8];
-    struct sh_policy_plan plan = {.fetch = fe, .fetch_max = 8, .evict = e, .evict_max = 8};
-    assert_int_equal(sh_policy_plan(p, 400, NULL, 0, &plan), 0);
-    assert_int_equal(plan.nevict, 0);
-    assert_int_equal(sh_policy_plan(p, 600, NULL, 0, &plan), 0);
-    assert_int_equal(plan.nevict, 1);
-    assert_int_equal(e[0], 1); /* never used again */
-    sh_policy_destroy(p);
+    plans_one_transient(p);
 }
 
 /* ---- divergence ---- */
