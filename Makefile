@@ -80,9 +80,10 @@ $(BUILD)/gen/exports.map: interpose/exports.map $(ICEPT_C)
 	sed -e '/@INTERCEPT@/r $(BUILD)/gen/intercept.syms' -e '/@INTERCEPT@/d' $< > $@
 
 # Sanitizer runtimes call dlsym as they start, before instrumented code can
-# run; and dlsym passes caller-relative lookups on as a tail call.
-$(BUILD)/obj/interpose/dlsym.o: CFLAGS_ALL := $(filter-out -fsanitize=%,$(CFLAGS_ALL)) \
-    -O2 -foptimize-sibling-calls
+# run (dl.c is what it runs on); and dlsym passes caller-relative lookups on
+# as a tail call.
+$(BUILD)/obj/interpose/dlsym.o $(BUILD)/obj/interpose/dl.o: \
+    CFLAGS_ALL := $(filter-out -fsanitize=%,$(CFLAGS_ALL)) -O2 -foptimize-sibling-calls
 
 # The pointer scan reads every byte an eviction lands: vectorised, it keeps
 # up with the copies (about 4x faster than the default cost model allows).
