@@ -3,7 +3,7 @@
 #   make            library, tools and the simulated GPU
 #   make test       build and run every test (simulated GPU)
 #   make test-python  the Python package's tests (python/, tests/python)
-#   make check      format, cppcheck and a -Werror build
+#   make check      format, cppcheck, a -Werror build, and calls in layers
 #   make asan|ubsan|tsan   the test suite under a sanitizer
 #   make stress     the data-loss programs 20 times over (STRESS_RUNS=N)
 #   make install PREFIX=/usr/local
@@ -289,6 +289,7 @@ check:
 	    --inline-suppr --suppress=missingIncludeSystem -D__GNUC__ -D__x86_64__ \
 	    -I include -I . $(MODULES) tools tests
 	$(MAKE) --no-print-directory BUILD=$(BUILD)/check CFLAGS='-Werror' all test-bins
+	python3 mk/layers.py $(BUILD)/check
 
 # Every test program, built where BUILD says (make check builds them apart).
 test-bins: $(TEST_BINS)
