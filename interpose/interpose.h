@@ -2,8 +2,9 @@
  *
  * interpose/ holds thin exported symbols; decisions live in pool/ and
  * policy/. runtime.c owns the process-wide state below: it is set up once
- * (configuration at load time, the driver and the pool at the first managed
- * call) and read without locks afterwards.
+ * (configuration at load time; the driver and the pool at the first managed
+ * call, by start.c) and read without locks afterwards. The files are in
+ * layers, none calling a file above it (docs/DESIGN.md).
  */
 #ifndef SH_INTERPOSE_H
 #define SH_INTERPOSE_H
