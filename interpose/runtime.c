@@ -9,14 +9,11 @@
 #include "interpose/dl.h"
 #include "interpose/interpose.h"
 
-#include "sh_err.h"
 #include "sh_log.h"
-#include "telemetry/telemetry.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <unistd.h>
 
 extern char **environ;
