@@ -3,7 +3,7 @@
 #   make            library, tools and the simulated GPU
 #   make test       build and run every test (simulated GPU)
 #   make test-python  the Python package's tests (python/, tests/python)
-#   make check      format, cppcheck and a -Werror build
+#   make check      format, cppcheck, a -Werror build, and calls in layers
 #   make asan|ubsan|tsan   the test suite under a sanitizer
 #   make stress     the data-loss programs 20 times over (STRESS_RUNS=N)
 #   make install PREFIX=/usr/local
@@ -80,9 +80,10 @@ $(BUILD)/gen/exports.map: interpose/exports.map $(ICEPT_C)
 	sed -e '/@INTERCEPT@/r $(BUILD)/gen/intercept.syms' -e '/@INTERCEPT@/d' $< > $@
 
 # Sanitizer runtimes call dlsym as they start, before instrumented code can
-# run; and dlsym passes caller-relative lookups on as a tail call.
-$(BUILD)/obj/interpose/dlsym.o: CFLAGS_ALL := $(filter-out -fsanitize=%,$(CFLAGS_ALL)) \
-    -O2 -foptimize-sibling-calls
+# run (dl.c is what it runs on); and dlsym passes caller-relative lookups on
+# as a tail call.
+$(BUILD)/obj/interpose/dlsym.o $(BUILD)/obj/interpose/dl.o: \
+    CFLAGS_ALL := $(filter-out -fsanitize=%,$(CFLAGS_ALL)) -O2 -foptimize-sibling-calls
 
 # The pointer scan reads every byte an eviction lands: vectorised, it keeps
 # up with the copies (about 4x faster than the default cost model allows).
@@ -288,6 +289,7 @@ check:
 	    --inline-suppr --suppress=missingIncludeSystem -D__GNUC__ -D__x86_64__ \
 	    -I include -I . $(MODULES) tools tests
 	$(MAKE) --no-print-directory BUILD=$(BUILD)/check CFLAGS='-Werror' all test-bins
+	python3 mk/layers.py $(BUILD)/check
 
 # Every test program, built where BUILD says (make check builds them apart).
 test-bins: $(TEST_BINS)

@@ -21,6 +21,7 @@
  * consistent, so one of them sees the other). The callback's open/nest
  * counters are per thread.
  */
+#include "interpose/dl.h"
 #include "interpose/interpose.h"
 
 #include "sh_log.h"
@@ -296,12 +297,12 @@ static const CUpti_CallbackId driver_ids[] = {
 
 static void resolve(struct cupti_lib *c, void *h)
 {
-    c->subscribe = (subscribe_fn *)dlsym(h, "cuptiSubscribe");
-    c->subscribe_v2 = (subscribe_v2_fn *)dlsym(h, "cuptiSubscribe_v2");
-    c->unsubscribe = (unsubscribe_fn *)dlsym(h, "cuptiUnsubscribe");
-    c->enable = (enable_fn *)dlsym(h, "cuptiEnableCallback");
-    c->enable_domain = (enable_domain_fn *)dlsym(h, "cuptiEnableDomain");
-    c->finalize = (finalize_fn *)dlsym(h, "cuptiFinalize");
+    c->subscribe = (subscribe_fn *)sh_dl_lookup(h, "cuptiSubscribe");
+    c->subscribe_v2 = (subscribe_v2_fn *)sh_dl_lookup(h, "cuptiSubscribe_v2");
+    c->unsubscribe = (unsubscribe_fn *)sh_dl_lookup(h, "cuptiUnsubscribe");
+    c->enable = (enable_fn *)sh_dl_lookup(h, "cuptiEnableCallback");
+    c->enable_domain = (enable_domain_fn *)sh_dl_lookup(h, "cuptiEnableDomain");
+    c->finalize = (finalize_fn *)sh_dl_lookup(h, "cuptiFinalize");
 }
 
 static int complete(const struct cupti_lib *c)

@@ -1,5 +1,5 @@
-/* dlsym.c — the interposed dlsym, and the dynamic-linker helpers the
- * interception table uses.
+/* dlsym.c — the interposed dlsym: the top of interpose/, since it hands
+ * out the interception table's wrappers (intercept.c).
  *
  * A program that opens libcuda and looks its functions up by name gets the
  * wrappers, as one that links it does (and so does the CUDA runtime, which
@@ -10,65 +10,15 @@
  *
  * Built without sanitizers (their runtimes call dlsym while they start,
  * before instrumented code may run) and with sibling calls on (see dlsym
- * below). Nothing here allocates or locks; the real dlsym is found once
- * (a benign race: every thread finds the same).
+ * below), as are the helpers it runs on (dl.c). Nothing here allocates or
+ * locks.
  */
+#include "interpose/dl.h"
 #include "interpose/intercept.h"
 
 #include <dlfcn.h>
-#include <link.h>
-#include <string.h>
 
 #define EXPORT __attribute__((visibility("default")))
-
-typedef void *(*dlsym_fn)(void *, const char *);
-static _Atomic(dlsym_fn) real_dlsym;
-
-static dlsym_fn find_dlsym(void)
-{
-    static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"};
-    dlsym_fn f = atomic_load_explicit(&real_dlsym, memory_order_acquire);
-    for (size_t i = 0; !f && i < sizeof versions / sizeof *versions; i++)
-        f = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", versions[i]);
-    if (f)
-        atomic_store_explicit(&real_dlsym, f, memory_order_release);
-    return f;
-}
-
-void *sh_dl_lookup(void *handle, const char *name)
-{
-    dlsym_fn f = find_dlsym();
-    return f ? f(handle, name) : NULL;
-}
-
-struct link_map *sh_dl_object(const void *addr)
-{
-    Dl_info info;
-    struct link_map *lm = NULL;
-    if (!addr || !dladdr1(addr, &info, (void **)&lm, RTLD_DL_LINKMAP))
-        return NULL;
-    return lm;
-}
-
-struct link_map *sh_dl_self(void)
-{
-    static struct link_map *_Atomic me;
-    struct link_map *m = atomic_load_explicit(&me, memory_order_acquire);
-    if (!m) {
-        m = sh_dl_object((const void *)sh_dl_self);
-        atomic_store_explicit(&me, m, memory_order_release);
-    }
-    return m;
-}
-
-int sh_dl_is_cuda(const struct link_map *lm)
-{
-    const char *slash = lm && lm->l_name ? strrchr(lm->l_name, '/') : NULL;
-    const char *base = slash ? slash + 1 : lm ? lm->l_name : NULL;
-    return base &&
-           (strncmp(base, "libcuda.so", 10) == 0 || strncmp(base, "libcudart.so", 12) == 0 ||
-            strncmp(base, "libcupti.so", 11) == 0);
-}
 
 /* RTLD_DEFAULT and RTLD_NEXT depend on who asks (the caller's own scope,
  * the objects after the caller's), and glibc learns that from the return
@@ -78,7 +28,7 @@ int sh_dl_is_cuda(const struct link_map *lm)
  * global scope anyway. A handle's lookup does not depend on the caller. */
 EXPORT void *dlsym(void *handle, const char *name)
 {
-    dlsym_fn real = find_dlsym();
+    sh_dlsym_fn real = sh_dl_real();
     if (!real)
         return NULL;
     if (handle == RTLD_DEFAULT || handle == RTLD_NEXT)

@@ -4,7 +4,9 @@
  * Shared state: a free list of recycled events, guarded by event_mu. The
  * table itself is written once, before any other thread reads it.
  */
+#include "interpose/dl.h"
 #include "interpose/driver.h"
+#include "interpose/peermap.h"
 
 #include "sh_err.h"
 #include "sh_log.h"
@@ -24,13 +26,13 @@ int sh_driver_load(struct sh_driver *drv, const char *path)
         sh_log(SH_LOG_ERROR, "cannot load the CUDA driver (%s): %s", path, dlerror());
         return SH_EDRIVER;
     }
-    get_proc_fn get_proc = (get_proc_fn)dlsym(drv->lib, "cuGetProcAddress_v2");
+    get_proc_fn get_proc = (get_proc_fn)sh_dl_lookup(drv->lib, "cuGetProcAddress_v2");
     if (!get_proc) {
         sh_log(SH_LOG_ERROR, "%s has no cuGetProcAddress_v2: a CUDA 12 or newer driver is needed",
                path);
         return SH_EDRIVER;
     }
-    int (*get_version)(int *) = (int (*)(int *))dlsym(drv->lib, "cuDriverGetVersion");
+    int (*get_version)(int *) = (int (*)(int *))sh_dl_lookup(drv->lib, "cuDriverGetVersion");
     if (!get_version || get_version(&drv->version) != CUDA_SUCCESS || drv->version < 12000) {
         sh_log(SH_LOG_ERROR, "%s is older than CUDA 12.0 (version %d): passing through", path,
                drv->version);

@@ -9,22 +9,20 @@
  * old ones touched stays: it costs a restore, never a byte); an
  * executable graph updated from another graph is learned again from it.
  *
- * Locking: graphs_mu guards the exec -> regions table. Capture and
- * instantiate hooks nest per thread (a runtime call reaching a hooked
- * driver call counts once).
+ * This file keeps what is learned, and counts captures; graphexec.c holds
+ * the hooks that see graphs made, changed and destroyed.
+ *
+ * Locking: graphs_mu guards the exec -> regions table.
  */
-#include "interpose/interpose.h"
+#include "interpose/graph.h"
 
 #include "sh_log.h"
 
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define EXPORT           __attribute__((visibility("default")))
-#define GRAPH_MAX_ADDRS  4096
-#define GRAPH_NODE_ADDRS 256 /* what one kernel node's parameters can name */
+#define GRAPH_MAX_ADDRS 4096
 
 struct learned {
     CUgraphExec exec;
@@ -40,59 +38,6 @@ struct learned {
 
 static pthread_mutex_t graphs_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct learned *graphs;
-static _Thread_local int inst_depth, destroy_depth, update_depth;
-
-static struct {
-    __typeof__(cudaGraphInstantiate) *cudaGraphInstantiate;
-    __typeof__(cudaGraphInstantiateWithFlags) *cudaGraphInstantiateWithFlags;
-    __typeof__(cudaGraphExecDestroy) *cudaGraphExecDestroy;
-    __typeof__(cuGraphInstantiateWithFlags) *cuGraphInstantiate;
-    __typeof__(cuGraphExecDestroy) *cuGraphExecDestroy;
-    __typeof__(cudaGraphExecKernelNodeSetParams) *cudaGraphExecKernelNodeSetParams;
-    __typeof__(cudaGraphExecMemsetNodeSetParams) *cudaGraphExecMemsetNodeSetParams;
-    __typeof__(cudaGraphExecMemcpyNodeSetParams) *cudaGraphExecMemcpyNodeSetParams;
-    __typeof__(cudaGraphExecUpdate) *cudaGraphExecUpdate;
-    __typeof__(cuGraphExecKernelNodeSetParams_v2) *cuGraphExecKernelNodeSetParams;
-    CUresult (*cuGraphExecKernelNodeSetParams_v1)(CUgraphExec, CUgraphNode,
-                                                  const CUDA_KERNEL_NODE_PARAMS_v1 *);
-    __typeof__(cuGraphExecMemsetNodeSetParams) *cuGraphExecMemsetNodeSetParams;
-    __typeof__(cuGraphExecMemcpyNodeSetParams) *cuGraphExecMemcpyNodeSetParams;
-    __typeof__(cuGraphExecUpdate_v2) *cuGraphExecUpdate;
-    CUresult (*cuGraphExecUpdate_v1)(CUgraphExec, CUgraph, CUgraphNode *,
-                                     CUgraphExecUpdateResult *);
-} real;
-static pthread_once_t real_once = PTHREAD_ONCE_INIT;
-
-static void resolve(void)
-{
-#define R(field, name) real.field = (__typeof__(real.field))dlsym(RTLD_NEXT, name)
-    R(cudaGraphInstantiate, "cudaGraphInstantiate");
-    R(cudaGraphInstantiateWithFlags, "cudaGraphInstantiateWithFlags");
-    R(cudaGraphExecDestroy, "cudaGraphExecDestroy");
-    R(cuGraphInstantiate, "cuGraphInstantiateWithFlags");
-    R(cuGraphExecDestroy, "cuGraphExecDestroy");
-    R(cudaGraphExecKernelNodeSetParams, "cudaGraphExecKernelNodeSetParams");
-    R(cudaGraphExecMemsetNodeSetParams, "cudaGraphExecMemsetNodeSetParams");
-    R(cudaGraphExecMemcpyNodeSetParams, "cudaGraphExecMemcpyNodeSetParams");
-    R(cudaGraphExecUpdate, "cudaGraphExecUpdate");
-    R(cuGraphExecKernelNodeSetParams, "cuGraphExecKernelNodeSetParams_v2");
-    R(cuGraphExecKernelNodeSetParams_v1, "cuGraphExecKernelNodeSetParams");
-    R(cuGraphExecMemsetNodeSetParams, "cuGraphExecMemsetNodeSetParams");
-    R(cuGraphExecMemcpyNodeSetParams, "cuGraphExecMemcpyNodeSetParams");
-    R(cuGraphExecUpdate, "cuGraphExecUpdate_v2");
-    R(cuGraphExecUpdate_v1, "cuGraphExecUpdate");
-#undef R
-}
-
-static void ready(void)
-{
-    pthread_once(&real_once, resolve);
-}
-
-int sh_capturing(void)
-{
-    return atomic_load(&sh_rt.captures) > 0;
-}
 
 /* ---- capture ---- */
 
@@ -101,7 +46,7 @@ int sh_capturing(void)
  * from counting it twice. */
 void sh_graph_capture(int begin, int result)
 {
-    if (!sh_managed())
+    if (!sh_active()) /* inside an intercepted call: sh_managed() said so */
         return;
     if (begin) {
         if (result == 0)
@@ -118,8 +63,8 @@ void sh_graph_capture(int begin, int result)
 /* ---- learning a graph's regions at instantiation ---- */
 
 /* The first and last byte of a pitched range starting at base (0 if none). */
-static size_t span(uintptr_t base, size_t off, size_t pitch, size_t rows, size_t width,
-                   size_t height, size_t depth, uintptr_t *out)
+size_t sh_graph_span(uintptr_t base, size_t off, size_t pitch, size_t rows, size_t width,
+                     size_t height, size_t depth, uintptr_t *out)
 {
     if (!base || width == 0)
         return 0;
@@ -130,16 +75,16 @@ static size_t span(uintptr_t base, size_t off, size_t pitch, size_t rows, size_t
     return 2;
 }
 
-static size_t memset_addrs(const CUDA_MEMSET_NODE_PARAMS *p, uintptr_t *addrs, size_t max)
+size_t sh_graph_memset_addrs(const CUDA_MEMSET_NODE_PARAMS *p, uintptr_t *addrs, size_t max)
 {
     if (max < 2)
         return 0;
-    return span((uintptr_t)p->dst, 0, p->pitch, 1, (size_t)p->elementSize * p->width, p->height, 1,
-                addrs);
+    return sh_graph_span((uintptr_t)p->dst, 0, p->pitch, 1, (size_t)p->elementSize * p->width,
+                         p->height, 1, addrs);
 }
 
 /* Both ends of a copy (host ends too: they match no region). */
-static size_t memcpy_addrs(const CUDA_MEMCPY3D *p, uintptr_t *addrs, size_t max)
+size_t sh_graph_memcpy_addrs(const CUDA_MEMCPY3D *p, uintptr_t *addrs, size_t max)
 {
     if (max < 4)
         return 0;
@@ -149,16 +94,17 @@ static size_t memcpy_addrs(const CUDA_MEMCPY3D *p, uintptr_t *addrs, size_t max)
     uintptr_t dst = p->dstMemoryType == CU_MEMORYTYPE_HOST    ? (uintptr_t)p->dstHost
                     : p->dstMemoryType == CU_MEMORYTYPE_ARRAY ? 0
                                                               : (uintptr_t)p->dstDevice;
-    size_t k =
-        span(src, p->srcXInBytes + p->srcY * p->srcPitch + p->srcZ * p->srcPitch * p->srcHeight,
-             p->srcPitch, p->srcHeight, p->WidthInBytes, p->Height, p->Depth, addrs);
-    return k + span(dst,
-                    p->dstXInBytes + p->dstY * p->dstPitch + p->dstZ * p->dstPitch * p->dstHeight,
-                    p->dstPitch, p->dstHeight, p->WidthInBytes, p->Height, p->Depth, addrs + k);
+    size_t k = sh_graph_span(
+        src, p->srcXInBytes + p->srcY * p->srcPitch + p->srcZ * p->srcPitch * p->srcHeight,
+        p->srcPitch, p->srcHeight, p->WidthInBytes, p->Height, p->Depth, addrs);
+    return k + sh_graph_span(
+                   dst,
+                   p->dstXInBytes + p->dstY * p->dstPitch + p->dstZ * p->dstPitch * p->dstHeight,
+                   p->dstPitch, p->dstHeight, p->WidthInBytes, p->Height, p->Depth, addrs + k);
 }
 
-static size_t kernel_addrs(const CUDA_KERNEL_NODE_PARAMS *p, uintptr_t *addrs, size_t max,
-                           struct sh_node_scan *ns)
+size_t sh_graph_kernel_addrs(const CUDA_KERNEL_NODE_PARAMS *p, uintptr_t *addrs, size_t max,
+                             struct sh_node_scan *ns)
 {
     if (p->func)
         return sh_launch_scan(p->func, SH_KEY_FUNCTION, p->kernelParams, addrs, max, ns);
@@ -182,20 +128,20 @@ static size_t scan_node(CUgraphNode node, uintptr_t *addrs, size_t max, struct s
     case CU_GRAPH_NODE_TYPE_KERNEL: {
         CUDA_KERNEL_NODE_PARAMS p;
         if (sh_rt.drv.cuGraphKernelNodeGetParams(node, &p) == CUDA_SUCCESS)
-            return kernel_addrs(&p, addrs, max, ns);
+            return sh_graph_kernel_addrs(&p, addrs, max, ns);
         ns->opaque = 1;
         return 0;
     }
     case CU_GRAPH_NODE_TYPE_MEMSET: {
         CUDA_MEMSET_NODE_PARAMS p;
         return sh_rt.drv.cuGraphMemsetNodeGetParams(node, &p) == CUDA_SUCCESS
-                   ? memset_addrs(&p, addrs, max)
+                   ? sh_graph_memset_addrs(&p, addrs, max)
                    : 0;
     }
     case CU_GRAPH_NODE_TYPE_MEMCPY: {
         CUDA_MEMCPY3D p;
         return sh_rt.drv.cuGraphMemcpyNodeGetParams(node, &p) == CUDA_SUCCESS
-                   ? memcpy_addrs(&p, addrs, max)
+                   ? sh_graph_memcpy_addrs(&p, addrs, max)
                    : 0;
     }
     case CU_GRAPH_NODE_TYPE_HOST:
@@ -213,7 +159,7 @@ static size_t scan_node(CUgraphNode node, uintptr_t *addrs, size_t max, struct s
     }
 }
 
-static void learn(CUgraphExec exec, CUgraph graph)
+void sh_graph_learn(CUgraphExec exec, CUgraph graph)
 {
     size_t n = 0;
     if (sh_rt.drv.cuGraphGetNodes(graph, NULL, &n) != CUDA_SUCCESS)
@@ -241,7 +187,7 @@ static void learn(CUgraphExec exec, CUgraph graph)
     pthread_mutex_unlock(&graphs_mu);
 }
 
-static void forget(CUgraphExec exec)
+void sh_graph_forget(CUgraphExec exec)
 {
     pthread_mutex_lock(&graphs_mu);
     for (struct learned **pp = &graphs; *pp; pp = &(*pp)->next)
@@ -259,7 +205,7 @@ static void forget(CUgraphExec exec)
 /* New parameters of one node of exec: what they touch joins what exec is
  * known to touch; what they may reach through tables is not followed, so
  * exec counts as opaque from then on. */
-static void learn_more(CUgraphExec exec, const uintptr_t *addrs, size_t n)
+void sh_graph_learn_more(CUgraphExec exec, const uintptr_t *addrs, size_t n)
 {
     pthread_mutex_lock(&graphs_mu);
     for (struct learned *l = graphs; l; l = l->next)
@@ -271,45 +217,6 @@ static void learn_more(CUgraphExec exec, const uintptr_t *addrs, size_t n)
             break;
         }
     pthread_mutex_unlock(&graphs_mu);
-}
-
-static void instantiated(int ok, CUgraphExec exec, CUgraph graph)
-{
-    if (ok && inst_depth == 1 && sh_managed())
-        learn(exec, graph);
-}
-
-EXPORT cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph,
-                                        unsigned long long flags)
-{
-    ready();
-    inst_depth++;
-    cudaError_t e = real.cudaGraphInstantiate(exec, graph, flags);
-    instantiated(e == cudaSuccess, (CUgraphExec)*exec, (CUgraph)graph);
-    inst_depth--;
-    return e;
-}
-
-EXPORT cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *exec, cudaGraph_t graph,
-                                                 unsigned long long flags)
-{
-    ready();
-    inst_depth++;
-    cudaError_t e = real.cudaGraphInstantiateWithFlags(exec, graph, flags);
-    instantiated(e == cudaSuccess, (CUgraphExec)*exec, (CUgraph)graph);
-    inst_depth--;
-    return e;
-}
-
-EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph,
-                                            unsigned long long flags)
-{
-    ready();
-    inst_depth++;
-    CUresult r = real.cuGraphInstantiate(exec, graph, flags);
-    instantiated(r == CUDA_SUCCESS, *exec, graph);
-    inst_depth--;
-    return r;
 }
 
 /* ---- launches ---- */
@@ -343,198 +250,4 @@ void sh_graph_launch_begin(CUgraphExec exec, CUstream stream)
     pthread_mutex_unlock(&graphs_mu);
     sh_launch_begin_addrs((uint64_t)(uintptr_t)exec, addrs, n, opaque, stream);
     free(addrs);
-}
-
-EXPORT cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec)
-{
-    ready();
-    destroy_depth++;
-    if (destroy_depth == 1)
-        forget((CUgraphExec)exec);
-    cudaError_t e = real.cudaGraphExecDestroy(exec);
-    destroy_depth--;
-    return e;
-}
-
-EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
-{
-    ready();
-    destroy_depth++;
-    if (destroy_depth == 1)
-        forget(exec);
-    CUresult r = real.cuGraphExecDestroy(exec);
-    destroy_depth--;
-    return r;
-}
-
-/* ---- executable graphs changed after instantiation ---- */
-
-static int updating(void)
-{
-    ready();
-    return ++update_depth == 1 && sh_managed();
-}
-
-static void node_changed(int ok, int outer, CUgraphExec exec, const uintptr_t *addrs, size_t n)
-{
-    if (ok && outer)
-        learn_more(exec, addrs, n);
-    update_depth--;
-}
-
-/* The driver's view of runtime kernel node parameters, for the scan. */
-static size_t rt_kernel_addrs(const struct cudaKernelNodeParams *p, uintptr_t *addrs, size_t max)
-{
-    return p && p->func ? sh_launch_scan(p->func, SH_KEY_HOST_FN, p->kernelParams, addrs, max, NULL)
-                        : 0;
-}
-
-static size_t rt_memcpy_addrs(const struct cudaMemcpy3DParms *p, uintptr_t *addrs)
-{
-    if (!p)
-        return 0;
-    const struct cudaPitchedPtr *s = &p->srcPtr, *d = &p->dstPtr;
-    size_t k =
-        p->srcArray
-            ? 0
-            : span((uintptr_t)s->ptr,
-                   p->srcPos.x + p->srcPos.y * s->pitch + p->srcPos.z * s->pitch * s->ysize,
-                   s->pitch, s->ysize, p->extent.width, p->extent.height, p->extent.depth, addrs);
-    return k + (p->dstArray
-                    ? 0
-                    : span((uintptr_t)d->ptr,
-                           p->dstPos.x + p->dstPos.y * d->pitch + p->dstPos.z * d->pitch * d->ysize,
-                           d->pitch, d->ysize, p->extent.width, p->extent.height, p->extent.depth,
-                           addrs + k));
-}
-
-EXPORT cudaError_t cudaGraphExecKernelNodeSetParams(cudaGraphExec_t exec, cudaGraphNode_t node,
-                                                    const struct cudaKernelNodeParams *p)
-{
-    int outer = updating();
-    uintptr_t addrs[GRAPH_NODE_ADDRS];
-    size_t n = outer ? rt_kernel_addrs(p, addrs, GRAPH_NODE_ADDRS) : 0;
-    cudaError_t e = real.cudaGraphExecKernelNodeSetParams(exec, node, p);
-    node_changed(e == cudaSuccess, outer, (CUgraphExec)exec, addrs, n);
-    return e;
-}
-
-EXPORT cudaError_t cudaGraphExecMemsetNodeSetParams(cudaGraphExec_t exec, cudaGraphNode_t node,
-                                                    const struct cudaMemsetParams *p)
-{
-    int outer = updating();
-    uintptr_t addrs[2];
-    size_t n = outer && p ? span((uintptr_t)p->dst, 0, p->pitch, 1,
-                                 (size_t)p->elementSize * p->width, p->height, 1, addrs)
-                          : 0;
-    cudaError_t e = real.cudaGraphExecMemsetNodeSetParams(exec, node, p);
-    node_changed(e == cudaSuccess, outer, (CUgraphExec)exec, addrs, n);
-    return e;
-}
-
-EXPORT cudaError_t cudaGraphExecMemcpyNodeSetParams(cudaGraphExec_t exec, cudaGraphNode_t node,
-                                                    const struct cudaMemcpy3DParms *p)
-{
-    int outer = updating();
-    uintptr_t addrs[4];
-    size_t n = outer ? rt_memcpy_addrs(p, addrs) : 0;
-    cudaError_t e = real.cudaGraphExecMemcpyNodeSetParams(exec, node, p);
-    node_changed(e == cudaSuccess, outer, (CUgraphExec)exec, addrs, n);
-    return e;
-}
-
-EXPORT CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec exec, CUgraphNode node,
-                                                  const CUDA_KERNEL_NODE_PARAMS *p)
-{
-    int outer = updating();
-    uintptr_t addrs[GRAPH_NODE_ADDRS];
-    size_t n = outer && p ? kernel_addrs(p, addrs, GRAPH_NODE_ADDRS, NULL) : 0;
-    CUresult r = real.cuGraphExecKernelNodeSetParams(exec, node, p);
-    node_changed(r == CUDA_SUCCESS, outer, exec, addrs, n);
-    return r;
-}
-
-/* The CUDA 11 entry point: its parameters lack the kernel handle. (cuda.h
- * names the _v2 function by this name.) */
-#undef cuGraphExecKernelNodeSetParams
-EXPORT CUresult cuGraphExecKernelNodeSetParams(CUgraphExec exec, CUgraphNode node,
-                                               const CUDA_KERNEL_NODE_PARAMS_v1 *p);
-CUresult cuGraphExecKernelNodeSetParams(CUgraphExec exec, CUgraphNode node,
-                                        const CUDA_KERNEL_NODE_PARAMS_v1 *p)
-{
-    int outer = updating();
-    uintptr_t addrs[GRAPH_NODE_ADDRS];
-    size_t n = outer && p && p->func ? sh_launch_scan(p->func, SH_KEY_FUNCTION, p->kernelParams,
-                                                      addrs, GRAPH_NODE_ADDRS, NULL)
-                                     : 0;
-    CUresult r = real.cuGraphExecKernelNodeSetParams_v1
-                     ? real.cuGraphExecKernelNodeSetParams_v1(exec, node, p)
-                     : CUDA_ERROR_NOT_SUPPORTED;
-    node_changed(r == CUDA_SUCCESS, outer, exec, addrs, n);
-    return r;
-}
-
-EXPORT CUresult cuGraphExecMemsetNodeSetParams(CUgraphExec exec, CUgraphNode node,
-                                               const CUDA_MEMSET_NODE_PARAMS *p, CUcontext ctx)
-{
-    int outer = updating();
-    uintptr_t addrs[2];
-    size_t n = outer && p ? memset_addrs(p, addrs, 2) : 0;
-    CUresult r = real.cuGraphExecMemsetNodeSetParams(exec, node, p, ctx);
-    node_changed(r == CUDA_SUCCESS, outer, exec, addrs, n);
-    return r;
-}
-
-EXPORT CUresult cuGraphExecMemcpyNodeSetParams(CUgraphExec exec, CUgraphNode node,
-                                               const CUDA_MEMCPY3D *p, CUcontext ctx)
-{
-    int outer = updating();
-    uintptr_t addrs[4];
-    size_t n = outer && p ? memcpy_addrs(p, addrs, 4) : 0;
-    CUresult r = real.cuGraphExecMemcpyNodeSetParams(exec, node, p, ctx);
-    node_changed(r == CUDA_SUCCESS, outer, exec, addrs, n);
-    return r;
-}
-
-/* The whole executable graph now does what graph does: learned afresh. */
-static void updated(int ok, int outer, CUgraphExec exec, CUgraph graph)
-{
-    if (ok && outer) {
-        forget(exec);
-        learn(exec, graph);
-    }
-    update_depth--;
-}
-
-EXPORT cudaError_t cudaGraphExecUpdate(cudaGraphExec_t exec, cudaGraph_t graph,
-                                       cudaGraphExecUpdateResultInfo *info)
-{
-    int outer = updating();
-    cudaError_t e = real.cudaGraphExecUpdate(exec, graph, info);
-    updated(e == cudaSuccess, outer, (CUgraphExec)exec, (CUgraph)graph);
-    return e;
-}
-
-EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph,
-                                     CUgraphExecUpdateResultInfo *info)
-{
-    int outer = updating();
-    CUresult r = real.cuGraphExecUpdate(exec, graph, info);
-    updated(r == CUDA_SUCCESS, outer, exec, graph);
-    return r;
-}
-
-/* The CUDA 11 entry point, with the result in two out-parameters. */
-#undef cuGraphExecUpdate
-EXPORT CUresult cuGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphNode *error_node,
-                                  CUgraphExecUpdateResult *result);
-CUresult cuGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphNode *error_node,
-                           CUgraphExecUpdateResult *result)
-{
-    int outer = updating();
-    CUresult r = real.cuGraphExecUpdate_v1
-                     ? real.cuGraphExecUpdate_v1(exec, graph, error_node, result)
-                     : CUDA_ERROR_NOT_SUPPORTED;
-    updated(r == CUDA_SUCCESS, outer, exec, graph);
-    return r;
 }

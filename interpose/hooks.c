@@ -22,8 +22,8 @@ static pthread_once_t real_once = PTHREAD_ONCE_INIT;
 
 static void resolve(void)
 {
-    real_launch13 = (launch13_fn)dlsym(RTLD_NEXT, "__cudaLaunchKernel");
-    real_launch13_ptsz = (launch13_fn)dlsym(RTLD_NEXT, "__cudaLaunchKernel_ptsz");
+    real_launch13 = (launch13_fn)sh_dl_lookup(RTLD_NEXT, "__cudaLaunchKernel");
+    real_launch13_ptsz = (launch13_fn)sh_dl_lookup(RTLD_NEXT, "__cudaLaunchKernel_ptsz");
 }
 
 static cudaError_t launch13(launch13_fn real, cudaKernel_t k, dim3 g, dim3 b, void **args,

@@ -27,21 +27,6 @@ _Atomic(void *) sh_icept_reals[SH_ICEPT_MAX];
 
 /* ---- real functions ---- */
 
-void *sh_icept_lookup(int runtime, const char *name)
-{
-    static const char *const driver[] = {"libcuda.so.1", NULL};
-    static const char *const rt[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so", NULL};
-    for (const char *const *n = runtime ? rt : driver; *n; n++) {
-        void *h = dlopen(*n, RTLD_LAZY | RTLD_NOLOAD);
-        void *f = h ? sh_dl_lookup(h, name) : NULL;
-        if (h)
-            dlclose(h); /* only our reference: someone else loaded it */
-        if (f)
-            return f;
-    }
-    return sh_dl_lookup(RTLD_NEXT, name);
-}
-
 void *sh_icept_resolve(size_t i)
 {
     if (i >= sh_icept_count || i >= SH_ICEPT_MAX)

@@ -23,6 +23,7 @@
 #ifndef SH_INTERCEPT_H
 #define SH_INTERCEPT_H
 
+#include "interpose/dl.h"
 #include "interpose/interpose.h"
 
 #include <stdatomic.h>
@@ -59,11 +60,6 @@ extern const struct sh_icept_entry sh_icept_table[];
 extern const size_t sh_icept_count;
 extern void *const sh_icept_wrappers[];
 
-/* name in the loaded CUDA library of one kind (0: the driver, 1: the
- * runtime), else the next definition after ours. A library loaded
- * RTLD_LOCAL (as a Python extension's dependencies are) is found by name,
- * where dlsym(RTLD_NEXT) would miss it. Not cached. */
-void *sh_icept_lookup(int runtime, const char *name);
 /* The real entry point of table entry i, resolved on first use; NULL when
  * the loaded driver or runtime lacks it. Every intercepted call asks, so
  * the resolved ones are read inline. */
@@ -78,15 +74,6 @@ static inline void *sh_icept_real(size_t i)
 }
 /* The wrapper standing for the real function f, or f itself. */
 void *sh_icept_wrap(void *f);
-
-/* dlsym.c, built without sanitizers (their runtimes call dlsym before they
- * are set up): the real dlsym, the loaded object containing addr, ours, and
- * whether an object is libcuda, libcudart or libcupti. */
-struct link_map;
-void *sh_dl_lookup(void *handle, const char *name);
-struct link_map *sh_dl_object(const void *addr);
-struct link_map *sh_dl_self(void);
-int sh_dl_is_cuda(const struct link_map *lm);
 
 /* 0: pass the call straight through (the library manages nothing yet, or
  * this thread is inside an intercepted call already). per_thread: the

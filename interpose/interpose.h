@@ -2,8 +2,9 @@
  *
  * interpose/ holds thin exported symbols; decisions live in pool/ and
  * policy/. runtime.c owns the process-wide state below: it is set up once
- * (configuration at load time, the driver and the pool at the first managed
- * call) and read without locks afterwards.
+ * (configuration at load time; the driver and the pool at the first managed
+ * call, by start.c) and read without locks afterwards. The files are in
+ * layers, none calling a file above it (docs/DESIGN.md).
  */
 #ifndef SH_INTERPOSE_H
 #define SH_INTERPOSE_H
@@ -11,6 +12,7 @@
 #include "config/config.h"
 #include "engine/engine.h"
 #include "interpose/driver.h"
+#include "interpose/peermap.h"
 #include "node/node.h"
 #include "pool/pool.h"
 #include "transfer/transfer.h"
@@ -47,23 +49,26 @@ struct sh_runtime {
     struct sh_engine engine; /* its pressure and deferred counters too */
     atomic_ullong passthrough, oom, launches;
     atomic_int captures; /* streams capturing now */
+    int disabled;        /* STAGEHAND_DISABLE or enabled=false, at load time */
+    atomic_int managed;  /* set once, when start.c has brought everything up */
     atomic_llong step;
     atomic_int phase;
 };
 
 extern struct sh_runtime sh_rt;
 
-/* The real cudart functions; resolved on first use, never NULL afterwards
- * unless the program has no CUDA runtime at all. */
+/* runtime.c: the real cudart functions; resolved on first use, never NULL
+ * afterwards unless the program has no CUDA runtime at all. */
 const struct sh_real *sh_real(void);
 
-/* 1 when allocations are managed: the library is enabled and the driver
- * and pool came up. Initialises on first call; makes the primary context
- * current on the calling thread. */
+/* start.c: 1 when allocations are managed: the library is enabled and the
+ * driver and pool came up. Initialises on first call; makes the primary
+ * context current on the calling thread. */
 int sh_managed(void);
 
-/* 1 when allocations are managed already; unlike sh_managed(), never
- * initialises (before the first managed allocation no region exists). */
+/* runtime.c: 1 when allocations are managed already; unlike sh_managed(),
+ * never initialises (before the first managed allocation no region
+ * exists). */
 int sh_active(void);
 
 /* sh_managed(), and the calling thread's current device is the managed one
@@ -85,7 +90,7 @@ void sh_torch_check_env(void);
 
 /* Pins the region at p (pool.h's sh_pool_pin), restoring it first if it is
  * evicted: 0, or an error (its pages cannot be the device's now). An
- * address in no region is left alone: 0 (pointers.c). */
+ * address in no region is left alone: 0 (vmm.c). */
 int sh_pin_region(uintptr_t p);
 
 /* The program's own virtual memory (vmm.c). sh_vmm_retain: cuMemRetain-
@@ -94,8 +99,8 @@ int sh_pin_region(uintptr_t p);
  * when the reference could not be handed out. */
 int sh_vmm_retain(uintptr_t addr, CUmemGenericAllocationHandle *handle);
 
-/* The engine's room (engine/) over the pool, the scheduler and the driver:
- * sh_rt.engine, set up once the pool is. */
+/* The engine's room (engine/) over the pool, the scheduler and the driver
+ * (room.c): sh_rt.engine, set up once the pool is. */
 void sh_room_init(void);
 
 /* Stream identity (streams.c). sh_stream_key: one id per stream CUDA
@@ -117,7 +122,7 @@ void sh_stream_note(CUstream s);
 /* Launch tracking (launch.c). begin/end bracket the issue of one launch:
  * begin restores what it points into and enters the remap gate. busy: 1
  * while the calling thread is between begin and end (nested calls are
- * part of that launch). init also starts CUPTI (sh_cupti_init). */
+ * part of that launch). */
 int sh_launch_init(void);
 /* Launches issued without a scan: nothing was off the device or moving. */
 uint64_t sh_launch_unscanned(void);
@@ -213,8 +218,9 @@ void sh_cupti_counts(uint64_t *handovers, uint64_t *returns);
 struct sh_cubin_param;
 const char *sh_modules_stub_name(const void *stub);
 int sh_modules_layout(const char *name, struct sh_cubin_param *params, size_t cap, size_t *count);
-/* 1 when the driver cannot report layouts, so loaded images must be kept. */
-int sh_launch_needs_images(void);
+/* on: the driver cannot report layouts, so loaded images must be kept
+ * (launch.c says so at start, and again when a query finds it out). */
+void sh_modules_keep_images(int on);
 
 /* The scheduler (sched.c): the policy's events and decisions, and the
  * trace. Region ids are region base addresses. */
@@ -260,6 +266,9 @@ void sh_sched_plan(const uintptr_t *bases, size_t nb);
  * hold of the scheduler's lock where it can. */
 void sh_sched_launch_plan(uint64_t kernel, const uintptr_t *bases, size_t n);
 void sh_sched_stall(uintptr_t base, uint64_t wait_us);
+/* Steps and phases the policy finds by itself go to fn (the monitor's,
+ * which sits above the scheduler: it reads its figures); none before. */
+void sh_sched_on_where(void (*fn)(int64_t step, int phase));
 /* Launch durations for the trace: sh_sched_timing_begin as a launch's
  * preparation starts (it ends the previous launch on the GPU),
  * sh_sched_timing_issue just before it is issued. */
@@ -277,19 +286,24 @@ int sh_fingerprint(void *ctx, const uintptr_t *addr, const size_t *len, size_t n
 int sh_fingerprint_own(void);
 size_t sh_fingerprint_device_bytes(void);
 
-/* The live monitor and JSONL (monitor.c, over telemetry/). */
+/* The live monitor and JSONL (monitor.c, over telemetry/): it reads the
+ * pool's and the scheduler's figures, so it sits above them. */
 void sh_monitor_start(void);
 void sh_monitor_sync(void);
 void sh_monitor_step(int64_t step);
+/* What happens, told as it happens (events.c, below every file that
+ * tells): no-ops until the monitor started. */
+extern atomic_int sh_monitor_on;
 void sh_monitor_phase(int phase);
 void sh_monitor_event(int kind, uint64_t id, uint64_t bytes);
 /* The class the scheduler gives a region (enum sh_policy_class). */
 int sh_sched_class(uintptr_t va);
 
-/* Stream capture and graphs (graph.c). While any stream captures, nothing
- * is remapped or drained: it would break the capture. sh_graph_capture:
- * a capture began (begin = 1) or ended, with the call's result. */
+/* While any stream captures, nothing is remapped or drained: it would
+ * break the capture (runtime.c: sh_rt.captures). */
 int sh_capturing(void);
+/* Stream capture and graphs (graph.c). sh_graph_capture: a capture began
+ * (begin = 1) or ended, with the call's result. */
 void sh_graph_capture(int begin, int result);
 void sh_graph_launch_begin(CUgraphExec exec, CUstream stream);
 

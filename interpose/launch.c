@@ -18,6 +18,7 @@
  * that records it, whose stream's context cannot be destroyed meanwhile).
  * The depth counter is thread-local.
  */
+#include "interpose/dl.h"
 #include "interpose/cubin.h"
 #include "interpose/interpose.h"
 
@@ -67,14 +68,8 @@ static CUresult (*kernel_param_info)(CUkernel, size_t, size_t *, size_t *);
 static CUresult (*func_param_info)(CUfunction, size_t, size_t *, size_t *);
 static CUresult (*func_get_name)(const char **, CUfunction);
 static CUresult (*kernel_get_name)(const char **, CUkernel);
-static int driver_lacks_layouts; /* set when the driver cannot report them */
 
 /* ---- parameter layouts ---- */
-
-int sh_launch_needs_images(void)
-{
-    return driver_lacks_layouts || !func_param_info;
-}
 
 /* The kernel's mangled name, for the image fallback. */
 static const char *kernel_name(const struct layout *l, const void *key, CUfunction f)
@@ -132,7 +127,7 @@ static void fill_layout(struct layout *l, const void *key)
         else if (f && func_param_info)
             r = func_param_info(f, (size_t)i, &off, &size);
         if (i == 0 && (r == CUDA_ERROR_NOT_SUPPORTED || (!func_param_info && !kernel_param_info))) {
-            driver_lacks_layouts = 1; /* keep images loaded from now on */
+            sh_modules_keep_images(1); /* from now on */
             known = fill_from_images(l, key, f);
             break;
         }
@@ -488,7 +483,7 @@ static void mark_issued(void)
 
 void sh_launch_mark_work(CUstream stream, int any, const uintptr_t *ends, size_t n, int opaque)
 {
-    if (!sh_managed())
+    if (!sh_active())
         return;
     pending.n = sh_pool_bases(sh_rt.pool, ends, n < MAX_ADDRS ? n : MAX_ADDRS, pending.bases);
     pending.found = 0;
@@ -516,7 +511,7 @@ void sh_launch_hide_pointers(void)
 void sh_launch_mark_upload_rows(const void *dst, size_t dpitch, const void *src, size_t spitch,
                                 size_t width, size_t rows)
 {
-    if (!sh_managed() || !width || !rows || !src)
+    if (!sh_active() || !width || !rows || !src)
         return;
     uintptr_t d = (uintptr_t)dst;
     const char *s = src;
@@ -534,7 +529,7 @@ void sh_launch_mark_upload(const void *dst, const void *src, size_t n)
 
 void sh_launch_mark_copy(CUstream stream, const void *dst, const void *src, size_t n)
 {
-    if (!sh_managed() || n == 0)
+    if (!sh_active() || n == 0)
         return;
     /* A copy is work on a stream too: the regions at both ends remember it. */
     uintptr_t addrs[4] = {(uintptr_t)dst, (uintptr_t)dst + n - 1, (uintptr_t)src,
@@ -783,7 +778,8 @@ int sh_launch_init(void)
     layouts = calloc(LAYOUTS, sizeof *layouts);
     if (!layouts)
         return -1;
-    real_get_func = (__typeof__(cudaGetFuncBySymbol) *)dlsym(RTLD_NEXT, "cudaGetFuncBySymbol");
+    real_get_func =
+        (__typeof__(cudaGetFuncBySymbol) *)sh_dl_lookup(RTLD_NEXT, "cudaGetFuncBySymbol");
     const struct sh_driver *d = &sh_rt.drv;
     func_param_info =
         (__typeof__(func_param_info))sh_driver_optional(d, "cuFuncGetParamInfo", 12040);
@@ -791,8 +787,9 @@ int sh_launch_init(void)
         (__typeof__(kernel_param_info))sh_driver_optional(d, "cuKernelGetParamInfo", 12040);
     func_get_name = (__typeof__(func_get_name))sh_driver_optional(d, "cuFuncGetName", 12030);
     kernel_get_name = (__typeof__(kernel_get_name))sh_driver_optional(d, "cuKernelGetName", 12030);
+    sh_modules_keep_images(!func_param_info);
     if (!func_param_info)
         sh_log(SH_LOG_INFO, "the driver has no cuFuncGetParamInfo: reading parameter layouts "
                             "from module images");
-    return sh_cupti_init();
+    return 0;
 }

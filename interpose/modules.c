@@ -12,6 +12,7 @@
  *
  * Locking: mod_mu guards the image list and the stub -> name table.
  */
+#include "interpose/dl.h"
 #include "interpose/cubin.h"
 #include "interpose/interpose.h"
 #include "sh_err.h"
@@ -39,6 +40,8 @@ struct stub_name {
 };
 
 static pthread_mutex_t mod_mu = PTHREAD_MUTEX_INITIALIZER;
+/* Until launch.c finds the driver reports layouts, images are kept. */
+static atomic_int keep_images = 1;
 static struct image *images;
 static struct stub_name *names;
 
@@ -53,11 +56,13 @@ static pthread_once_t real_once = PTHREAD_ONCE_INIT;
 
 static void resolve(void)
 {
-    real.register_fatbin = (void **(*)(void *))dlsym(RTLD_NEXT, "__cudaRegisterFatBinary");
+    real.register_fatbin = (void **(*)(void *))sh_dl_lookup(RTLD_NEXT, "__cudaRegisterFatBinary");
     real.register_function =
-        (__typeof__(real.register_function))dlsym(RTLD_NEXT, "__cudaRegisterFunction");
-    real.cuModuleLoadData = (__typeof__(cuModuleLoadData) *)dlsym(RTLD_NEXT, "cuModuleLoadData");
-    real.cuLibraryLoadData = (__typeof__(cuLibraryLoadData) *)dlsym(RTLD_NEXT, "cuLibraryLoadData");
+        (__typeof__(real.register_function))sh_dl_lookup(RTLD_NEXT, "__cudaRegisterFunction");
+    real.cuModuleLoadData =
+        (__typeof__(cuModuleLoadData) *)sh_dl_lookup(RTLD_NEXT, "cuModuleLoadData");
+    real.cuLibraryLoadData =
+        (__typeof__(cuLibraryLoadData) *)sh_dl_lookup(RTLD_NEXT, "cuLibraryLoadData");
 }
 
 static void add_image(const void *data, size_t size, void *owned)
@@ -74,11 +79,17 @@ static void add_image(const void *data, size_t size, void *owned)
     pthread_mutex_unlock(&mod_mu);
 }
 
+void sh_modules_keep_images(int on)
+{
+    atomic_store_explicit(&keep_images, on, memory_order_relaxed);
+}
+
 /* Keeps a copy of an image the driver accepted (the caller may free it). */
 static void keep_copy(const void *image)
 {
     size_t size = 0;
-    if (!image || !sh_launch_needs_images() || sh_cubin_image_size(image, SIZE_MAX, &size) != 0)
+    if (!image || !atomic_load_explicit(&keep_images, memory_order_relaxed) ||
+        sh_cubin_image_size(image, SIZE_MAX, &size) != 0)
         return;
     void *copy = malloc(size);
     if (copy) {

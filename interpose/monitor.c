@@ -20,7 +20,6 @@
 #include <string.h>
 
 static pthread_mutex_t sync_mu = PTHREAD_MUTEX_INITIALIZER;
-static atomic_int started; /* the publisher thread reads it */
 
 struct seen {
     uint64_t evictions, restores, evicted_bytes, restored_bytes, allocs, frees, oom, launches;
@@ -85,7 +84,7 @@ static void set_host_gauges(void)
 
 void sh_monitor_sync(void)
 {
-    if (!started)
+    if (!sh_monitor_on)
         return;
     struct sh_pool_stats st;
     sh_pool_stats(sh_rt.pool, &st);
@@ -151,9 +150,19 @@ static int regions(void *ctx, struct sh_tm_region *out, int max)
     return (int)n;
 }
 
+/* The scheduler's own finds, as the explicit marks are shown. */
+static void where(int64_t step, int phase)
+{
+    if (step >= 0)
+        sh_monitor_step(step);
+    if (phase >= 0)
+        sh_monitor_phase(phase);
+}
+
 void sh_monitor_start(void)
 {
     const struct sh_config *c = &sh_rt.cfg;
+    sh_sched_on_where(where);
     if (!c->telemetry.telemetry_enabled)
         return;
     char summary[512];
@@ -174,27 +183,15 @@ void sh_monitor_start(void)
         .regions = regions,
         .sample = sample,
     };
-    atomic_store(&started, 1); /* before the thread that samples exists */
+    atomic_store(&sh_monitor_on, 1); /* before the thread that samples exists */
     if (sh_tm_start(&p) != 0)
-        atomic_store(&started, 0);
+        atomic_store(&sh_monitor_on, 0);
 }
 
 void sh_monitor_step(int64_t step)
 {
-    if (!started)
+    if (!sh_monitor_on)
         return;
     sh_monitor_sync();
     sh_tm_step(step);
-}
-
-void sh_monitor_phase(int phase)
-{
-    if (started)
-        sh_tm_phase(phase);
-}
-
-void sh_monitor_event(int kind, uint64_t id, uint64_t bytes)
-{
-    if (started)
-        sh_tm_event(kind, id, bytes);
 }

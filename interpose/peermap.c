@@ -29,7 +29,7 @@
  * one lock of this file held across blocking calls, taken with no other
  * lock but the gate.
  */
-#include "interpose/driver.h"
+#include "interpose/peermap.h"
 
 #include "sh_log.h"
 

@@ -159,19 +159,6 @@ EXPORT cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, 
 
 /* ---- pages handed to someone else ---- */
 
-int sh_pin_region(uintptr_t p)
-{
-    for (int tries = 0; tries < 3; tries++) {
-        int rc = sh_pool_pin(sh_rt.pool, p);
-        if (rc != SH_EBUSY)
-            return rc == SH_ENOTFOUND ? 0 : rc;
-        sh_launch_make_resident(&p, 1);
-    }
-    sh_log(SH_LOG_ERROR, "0x%llx: cannot bring the region back to the device to share its pages",
-           (unsigned long long)p);
-    return SH_ENOMEM;
-}
-
 EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
 {
     pthread_once(&real_once, resolve);

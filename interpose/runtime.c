@@ -1,36 +1,31 @@
-/* runtime.c — start-up: configuration at load time (a bad stagehand.ini
- * stops the program before it runs), real-symbol lookup, and on the first
- * managed call the driver, the device and the pool.
+/* runtime.c — the process-wide state every file of interpose/ reads
+ * (sh_rt), and what is known of it before anything else runs: the
+ * configuration at load time (a bad stagehand.ini stops the program before
+ * it runs) and the real runtime functions. start.c brings the rest up.
  *
- * Shared state: sh_rt, written inside pthread_once and read-only after;
- * the counters in it are atomics. The current-context flag is per thread.
+ * Shared state: sh_rt, written at load time and inside start.c's
+ * pthread_once, read-only after; the counters and flags in it are atomics.
  */
+#include "interpose/dl.h"
 #include "interpose/interpose.h"
 
-#include "sh_err.h"
 #include "sh_log.h"
-#include "telemetry/telemetry.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <unistd.h>
 
 extern char **environ;
 
 struct sh_runtime sh_rt;
 
-static int disabled; /* STAGEHAND_DISABLE or enabled=false */
 static pthread_once_t real_once = PTHREAD_ONCE_INIT;
-static pthread_once_t init_once = PTHREAD_ONCE_INIT;
-static atomic_int managed; /* set once, inside init_once */
-static _Thread_local int ctx_ready;
 
 __attribute__((constructor)) static void load_config(void)
 {
     if (sh_config_disabled(environ)) {
-        disabled = 1;
+        sh_rt.disabled = 1;
         return;
     }
     char path[SH_CONFIG_STR_MAX], err[SH_CONFIG_ERR_MAX];
@@ -42,7 +37,7 @@ __attribute__((constructor)) static void load_config(void)
     if (sh_config_secure())
         sh_log(SH_LOG_WARN, "secure-execution mode: STAGEHAND_* variables ignored, and a "
                             "stagehand.ini is read only if root owns it");
-    disabled = !sh_rt.cfg.general.enabled;
+    sh_rt.disabled = !sh_rt.cfg.general.enabled;
     if (path[0])
         sh_log(SH_LOG_INFO, "configuration from %s", path);
 }
@@ -50,7 +45,7 @@ __attribute__((constructor)) static void load_config(void)
 static void resolve_real(void)
 {
     void *h = RTLD_NEXT;
-#define REAL(name) sh_rt.real.name = (__typeof__(sh_rt.real.name))dlsym(h, #name)
+#define REAL(name) sh_rt.real.name = (__typeof__(sh_rt.real.name))sh_dl_lookup(h, #name)
     REAL(cudaMalloc);
     if (!sh_rt.real.cudaMalloc) {
         /* The runtime was loaded after us: look in the global scope. */
@@ -75,300 +70,12 @@ const struct sh_real *sh_real(void)
     return &sh_rt.real;
 }
 
-static uint64_t host_ram(void)
-{
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
-}
-
-/* Start-up calls are tried this often: one transient failure must not
- * turn the library or eviction off for the whole run. */
-#define START_TRIES 3
-
-/* A device attribute, asked again if the driver fails to answer; 0 if it
- * never does. */
-static int attribute(CUdevice_attribute what)
-{
-    int v = 0;
-    for (int i = 0; i < START_TRIES; i++)
-        if (sh_rt.drv.cuDeviceGetAttribute(&v, what, sh_rt.dev) == CUDA_SUCCESS)
-            return v;
-    return 0;
-}
-
-static int open_device(void)
-{
-    struct sh_driver *d = &sh_rt.drv;
-    int dev = 0, want = sh_rt.cfg.general.device;
-    /* Lets the runtime create and select its context first, as the program expects. */
-    if (sh_real()->cudaGetDevice && sh_real()->cudaGetDevice(&dev) != cudaSuccess)
-        return SH_EDRIVER;
-    dev = want >= 0 ? want : dev;
-    if (d->cuInit(0) != CUDA_SUCCESS)
-        return SH_EDRIVER;
-    if (d->cuDeviceGet(&sh_rt.dev, dev) != CUDA_SUCCESS) {
-        fprintf(stderr, "stagehand: [general] device = %d: no such CUDA device here\n", dev);
-        _exit(1); /* like a bad configuration: the first allocation has not happened yet */
-    }
-    if (d->cuDevicePrimaryCtxRetain(&sh_rt.ctx, sh_rt.dev) != CUDA_SUCCESS ||
-        d->cuDeviceTotalMem(&sh_rt.card_bytes, sh_rt.dev) != CUDA_SUCCESS)
-        return SH_EDRIVER;
-    d->ctx = sh_rt.ctx;
-    /* Several devices cost a little on the mapping and copy paths
-     * (peermap.c); a count the driver cannot give counts as several. */
-    int n = 0;
-    for (int i = 0; n <= 0 && i < START_TRIES; i++)
-        if (d->cuDeviceGetCount(&n) != CUDA_SUCCESS)
-            n = 0;
-    d->several = n != 1;
-    sh_peers_init(sh_rt.dev, d->several);
-    if (!attribute(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)) {
-        sh_log(SH_LOG_WARN, "device %d has no virtual memory management; passing through", dev);
-        return SH_EDRIVER;
-    }
-    return SH_OK;
-}
-
-static int open_pool(void)
-{
-    struct sh_driver *d = &sh_rt.drv;
-    CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
-                                .location = {CU_MEM_LOCATION_TYPE_DEVICE, sh_rt.dev}};
-    size_t gran = 0;
-    for (int i = 0; !gran && i < START_TRIES; i++)
-        if (d->cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
-            gran = 0;
-    if (!gran)
-        return SH_EDRIVER;
-    sh_rt.gran = gran;
-    const struct sh_config *c = &sh_rt.cfg;
-    size_t max_chunk = c->regions.max_chunk.bytes < gran ? gran : c->regions.max_chunk.bytes;
-    struct sh_pool_params p = {.granularity = gran,
-                               .max_chunk = max_chunk,
-                               .va_block = 1ull << 30,
-                               .va_cache = c->regions.va_cache.bytes,
-                               .device_cache = c->regions.device_cache.bytes,
-                               .suballoc_max = c->regions.suballoc_max.bytes};
-    struct sh_vmm_ops vmm;
-    struct sh_fence_ops fences;
-    sh_driver_vmm_ops(d, sh_rt.dev, &vmm);
-    sh_driver_fence_ops(d, &fences);
-    return sh_pool_create(&p, &vmm, &fences, &sh_rt.pool);
-}
-
-static int node_reserve(void *ctx, size_t bytes)
-{
-    return sh_node_reserve(ctx, bytes);
-}
-
-static void node_release(void *ctx, size_t bytes)
-{
-    sh_node_release(ctx, bytes);
-}
-
-/* [budget] host_ram_scope = node: this process's pinned slabs come out of a
- * budget the user's processes on this machine share. A segment that cannot
- * be used is named with what is wrong, and the budget stays per process.
- * The slot is never given up before exit: the grower may pin until the
- * end, and the others reclaim it once the process is gone. */
-static void open_node(void)
-{
-    const struct sh_config *c = &sh_rt.cfg;
-    if (c->budget.host_ram_scope != SH_CONFIG_HOST_NODE)
-        return;
-    struct sh_node_params p = {.name = c->budget.host_ram_segment,
-                               .budget = c->budget.host_ram_budget.bytes};
-    char err[SH_CONFIG_ERR_MAX] = "";
-    if (sh_node_open(&p, &sh_rt.node, err, sizeof err) != SH_OK) {
-        sh_rt.node = NULL;
-        sh_log(SH_LOG_WARN,
-               "[budget] host_ram_scope = node: %s; this process keeps to a host budget of its "
-               "own (%llu MB)",
-               err, (unsigned long long)(p.budget >> 20));
-        return;
-    }
-    struct sh_node_stats ns;
-    sh_node_stats(sh_rt.node, &ns);
-    sh_log(SH_LOG_INFO, "host budget of %llu MB shared through %s with %u other process(es)",
-           (unsigned long long)(ns.budget >> 20), sh_node_path(sh_rt.node), ns.ranks - 1);
-}
-
-/* Host slabs and copy streams, set up once; on failure nothing is kept. */
-static int try_mover(void)
-{
-    const struct sh_config *c = &sh_rt.cfg;
-    struct sh_hostpool_params hp = {.granularity = sh_rt.gran,
-                                    .ram_budget = c->budget.host_ram_budget.bytes,
-                                    .prepin = c->pool.prepin.bytes,
-                                    .grow_in_background = c->pool.grow_in_background};
-    if (sh_rt.node)
-        hp.share = (struct sh_hostpool_share){node_reserve, node_release, sh_rt.node};
-    hp.nclasses = c->pool.classes_mb.n;
-    for (unsigned i = 0; i < hp.nclasses && i < SH_HOSTPOOL_MAX_CLASSES; i++) {
-        hp.class_bytes[i] = (size_t)c->pool.classes_mb.v[i] << 20;
-        hp.slabs[i] = c->pool.slabs_per_class.v[i];
-    }
-    struct sh_vmm_ops vmm;
-    struct sh_copy_ops copy;
-    sh_driver_vmm_ops(&sh_rt.drv, sh_rt.dev, &vmm);
-    if (sh_hostpool_create(&hp, &vmm, &sh_rt.host) != SH_OK ||
-        sh_driver_copy_ops(&sh_rt.drv, &copy) != SH_OK ||
-        sh_xfer_create(&copy, (unsigned)c->transfer.max_inflight_d2h,
-                       (unsigned)c->transfer.max_inflight_h2d, &sh_rt.xfer) != SH_OK) {
-        sh_hostpool_destroy(sh_rt.host);
-        sh_rt.host = NULL;
-        return SH_EDRIVER;
-    }
-    return SH_OK;
-}
-
-/* Host slabs and the copy engine; without them the library still manages
- * allocations, it just cannot evict. */
-static void open_mover(void)
-{
-    const struct sh_config *c = &sh_rt.cfg;
-    if (!attribute(CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)) {
-        sh_log(SH_LOG_WARN, "the driver cannot map host memory into the device's address space; "
-                            "eviction is off");
-        return;
-    }
-    open_node();
-    int rc = SH_EDRIVER;
-    for (int i = 0; rc != SH_OK && i < START_TRIES; i++)
-        rc = try_mover();
-    if (rc != SH_OK) {
-        sh_log(SH_LOG_WARN, "cannot set up host slabs or copy streams; eviction is off");
-        return;
-    }
-    struct sh_pool_mover m = {.host = sh_rt.host,
-                              .xfer = sh_rt.xfer,
-                              .gate = sh_rt.gate,
-                              .checksums = c->debug.debug_checksums,
-                              .verify_moves = c->debug.debug_verify_moves,
-                              .slab_wait_ms = 2000,
-                              .fingerprint = sh_fingerprint,
-                              .clean_skip = c->policy.clean_skip};
-    sh_launch_tracked_drain(&m.drain_streams, &m.streams_idle);
-    sh_pool_set_mover(sh_rt.pool, &m);
-}
-
-static void init(void)
-{
-    if (disabled || !sh_real()->cudaMalloc)
-        return;
-    if (sh_driver_load(&sh_rt.drv, "libcuda.so.1") != SH_OK)
-        return; /* it said why */
-    if (open_device() != SH_OK) {
-        sh_log(SH_LOG_WARN, "CUDA driver unavailable; passing all calls through");
-        return;
-    }
-    char err[SH_CONFIG_ERR_MAX];
-    if (sh_config_resolve(&sh_rt.cfg, sh_rt.card_bytes, host_ram(), err, sizeof err) != 0) {
-        fprintf(stderr, "stagehand: %s\n", err);
-        _exit(1); /* the first allocation has not happened yet */
-    }
-    /* What is set up now (copy streams, events) belongs to the managed
-     * device, whichever the program has current. */
-    CUcontext popped;
-    if (sh_rt.drv.cuCtxPushCurrent(sh_rt.ctx) != CUDA_SUCCESS) {
-        sh_log(SH_LOG_WARN, "cannot make device %d's context current; passing all calls through",
-               (int)sh_rt.dev);
-        return;
-    }
-    if (sh_gate_create(&sh_rt.gate) != SH_OK || open_pool() != SH_OK) {
-        sh_log(SH_LOG_WARN, "cannot set up the region pool; passing all calls through");
-        sh_rt.drv.cuCtxPopCurrent(&popped);
-        return;
-    }
-    open_mover();
-    sh_room_init();
-    sh_sched_init();
-    sh_launch_init();
-    sh_monitor_start();
-    sh_rt.drv.cuCtxPopCurrent(&popped);
-    char summary[512];
-    sh_config_summary(&sh_rt.cfg, summary, sizeof summary);
-    sh_log(SH_LOG_INFO, "managing allocations on device %d%s: %s", (int)sh_rt.dev,
-           sh_rt.drv.several ? " (other devices pass through)" : "", summary);
-    sh_torch_check_env();
-    managed = 1;
-}
-
-int sh_managed(void)
-{
-    if (disabled)
-        return 0;
-    pthread_once(&init_once, init);
-    if (!managed)
-        return 0;
-    if (!ctx_ready) {
-        CUcontext cur = NULL;
-        sh_rt.drv.cuCtxGetCurrent(&cur);
-        if (!cur)
-            sh_rt.drv.cuCtxSetCurrent(sh_rt.ctx);
-        ctx_ready = 1;
-    }
-    return 1;
-}
-
 int sh_active(void)
 {
-    return atomic_load_explicit(&managed, memory_order_acquire);
+    return atomic_load_explicit(&sh_rt.managed, memory_order_acquire);
 }
 
-int sh_managed_here(void)
+int sh_capturing(void)
 {
-    int dev = 0;
-    if (!sh_managed())
-        return 0;
-    return !sh_real()->cudaGetDevice ||
-           (sh_real()->cudaGetDevice(&dev) == cudaSuccess && dev == (int)sh_rt.dev);
-}
-
-/* Why nothing more could be evicted, for the out-of-memory line. */
-static const char *host_side(char *buf, size_t len)
-{
-    if (!sh_rt.host)
-        return "nothing can be evicted on this device";
-    struct sh_hostpool_stats hs;
-    sh_hostpool_stats(sh_rt.host, &hs);
-    int n = snprintf(buf, len, "host side: %zu MB pinned of a %zu MB budget%s",
-                     hs.pinned_bytes >> 20, hs.budget_bytes >> 20,
-                     hs.pinned_bytes + (2u << 20) > hs.budget_bytes ? ", exhausted" : "");
-    if (sh_rt.node && n > 0 && (size_t)n < len) {
-        struct sh_node_stats ns;
-        sh_node_stats(sh_rt.node, &ns);
-        snprintf(buf + n, len - (size_t)n,
-                 "; node: %llu MB of a %llu MB budget pinned by %u process(es)%s",
-                 (unsigned long long)(ns.used >> 20), (unsigned long long)(ns.budget >> 20),
-                 ns.ranks, hs.refused ? ", exhausted" : "");
-    }
-    return buf;
-}
-
-cudaError_t sh_oom_too_big(size_t size, const char *what)
-{
-    atomic_fetch_add(&sh_rt.oom, 1);
-    sh_monitor_event(SH_TM_EV_OOM, 0, size);
-    sh_log(SH_LOG_WARN,
-           "%s(%zu bytes): out of memory: larger than the %llu MB budget less memory held "
-           "outside stagehand; nothing evicted",
-           what, size, (unsigned long long)(sh_rt.cfg.budget.vram_budget.bytes >> 20));
-    return cudaErrorMemoryAllocation;
-}
-
-cudaError_t sh_oom(size_t size, const char *what)
-{
-    atomic_fetch_add(&sh_rt.oom, 1);
-    sh_monitor_event(SH_TM_EV_OOM, 0, size);
-    struct sh_pool_stats st;
-    sh_pool_stats(sh_rt.pool, &st);
-    char host[256];
-    sh_log(SH_LOG_WARN,
-           "%s(%zu bytes): out of memory: %zu MB on the device of a %llu MB budget, "
-           "%zu MB evicted (%s)",
-           what, size, st.device_bytes >> 20,
-           (unsigned long long)(sh_rt.cfg.budget.vram_budget.bytes >> 20), st.host_bytes >> 20,
-           host_side(host, sizeof host));
-    return cudaErrorMemoryAllocation;
+    return atomic_load(&sh_rt.captures) > 0;
 }

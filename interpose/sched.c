@@ -287,13 +287,25 @@ static ALWAYS_INLINE void launch_locked(uint64_t kernel, uint64_t stream, const 
     *phase = now_phase != shown_phase ? (shown_phase = now_phase) : -1;
 }
 
+/* The monitor reads the scheduler's figures, so it is above it: told of
+ * what the policy finds through a pointer it sets when it starts. */
+static void (*_Atomic where_to)(int64_t step, int phase);
+
+void sh_sched_on_where(void (*fn)(int64_t step, int phase))
+{
+    atomic_store_explicit(&where_to, fn, memory_order_release);
+}
+
 /* After sched_mu: the step and phase launch_locked found. */
 static ALWAYS_INLINE void show_where(int64_t step, int phase)
 {
-    if (step >= 0 && !atomic_load(&sh_rt.step)) /* explicit marks, when used, already did */
-        sh_monitor_step(step);
-    if (phase >= 0)
-        sh_monitor_phase(phase);
+    if (step >= 0 && atomic_load(&sh_rt.step)) /* explicit marks, when used, already did */
+        step = -1;
+    if (step < 0 && phase < 0)
+        return;
+    void (*fn)(int64_t, int) = atomic_load_explicit(&where_to, memory_order_acquire);
+    if (fn)
+        fn(step, phase);
 }
 
 void sh_sched_launch(uint64_t kernel, uint64_t stream, const uintptr_t *bases, size_t n)

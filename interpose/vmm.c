@@ -203,6 +203,19 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     return rc < 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
 
+int sh_pin_region(uintptr_t p)
+{
+    for (int tries = 0; tries < 3; tries++) {
+        int rc = sh_pool_pin(sh_rt.pool, p);
+        if (rc != SH_EBUSY)
+            return rc == SH_ENOTFOUND ? 0 : rc;
+        sh_launch_make_resident(&p, 1);
+    }
+    sh_log(SH_LOG_ERROR, "0x%llx: cannot bring the region back to the device to share its pages",
+           (unsigned long long)p);
+    return SH_ENOMEM;
+}
+
 int sh_vmm_retain(uintptr_t addr, CUmemGenericAllocationHandle *handle)
 {
     struct sh_backing *b = sh_active() ? sh_pool_backing_retain(sh_rt.pool, addr) : NULL;

@@ -20,6 +20,7 @@
 #include <cmocka.h>
 
 #include "interpose/driver.h"
+#include "interpose/peermap.h"
 
 #include <stdlib.h>
 #include <string.h>
