@@ -132,9 +132,6 @@ int sh_launch_busy(void);
 /* For launches whose regions are known already (graphs). */
 void sh_launch_begin_addrs(uint64_t key, const uintptr_t *addrs, size_t n, int opaque,
                            CUstream stream);
-/* With drain_mode = tracked: a copy or memset just issued on stream, so the
- * regions it touches remember the stream (src may be NULL). */
-void sh_launch_mark_copy(CUstream stream, const void *dst, const void *src, size_t n);
 /* Work other than a launch (a copy, a memset, a stream memory operation)
  * was just issued on stream, inside the gate: the regions containing
  * ends[0..n) take the issue stamp and, with a tracked drain, the stream.

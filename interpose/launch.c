@@ -527,21 +527,6 @@ void sh_launch_mark_upload(const void *dst, const void *src, size_t n)
     sh_launch_mark_upload_rows(dst, 0, src, 0, n, 1);
 }
 
-void sh_launch_mark_copy(CUstream stream, const void *dst, const void *src, size_t n)
-{
-    if (!sh_active() || n == 0)
-        return;
-    /* A copy is work on a stream too: the regions at both ends remember it. */
-    uintptr_t addrs[4] = {(uintptr_t)dst, (uintptr_t)dst + n - 1, (uintptr_t)src,
-                          src ? (uintptr_t)src + n - 1 : 0};
-    pending.n = sh_pool_bases(sh_rt.pool, addrs, src ? 4 : 2, pending.bases);
-    pending.found = 0;
-    pending.stream = stream;
-    if (pending.n > 0)
-        note_other(stream);
-    mark_issued();
-}
-
 void sh_launch_forget_context(CUcontext ctx)
 {
     pthread_mutex_lock(&slots_mu);
