@@ -58,7 +58,7 @@ static void test_ranges_named(void **state)
     expect("--gen --compute-ms 1e300", 2,
            "stagehand-sim: --compute-ms: expected a number in [0.001, 1e+06], got \"1e300\"");
     expect("--gen --hbm-gbps 0", 2,
-           "stagehand-sim: --hbm-gbps: expected a number in [1, 1e+06], got \"0\"");
+           "stagehand-sim: --hbm-gbps: expected a number in [0.001, 1e+06], got \"0\"");
     expect("--gen --eval-every x", 2,
            "stagehand-sim: --eval-every: expected a whole number in [0, 10000], got \"x\"");
     expect("--gen --compute-ms 1000000 --blocks 1000 --steps 10000", 2,

@@ -171,7 +171,7 @@ static const struct numopt numopts[] = {
     {O_OVERSUB, 0.01, 1000, 0, OFF(oversub)},      {O_PCIE, 0.001, 1e5, 0, OFF(pcie_gbps)},
     {O_REMAP, 0, 1e6, 0, OFF(remap_us)},           {O_MAP, 0, 1e6, 0, OFF(map_us)},
     {O_DEFAULT, 0, 1e6, 0, OFF(default_us)},       {O_EVAL, 0, 10000, 1, OFF(g.eval_every)},
-    {O_BENCHW, 1, 1e9, 1, OFF(bench_writer)},      {O_HBM, 1, 1e6, 0, OFF(g.hbm_gbps)},
+    {O_BENCHW, 1, 1e9, 1, OFF(bench_writer)},      {O_HBM, 0.001, 1e6, 0, OFF(g.hbm_gbps)},
 };
 
 /* One option with a numeric argument into the right field; the message names
