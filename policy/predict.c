@@ -106,8 +106,8 @@ static uint64_t key_next(const struct recording *rc, uint32_t k, uint32_t c, uin
     return rc->keys[k2].nuse ? (uint64_t)rc->nl + pol_key_uses(rc, k2)[0] : FAR;
 }
 
-/* Launches from now to the region's next use; DEAD when the recording says
- * it is freed before any, FAR when unknown. */
+/* Launches from now to the recording's free of the region's role; FAR when
+ * it is not freed this step, or unknown. */
 uint64_t pol_free_distance(struct sh_policy *p, struct region *r)
 {
     uint32_t k = following(p) ? key_of(p, r) : NONE32;
@@ -117,6 +117,8 @@ uint64_t pol_free_distance(struct sh_policy *p, struct region *r)
     return at > p->pos ? at - p->pos : 0;
 }
 
+/* Launches from now to the region's next use; DEAD when the recording says
+ * it is freed before any, FAR when unknown. */
 uint64_t pol_distance(struct sh_policy *p, struct region *r)
 {
     if (kind_is(p, SH_POLICY_BELADY)) {
