@@ -287,6 +287,11 @@ static struct {
     CUstream stream[2];
 } copier;
 
+CUstream sh_driver_copy_stream(int dir)
+{
+    return dir == 0 || dir == 1 ? copier.stream[dir] : NULL;
+}
+
 static int copy_issue(void *ctx, int dir, uintptr_t dst, uintptr_t src, size_t n, uint64_t *token)
 {
     (void)ctx;

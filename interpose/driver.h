@@ -55,6 +55,10 @@ void sh_driver_fence_ops(struct sh_driver *drv, struct sh_fence_ops *ops);
  * streams, an event per copy. SH_EDRIVER if the streams cannot be made. */
 int sh_driver_copy_ops(struct sh_driver *drv, struct sh_copy_ops *ops);
 
+/* The copy operations' stream for dir (SH_D2H, SH_H2D); NULL before
+ * sh_driver_copy_ops made it. */
+CUstream sh_driver_copy_stream(int dir);
+
 /* A fence: an event recorded on stream. 0 if none could be recorded. */
 uint64_t sh_driver_fence_record(struct sh_driver *drv, CUstream stream);
 

@@ -6,7 +6,12 @@
  *
  * The pool calls it inside remap windows, where nothing else runs (what it
  * trusts), and at an early eviction's start (a guess). It has a stream of
- * its own, so a call never waits behind the copies in flight. The module,
+ * its own, so a call never waits behind the copies in flight. An early
+ * eviction's start queues its fingerprints instead (sh_fingerprint_queue),
+ * on the copy stream ahead of the region's copies, with their results read
+ * back into pinned memory: the launching thread does not wait for the
+ * kernel, the copies read the bytes after it did, and the window, which
+ * waits for the copies, takes the results (sh_fingerprint_take). The module,
  * the key (in device memory, read by every thread block), the slots and
  * the stream are set up at the first call, so a program that never evicts
  * pays nothing; if that fails, every later call fails too and the pool
@@ -17,7 +22,8 @@
  * sh_fingerprint_own() says so.
  *
  * Locking: fp.mu serialises the set-up and every batch (the slots are
- * shared). own is per thread.
+ * shared), and the queued slots' allocation; never held while waiting for
+ * a queued ticket. own is per thread.
  */
 #include "interpose/interpose.h"
 
@@ -28,11 +34,13 @@
 #include <pthread.h>
 #include <string.h>
 
-#define SLOTS 256 /* ranges per round trip */
+#define SLOTS  256  /* ranges per round trip */
+#define QSLOTS 1024 /* ranges queued, across the early evictions in flight */
 /* The key and the slots in one allocation of whole pages, so that what the
  * driver counts is what the library reports (sh_fingerprint_device_bytes). */
 #define DEVICE_BYTES ((size_t)64 << 10)
-_Static_assert(sizeof(struct sh_clean_key) + SLOTS * 16 <= DEVICE_BYTES, "key and slots fit");
+_Static_assert(sizeof(struct sh_clean_key) + (SLOTS + QSLOTS) * 16 <= DEVICE_BYTES,
+               "key and slots fit");
 
 enum { UNTRIED = 0, READY = 1, BROKEN = -1 };
 
@@ -41,9 +49,21 @@ static struct {
     int state;
     CUfunction fn;
     CUstream stream;
-    CUdeviceptr key, out; /* the key, then SLOTS result slots */
+    CUdeviceptr key, out; /* the key, then SLOTS result slots, then QSLOTS */
     struct sh_clean_key host_key;
     uint64_t x[SLOTS][2];
+    /* Queued: their results' pinned mirror (NULL until the first queue;
+     * qbroken once it could not be had), and per first slot of a ticket
+     * its ranges' count and the event after its read back; per slot its
+     * range's length and whether it is taken. */
+    uint64_t (*qx)[2];
+    int qbroken;
+    struct {
+        CUevent ev;
+        size_t n;
+    } qt[QSLOTS];
+    size_t qlen[QSLOTS];
+    unsigned char qused[QSLOTS];
     size_t device_bytes;
     uint64_t key_bytes; /* the key's upload, not yet reported */
     __typeof__(cuModuleLoadData) *load;
@@ -53,6 +73,7 @@ static struct {
     __typeof__(cuMemcpyHtoD) *htod;
     __typeof__(cuMemsetD8Async) *memset;
     __typeof__(cuMemcpyDtoHAsync) *dtoh;
+    __typeof__(cuMemHostAlloc) *host_alloc;
 } fp = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static _Thread_local int own;
@@ -76,6 +97,7 @@ static int lookup(const struct sh_driver *d)
     fp.htod = (__typeof__(fp.htod))sh_driver_optional(d, "cuMemcpyHtoD", 12000);
     fp.memset = (__typeof__(fp.memset))sh_driver_optional(d, "cuMemsetD8Async", 12000);
     fp.dtoh = (__typeof__(fp.dtoh))sh_driver_optional(d, "cuMemcpyDtoHAsync", 12000);
+    fp.host_alloc = (__typeof__(fp.host_alloc))sh_driver_optional(d, "cuMemHostAlloc", 12000);
     return fp.load && fp.get && fp.alloc && fp.free && fp.htod && fp.memset && fp.dtoh;
 }
 
@@ -168,5 +190,124 @@ int sh_fingerprint(void *ctx, const uintptr_t *addr, const size_t *len, size_t n
     pthread_mutex_unlock(&fp.mu);
     CUcontext popped;
     d->cuCtxPopCurrent(&popped);
+    return rc;
+}
+
+/* ---- queued ahead of copies ---- */
+
+/* The pinned mirror for queued results; fp.mu held. */
+static int queue_ready(void)
+{
+    if (!fp.qx && !fp.qbroken) {
+        void *p = NULL;
+        fp.qbroken =
+            !fp.host_alloc || fp.host_alloc(&p, QSLOTS * sizeof *fp.qx, 0) != CUDA_SUCCESS || !p;
+        fp.qx = fp.qbroken ? NULL : p; /* kept for the process: 16 KB */
+    }
+    return fp.qx != NULL;
+}
+
+/* The first of n free slots in a row, taken; -1 if there are none. fp.mu held. */
+static long take_slots(size_t n)
+{
+    for (size_t at = 0, run = 0; at < QSLOTS; at++) {
+        run = fp.qused[at] ? 0 : run + 1;
+        if (run == n) {
+            memset(fp.qused + at + 1 - n, 1, n);
+            return (long)(at + 1 - n);
+        }
+    }
+    return -1;
+}
+
+/* Zeroed slots, one launch per range and the read back, on stream s; the
+ * event after them in fp.qt[first]. fp.mu held. */
+static CUresult queue_on(CUstream s, size_t first, const uintptr_t *addr, const size_t *len,
+                         size_t n)
+{
+    CUdeviceptr out = fp.out + 16 * (SLOTS + first);
+    CUresult r = fp.memset(out, 0, 16 * n, s);
+    for (size_t i = 0; i < n && r == CUDA_SUCCESS; i++) {
+        fp.qlen[first + i] = len[i];
+        if (len[i])
+            r = launch(s, addr[i], len[i], (unsigned)(SLOTS + first + i));
+    }
+    if (r == CUDA_SUCCESS)
+        r = fp.dtoh(fp.qx + first, out, 16 * n, s);
+    fp.qt[first].n = n;
+    fp.qt[first].ev = NULL;
+    if (r == CUDA_SUCCESS)
+        fp.qt[first].ev = (CUevent)(uintptr_t)sh_driver_fence_record(&sh_rt.drv, s);
+    if (r == CUDA_SUCCESS && !fp.qt[first].ev)
+        r = sh_rt.drv.cuStreamSynchronize(s); /* no event: done once this returns */
+    return r;
+}
+
+int sh_fingerprint_queue(void *ctx, const uintptr_t *addr, const size_t *len, size_t n, int dir,
+                         uint64_t *ticket, uint64_t bus[2])
+{
+    (void)ctx;
+    const struct sh_driver *d = &sh_rt.drv;
+    CUstream s = sh_driver_copy_stream(dir);
+    if (!s || n == 0 || n > QSLOTS)
+        return SH_EINVAL;
+    if (d->cuCtxPushCurrent(d->ctx) != CUDA_SUCCESS)
+        return SH_EDRIVER;
+    pthread_mutex_lock(&fp.mu);
+    if (fp.state == UNTRIED)
+        fp.state = set_up(d);
+    long first = fp.state == READY && queue_ready() ? take_slots(n) : -1;
+    int rc = first < 0 ? SH_ENOMEM : 0;
+    if (rc == 0) {
+        bus[SH_H2D] += fp.key_bytes;
+        fp.key_bytes = 0;
+        CUresult r = queue_on(s, (size_t)first, addr, len, n);
+        if (r != CUDA_SUCCESS) {
+            /* Kernels queued before the failure may still write the slots. */
+            sh_rt.drv.cuStreamSynchronize(s);
+            memset(fp.qused + first, 0, n);
+            sh_log(SH_LOG_DEBUG, "queued fingerprint failed (%s): taken at once instead",
+                   sh_driver_error(d, r));
+            rc = SH_EDRIVER;
+        } else {
+            bus[SH_D2H] += 16 * n;
+            *ticket = (uint64_t)first + 1;
+        }
+    }
+    pthread_mutex_unlock(&fp.mu);
+    CUcontext popped;
+    d->cuCtxPopCurrent(&popped);
+    return rc;
+}
+
+int sh_fingerprint_take(void *ctx, uint64_t ticket, size_t n, struct sh_clean_fp *out)
+{
+    (void)ctx;
+    const struct sh_driver *d = &sh_rt.drv;
+    size_t first = (size_t)ticket - 1;
+    if (ticket == 0 || first >= QSLOTS || n == 0 || first + n > QSLOTS)
+        return SH_EINVAL;
+    pthread_mutex_lock(&fp.mu);
+    CUevent ev = fp.qt[first].n == n ? fp.qt[first].ev : NULL;
+    int known = fp.qt[first].n == n && fp.qused[first];
+    pthread_mutex_unlock(&fp.mu);
+    if (!known)
+        return SH_EINVAL;
+    int rc = 0;
+    if (ev && d->cuEventSynchronize(ev) != CUDA_SUCCESS) {
+        rc = SH_EDRIVER;
+        sh_driver_sync(d); /* the slots are reused: whatever writes them must be done */
+    }
+    for (size_t i = 0; out && rc == 0 && i < n; i++)
+        out[i] = sh_clean_finish(&fp.host_key, fp.qlen[first + i], fp.qx[first + i]);
+    struct sh_fence_ops fo;
+    if (ev) {
+        sh_driver_fence_ops(&sh_rt.drv, &fo);
+        fo.drop(fo.ctx, (uint64_t)(uintptr_t)ev);
+    }
+    pthread_mutex_lock(&fp.mu);
+    fp.qt[first].n = 0;
+    memset(fp.qused + first, 0, n);
+    pthread_mutex_unlock(&fp.mu);
     return rc;
 }

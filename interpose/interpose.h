@@ -280,6 +280,12 @@ void sh_sched_timing_issue(void);
 struct sh_clean_fp;
 int sh_fingerprint(void *ctx, const uintptr_t *addr, const size_t *len, size_t n,
                    struct sh_clean_fp *out, uint64_t bus[2]);
+/* The same queued on dir's copy stream ahead of what follows there, and
+ * its results taken later (struct sh_pool_mover's fingerprint_queue and
+ * fingerprint_take). */
+int sh_fingerprint_queue(void *ctx, const uintptr_t *addr, const size_t *len, size_t n, int dir,
+                         uint64_t *ticket, uint64_t bus[2]);
+int sh_fingerprint_take(void *ctx, uint64_t ticket, size_t n, struct sh_clean_fp *out);
 int sh_fingerprint_own(void);
 size_t sh_fingerprint_device_bytes(void);
 

@@ -192,6 +192,8 @@ static void open_mover(void)
                               .verify_moves = c->debug.debug_verify_moves,
                               .slab_wait_ms = 2000,
                               .fingerprint = sh_fingerprint,
+                              .fingerprint_queue = sh_fingerprint_queue,
+                              .fingerprint_take = sh_fingerprint_take,
                               .clean_skip = c->policy.clean_skip};
     sh_launch_tracked_drain(&m.drain_streams, &m.streams_idle);
     sh_pool_set_mover(sh_rt.pool, &m);

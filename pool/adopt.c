@@ -127,6 +127,7 @@ int sh_pool_backing_map(struct sh_pool *pool, struct sh_backing *b, uintptr_t va
  * the slabs to the host pool. */
 static void backing_free(struct sh_pool *pool, struct region *r)
 {
+    sh_pool_scan_settle(pool, r, 0); /* its slabs go: nothing may still read them */
     pthread_mutex_lock(&pool->mu);
     pool->st.live_bytes -= r->size;
     pool->st.frees++;

@@ -572,6 +572,8 @@ int sh_pool_restore(struct sh_pool *pool, const uintptr_t *addrs, size_t n)
         return SH_ENOMEM;
     pthread_mutex_lock(&pool->move_mu);
     size_t m = pick_restores(pool, addrs, n, v), ready = 0;
+    for (size_t k = 0; k < m; k++)
+        sh_pool_scan_settle(pool, v[k], 1); /* off the host: what its bytes held is known */
     int rc = 0;
     while (ready < m && (rc = sh_pool_get_chunks(pool, v[ready])) == 0)
         ready++;

@@ -150,29 +150,69 @@ size_t sh_pool_kept_reclaim(struct sh_pool *pool)
 
 /* ---- fingerprints (in windows) ---- */
 
-int sh_pool_fingerprint(struct sh_pool *pool, const struct region *r, uintptr_t base,
-                        struct sh_clean_fp *out)
+/* r's chunks as ranges at base: addr[] then len[] in one allocation. */
+static uintptr_t *ranges_of(const struct region *r, uintptr_t base, size_t **len)
 {
-    if (!pool->mover.fingerprint)
-        return SH_EDRIVER;
     uintptr_t *addr = malloc(r->nchunks * (sizeof *addr + sizeof(size_t)));
     if (!addr)
-        return SH_ENOMEM;
-    size_t *len = (size_t *)(addr + r->nchunks);
+        return NULL;
+    *len = (size_t *)(addr + r->nchunks);
     for (unsigned i = 0; i < r->nchunks; i++) {
         addr[i] = base + r->chunks[i].off;
-        len[i] = r->chunks[i].size;
+        (*len)[i] = r->chunks[i].size;
     }
-    uint64_t bus[2] = {0, 0};
-    int rc = pool->mover.fingerprint(pool->mover.fp_ctx, addr, len, r->nchunks, out, bus);
-    free(addr);
+    return addr;
+}
+
+static void count_fingerprints(struct sh_pool *pool, const struct region *r, int rc,
+                               const uint64_t bus[2])
+{
     pthread_mutex_lock(&pool->mu);
     pool->st.fingerprints += r->nchunks;
     pool->st.fingerprinted_bytes += rc == 0 ? r->mapped : 0;
     pool->st.evicted_bytes += bus[SH_D2H]; /* every byte that crosses the bus */
     pool->st.restored_bytes += bus[SH_H2D];
     pthread_mutex_unlock(&pool->mu);
+}
+
+int sh_pool_fingerprint(struct sh_pool *pool, const struct region *r, uintptr_t base,
+                        struct sh_clean_fp *out)
+{
+    if (!pool->mover.fingerprint)
+        return SH_EDRIVER;
+    size_t *len;
+    uintptr_t *addr = ranges_of(r, base, &len);
+    if (!addr)
+        return SH_ENOMEM;
+    uint64_t bus[2] = {0, 0};
+    int rc = pool->mover.fingerprint(pool->mover.fp_ctx, addr, len, r->nchunks, out, bus);
+    free(addr);
+    count_fingerprints(pool, r, rc, bus);
     return rc;
+}
+
+int sh_pool_fingerprint_queue(struct sh_pool *pool, const struct region *r, int dir,
+                              uint64_t *ticket)
+{
+    if (!pool->mover.fingerprint_queue || !pool->mover.fingerprint_take)
+        return SH_EDRIVER;
+    size_t *len;
+    uintptr_t *addr = ranges_of(r, r->va, &len);
+    if (!addr)
+        return SH_ENOMEM;
+    uint64_t bus[2] = {0, 0};
+    int rc =
+        pool->mover.fingerprint_queue(pool->mover.fp_ctx, addr, len, r->nchunks, dir, ticket, bus);
+    free(addr);
+    if (rc == 0)
+        count_fingerprints(pool, r, rc, bus);
+    return rc;
+}
+
+int sh_pool_fingerprint_take(struct sh_pool *pool, const struct region *r, uint64_t ticket,
+                             struct sh_clean_fp *out)
+{
+    return pool->mover.fingerprint_take(pool->mover.fp_ctx, ticket, r->nchunks, out);
 }
 
 /* A drain of the whole device, where the window's own drain may have

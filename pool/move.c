@@ -107,6 +107,7 @@ int sh_pool_move_take(struct sh_pool *pool, struct region *r)
 static void pf_abandon(struct sh_pool *pool, struct region *r, unsigned mapped);
 static void drop_scratch(struct sh_pool *pool, struct region *r, unsigned mapped);
 static void ev_abandon(struct sh_pool *pool, struct region *r);
+static int ev_fp_take(struct sh_pool *pool, struct region *r, int want);
 
 void sh_pool_move_cancel(struct sh_pool *pool, struct region *r)
 {
@@ -115,6 +116,8 @@ void sh_pool_move_cancel(struct sh_pool *pool, struct region *r)
     if (r->stuck) {
         if (dir == SH_H2D)
             drop_scratch(pool, r, r->nchunks);
+        else
+            ev_fp_take(pool, r, 0);
         sh_pool_make_stuck(pool, r, dir == SH_H2D ? "prefetch" : "early eviction");
     } else if (dir == SH_H2D)
         pf_abandon(pool, r, r->nchunks);
@@ -310,6 +313,7 @@ static int move_start(struct sh_pool *pool, const uintptr_t *vas, size_t n, uint
     pthread_mutex_unlock(&pool->mu);
     int rc = 0;
     for (size_t k = 0; k < m; k++) {
+        sh_pool_scan_settle(pool, v[k], 1); /* off the host: what its bytes held is known */
         int r1 = start_one(pool, v[k]);
         if (r1 == 0)
             started[(*nstarted)++] = v[k]->va;
@@ -500,6 +504,7 @@ size_t sh_pool_prefetch_ready(struct sh_pool *pool, size_t *inflight)
 /* Back to RESIDENT: its copies have finished or were never queued. */
 static void ev_abandon(struct sh_pool *pool, struct region *r)
 {
+    ev_fp_take(pool, r, 0);
     pthread_mutex_lock(&pool->mu);
     pool->st.early_abandons++;
     pthread_mutex_unlock(&pool->mu);
@@ -522,15 +527,42 @@ static int ev_snapshot(struct sh_pool *pool, struct region *r)
     return rc;
 }
 
+/* r's start fingerprints, queued on the copy stream ahead of its copies
+ * where the mover can: the launching thread does not wait for the kernel,
+ * which runs before the copies read the bytes. Else taken now. */
+static int ev_fingerprint(struct sh_pool *pool, struct region *r)
+{
+    if (sh_pool_fingerprint_queue(pool, r, SH_D2H, &r->ev_ticket) == 0)
+        return 0;
+    r->ev_ticket = 0;
+    return ev_snapshot(pool, r);
+}
+
+/* The start fingerprints queued for r, into chunk->ev_fp (want), or given
+ * up; 0 when none was queued. Each ticket is taken once. */
+static int ev_fp_take(struct sh_pool *pool, struct region *r, int want)
+{
+    uint64_t t = r->ev_ticket;
+    if (!t)
+        return 0;
+    r->ev_ticket = 0;
+    struct sh_clean_fp *fp = want ? malloc(r->nchunks * sizeof *fp) : NULL;
+    int rc = sh_pool_fingerprint_take(pool, r, t, fp);
+    for (unsigned i = 0; fp && i < r->nchunks && rc == 0; i++)
+        r->chunks[i].ev_fp = fp[i];
+    free(fp);
+    return want && !fp ? SH_ENOMEM : rc;
+}
+
 /* Queues r's copies device -> slabs and lists it; 0, or r is RESIDENT. A
  * region with kept copies that still match queues none: its window
  * fingerprints it and copies only what changed. */
 static int ev_start_one(struct sh_pool *pool, struct region *r)
 {
     struct sh_xfer *x = pool->mover.xfer;
-    if (ev_snapshot(pool, r) != 0) {
-        if (r->from_kept)
-            sh_pool_kept_ahead_off(r); /* the kept copies as slabs, as ev_abandon expects */
+    /* A region with kept copies decides now whether to copy ahead. */
+    if (r->from_kept && ev_snapshot(pool, r) != 0) {
+        sh_pool_kept_ahead_off(r); /* the kept copies as slabs, as ev_abandon expects */
         ev_abandon(pool, r);
         return SH_EDRIVER;
     }
@@ -553,6 +585,10 @@ static int ev_start_one(struct sh_pool *pool, struct region *r)
     if (sh_pool_get_slabs(pool, r, 0) != 0) {
         sh_pool_finish_state(pool, r, SH_RS_RESIDENT);
         return SH_ENOMEM;
+    }
+    if (!r->from_kept && ev_fingerprint(pool, r) != 0) {
+        ev_abandon(pool, r); /* the slabs go back with it */
+        return SH_EDRIVER;
     }
     r->mv_first = sh_xfer_last(x, SH_D2H) + 1;
     int rc = 0;
@@ -677,6 +713,8 @@ static int ev_unchanged(struct sh_pool *pool, struct region *r)
 {
     if ((r->from_kept && !r->ahead) || pool->mover.plant_lost_write)
         return 1;
+    if (ev_fp_take(pool, r, 1) != 0)
+        return -1;
     struct sh_clean_fp *now = malloc(r->nchunks * sizeof *now);
     int same = now && sh_pool_fingerprint(pool, r, r->va, now) == 0 ? 1 : -1;
     for (unsigned i = 0; i < r->nchunks && same == 1; i++)
@@ -727,6 +765,7 @@ static void ev_window(struct sh_pool *pool, struct region **v, size_t n, char *o
 
 static void ev_committed(struct sh_pool *pool, struct region *r, void *released)
 {
+    ev_fp_take(pool, r, 0); /* one ev_unchanged did not take (a planted loss) */
     pthread_mutex_lock(&pool->mu);
     pool->st.early_commits++;
     if (!r->from_kept || r->ahead)

@@ -93,6 +93,9 @@ struct sh_pool_stats {
     uint64_t fingerprinted_bytes; /* bytes they covered */
     uint64_t kept_dropped;        /* regions whose copies were given up for host memory */
     size_t kept_bytes;            /* host bytes held by kept copies now */
+    /* pointer tables (ptrscan.c) */
+    uint64_t scans_queued;  /* evicted regions whose bytes were left to the scanner thread */
+    uint64_t scans_settled; /* ... scanned by a caller instead, which needed the answer first */
 };
 
 struct sh_pool;
@@ -278,6 +281,15 @@ struct sh_pool_mover {
      * eviction starts. Clean regions use it too. */
     int (*fingerprint)(void *ctx, const uintptr_t *addr, const size_t *len, size_t n,
                        struct sh_clean_fp *out, uint64_t bus[2]);
+    /* The same, queued on dir's copy stream ahead of the copies queued
+     * after it, so that the caller does not wait for the kernel and the
+     * copies read the bytes after it did: *ticket names the results, which
+     * fingerprint_take waits for and hands over (out NULL: given up). 0, or
+     * nothing was queued (the caller fingerprints now). Both NULL: never
+     * queued; an early eviction then waits for its start's fingerprints. */
+    int (*fingerprint_queue)(void *ctx, const uintptr_t *addr, const size_t *len, size_t n, int dir,
+                             uint64_t *ticket, uint64_t bus[2]);
+    int (*fingerprint_take)(void *ctx, uint64_t ticket, size_t n, struct sh_clean_fp *out);
     void *fp_ctx;
     /* [policy] clean_skip (keep.c): a restore keeps the host copy and its
      * fingerprint; an eviction that finds the bytes unchanged copies
@@ -342,6 +354,9 @@ void sh_pool_issued_opaque(struct sh_pool *pool, uint64_t streams);
  * stamps only make moves cautious; cheap when no move is in flight). Not
  * counted as opaque. */
 void sh_pool_issued_any(struct sh_pool *pool, uint64_t streams);
+/* Holds the thread that scans evicted regions' bytes (paused 1), or lets
+ * it go on: for tests of a region needed before its scan. */
+void sh_pool_scan_pause(struct sh_pool *pool, int paused);
 /* The n bytes at bytes are about to land at into (a host-to-device copy's
  * source): 1 if any 4-byte-aligned 8 bytes of them is an address inside a
  * region, and then the region containing into, if any, is marked as

@@ -10,12 +10,22 @@
  * whole block is checked in one branch-free pass, and only a block with a
  * candidate is looked at value by value.
  *
+ * An evicted region's bytes are scanned by a thread of the pool's, not by
+ * the thread that evicted it: host memory reads at about the speed a PCIe
+ * link fills it, so scanning inline would double what an eviction on
+ * demand holds the program for. The answer is needed only where the
+ * region is used again, or leaves the host: there sh_pool_scan_settle
+ * takes over a scan not begun, or waits for the one under way.
+ *
  * Locking: pool->lo/hi and region->holds_ptrs are atomics; index lookups
- * take index_lock for reading.
+ * take index_lock for reading. pool->scan.mu guards the queue and each
+ * region's scan state, and is never held while scanning or while taking
+ * another pool lock. A fork child has no scanner: it scans inline.
  */
 #include "pool/region_int.h"
 
 #include <string.h>
+#include <unistd.h>
 
 #define BLOCK 1024 /* words per branch-free pass */
 
@@ -119,7 +129,8 @@ size_t sh_pool_find_pointers(struct sh_pool *pool, const void *bytes, size_t n, 
     return 1;
 }
 
-void sh_pool_scan_landed(struct sh_pool *pool, struct region *r)
+/* Marks r if the bytes in its slabs hold a pointer. */
+static void scan_slabs(struct sh_pool *pool, struct region *r)
 {
     for (unsigned i = 0; i < r->nchunks && !__atomic_load_n(&r->holds_ptrs, __ATOMIC_RELAXED);
          i++) {
@@ -127,4 +138,125 @@ void sh_pool_scan_landed(struct sh_pool *pool, struct region *r)
         if (c->slab && holds_pointer(pool, (const unsigned char *)c->slab->staging, c->size))
             __atomic_store_n(&r->holds_ptrs, 1, __ATOMIC_RELAXED);
     }
+}
+
+/* r's scan is over; scan.mu held. */
+static void scan_done(struct sh_pool *pool, struct region *r)
+{
+    __atomic_store_n(&r->scan, SCAN_NONE, __ATOMIC_RELEASE);
+    pthread_cond_broadcast(&pool->scan.cv);
+}
+
+static void *scanner_main(void *arg)
+{
+    struct sh_pool *pool = arg;
+    pthread_mutex_lock(&pool->scan.mu);
+    for (;;) {
+        while (!pool->scan.stop && (!pool->scan.head || pool->scan.paused))
+            pthread_cond_wait(&pool->scan.cv, &pool->scan.mu);
+        if (pool->scan.stop)
+            break;
+        struct region *r = pool->scan.head;
+        pool->scan.head = r->scan_next;
+        if (!pool->scan.head)
+            pool->scan.tail = NULL;
+        __atomic_store_n(&r->scan, SCAN_RUNNING, __ATOMIC_RELAXED);
+        pthread_mutex_unlock(&pool->scan.mu);
+        scan_slabs(pool, r);
+        pthread_mutex_lock(&pool->scan.mu);
+        scan_done(pool, r);
+    }
+    pthread_mutex_unlock(&pool->scan.mu);
+    return NULL;
+}
+
+/* 1 when the scanner runs in this process (started now if need be); scan.mu held. */
+static int scanner_up(struct sh_pool *pool)
+{
+    if (pool->scan.stop)
+        return 0;
+    if (pool->scan.started)
+        return pool->scan.pid == (long)getpid();
+    pool->scan.pid = (long)getpid();
+    pool->scan.started = pthread_create(&pool->scan.thread, NULL, scanner_main, pool) == 0;
+    return pool->scan.started;
+}
+
+void sh_pool_scan_landed(struct sh_pool *pool, struct region *r)
+{
+    if (__atomic_load_n(&r->holds_ptrs, __ATOMIC_RELAXED))
+        return; /* known already: nothing to learn */
+    pthread_mutex_lock(&pool->scan.mu);
+    int queued = scanner_up(pool);
+    if (queued) {
+        r->scan_next = NULL;
+        if (pool->scan.tail)
+            pool->scan.tail->scan_next = r;
+        else
+            pool->scan.head = r;
+        pool->scan.tail = r;
+        __atomic_store_n(&r->scan, SCAN_QUEUED, __ATOMIC_RELAXED);
+        pool->scan.queued++;
+        pthread_cond_broadcast(&pool->scan.cv);
+    }
+    pthread_mutex_unlock(&pool->scan.mu);
+    if (!queued)
+        scan_slabs(pool, r);
+}
+
+/* Takes r off the queue; scan.mu held, r queued. */
+static void unqueue(struct sh_pool *pool, struct region *r)
+{
+    struct region **p = &pool->scan.head, *prev = NULL;
+    while (*p != r) {
+        prev = *p;
+        p = &(*p)->scan_next;
+    }
+    *p = r->scan_next;
+    if (pool->scan.tail == r)
+        pool->scan.tail = prev;
+}
+
+void sh_pool_scan_settle(struct sh_pool *pool, struct region *r, int want)
+{
+    if (__atomic_load_n(&r->scan, __ATOMIC_ACQUIRE) == SCAN_NONE)
+        return;
+    pthread_mutex_lock(&pool->scan.mu);
+    int orphan = pool->scan.pid != (long)getpid(); /* a fork child: no scanner runs */
+    while (r->scan == SCAN_RUNNING && !orphan)
+        pthread_cond_wait(&pool->scan.cv, &pool->scan.mu);
+    int mine = r->scan != SCAN_NONE;
+    if (mine) {
+        if (r->scan == SCAN_QUEUED)
+            unqueue(pool, r);
+        r->scan = SCAN_RUNNING;
+        pool->scan.settled += (uint64_t)want;
+    }
+    pthread_mutex_unlock(&pool->scan.mu);
+    if (!mine)
+        return;
+    if (want)
+        scan_slabs(pool, r);
+    pthread_mutex_lock(&pool->scan.mu);
+    scan_done(pool, r);
+    pthread_mutex_unlock(&pool->scan.mu);
+}
+
+void sh_pool_scan_pause(struct sh_pool *pool, int paused)
+{
+    pthread_mutex_lock(&pool->scan.mu);
+    pool->scan.paused = paused;
+    pthread_cond_broadcast(&pool->scan.cv);
+    pthread_mutex_unlock(&pool->scan.mu);
+}
+
+void sh_pool_scan_stop(struct sh_pool *pool)
+{
+    pthread_mutex_lock(&pool->scan.mu);
+    pool->scan.stop = 1;
+    pthread_cond_broadcast(&pool->scan.cv);
+    int join = pool->scan.started && pool->scan.pid == (long)getpid();
+    pthread_mutex_unlock(&pool->scan.mu);
+    if (join)
+        pthread_join(pool->scan.thread, NULL);
 }

@@ -278,6 +278,8 @@ int sh_pool_create(const struct sh_pool_params *p, const struct sh_vmm_ops *vmm,
     pthread_mutex_init(&pool->move_mu, NULL);
     sh_rw_init(&pool->index_lock);
     pthread_mutex_init(&pool->strand_mu, NULL);
+    pthread_mutex_init(&pool->scan.mu, NULL);
+    pthread_cond_init(&pool->scan.cv, NULL);
     struct sh_vmm_ops chunk_ops;
     sh_pool_chunk_ops(pool, &chunk_ops);
     struct sh_suballoc_ops sops = {pool, slab_get, slab_put, sa_fence_done, sa_fence_drop};
@@ -314,6 +316,7 @@ void sh_pool_destroy(struct sh_pool *pool)
 {
     if (!pool)
         return;
+    sh_pool_scan_stop(pool); /* a scan still queued runs on whoever settles it */
     if (pool->mover.xfer) {
         sh_pool_prefetch_cancel_all(pool); /* scratch mappings go before the chunks */
         sh_pool_evict_cancel_all(pool);    /* no copy lands in a slab given back */
@@ -345,6 +348,8 @@ void sh_pool_destroy(struct sh_pool *pool)
         sh_vaarena_destroy(pool->va);
     sh_rw_destroy(&pool->index_lock);
     pthread_mutex_destroy(&pool->strand_mu);
+    pthread_cond_destroy(&pool->scan.cv);
+    pthread_mutex_destroy(&pool->scan.mu);
     free(pool->stranded);
     pthread_mutex_destroy(&pool->move_mu);
     pthread_mutex_destroy(&pool->mu);
@@ -570,6 +575,8 @@ int sh_pool_free(struct sh_pool *pool, uintptr_t va, uint64_t stream, uint64_t f
     sh_pool_kept_put(pool, kept);
     if (rc == 0)
         sh_pool_usage_sub(pool, held);
+    if (rc == 0 && from == SH_RS_HOST)
+        sh_pool_scan_settle(pool, r, 0); /* its slabs go: nothing may still read them */
     /* Once on the freed list, r may be torn down by another thread at once. */
     if (rc == 0 && drop)
         teardown(pool, r);
@@ -623,4 +630,8 @@ void sh_pool_stats(struct sh_pool *pool, struct sh_pool_stats *st)
     st->small_allocs = __atomic_load_n(&pool->st.small_allocs, __ATOMIC_RELAXED);
     st->small_frees = __atomic_load_n(&pool->st.small_frees, __ATOMIC_RELAXED);
     st->device_bytes = cs.device_bytes;
+    pthread_mutex_lock(&pool->scan.mu);
+    st->scans_queued = pool->scan.queued;
+    st->scans_settled = pool->scan.settled;
+    pthread_mutex_unlock(&pool->scan.mu);
 }

@@ -63,12 +63,18 @@ struct region {
     uint32_t evictions_at_alloc, restores_at_alloc; /* the counts when last allocated */
     uint64_t use_streams; /* streams that used it since it last moved (tracked drain) */
     int holds_ptrs;       /* bytes seen in it look like pointers into regions */
+    /* Its landed bytes await the scanner (ptrscan.c): SCAN_NONE, or queued
+     * on pool->scan (scan_next), or being scanned. pool->scan.mu; read
+     * without it (atomically) where NONE is the common answer. */
+    int scan;
+    struct region *scan_next;
     /* While a prefetch or an early eviction is in flight (evict.c): its
      * copies, numbered mv_first..mv_last in their direction, and its place
      * on the pool's list of them. A prefetch's device chunks are mapped at
      * scratch; an early eviction began when its issue stamp was ev_issued. */
     uintptr_t scratch;
     uint64_t mv_first, mv_last, ev_issued;
+    uint64_t ev_ticket; /* an early eviction's start fingerprints, queued (0: none) */
     struct region *mv_next;
     struct move_list *mv_on;            /* the list it is on; NULL when none */
     struct region *lru_prev, *lru_next; /* all freed regions, oldest first */
@@ -128,6 +134,17 @@ struct sh_pool {
      * is no pointer into one, without a lookup. */
     uintptr_t lo, hi;
     size_t holes; /* chunks with a hole (repair.c; atomic) */
+    /* The scanner of evicted regions' bytes (ptrscan.c): its queue, oldest
+     * first, and its thread, started at the first eviction in process pid. */
+    struct {
+        pthread_mutex_t mu;
+        pthread_cond_t cv; /* queued, done or stop */
+        pthread_t thread;
+        struct region *head, *tail;
+        int started, stop, paused;
+        long pid;
+        uint64_t queued, settled; /* sh_pool_stats' scans_* */
+    } scan;
     /* Atomics, set once (move.c): no early eviction starts (no
      * fingerprint), no prefetch starts (a write the scan missed was seen). */
     int no_early, no_prefetch;
@@ -151,10 +168,21 @@ struct region *sh_pool_region_new(struct sh_pool *pool, size_t mapped);
 int sh_pool_move_take(struct sh_pool *pool, struct region *r);
 void sh_pool_move_cancel(struct sh_pool *pool, struct region *r);
 /* ptrscan.c: widens [pool->lo, pool->hi) to cover r (region.c, as it
- * indexes r); marks r as holding pointers if the bytes that landed in its
- * slabs hold one (evict.c, as r goes to the host). */
+ * indexes r).
+ *
+ * sh_pool_scan_landed: r's bytes just landed in its slabs (evict.c, before
+ * r goes HOST): the scanner thread marks r if they hold a pointer, off the
+ * evicting thread (the scan reads host memory no faster than a link fills
+ * it). Until then r->scan says so, and whoever needs the answer, or is
+ * about to take r off the host, calls sh_pool_scan_settle first (no pool
+ * lock held): it scans r itself if the scanner has not begun (want), or
+ * waits for it. Without want (r is freed) a queued scan is dropped. */
 void sh_pool_note_bounds(struct sh_pool *pool, const struct region *r);
 void sh_pool_scan_landed(struct sh_pool *pool, struct region *r);
+void sh_pool_scan_settle(struct sh_pool *pool, struct region *r, int want);
+/* The scanner stops (sh_pool_destroy); later scans run on the caller. */
+void sh_pool_scan_stop(struct sh_pool *pool);
+enum { SCAN_NONE = 0, SCAN_QUEUED = 1, SCAN_RUNNING = 2 };
 
 /* repair.c: swaps the mapping at chunk c of r from handle `from` to `to`,
  * retrying transient failures: 0 when `to` is mapped, SH_EDRIVER when
@@ -232,6 +260,13 @@ void sh_pool_unseen_write(struct sh_pool *pool, const struct region *r, const ch
  * in the stats); 0 or an error. */
 int sh_pool_fingerprint(struct sh_pool *pool, const struct region *r, uintptr_t base,
                         struct sh_clean_fp *out);
+/* The same at r's address, queued on dir's copy stream ahead of what is
+ * queued there next (mover's fingerprint_queue); the results are taken
+ * with sh_pool_fingerprint_take (out NULL: given up), once each. */
+int sh_pool_fingerprint_queue(struct sh_pool *pool, const struct region *r, int dir,
+                              uint64_t *ticket);
+int sh_pool_fingerprint_take(struct sh_pool *pool, const struct region *r, uint64_t ticket,
+                             struct sh_clean_fp *out);
 /* An early eviction that does not copy ahead: its kept copies become its
  * slabs; its window compares and copies what changed. */
 void sh_pool_kept_ahead_off(struct region *r);

@@ -40,6 +40,11 @@ static struct {
 static struct {
     struct sh_clean_key key;
     int calls, ranges, fail;
+    /* Queued ones (opts.queue_fp): taken at queue time, as the fake copy
+     * streams run each copy as it is queued; held by ticket until taken. */
+    int queued, outstanding, fail_queue, fail_take;
+    struct sh_clean_fp held[64][8];
+    size_t held_n[64];
 } fpk;
 
 static int fake_fingerprint(void *ctx, const uintptr_t *addr, const size_t *len, size_t n,
@@ -56,8 +61,40 @@ static int fake_fingerprint(void *ctx, const uintptr_t *addr, const size_t *len,
     return 0;
 }
 
+static int fake_fp_queue(void *ctx, const uintptr_t *addr, const size_t *len, size_t n, int dir,
+                         uint64_t *ticket, uint64_t bus[2])
+{
+    (void)dir;
+    size_t t = 0;
+    while (t < 64 && fpk.held_n[t])
+        t++;
+    if (fpk.fail_queue || t == 64 || n > 8)
+        return SH_EDRIVER;
+    fpk.calls--; /* counted as queued, not as waited for */
+    int rc = fake_fingerprint(ctx, addr, len, n, fpk.held[t], bus);
+    if (rc)
+        return rc;
+    fpk.held_n[t] = n;
+    fpk.queued++;
+    fpk.outstanding++;
+    *ticket = t + 1;
+    return 0;
+}
+
+static int fake_fp_take(void *ctx, uint64_t ticket, size_t n, struct sh_clean_fp *out)
+{
+    (void)ctx;
+    assert_true(ticket >= 1 && ticket <= 64 && fpk.held_n[ticket - 1] == n);
+    if (out)
+        memcpy(out, fpk.held[ticket - 1], n * sizeof *out);
+    fpk.held_n[ticket - 1] = 0;
+    fpk.outstanding--;
+    return out && fpk.fail_take ? SH_EDRIVER : 0;
+}
+
 struct opts {
-    int clean; /* clean_skip: the fake fingerprint above */
+    int clean;    /* clean_skip: the fake fingerprint above */
+    int queue_fp; /* early evictions queue their start's fingerprints */
     size_t device_cache;
     int checksums;
     int verify_moves, plant_lost_write;
@@ -100,6 +137,8 @@ static void sys_start(const struct opts *o, const struct sh_copy_ops *copy)
                               .streams_idle = o->streams_idle,
                               .slab_wait_ms = 100,
                               .fingerprint = fake_fingerprint,
+                              .fingerprint_queue = o->queue_fp ? fake_fp_queue : NULL,
+                              .fingerprint_take = o->queue_fp ? fake_fp_take : NULL,
                               .clean_skip = o->clean};
     memset(&fpk, 0, sizeof fpk);
     for (size_t i = 0; i < sizeof fpk.key.nh / sizeof fpk.key.nh[0]; i++)
@@ -121,6 +160,7 @@ static void stop(void)
     assert_int_equal(fk.nr, 0);
     assert_int_equal(fk.live[SH_LOC_DEVICE], 0);
     assert_int_equal(fk.live[SH_LOC_HOST], 0);
+    assert_int_equal(fpk.outstanding, 0); /* every queued fingerprint taken once */
 }
 
 /* After a test that failed midway: tear down without checking. */

@@ -488,6 +488,76 @@ static void test_early_eviction_needs_fingerprint(void **state)
     stop();
 }
 
+/* With a mover that queues fingerprints on the copy stream, an early
+ * eviction's start waits for none: its fingerprints are taken in its
+ * window, where a write no work named is caught as before. Every ticket is
+ * taken once, whatever becomes of the eviction (stop() checks): committed,
+ * left resident, freed, torn down. A queue that fails falls back to waiting,
+ * and a take that fails proves nothing: the region stays. */
+static void test_early_eviction_queued_fingerprint(void **state)
+{
+    (void)state;
+    const struct opts q = {.device_cache = 4 * M, .slabs = {8, 8, 8}, .queue_fp = 1};
+    start(&q);
+    uintptr_t a = alloc(RSIZE), b = alloc(RSIZE), c = alloc(RSIZE);
+    evict_one(b);
+    fill(a, RSIZE, 5);
+    int calls = fpk.calls;
+    assert_int_equal(start_early(a), 1);
+    assert_int_equal(fpk.queued, 1);
+    assert_int_equal(fpk.calls, calls); /* nothing waited for */
+    fill(a, RSIZE, 6);                  /* unseen */
+    size_t back = 0;
+    assert_int_equal(commit_early(1, &back), 0);
+    assert_int_equal(back, 1);
+    assert_int_equal(state_of(a), SH_RS_RESIDENT);
+    assert_int_equal(bad_words(a, RSIZE, 6), 0);
+    assert_int_equal(pstats().unseen_writes, 1);
+    assert_int_equal(fpk.outstanding, 0);
+    /* unchanged: committed */
+    fill(c, RSIZE, 7);
+    assert_int_equal(start_early(c), 1);
+    assert_int_equal(commit_early(1, &back), 1);
+    assert_int_equal(state_of(c), SH_RS_HOST);
+    assert_int_equal(bad_words(c, RSIZE, 7), 0);
+    /* used meanwhile: stays, ticket given up */
+    assert_int_equal(start_early(a), 1);
+    issue(a);
+    assert_int_equal(commit_early(1, &back), 0);
+    assert_int_equal(state_of(a), SH_RS_RESIDENT);
+    assert_int_equal(fpk.outstanding, 0);
+    /* freed meanwhile, and one left in flight at teardown */
+    assert_int_equal(start_early(a), 1);
+    assert_int_equal(sh_pool_free(sys.pool, a, ANY, 0), 0);
+    assert_int_equal(fpk.outstanding, 0);
+    uintptr_t d = alloc(RSIZE);
+    assert_int_equal(start_early(d), 1);
+    assert_int_equal(fpk.outstanding, 1);
+    stop();
+
+    start(&q);
+    a = alloc(RSIZE);
+    b = alloc(RSIZE);
+    evict_one(b);
+    fill(a, RSIZE, 3);
+    fpk.fail_queue = 1; /* waited for instead */
+    calls = fpk.calls;
+    assert_int_equal(start_early(a), 1);
+    assert_int_equal(fpk.calls, calls + 1);
+    assert_int_equal(commit_early(1, &back), 1);
+    assert_int_equal(bad_words(a, RSIZE, 3), 0);
+    fpk.fail_queue = 0;
+    assert_int_equal(sh_pool_restore(sys.pool, &a, 1), 0);
+    assert_int_equal(start_early(a), 1);
+    fpk.fail_take = 1; /* nothing proved: stays */
+    assert_int_equal(commit_early(1, &back), 0);
+    fpk.fail_take = 0;
+    assert_int_equal(state_of(a), SH_RS_RESIDENT);
+    assert_int_equal(pstats().unseen_writes, 0);
+    assert_int_equal(bad_words(a, RSIZE, 3), 0);
+    stop();
+}
+
 /* Work issued against a region while its copy ran may have changed it
  * under the copy: the commit leaves it resident, with the new bytes. */
 static void test_early_eviction_abandoned(void **state)
@@ -997,6 +1067,82 @@ static void test_landed_bytes_mark_pointer_tables(void **state)
     stop();
 }
 
+/* An evicted region's bytes go to the pool's scanner thread, not scanned
+ * by the evicting thread; held here, so that each region is needed before
+ * its scan. A launch naming it scans it first (its answer is needed); a
+ * restore or a prefetch does, before its slabs can go; a free drops the
+ * scan, and the scanner, let go, never reads the slabs given back. */
+static uintptr_t table_region(uintptr_t into)
+{
+    uintptr_t t = alloc(RSIZE);
+    fill(t, RSIZE, 7);
+    memcpy((void *)(t + CH + 8), &into, sizeof into);
+    return t;
+}
+
+static void test_scan_waits_for_no_eviction(void **state)
+{
+    (void)state;
+    start(&std_opts);
+    uintptr_t a = alloc(RSIZE), t = table_region(a + 8), u = table_region(a);
+    sh_pool_scan_pause(sys.pool, 1);
+    evict_one(t);
+    evict_one(u);
+    struct sh_pool_stats st = pstats();
+    assert_int_equal(st.scans_queued, 2); /* left to the scanner: the evictions did not scan */
+    assert_int_equal(st.scans_settled, 0);
+    /* a launch naming t: its answer first */
+    assert_true(holds_ptrs(t));
+    assert_int_equal(pstats().scans_settled, 1);
+    assert_true(holds_ptrs(t)); /* once */
+    assert_int_equal(pstats().scans_settled, 1);
+    /* a restore of u: scanned before its slabs go back */
+    assert_int_equal(sh_pool_restore(sys.pool, &u, 1), 0);
+    assert_int_equal(state_of(u), SH_RS_RESIDENT);
+    assert_int_equal(pstats().scans_settled, 2);
+    assert_true(holds_ptrs(u));
+    assert_int_equal(pstats().scans_settled, 2);
+    sh_pool_scan_pause(sys.pool, 0);
+    stop();
+}
+
+static void test_scan_settled_by_prefetch(void **state)
+{
+    (void)state;
+    start(&std_opts);
+    uintptr_t a = alloc(RSIZE), t = table_region(a);
+    sh_pool_scan_pause(sys.pool, 1);
+    evict_one(t);
+    assert_int_equal(start_prefetch(t), 1);
+    assert_int_equal(pstats().scans_settled, 1);
+    complete_copies();
+    assert_int_equal(commit(1), 1);
+    assert_true(holds_ptrs(t));
+    assert_int_equal(bad_words(t, CH, 7), 0);
+    sh_pool_scan_pause(sys.pool, 0);
+    stop();
+}
+
+static void test_scan_dropped_by_free(void **state)
+{
+    (void)state;
+    start(&std_opts);
+    uintptr_t a = alloc(RSIZE), t = table_region(a), u = table_region(a);
+    sh_pool_scan_pause(sys.pool, 1);
+    evict_one(t);
+    evict_one(u);
+    assert_int_equal(sh_pool_free(sys.pool, t, ANY, 0), 0); /* torn down, slabs back */
+    assert_int_equal(pstats().scans_settled, 0);
+    /* Let go, the scanner reads u's slabs and never t's (ASan would see). */
+    sh_pool_scan_pause(sys.pool, 0);
+    assert_true(holds_ptrs(u));
+    /* Allocated again, t's address holds new bytes: nothing carried over. */
+    uintptr_t t2 = alloc(RSIZE);
+    fill(t2, RSIZE, 9);
+    assert_false(holds_ptrs(t2));
+    stop();
+}
+
 /* The same for an early eviction (it stays resident, with the new bytes),
  * and with a tracked drain: opaque work's stream keeps any early eviction
  * from starting until it is idle, and a window waits for it. */
@@ -1045,6 +1191,7 @@ int main(void)
         cmocka_unit_test_teardown(test_early_eviction_abandoned, teardown),
         cmocka_unit_test_teardown(test_early_eviction_unseen_write, teardown),
         cmocka_unit_test_teardown(test_early_eviction_needs_fingerprint, teardown),
+        cmocka_unit_test_teardown(test_early_eviction_queued_fingerprint, teardown),
         cmocka_unit_test_teardown(test_early_eviction_tracked, teardown),
         cmocka_unit_test_teardown(test_free_during_early_eviction, teardown),
         cmocka_unit_test_teardown(test_free_during_prefetch, teardown),
@@ -1064,6 +1211,9 @@ int main(void)
         cmocka_unit_test_teardown(test_pointer_table_prefetch, teardown),
         cmocka_unit_test_teardown(test_pointer_table_early_tracked, teardown),
         cmocka_unit_test_teardown(test_landed_bytes_mark_pointer_tables, teardown),
+        cmocka_unit_test_teardown(test_scan_waits_for_no_eviction, teardown),
+        cmocka_unit_test_teardown(test_scan_settled_by_prefetch, teardown),
+        cmocka_unit_test_teardown(test_scan_dropped_by_free, teardown),
     };
     return cmocka_run_group_tests_name("prefetch", tests, NULL, NULL);
 }

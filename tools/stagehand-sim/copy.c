@@ -88,14 +88,15 @@ static void issue(struct run *r, int c)
     struct copy *cp = &r->cp[c];
     int l = link_of(r, cp->dir);
     uint64_t start = r->link_free[l] > r->now ? r->link_free[l] : r->now;
-    cp->done_ns = start + copy_ns(r, cp->link);
+    cp->done_ns = start + cp->pre_ns + copy_ns(r, cp->link);
     if (cp->link)
         r->link_free[l] = cp->done_ns;
     cp->state = C_ISSUED;
     if (r->sp->verbose > 3)
         fprintf(stderr, "      %s region %llu %s %.3f..%.3f ms %llu\n",
                 cp->dir == H2D ? "h2d" : "d2h", (unsigned long long)r->reg[cp->reg].id,
-                cp->demand ? "demand" : "ahead", (double)(cp->done_ns - copy_ns(r, cp->link)) / 1e6,
+                cp->demand ? "demand" : "ahead",
+                (double)(cp->done_ns - cp->pre_ns - copy_ns(r, cp->link)) / 1e6,
                 (double)cp->done_ns / 1e6, (unsigned long long)cp->link);
     fifo_push(&r->issued[cp->dir], c, 0);
     if (cp->dir == H2D)
@@ -138,9 +139,13 @@ int start_copy(struct run *r, size_t g, int dir, int demand)
     if (dir == D2H && !demand) {
         /* An early eviction fingerprints the region at its start and again
          * in its window, where a change no launch made calls it off. The
-         * first holds up its planner. */
+         * first runs on the copy stream ahead of the copy, or, for a region
+         * with a kept copy (which decides at once whether to copy ahead),
+         * holds up its planner. */
         r->cp[c].fp_ns = fp_ns(r, s->bytes);
-        if (run_hold(r, fp_ns(r, s->bytes)))
+        if (!s->kept)
+            r->cp[c].pre_ns = fp_ns(r, s->bytes);
+        else if (run_hold(r, fp_ns(r, s->bytes)))
             return SH_EINVAL;
     }
     if (dir == D2H && s->kept) {

@@ -37,6 +37,7 @@ struct copy {
     uint64_t bytes, done_ns;
     uint64_t link;   /* bytes over the link: 0 for a clean eviction */
     uint64_t fp_ns;  /* fingerprints in its commit window */
+    uint64_t pre_ns; /* fingerprints queued ahead of it on its stream */
     int kept, clean; /* an eviction that took a kept copy, and found it clean */
 };
 
