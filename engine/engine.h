@@ -10,7 +10,8 @@
  * recently used. Hints: the Conductor's limits in force (sh_policy_hints),
  * which lower the watermarks that trigger eviction and the copies in flight
  * per direction, for the library and stagehand-sim alike. Recording:
- * whether launches are worth recording yet.
+ * whether launches are worth recording yet. Planning (plan.c): one
+ * decision point of the planner, which both make the same way.
  *
  * Thread safety: sh_engine_lock() is held around making room and taking
  * it; the counters are atomics read without it.
@@ -18,12 +19,12 @@
 #ifndef SH_ENGINE_H
 #define SH_ENGINE_H
 
+#include "policy/policy.h"
+
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <pthread.h>
-
-struct sh_policy_hints;
 
 /* Sizes in bytes. */
 struct sh_engine_cfg {
@@ -65,6 +66,10 @@ struct sh_engine {
     atomic_size_t outside;             /* held outside the pool, last measured; SIZE_MAX: never */
     atomic_size_t hint_high, hint_low; /* the Conductor's watermarks; SIZE_MAX: none */
     atomic_uint caps;                  /* in force: max_d2h << 16 | max_h2d */
+    /* The hints last passed on, and the policy's generation of them then
+     * (plan.c; the caller's policy lock). */
+    struct sh_policy_hints told;
+    uint64_t told_gen;
 };
 
 void sh_engine_init(struct sh_engine *e, const struct sh_engine_cfg *cfg,
@@ -100,6 +105,28 @@ void sh_engine_unlock(struct sh_engine *e);
 void sh_engine_hints(struct sh_engine *e, const struct sh_policy_hints *h);
 /* The copies allowed in flight per direction now. */
 void sh_engine_caps(const struct sh_engine *e, unsigned *max_d2h, unsigned *max_h2d);
+
+/* What a decision point reads: device bytes in use as the plan counts
+ * them, the copies in flight each way (slots busy), and the prefetches
+ * finished and waiting for their window. */
+struct sh_engine_plan_in {
+    size_t dev;
+    size_t fetching, evicting;
+    size_t fetched;
+};
+
+/* One decision point, under the caller's lock around the policy: tells
+ * the policy the pressure and the busy slots, passes the Conductor's hints
+ * on when they change (*hints gets them, *changed whether they changed;
+ * either may be NULL), and plans into plan, whose fetch_max and evict_max
+ * say the room in its arrays and come back as the copies it may start. Returns whether a
+ * window for the finished prefetches is due, or -1 when there is nothing to
+ * start: nothing the plan reads changed since a plan that found nothing
+ * (most launches, and then this is all a decision point costs), or the
+ * plan failed. */
+int sh_engine_plan(struct sh_engine *e, struct sh_policy *pol, const struct sh_engine_plan_in *in,
+                   const uint64_t *protect, size_t np, struct sh_policy_plan *plan,
+                   struct sh_policy_hints *hints, int *changed);
 
 /* 1 once launches are worth recording: the pool has held record_pct of
  * its limit (or sh_engine_arm() said so). Never goes back to 0. */

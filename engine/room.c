@@ -23,6 +23,8 @@ void sh_engine_init(struct sh_engine *e, const struct sh_engine_cfg *cfg,
     atomic_init(&e->hint_high, SIZE_MAX);
     atomic_init(&e->hint_low, SIZE_MAX);
     atomic_init(&e->caps, (cfg->max_d2h & 0xffffu) << 16 | (cfg->max_h2d & 0xffffu));
+    e->told = (struct sh_policy_hints){.prefetch_window = -1}; /* none passed on yet */
+    e->told_gen = UINT64_MAX;
 }
 
 void sh_engine_destroy(struct sh_engine *e)

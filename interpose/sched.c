@@ -514,36 +514,6 @@ size_t sh_sched_evict_commit(int all)
     return total;
 }
 
-/* The hints last passed on, and the policy's generation of them then
- * (sh_policy_plan_idle); under sched_mu. */
-static struct sh_policy_hints told = {.prefetch_window = -1};
-static uint64_t told_gen = UINT64_MAX;
-
-/* What the plan may start: free copy slots in regions, the hints' caps. */
-static void plan_limits(struct sh_policy_plan *plan, size_t h2d_busy, size_t d2h_busy)
-{
-    struct sh_policy_hints h;
-    told_gen = sh_policy_hints_gen(policy);
-    sh_policy_hints(policy, &h);
-    if (h.prefetch_window != told.prefetch_window || h.max_inflight_h2d != told.max_inflight_h2d ||
-        h.max_inflight_d2h != told.max_inflight_d2h ||
-        h.suppress_speculative != told.suppress_speculative || h.rules_fired != told.rules_fired ||
-        h.high_watermark != told.high_watermark || h.low_watermark != told.low_watermark) {
-        told = h;                           /* passed on when they change */
-        sh_engine_hints(&sh_rt.engine, &h); /* the watermarks and copy caps in force */
-        sh_tm_hints(h.prefetch_window, h.max_inflight_h2d, h.max_inflight_d2h,
-                    h.suppress_speculative, h.rules_fired);
-    }
-    size_t h2d = h.max_inflight_h2d > 0 ? (size_t)h.max_inflight_h2d : 0;
-    size_t d2h = h.max_inflight_d2h > 0 ? (size_t)h.max_inflight_d2h : 0;
-    plan->fetch_max = h2d > h2d_busy ? h2d - h2d_busy : 0;
-    plan->evict_max = d2h > d2h_busy ? d2h - d2h_busy : 0;
-    if (plan->fetch_max > MAX_PLAN)
-        plan->fetch_max = MAX_PLAN;
-    if (plan->evict_max > MAX_PLAN)
-        plan->evict_max = MAX_PLAN;
-}
-
 /* Plans between two measures of the memory held outside the pool (each
  * a driver call); allocations measure it too. */
 #define RESERVE_EVERY 256
@@ -573,22 +543,22 @@ static ALWAYS_INLINE void plan_read(struct plan_in *in, uint64_t pressure, int m
     note_quiet(pressure, host_bytes, in->inflight, in->evicting);
 }
 
-/* The policy's plan; sched_mu held. Returns whether a commit is due, or
- * -1 when there is nothing to start: the plan failed, or nothing it reads
- * changed since one that found nothing (most launches, and then this is
- * all a launch's plan costs). */
+/* The policy's plan (engine/plan.c); sched_mu held. Returns whether a
+ * commit is due, or -1 when there is nothing to start. */
 static ALWAYS_INLINE int plan_locked(const struct plan_in *in, const uintptr_t *bases, size_t nb,
                                      struct sh_policy_plan *plan)
 {
-    if (sh_policy_plan_idle(policy, in->dev, (int)in->inflight, (int)in->evicting, in->ready,
-                            told_gen))
-        return -1;
-    sh_policy_pressure(policy, in->dev);
-    sh_policy_slots(policy, (int)in->inflight, (int)in->evicting);
-    plan_limits(plan, in->inflight, in->evicting);
-    if (sh_policy_plan(policy, in->dev, (const uint64_t *)bases, nb, plan) != 0)
-        return -1;
-    return sh_policy_commit_due(policy, in->ready, 0);
+    const struct sh_engine_plan_in pin = {
+        .dev = in->dev, .fetching = in->inflight, .evicting = in->evicting, .fetched = in->ready};
+    struct sh_policy_hints h;
+    int changed = 0;
+    plan->fetch_max = plan->evict_max = MAX_PLAN;
+    int due = sh_engine_plan(&sh_rt.engine, policy, &pin, (const uint64_t *)bases, nb, plan, &h,
+                             &changed);
+    if (changed) /* stagehand-top shows the hints in force */
+        sh_tm_hints(h.prefetch_window, h.max_inflight_h2d, h.max_inflight_d2h,
+                    h.suppress_speculative, h.rules_fired);
+    return due;
 }
 
 /* Starts what the plan chose; commits the prefetches in flight if due. */

@@ -3,7 +3,8 @@
  * evictions under way, the policy's victims, least recently used) and
  * where it stops; what it refuses; a capture putting eviction off; the
  * pressure counter around evictions; when launches start being recorded;
- * the Conductor's hints (watermarks and copy caps, only ever lower).
+ * the Conductor's hints (watermarks and copy caps, only ever lower); a
+ * decision point of the planner (sh_engine_plan) over a real policy.
  *
  * The fake is a card of `total` bytes of which `outside` are held outside
  * the pool, and a pool holding `dev`, with so many bytes each link of the
@@ -433,6 +434,93 @@ static void test_hinted_caps(void **state)
     assert_int_equal(f.caps_set, 2);
 }
 
+/* ---- a decision point (plan.c), over a real policy ---- */
+
+static struct sh_policy *policy_with_caps(int h2d, int d2h)
+{
+    struct sh_policy_params q = {.kind = SH_POLICY_LRU,
+                                 .budget_bytes = 100 * MB,
+                                 .high_watermark = 80 * MB,
+                                 .low_watermark = 60 * MB,
+                                 .prefetch_window = 4,
+                                 .prefetch_enabled = 1,
+                                 .max_inflight_h2d = h2d,
+                                 .max_inflight_d2h = d2h,
+                                 .batch_max = 4};
+    struct sh_policy *p = NULL;
+    assert_int_equal(sh_policy_create(&q, &p), 0);
+    return p;
+}
+
+static int plan_once(struct sh_policy *p, const struct sh_engine_plan_in *in, size_t room,
+                     struct sh_policy_plan *plan, int *changed)
+{
+    static uint64_t fetch[8], evict[8];
+    *plan = (struct sh_policy_plan){
+        .fetch = fetch, .fetch_max = room, .evict = evict, .evict_max = room};
+    struct sh_policy_hints h;
+    int due = sh_engine_plan(&e, p, in, NULL, 0, plan, &h, changed);
+    if (due >= 0) {
+        assert_int_equal(h.max_inflight_h2d, 3);
+        assert_int_equal(h.max_inflight_d2h, 2);
+    }
+    return due;
+}
+
+/* The plan may start no more copies than the hints leave slots for, nor
+ * more than its arrays hold; the hints reach the engine (its caps) once,
+ * when they change. */
+static void test_plan_slots_and_hints(void **state)
+{
+    (void)state;
+    start(80, 60);
+    struct sh_policy *p = policy_with_caps(3, 2);
+    struct sh_policy_plan plan;
+    int changed = -1;
+    struct sh_engine_plan_in in = {.dev = 10 * MB, .fetching = 1, .evicting = 0};
+    assert_true(plan_once(p, &in, 8, &plan, &changed) >= 0);
+    assert_int_equal(changed, 1);
+    assert_int_equal(plan.fetch_max, 2); /* 3 allowed, 1 busy */
+    assert_int_equal(plan.evict_max, 2);
+    unsigned d2h = 0, h2d = 0;
+    sh_engine_caps(&e, &d2h, &h2d);
+    assert_int_equal(h2d, 3); /* the policy's, below the configured 4 */
+    assert_int_equal(d2h, 2);
+    assert_int_equal(f.caps_set, 1);
+    in = (struct sh_engine_plan_in){.dev = 11 * MB, .fetching = 3, .evicting = 5};
+    assert_true(plan_once(p, &in, 8, &plan, &changed) >= 0);
+    assert_int_equal(changed, 0);
+    assert_int_equal(plan.fetch_max, 0); /* all busy, or more */
+    assert_int_equal(plan.evict_max, 0);
+    assert_int_equal(f.caps_set, 1);
+    in = (struct sh_engine_plan_in){.dev = 12 * MB};
+    assert_true(plan_once(p, &in, 1, &plan, &changed) >= 0);
+    assert_int_equal(plan.fetch_max, 1); /* the arrays' room */
+    assert_int_equal(plan.evict_max, 1);
+    sh_policy_destroy(p);
+}
+
+/* A decision point whose inputs are those of one that found nothing is
+ * skipped; one that reads anything new is not. */
+static void test_plan_idle_skipped(void **state)
+{
+    (void)state;
+    start(80, 60);
+    struct sh_policy *p = policy_with_caps(3, 2);
+    struct sh_policy_plan plan;
+    int changed;
+    const struct sh_engine_plan_in in = {.dev = 10 * MB};
+    assert_int_equal(plan_once(p, &in, 8, &plan, &changed), 0); /* nothing planned, none due */
+    assert_int_equal(plan.nfetch + plan.nevict, 0);
+    assert_int_equal(plan_once(p, &in, 8, &plan, &changed), -1);
+    assert_int_equal(plan_once(p, &in, 8, &plan, &changed), -1);
+    const struct sh_engine_plan_in more = {.dev = 20 * MB};
+    assert_true(plan_once(p, &more, 8, &plan, &changed) >= 0);
+    const struct sh_engine_plan_in fetched = {.dev = 20 * MB, .fetching = 1, .fetched = 1};
+    assert_true(plan_once(p, &fetched, 8, &plan, &changed) >= 0);
+    sh_policy_destroy(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -448,6 +536,8 @@ int main(void)
         cmocka_unit_test_teardown(test_hinted_watermarks, teardown),
         cmocka_unit_test_teardown(test_hints_never_raise, teardown),
         cmocka_unit_test_teardown(test_hinted_caps, teardown),
+        cmocka_unit_test_teardown(test_plan_slots_and_hints, teardown),
+        cmocka_unit_test_teardown(test_plan_idle_skipped, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

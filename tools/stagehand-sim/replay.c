@@ -254,9 +254,10 @@ static int busy(const struct run *r, int dir)
     return (int)(r->queued[dir].n + r->issued[dir].n);
 }
 
-/* A decision point: the policy's plan, as the library's sh_sched_plan()
- * makes it. Eviction under the watermarks is the engine's, when an
- * allocation or a restore needs room (room.c), as in the library. */
+/* A decision point: the engine's (engine/plan.c), as the library's
+ * sh_sched_plan() makes it. Eviction under the watermarks is the engine's
+ * too, when an allocation or a restore needs room (room.c), as in the
+ * library. */
 static int decide(struct run *r)
 {
     /* finished early evictions first, in a window: the room they free is
@@ -264,27 +265,19 @@ static int decide(struct run *r)
     if (any_ready(r, D2H) && commit_window(r, 1 << D2H, 0, W_EARLY))
         return SH_EINVAL;
     uint64_t t0 = sim_clock_ns();
-    struct sh_policy_hints h;
-    sh_policy_pressure(r->pol, r->used);
-    sh_policy_slots(r->pol, (int)r->issued[H2D].n, (int)r->issued[D2H].n);
-    sh_policy_hints(r->pol, &h);
-    sh_engine_hints(&r->eng, &h); /* the watermarks and copy caps in force */
     if (reserve_buf(r, r->nreg + 16))
         return SH_EINVAL;
-    int fmax = h.max_inflight_h2d - busy(r, H2D), emax = h.max_inflight_d2h - busy(r, D2H);
-    if (fmax < 0)
-        fmax = 0;
-    if (emax < 0)
-        emax = 0;
+    const struct sh_engine_plan_in in = {.dev = r->used + r->held,
+                                         .fetching = (size_t)busy(r, H2D),
+                                         .evicting = (size_t)busy(r, D2H),
+                                         .fetched = r->nready_dir[H2D]};
     size_t half = r->capbuf / 2;
-    struct sh_policy_plan plan = {.fetch = r->buf,
-                                  .fetch_max = (size_t)fmax < half ? (size_t)fmax : half,
-                                  .evict = r->buf + half,
-                                  .evict_max = (size_t)emax < half ? (size_t)emax : half};
-    if (sh_policy_plan(r->pol, r->used + r->held, r->prot, r->nprot, &plan))
-        return run_fail(r, "policy plan failed");
-    int due = sh_policy_commit_due(r->pol, r->nready_dir[H2D], 0);
+    struct sh_policy_plan plan = {
+        .fetch = r->buf, .fetch_max = half, .evict = r->buf + half, .evict_max = half};
+    int due = sh_engine_plan(&r->eng, r->pol, &in, r->prot, r->nprot, &plan, NULL, NULL);
     r->policy_ns += sim_clock_ns() - t0;
+    if (due < 0)
+        return 0; /* nothing to start */
     if (evict_list(r, plan.evict, plan.nevict, 0))
         return SH_EINVAL;
     for (size_t i = 0; i < plan.nfetch; i++) {
