@@ -124,9 +124,20 @@ struct sh_engine_plan_in {
  * start: nothing the plan reads changed since a plan that found nothing
  * (most launches, and then this is all a decision point costs), or the
  * plan failed. */
-int sh_engine_plan(struct sh_engine *e, struct sh_policy *pol, const struct sh_engine_plan_in *in,
-                   const uint64_t *protect, size_t np, struct sh_policy_plan *plan,
-                   struct sh_policy_hints *hints, int *changed);
+int sh_engine_plan_now(struct sh_engine *e, struct sh_policy *pol,
+                       const struct sh_engine_plan_in *in, const uint64_t *protect, size_t np,
+                       struct sh_policy_plan *plan, struct sh_policy_hints *hints, int *changed);
+/* Inline: the idle answer, which most launches get, costs no more call. */
+static inline int sh_engine_plan(struct sh_engine *e, struct sh_policy *pol,
+                                 const struct sh_engine_plan_in *in, const uint64_t *protect,
+                                 size_t np, struct sh_policy_plan *plan,
+                                 struct sh_policy_hints *hints, int *changed)
+{
+    if (sh_policy_plan_idle(pol, in->dev, (int)in->fetching, (int)in->evicting, in->fetched,
+                            e->told_gen))
+        return -1;
+    return sh_engine_plan_now(e, pol, in, protect, np, plan, hints, changed);
+}
 
 /* 1 once launches are worth recording: the pool has held record_pct of
  * its limit (or sh_engine_arm() said so). Never goes back to 0. */

@@ -35,13 +35,11 @@ static int pass_hints(struct sh_engine *e, const struct sh_policy_hints *h)
     return 1;
 }
 
-int sh_engine_plan(struct sh_engine *e, struct sh_policy *pol, const struct sh_engine_plan_in *in,
-                   const uint64_t *protect, size_t np, struct sh_policy_plan *plan,
-                   struct sh_policy_hints *hints, int *changed)
+/* sh_engine_plan (engine.h), once the plan is not idle. */
+int sh_engine_plan_now(struct sh_engine *e, struct sh_policy *pol,
+                       const struct sh_engine_plan_in *in, const uint64_t *protect, size_t np,
+                       struct sh_policy_plan *plan, struct sh_policy_hints *hints, int *changed)
 {
-    if (sh_policy_plan_idle(pol, in->dev, (int)in->fetching, (int)in->evicting, in->fetched,
-                            e->told_gen))
-        return -1;
     sh_policy_pressure(pol, in->dev);
     sh_policy_slots(pol, (int)in->fetching, (int)in->evicting);
     struct sh_policy_hints h;

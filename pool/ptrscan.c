@@ -117,7 +117,7 @@ static void mark(struct sh_pool *pool, uintptr_t into)
     sh_rw_rdlock(&pool->index_lock);
     struct region *dst = sh_rindex_lookup(pool->index, into);
     if (dst)
-        __atomic_store_n(&dst->holds_ptrs, 1, __ATOMIC_RELAXED);
+        __atomic_fetch_or(&dst->holds_ptrs, PTRS_FOUND, __ATOMIC_RELAXED);
     sh_rw_unlock(&pool->index_lock);
 }
 
@@ -132,11 +132,11 @@ size_t sh_pool_find_pointers(struct sh_pool *pool, const void *bytes, size_t n, 
 /* Marks r if the bytes in its slabs hold a pointer. */
 static void scan_slabs(struct sh_pool *pool, struct region *r)
 {
-    for (unsigned i = 0; i < r->nchunks && !__atomic_load_n(&r->holds_ptrs, __ATOMIC_RELAXED);
-         i++) {
+    for (unsigned i = 0;
+         i < r->nchunks && !(__atomic_load_n(&r->holds_ptrs, __ATOMIC_RELAXED) & PTRS_FOUND); i++) {
         const struct chunk *c = &r->chunks[i];
         if (c->slab && holds_pointer(pool, (const unsigned char *)c->slab->staging, c->size))
-            __atomic_store_n(&r->holds_ptrs, 1, __ATOMIC_RELAXED);
+            __atomic_fetch_or(&r->holds_ptrs, PTRS_FOUND, __ATOMIC_RELAXED);
     }
 }
 
@@ -144,6 +144,7 @@ static void scan_slabs(struct sh_pool *pool, struct region *r)
 static void scan_done(struct sh_pool *pool, struct region *r)
 {
     __atomic_store_n(&r->scan, SCAN_NONE, __ATOMIC_RELEASE);
+    __atomic_fetch_and(&r->holds_ptrs, ~PTRS_UNSCANNED, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&pool->scan.cv);
 }
 
@@ -184,7 +185,7 @@ static int scanner_up(struct sh_pool *pool)
 
 void sh_pool_scan_landed(struct sh_pool *pool, struct region *r)
 {
-    if (__atomic_load_n(&r->holds_ptrs, __ATOMIC_RELAXED))
+    if (__atomic_load_n(&r->holds_ptrs, __ATOMIC_RELAXED) & PTRS_FOUND)
         return; /* known already: nothing to learn */
     pthread_mutex_lock(&pool->scan.mu);
     int queued = scanner_up(pool);
@@ -196,6 +197,7 @@ void sh_pool_scan_landed(struct sh_pool *pool, struct region *r)
             pool->scan.head = r;
         pool->scan.tail = r;
         __atomic_store_n(&r->scan, SCAN_QUEUED, __ATOMIC_RELAXED);
+        __atomic_fetch_or(&r->holds_ptrs, PTRS_UNSCANNED, __ATOMIC_RELAXED);
         pool->scan.queued++;
         pthread_cond_broadcast(&pool->scan.cv);
     }
@@ -240,6 +242,35 @@ void sh_pool_scan_settle(struct sh_pool *pool, struct region *r, int want)
     pthread_mutex_lock(&pool->scan.mu);
     scan_done(pool, r);
     pthread_mutex_unlock(&pool->scan.mu);
+}
+
+/* At most this many of one launch's regions are settled one by one; past
+ * that the answer is yes (the work is opaque: slower, never wrong). */
+#define SETTLE_MAX 8
+
+int sh_pool_scan_settle_bases(struct sh_pool *pool, const uintptr_t *bases, size_t n)
+{
+    struct region *v[SETTLE_MAX];
+    size_t m = 0;
+    int ptrs = 0;
+    sh_rw_rdlock(&pool->index_lock);
+    for (size_t i = 0; i < n; i++) {
+        struct region *r = sh_rindex_lookup(pool->index, bases[i]);
+        int h = r ? __atomic_load_n(&r->holds_ptrs, __ATOMIC_RELAXED) : 0;
+        ptrs |= h & PTRS_FOUND;
+        if (h & PTRS_UNSCANNED) {
+            if (m < SETTLE_MAX)
+                v[m++] = r;
+            else
+                ptrs = PTRS_FOUND;
+        }
+    }
+    sh_rw_unlock(&pool->index_lock);
+    for (size_t k = 0; k < m; k++) {
+        sh_pool_scan_settle(pool, v[k], 1);
+        ptrs |= __atomic_load_n(&v[k]->holds_ptrs, __ATOMIC_RELAXED) & PTRS_FOUND;
+    }
+    return ptrs;
 }
 
 void sh_pool_scan_pause(struct sh_pool *pool, int paused)

@@ -62,10 +62,14 @@ struct region {
     uint32_t evictions, restores; /* times its backing moved each way */
     uint32_t evictions_at_alloc, restores_at_alloc; /* the counts when last allocated */
     uint64_t use_streams; /* streams that used it since it last moved (tracked drain) */
-    int holds_ptrs;       /* bytes seen in it look like pointers into regions */
-    /* Its landed bytes await the scanner (ptrscan.c): SCAN_NONE, or queued
-     * on pool->scan (scan_next), or being scanned. pool->scan.mu; read
-     * without it (atomically) where NONE is the common answer. */
+    /* PTRS_FOUND: bytes seen in it look like pointers into regions;
+     * PTRS_UNSCANNED: its landed bytes await the scanner (ptrscan.c), set
+     * and cleared with scan under pool->scan.mu. Atomic: launches read
+     * both bits in one load. */
+    int holds_ptrs;
+    /* SCAN_NONE, or queued on pool->scan (scan_next), or being scanned;
+     * pool->scan.mu (read without it, atomically, where NONE is the
+     * common answer). */
     int scan;
     struct region *scan_next;
     /* While a prefetch or an early eviction is in flight (evict.c): its
@@ -183,6 +187,11 @@ void sh_pool_scan_settle(struct sh_pool *pool, struct region *r, int want);
 /* The scanner stops (sh_pool_destroy); later scans run on the caller. */
 void sh_pool_scan_stop(struct sh_pool *pool);
 enum { SCAN_NONE = 0, SCAN_QUEUED = 1, SCAN_RUNNING = 2 };
+enum { PTRS_FOUND = 1, PTRS_UNSCANNED = 2 };
+/* Settles the scans of the regions at bases[0..n) still waiting for one
+ * (use.c, after reading PTRS_UNSCANNED in a launch's regions; no pool lock
+ * held): PTRS_FOUND if one of them holds pointers, else 0. */
+int sh_pool_scan_settle_bases(struct sh_pool *pool, const uintptr_t *bases, size_t n);
 
 /* repair.c: swaps the mapping at chunk c of r from handle `from` to `to`,
  * retrying transient failures: 0 when `to` is mapped, SH_EDRIVER when

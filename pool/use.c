@@ -48,39 +48,6 @@ static struct region *lookup(const struct sh_pool *pool, uintptr_t v)
     return lookup_in(hot, sh_rindex_gen(pool->index), pool, v);
 }
 
-/* Regions named whose landed bytes await the scanner (ptrscan.c): settled
- * once index_lock is dropped, for whether they hold pointers. Rare (only
- * evicted regions, only until the scanner reaches them); beyond the few
- * kept here, the answer is yes: the work is opaque, slower, never wrong. */
-#define UNSCANNED 8
-struct unscanned {
-    struct region *r[UNSCANNED];
-    size_t n;
-    int more;
-};
-
-/* Notes r if its scan is pending; index_lock held. */
-static inline void note_unscanned(struct unscanned *un, struct region *r)
-{
-    if (__builtin_expect(__atomic_load_n(&r->scan, __ATOMIC_RELAXED) == SCAN_NONE, 1))
-        return;
-    if (un->n < UNSCANNED)
-        un->r[un->n++] = r;
-    else
-        un->more = 1;
-}
-
-/* 1 if a noted region holds pointers, once its scan is done; no lock held. */
-static int settle_unscanned(struct sh_pool *pool, struct unscanned *un)
-{
-    int ptrs = un->more;
-    for (size_t i = 0; i < un->n; i++) {
-        sh_pool_scan_settle(pool, un->r[i], 1);
-        ptrs |= __atomic_load_n(&un->r[i]->holds_ptrs, __ATOMIC_RELAXED);
-    }
-    return ptrs;
-}
-
 /* Adds r's base to u->bases unless it is there (launches name few regions);
  * 1 if it was not. Sub-allocator slabs are never moved: not theirs. */
 static int add_base(struct sh_pool_use *u, const struct region *r)
@@ -105,7 +72,6 @@ size_t sh_pool_use(struct sh_pool *pool, uintptr_t *vals, size_t n, uint64_t now
     }
     size_t m = 0;
     struct hot *tab = hot;
-    struct unscanned un = {.n = 0};
     sh_rw_rdlock(&pool->index_lock);
     uint64_t gen = sh_rindex_gen(pool->index);
     for (size_t i = 0; i < n; i++) {
@@ -117,7 +83,6 @@ size_t sh_pool_use(struct sh_pool *pool, uintptr_t *vals, size_t n, uint64_t now
             continue;
         /* sub-allocator slabs too: small pointer tables live there */
         u->ptrs |= __atomic_load_n(&r->holds_ptrs, __ATOMIC_RELAXED);
-        note_unscanned(&un, r);
         __atomic_store_n(&r->last_use, now, __ATOMIC_RELAXED);
         __atomic_store_n(&r->last_use_us, now_us, __ATOMIC_RELAXED);
         size_t k = u->nbases;
@@ -131,8 +96,10 @@ size_t sh_pool_use(struct sh_pool *pool, uintptr_t *vals, size_t n, uint64_t now
     sh_rw_unlock(&pool->index_lock);
     if (u) {
         u->gen = gen;
-        if (__builtin_expect(un.n || un.more, 0))
-            u->ptrs |= settle_unscanned(pool, &un);
+        /* Evicted regions whose bytes the scanner has not read yet: the
+         * answer first (rare: only until the scanner reaches them). */
+        if (__builtin_expect(u->ptrs & PTRS_UNSCANNED, 0))
+            u->ptrs = (u->ptrs & PTRS_FOUND) | sh_pool_scan_settle_bases(pool, u->bases, u->nbases);
     }
     return m;
 }
@@ -146,14 +113,12 @@ size_t sh_pool_bases_ptrs(struct sh_pool *pool, const uintptr_t *addrs, size_t n
                           int *ptrs)
 {
     size_t m = 0;
-    struct unscanned un = {.n = 0};
+    int h = 0;
     sh_rw_rdlock(&pool->index_lock);
     for (size_t i = 0; i < n; i++) {
         struct region *r = lookup(pool, addrs[i]);
-        if (r && ptrs && __atomic_load_n(&r->holds_ptrs, __ATOMIC_RELAXED))
-            *ptrs = 1; /* sub-allocator slabs too: small tables live there */
-        if (r && ptrs)
-            note_unscanned(&un, r);
+        if (r) /* sub-allocator slabs too: small tables live there */
+            h |= __atomic_load_n(&r->holds_ptrs, __ATOMIC_RELAXED);
         if (!r || r->path == SH_PATH_SLAB)
             continue;
         size_t k = 0;
@@ -163,7 +128,9 @@ size_t sh_pool_bases_ptrs(struct sh_pool *pool, const uintptr_t *addrs, size_t n
             bases[m++] = r->va;
     }
     sh_rw_unlock(&pool->index_lock);
-    if (__builtin_expect(un.n || un.more, 0) && settle_unscanned(pool, &un))
+    if (ptrs && (h & PTRS_UNSCANNED))
+        h = (h & PTRS_FOUND) | sh_pool_scan_settle_bases(pool, bases, m);
+    if (ptrs && (h & PTRS_FOUND))
         *ptrs = 1;
     return m;
 }
