@@ -9,13 +9,16 @@
 #                   step is in between its moves);
 #   moving          the working set is twice the budget: every launch moves.
 # The simulated copies' own instructions (copy_run) are left out: they stand
-# for the copy engine, not for the CPU; so are the simulated driver's VMM
+# for the copy engine, not for the CPU; so are the fingerprint kernel's
+# (sh_clean_kernel_host: the simulated card runs it on the CPU, a card on
+# its SMs at memory speed), and the simulated driver's VMM
 # calls' (its map is a sorted array, linear in the mappings: a stand-in for
 # the real driver's cost, not the library's). Neither is the simulated
 # CUPTI's dispatch of its callbacks (a mutex and a table per callback, four
 # per launch): it stands for the real CUPTI's, which only a GPU can measure;
 # shown on its own. The scan of evicted bytes for pointers is CPU work per
-# byte moved: counted, and also shown on its own.
+# byte moved, on the pool's scanner thread (or on whoever needs its answer
+# first): counted, and also shown on its own.
 # Usage: tests/bench/launch.sh BUILD_DIR
 set -euo pipefail
 build=${1:-build}
@@ -36,9 +39,11 @@ count() {
     callgrind_annotate --inclusive=yes "$out" 2>/dev/null | awk '
         /PROGRAM TOTALS/ { gsub(",", "", $1); total = $1 }
         / tests\/sim\/drv_(exec|copy).c:copy_run / { gsub(",", "", $1); copy += $1 }
+        / clean\/hash.c:sh_clean_kernel_host / { gsub(",", "", $1); copy += $1 }
         / tests\/sim\/drv_(mem|vmm).c:cuMem(Map|Unmap|SetAccess|Create|Release)(_v2)? / {
             gsub(",", "", $1); copy += $1 }
-        /:sh_pool_scan_landed / { gsub(",", "", $1); scan = $1 }
+        / pool\/ptrscan.c:(sh_pool_scan_landed|scanner_main|sh_pool_scan_settle) / {
+            gsub(",", "", $1); scan += $1 }
         / tests\/sim\/cupti.c:hook / { gsub(",", "", $1); hook = $1 }
         /:on_callback / { gsub(",", "", $1); cb = $1 }
         END { print total - copy - (hook - cb), scan + 0, hook - cb }'
