@@ -140,11 +140,12 @@ static void scan_slabs(struct sh_pool *pool, struct region *r)
     }
 }
 
-/* r's scan is over; scan.mu held. */
+/* r's scan is over; scan.mu held. SCAN_NONE is the last write to r: a
+ * thread that reads it without the lock may free r at once. */
 static void scan_done(struct sh_pool *pool, struct region *r)
 {
+    __atomic_fetch_and(&r->holds_ptrs, ~PTRS_UNSCANNED, __ATOMIC_RELAXED);
     __atomic_store_n(&r->scan, SCAN_NONE, __ATOMIC_RELEASE);
-    __atomic_fetch_and(&r->holds_ptrs, ~PTRS_UNSCANNED, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&pool->scan.cv);
 }
 
@@ -231,7 +232,7 @@ void sh_pool_scan_settle(struct sh_pool *pool, struct region *r, int want)
     if (mine) {
         if (r->scan == SCAN_QUEUED)
             unqueue(pool, r);
-        r->scan = SCAN_RUNNING;
+        __atomic_store_n(&r->scan, SCAN_RUNNING, __ATOMIC_RELAXED);
         pool->scan.settled += (uint64_t)want;
     }
     pthread_mutex_unlock(&pool->scan.mu);

@@ -840,6 +840,92 @@ static void test_threads(void **state)
     stop();
 }
 
+/* The scanner under concurrent moves: two threads each evict and restore
+ * a table and a plain region of their own, and free and allocate the plain
+ * one again now and then, while a third reads the tables' answers; the
+ * scanner runs beside them all. A table's answer is yes from its first
+ * eviction on, a plain region's never (TSan runs this too). */
+static uintptr_t table_region(uintptr_t into);
+
+struct churn {
+    uintptr_t t, u;
+    uint32_t seed;
+};
+static atomic_int churn_bad, churn_done;
+
+static int answer(uintptr_t va)
+{
+    int ptrs = 0;
+    uintptr_t base;
+    return sh_pool_bases_ptrs(sys.pool, &va, 1, &base, &ptrs) == 1 ? ptrs : -1;
+}
+
+static void *churner(void *arg)
+{
+    struct churn *c = arg;
+    for (int round = 0; round < 150; round++) {
+        uintptr_t v[2] = {c->t, c->u}, out[2];
+        size_t released = 0, n = 0;
+        if (sh_pool_evict_these(sys.pool, v, 2, &released, out, &n) != 0 || n != 2)
+            atomic_fetch_add(&churn_bad, 1);
+        if (answer(c->t) != 1 || answer(c->u) != 0)
+            atomic_fetch_add(&churn_bad, 1);
+        if (sh_pool_restore(sys.pool, v, 2) != 0)
+            atomic_fetch_add(&churn_bad, 1);
+        if (round % 10 == 9) { /* freed on the host, its scan perhaps pending */
+            if (sh_pool_evict_these(sys.pool, &c->u, 1, &released, out, &n) != 0 ||
+                sh_pool_free(sys.pool, c->u, ANY, 0) != 0 ||
+                sh_pool_alloc(sys.pool, RSIZE, SH_PATH_MALLOC, 0, &c->u) != 0)
+                atomic_fetch_add(&churn_bad, 1);
+            memset((void *)c->u, (int)c->seed, RSIZE);
+        }
+    }
+    atomic_fetch_add(&churn_done, 1);
+    return NULL;
+}
+
+static void *answer_reader(void *arg)
+{
+    const uintptr_t *t = arg;
+    int seen[2] = {0, 0};
+    while (atomic_load(&churn_done) < 2)
+        for (int k = 0; k < 2; k++) {
+            int a = answer(t[k]);
+            if (a < 0 || (seen[k] && a != 1)) /* once yes, always yes */
+                atomic_fetch_add(&churn_bad, 1);
+            seen[k] |= a == 1;
+        }
+    return NULL;
+}
+
+static void test_scan_threads(void **state)
+{
+    (void)state;
+    start(&std_opts);
+    uintptr_t a = alloc(RSIZE);
+    struct churn c[2];
+    for (int k = 0; k < 2; k++) {
+        c[k] = (struct churn){.t = table_region(a + 64 * (uintptr_t)k),
+                              .u = alloc(RSIZE),
+                              .seed = 0x11u * (uint32_t)(k + 1)};
+        memset((void *)c[k].u, (int)c[k].seed, RSIZE);
+    }
+    atomic_store(&churn_bad, 0);
+    atomic_store(&churn_done, 0);
+    uintptr_t t[2] = {c[0].t, c[1].t};
+    pthread_t th[3];
+    assert_int_equal(pthread_create(&th[0], NULL, churner, &c[0]), 0);
+    assert_int_equal(pthread_create(&th[1], NULL, churner, &c[1]), 0);
+    assert_int_equal(pthread_create(&th[2], NULL, answer_reader, t), 0);
+    for (int i = 0; i < 3; i++)
+        pthread_join(th[i], NULL);
+    assert_int_equal(atomic_load(&churn_bad), 0);
+    for (int k = 0; k < 2; k++)
+        assert_int_equal(bad_words(c[k].t, CH, 7), 0);
+    assert_true(pstats().scans_queued > 0);
+    stop();
+}
+
 /* ---- the move verifier and opaque work ---- */
 
 /* Runs fn with stderr going to buf (NUL-terminated). */
@@ -1214,6 +1300,7 @@ int main(void)
         cmocka_unit_test_teardown(test_scan_waits_for_no_eviction, teardown),
         cmocka_unit_test_teardown(test_scan_settled_by_prefetch, teardown),
         cmocka_unit_test_teardown(test_scan_dropped_by_free, teardown),
+        cmocka_unit_test_teardown(test_scan_threads, teardown),
     };
     return cmocka_run_group_tests_name("prefetch", tests, NULL, NULL);
 }
