@@ -8,7 +8,7 @@
  * scan or not — touches the range while its bytes are in transit or while
  * it is unmapped: the invariant of DESIGN.md §2 holds by construction.
  *
- * The moves that overlap compute (prefetch, early eviction) are move.c's,
+ * The moves that overlap compute are move.c's (prefetch.c, early.c),
  * over the pieces here that both kinds share (region_int.h).
  *
  * Locking: pool->move_mu serialises batches (a prefetch's start and commit
@@ -37,6 +37,8 @@ void sh_pool_set_mover(struct sh_pool *pool, const struct sh_pool_mover *m)
     pool->mover = *m;
     pool->pf.dir = SH_H2D;
     pool->ev.dir = SH_D2H;
+    pool->pf.cancel = sh_pool_pf_cancel;
+    pool->ev.cancel = sh_pool_ev_cancel;
     pthread_mutex_unlock(&pool->mu);
 }
 

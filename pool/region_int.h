@@ -47,6 +47,9 @@ struct move_list {
     struct region *head;
     size_t count;
     int dir;
+    /* Back where it was (the list's direction: prefetch.c, early.c), its
+     * copies finished; the move's owner calls it through sh_pool_move_cancel. */
+    void (*cancel)(struct sh_pool *pool, struct region *r);
 };
 
 struct region {
@@ -215,6 +218,31 @@ void sh_pool_chunk_ops(struct sh_pool *pool, struct sh_vmm_ops *ops);
  * stream-ordered paths; called with no pool lock held. */
 void sh_pool_usage_add(struct sh_pool *pool, size_t bytes);
 void sh_pool_usage_sub(struct sh_pool *pool, size_t bytes);
+
+/* move.c, for prefetch.c and early.c: the lists of moves in flight (l
+ * one of pool->pf, pool->ev). push: r onto l (its copies are
+ * mv_first..mv_last); none: l is empty (no lock); ready: how many on l have
+ * finished their copies (*inflight, may be NULL: all on l); start: the
+ * regions at vas[0..n) that pick() takes (mu and the index lock held) are
+ * started with start_one(); commit: one window over a batch taken off l
+ * (all, or those finished), window() setting ok[k] for each it moved,
+ * committed() finishing those, the others cancelled, their bases in out and
+ * back (back may be NULL), SH_EBUSY when the caller holds the gate;
+ * cancel_all: every move on l (teardown). The cancels of each direction
+ * (sh_pool_pf_cancel, sh_pool_ev_cancel) are the lists' hooks. */
+void sh_pool_move_push(struct sh_pool *pool, struct move_list *l, struct region *r);
+int sh_pool_move_none(const struct move_list *l);
+size_t sh_pool_move_ready(struct sh_pool *pool, struct move_list *l, size_t *inflight);
+int sh_pool_move_start(struct sh_pool *pool, const uintptr_t *vas, size_t n, uintptr_t *started,
+                       size_t *nstarted, int (*pick)(struct sh_pool *, struct region *),
+                       int (*start_one)(struct sh_pool *, struct region *));
+int sh_pool_move_commit(struct sh_pool *pool, struct move_list *l, int all, size_t max,
+                        void (*window)(struct sh_pool *, struct region **, size_t, char *),
+                        void (*committed)(struct sh_pool *, struct region *, void *), void *arg,
+                        uintptr_t *out, size_t *nout, uintptr_t *back, size_t *nback);
+void sh_pool_move_cancel_all(struct sh_pool *pool, struct move_list *l);
+void sh_pool_pf_cancel(struct sh_pool *pool, struct region *r);
+void sh_pool_ev_cancel(struct sh_pool *pool, struct region *r);
 
 /* evict.c, for move.c: the pieces the blocking moves and the moves in
  * flight share (see evict.c for each). */

@@ -1,0 +1,322 @@
+/* early.c — evictions that overlap compute (move.c has the common
+ * machinery and the whole story): fingerprinted at the start (queued ahead
+ * of the copies where the mover can), copied into slabs while the region
+ * stays on its device chunks, committed in a window that compares the
+ * fingerprints and maps the slabs at its address; dropped when work was
+ * issued against the region meanwhile or its bytes changed unseen.
+ *
+ * Locking: move.c's.
+ */
+#include "pool/region_int.h"
+
+#include "sh_err.h"
+#include "sh_log.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int ev_fp_take(struct sh_pool *pool, struct region *r, int want);
+
+/* Back to RESIDENT: its copies have finished or were never queued. */
+static void ev_abandon(struct sh_pool *pool, struct region *r)
+{
+    ev_fp_take(pool, r, 0);
+    pthread_mutex_lock(&pool->mu);
+    pool->st.early_abandons++;
+    pthread_mutex_unlock(&pool->mu);
+    sh_pool_kept_unevict(pool, r); /* kept copies nothing was copied into stay */
+}
+
+/* The fingerprints of r's device bytes before anything is copied ahead
+ * (chunk->ev_fp): work the scan did not see may write r under the copy,
+ * and its window compares again. 0, or r could not be fingerprinted. */
+static int ev_snapshot(struct sh_pool *pool, struct region *r)
+{
+    struct sh_clean_fp *fp = malloc(r->nchunks * sizeof *fp);
+    int rc = fp ? sh_pool_fingerprint(pool, r, r->va, fp) : SH_ENOMEM;
+    for (unsigned i = 0; i < r->nchunks && rc == 0; i++)
+        r->chunks[i].ev_fp = fp[i];
+    free(fp);
+    if (rc && !__atomic_exchange_n(&pool->no_early, 1, __ATOMIC_RELAXED))
+        sh_log(SH_LOG_WARN, "a region could not be fingerprinted: early evictions wait for "
+                            "pressure instead (they could not tell whether a write was lost)");
+    return rc;
+}
+
+/* r's start fingerprints, queued on the copy stream ahead of its copies
+ * where the mover can: the launching thread does not wait for the kernel,
+ * which runs before the copies read the bytes. Else taken now. */
+static int ev_fingerprint(struct sh_pool *pool, struct region *r)
+{
+    if (sh_pool_fingerprint_queue(pool, r, SH_D2H, &r->ev_ticket) == 0)
+        return 0;
+    r->ev_ticket = 0;
+    return ev_snapshot(pool, r);
+}
+
+/* The start fingerprints queued for r, into chunk->ev_fp (want), or given
+ * up; 0 when none was queued. Each ticket is taken once. */
+static int ev_fp_take(struct sh_pool *pool, struct region *r, int want)
+{
+    uint64_t t = r->ev_ticket;
+    if (!t)
+        return 0;
+    r->ev_ticket = 0;
+    struct sh_clean_fp *fp = want ? malloc(r->nchunks * sizeof *fp) : NULL;
+    int rc = sh_pool_fingerprint_take(pool, r, t, fp);
+    for (unsigned i = 0; fp && i < r->nchunks && rc == 0; i++)
+        r->chunks[i].ev_fp = fp[i];
+    free(fp);
+    return want && !fp ? SH_ENOMEM : rc;
+}
+
+/* Queues r's copies device -> slabs and lists it; 0, or r is RESIDENT. A
+ * region with kept copies that still match queues none: its window
+ * fingerprints it and copies only what changed. */
+static int ev_start_one(struct sh_pool *pool, struct region *r)
+{
+    struct sh_xfer *x = pool->mover.xfer;
+    /* A region with kept copies decides now whether to copy ahead. */
+    if (r->from_kept && ev_snapshot(pool, r) != 0) {
+        sh_pool_kept_ahead_off(r); /* the kept copies as slabs, as ev_abandon expects */
+        ev_abandon(pool, r);
+        return SH_EDRIVER;
+    }
+    if (r->from_kept) {
+        /* Changed since its restore (a guess: its window compares again):
+         * copy ahead as usual, so that the copy overlaps compute. */
+        r->ahead = sh_pool_kept_changed(r) && sh_pool_get_slabs(pool, r, 0) == 0;
+        if (!r->ahead)
+            sh_pool_kept_ahead_off(r);
+    }
+    if (r->from_kept && !r->ahead) {
+        r->mv_first = 1;
+        r->mv_last = 0; /* no copy to wait for */
+        pthread_mutex_lock(&pool->mu);
+        pool->st.early_evictions++;
+        pthread_mutex_unlock(&pool->mu);
+        sh_pool_move_push(pool, &pool->ev, r);
+        return 0;
+    }
+    if (sh_pool_get_slabs(pool, r, 0) != 0) {
+        sh_pool_finish_state(pool, r, SH_RS_RESIDENT);
+        return SH_ENOMEM;
+    }
+    if (!r->from_kept && ev_fingerprint(pool, r) != 0) {
+        ev_abandon(pool, r); /* the slabs go back with it */
+        return SH_EDRIVER;
+    }
+    r->mv_first = sh_xfer_last(x, SH_D2H) + 1;
+    int rc = 0;
+    size_t queued = 0;
+    for (unsigned i = 0; i < r->nchunks && rc == 0; i++) {
+        const struct chunk *c = &r->chunks[i];
+        rc = sh_xfer_copy(x, SH_D2H, c->slab->staging, r->va + c->off, c->size);
+        queued += rc == 0 ? c->size : 0;
+    }
+    r->mv_last = sh_xfer_last(x, SH_D2H);
+    pthread_mutex_lock(&pool->mu);
+    pool->st.evicted_bytes += queued; /* every byte that crosses the bus */
+    pthread_mutex_unlock(&pool->mu);
+    if (rc) {
+        /* Nothing may land in a slab after it went back to the pool. */
+        sh_xfer_wait_seq(x, SH_D2H, r->mv_first, r->mv_last);
+        ev_abandon(pool, r);
+        return rc;
+    }
+    pthread_mutex_lock(&pool->mu);
+    pool->st.early_evictions++;
+    pthread_mutex_unlock(&pool->mu);
+    sh_pool_move_push(pool, &pool->ev, r);
+    return 0;
+}
+
+/* Every piece of work issued against r up to stamp `issued` has finished:
+ * a full drain came after it, or (tracked drain) the streams that used r
+ * since it last moved are idle. */
+static int ev_idle(struct sh_pool *pool, const struct region *r, uint64_t issued)
+{
+    if (issued <= __atomic_load_n(&pool->drained, __ATOMIC_RELAXED))
+        return 1;
+    if (!pool->mover.drain_streams || !pool->mover.streams_idle)
+        return 0;
+    uint64_t mask = __atomic_load_n(&r->use_streams, __ATOMIC_RELAXED) |
+                    __atomic_load_n(&pool->opaque_streams, __ATOMIC_RELAXED);
+    return mask == 0 || pool->mover.streams_idle(pool->mover.drain_ctx, mask);
+}
+
+/* r can start now: RESIDENT, and every piece of work issued against it has
+ * finished. Its issue stamp is kept: any later issue changes it. mu held. */
+static int ev_startable(struct sh_pool *pool, struct region *r)
+{
+    uint64_t issued = sh_pool_issued_at(pool, r);
+    if (r->pinned || !ev_idle(pool, r, issued) ||
+        sh_state_move_from(&r->state, SH_RS_RESIDENT, SH_RS_EVICTING, r->id) != 0)
+        return 0;
+    r->ev_issued = issued;
+    pool->st.regions[SH_RS_RESIDENT]--;
+    pool->st.regions[SH_RS_EVICTING]++;
+    sh_pool_kept_take(pool, r, 1);
+    return 1;
+}
+
+int sh_pool_evict_start(struct sh_pool *pool, const uintptr_t *vas, size_t n, uintptr_t *started,
+                        size_t *nstarted)
+{
+    if (__atomic_load_n(&pool->no_early, __ATOMIC_RELAXED)) {
+        *nstarted = 0;
+        return 0; /* no fingerprint to tell a lost write by (ev_snapshot) */
+    }
+    return sh_pool_move_start(pool, vas, n, started, nstarted, ev_startable, ev_start_one);
+}
+
+/* Maps r's slabs at its address; on failure its device chunks are mapped
+ * there again, whole (they still hold the bytes: nothing ran). */
+static int ev_switch(struct sh_pool *pool, struct region *r)
+{
+    for (unsigned i = 0; i < r->nchunks; i++) {
+        struct chunk *c = &r->chunks[i];
+        if (pool->mover.checksums)
+            c->crc = sh_pool_crc_of(c);
+        if (sh_pool_remap(pool, r, c, c->handle, c->slab->handle, c->handle) != 0) {
+            while (i-- > 0) {
+                c = &r->chunks[i];
+                if (sh_pool_remap(pool, r, c, c->slab->handle, c->handle, c->handle))
+                    r->stuck = 1;
+            }
+            return SH_EDRIVER;
+        }
+    }
+    return 0;
+}
+
+/* The regions of v that took kept copies and were not used since their
+ * start: fingerprinted here (drained, gated), their changed chunks copied
+ * now. Those whose copies fail are marked in bad[]. */
+static void ev_compare(struct sh_pool *pool, struct region **v, size_t n, char *bad)
+{
+    struct sh_xfer *x = pool->mover.xfer;
+    struct region **sel = malloc(n * sizeof *sel);
+    size_t m = 0;
+    for (size_t k = 0; sel && k < n; k++)
+        if (v[k]->from_kept && sh_pool_issued_at(pool, v[k]) == v[k]->ev_issued)
+            sel[m++] = v[k];
+    sh_pool_kept_compare(pool, sel, m);
+    int failed = 0;
+    for (size_t j = 0; j < m; j++)
+        if (sel[j]->ahead) /* copied ahead, unused since: each chunk picks its slab */
+            sh_pool_kept_ahead(pool, sel[j]);
+    for (size_t j = 0; j < m; j++)
+        for (unsigned i = 0; i < sel[j]->nchunks && !failed && !sel[j]->ahead; i++) {
+            struct chunk *c = &sel[j]->chunks[i];
+            if (c->clean)
+                continue;
+            sel[j]->spoiled = 1;
+            failed = sh_xfer_copy(x, SH_D2H, c->slab->staging, sel[j]->va + c->off, c->size) != 0;
+        }
+    failed |= m && sh_xfer_flush(x, SH_D2H) != 0; /* which copy failed is unknown */
+    for (size_t k = 0; k < n; k++)
+        bad[k] = !sel || (failed && v[k]->from_kept);
+    free(sel);
+}
+
+/* In r's window (drained): 1 when its device bytes are those its copy
+ * ahead read, by fingerprint; chunks found clean keep their kept copy and
+ * need no match. A region whose copies were all made in the window (kept
+ * copies, nothing copied ahead) needs none. 0: they changed; -1: they
+ * could not be fingerprinted (the region stays, and nothing is proved). */
+static int ev_unchanged(struct sh_pool *pool, struct region *r)
+{
+    if ((r->from_kept && !r->ahead) || pool->mover.plant_lost_write)
+        return 1;
+    if (ev_fp_take(pool, r, 1) != 0)
+        return -1;
+    struct sh_clean_fp *now = malloc(r->nchunks * sizeof *now);
+    int same = now && sh_pool_fingerprint(pool, r, r->va, now) == 0 ? 1 : -1;
+    for (unsigned i = 0; i < r->nchunks && same == 1; i++)
+        same = r->chunks[i].clean || sh_clean_fp_equal(now[i], r->chunks[i].ev_fp);
+    free(now);
+    return same;
+}
+
+void sh_pool_unseen_write(struct sh_pool *pool, const struct region *r, const char *when)
+{
+    __atomic_add_fetch(&pool->st.unseen_writes, 1, __ATOMIC_RELAXED);
+    if (!__atomic_exchange_n(&pool->no_prefetch, 1, __ATOMIC_RELAXED))
+        sh_log(SH_LOG_WARN,
+               "region %" PRIu64 " (0x%" PRIxPTR ") changed %s with no work naming it: a kernel "
+               "writes through pointers the library cannot see; prefetch is off from now on",
+               r->id, r->va, when);
+}
+
+/* The commit window (gate held): ok[k] is 1 for each region of v now on
+ * its slabs, 0 for those left on their device chunks. */
+static void ev_window(struct sh_pool *pool, struct region **v, size_t n, char *ok)
+{
+    struct sh_xfer *x = pool->mover.xfer;
+    memset(ok, 0, n);
+    if (sh_pool_drain(pool, v, n) != 0)
+        return;
+    ev_compare(pool, v, n, ok); /* ok[k] says "failed" until the loop below */
+    uint64_t now = __atomic_load_n(&pool->clock, __ATOMIC_RELAXED);
+    for (size_t k = 0; k < n; k++) {
+        struct region *r = v[k];
+        /* Drained: the copies are done. Work issued since they began may
+         * have written the device chunks under them: that region stays. So
+         * does one whose bytes changed with no work naming it. */
+        int copied = !ok[k] && sh_xfer_wait_seq(x, SH_D2H, r->mv_first, r->mv_last) == 0;
+        int unused = sh_pool_issued_at(pool, r) == r->ev_issued || pool->mover.plant_lost_write;
+        int verdict = copied && unused ? ev_unchanged(pool, r) : -1, same = verdict == 1;
+        ok[k] = 0;
+        if (verdict == 0)
+            sh_pool_unseen_write(pool, r, "under an early eviction (which stays resident)");
+        if (same)
+            sh_pool_check_move(pool, r, r->va, "early eviction");
+        if (same && ev_switch(pool, r) == 0) {
+            r->evict_clock = now; /* work issued from here on runs on the slabs */
+            ok[k] = 1;
+        }
+    }
+}
+
+static void ev_committed(struct sh_pool *pool, struct region *r, void *released)
+{
+    ev_fp_take(pool, r, 0); /* one ev_unchanged did not take (a planted loss) */
+    pthread_mutex_lock(&pool->mu);
+    pool->st.early_commits++;
+    if (!r->from_kept || r->ahead)
+        pool->st.evicted_bytes -= r->mapped; /* counted as they were copied */
+    pthread_mutex_unlock(&pool->mu);
+    sh_pool_evicted_one(pool, r, released);
+}
+
+int sh_pool_evict_commit(struct sh_pool *pool, int all, uintptr_t *out, uintptr_t *back, size_t max,
+                         size_t *nout, size_t *nback, size_t *released)
+{
+    *released = 0;
+    int rc = sh_pool_move_commit(pool, &pool->ev, all, max, ev_window, ev_committed, released, out,
+                                 nout, back, nback);
+    sh_chunkcache_trim(pool->cc, *released);
+    return rc;
+}
+
+void sh_pool_evict_cancel_all(struct sh_pool *pool)
+{
+    sh_pool_move_cancel_all(pool, &pool->ev);
+}
+
+size_t sh_pool_evict_ready(struct sh_pool *pool, size_t *inflight)
+{
+    return sh_pool_move_ready(pool, &pool->ev, inflight);
+}
+
+void sh_pool_ev_cancel(struct sh_pool *pool, struct region *r)
+{
+    if (r->stuck) {
+        ev_fp_take(pool, r, 0);
+        sh_pool_make_stuck(pool, r, "early eviction");
+    } else {
+        ev_abandon(pool, r);
+    }
+}
