@@ -20,6 +20,7 @@
 #define SH_ENGINE_H
 
 #include "policy/policy.h"
+#include "sh_err.h"
 
 #include <stdatomic.h>
 #include <stddef.h>
@@ -120,10 +121,10 @@ struct sh_engine_plan_in {
  * on when they change (*hints gets them, *changed whether they changed;
  * either may be NULL), and plans into plan, whose fetch_max and evict_max
  * say the room in its arrays and come back as the copies it may start. Returns whether a
- * window for the finished prefetches is due, or -1 when there is nothing to
- * start: nothing the plan reads changed since a plan that found nothing
- * (most launches, and then this is all a decision point costs), or the
- * plan failed. */
+ * window for the finished prefetches is due (1 or 0); SH_EBUSY when
+ * nothing the plan reads changed since a plan that found nothing (most
+ * launches, and then this is all a decision point costs); or the policy's
+ * error when the plan failed. */
 int sh_engine_plan_now(struct sh_engine *e, struct sh_policy *pol,
                        const struct sh_engine_plan_in *in, const uint64_t *protect, size_t np,
                        struct sh_policy_plan *plan, struct sh_policy_hints *hints, int *changed);
@@ -135,7 +136,7 @@ static inline int sh_engine_plan(struct sh_engine *e, struct sh_policy *pol,
 {
     if (sh_policy_plan_idle(pol, in->dev, (int)in->fetching, (int)in->evicting, in->fetched,
                             e->told_gen))
-        return -1;
+        return SH_EBUSY;
     return sh_engine_plan_now(e, pol, in, protect, np, plan, hints, changed);
 }
 

@@ -52,7 +52,8 @@ int sh_engine_plan_now(struct sh_engine *e, struct sh_policy *pol,
         *hints = h;
     plan->fetch_max = free_slots(h.max_inflight_h2d, in->fetching, plan->fetch_max);
     plan->evict_max = free_slots(h.max_inflight_d2h, in->evicting, plan->evict_max);
-    if (sh_policy_plan(pol, in->dev, protect, np, plan) != 0)
-        return -1;
+    int rc = sh_policy_plan(pol, in->dev, protect, np, plan);
+    if (rc != 0)
+        return rc;
     return sh_policy_commit_due(pol, in->fetched, 0);
 }

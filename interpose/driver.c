@@ -275,6 +275,11 @@ static void fence_drop(void *ctx, uint64_t fence)
         drv->cuEventDestroy(ev);
 }
 
+void sh_driver_fence_drop(struct sh_driver *drv, uint64_t fence)
+{
+    fence_drop(drv, fence);
+}
+
 void sh_driver_fence_ops(struct sh_driver *drv, struct sh_fence_ops *ops)
 {
     *ops = (struct sh_fence_ops){drv, fence_done, fence_wait, fence_drop};

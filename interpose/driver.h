@@ -59,7 +59,9 @@ int sh_driver_copy_ops(struct sh_driver *drv, struct sh_copy_ops *ops);
  * sh_driver_copy_ops made it. */
 CUstream sh_driver_copy_stream(int dir);
 
-/* A fence: an event recorded on stream. 0 if none could be recorded. */
+/* A fence: an event recorded on stream. 0 if none could be recorded.
+ * Dropped (its event kept for the next) once waited for. */
 uint64_t sh_driver_fence_record(struct sh_driver *drv, CUstream stream);
+void sh_driver_fence_drop(struct sh_driver *drv, uint64_t fence);
 
 #endif

@@ -300,11 +300,8 @@ int sh_fingerprint_take(void *ctx, uint64_t ticket, size_t n, struct sh_clean_fp
     }
     for (size_t i = 0; out && rc == 0 && i < n; i++)
         out[i] = sh_clean_finish(&fp.host_key, fp.qlen[first + i], fp.qx[first + i]);
-    struct sh_fence_ops fo;
-    if (ev) {
-        sh_driver_fence_ops(&sh_rt.drv, &fo);
-        fo.drop(fo.ctx, (uint64_t)(uintptr_t)ev);
-    }
+    if (ev)
+        sh_driver_fence_drop(&sh_rt.drv, (uint64_t)(uintptr_t)ev);
     pthread_mutex_lock(&fp.mu);
     fp.qt[first].n = 0;
     memset(fp.qused + first, 0, n);

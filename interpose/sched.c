@@ -544,7 +544,8 @@ static ALWAYS_INLINE void plan_read(struct plan_in *in, uint64_t pressure, int m
 }
 
 /* The policy's plan (engine/plan.c); sched_mu held. Returns whether a
- * commit is due, or -1 when there is nothing to start. */
+ * commit is due; negative when there is nothing to start (idle, or the
+ * plan failed). */
 static ALWAYS_INLINE int plan_locked(const struct plan_in *in, const uintptr_t *bases, size_t nb,
                                      struct sh_policy_plan *plan)
 {

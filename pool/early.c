@@ -93,10 +93,7 @@ static int ev_start_one(struct sh_pool *pool, struct region *r)
     if (r->from_kept && !r->ahead) {
         r->mv_first = 1;
         r->mv_last = 0; /* no copy to wait for */
-        pthread_mutex_lock(&pool->mu);
-        pool->st.early_evictions++;
-        pthread_mutex_unlock(&pool->mu);
-        sh_pool_move_push(pool, &pool->ev, r);
+        sh_pool_move_push(pool, &pool->ev, r, &pool->st.early_evictions);
         return 0;
     }
     if (sh_pool_get_slabs(pool, r, 0) != 0) {
@@ -125,10 +122,7 @@ static int ev_start_one(struct sh_pool *pool, struct region *r)
         ev_abandon(pool, r);
         return rc;
     }
-    pthread_mutex_lock(&pool->mu);
-    pool->st.early_evictions++;
-    pthread_mutex_unlock(&pool->mu);
-    sh_pool_move_push(pool, &pool->ev, r);
+    sh_pool_move_push(pool, &pool->ev, r, &pool->st.early_evictions);
     return 0;
 }
 

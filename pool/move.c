@@ -26,10 +26,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Appends r to l; its copies are mv_first..mv_last. */
-void sh_pool_move_push(struct sh_pool *pool, struct move_list *l, struct region *r)
+/* Appends r to l, counting it in *started (a pool->st counter); its
+ * copies are mv_first..mv_last. */
+void sh_pool_move_push(struct sh_pool *pool, struct move_list *l, struct region *r,
+                       uint64_t *started)
 {
     pthread_mutex_lock(&pool->mu);
+    ++*started;
     r->mv_next = NULL;
     struct region **pp = &l->head;
     while (*pp)

@@ -106,10 +106,7 @@ static int pf_start_one(struct sh_pool *pool, struct region *r)
         pf_abandon(pool, r, r->nchunks);
         return rc;
     }
-    pthread_mutex_lock(&pool->mu);
-    pool->st.prefetches++;
-    pthread_mutex_unlock(&pool->mu);
-    sh_pool_move_push(pool, &pool->pf, r);
+    sh_pool_move_push(pool, &pool->pf, r, &pool->st.prefetches);
     return 0;
 }
 

@@ -512,8 +512,8 @@ static void test_plan_idle_skipped(void **state)
     const struct sh_engine_plan_in in = {.dev = 10 * MB};
     assert_int_equal(plan_once(p, &in, 8, &plan, &changed), 0); /* nothing planned, none due */
     assert_int_equal(plan.nfetch + plan.nevict, 0);
-    assert_int_equal(plan_once(p, &in, 8, &plan, &changed), -1);
-    assert_int_equal(plan_once(p, &in, 8, &plan, &changed), -1);
+    assert_int_equal(plan_once(p, &in, 8, &plan, &changed), SH_EBUSY);
+    assert_int_equal(plan_once(p, &in, 8, &plan, &changed), SH_EBUSY);
     const struct sh_engine_plan_in more = {.dev = 20 * MB};
     assert_true(plan_once(p, &more, 8, &plan, &changed) >= 0);
     const struct sh_engine_plan_in fetched = {.dev = 20 * MB, .fetching = 1, .fetched = 1};

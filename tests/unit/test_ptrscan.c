@@ -173,6 +173,38 @@ static void test_scan_waits_for_no_eviction(void **state)
     stop();
 }
 
+/* What a launch's one pass over its parameters (sh_pool_use) finds,
+ * with the scans of both its evicted regions still pending: the table's
+ * answer exactly (it would make the launch opaque), the plain region's
+ * no (it would not), each scanned by the pass itself; a value into the
+ * table's middle counts as well. */
+static int use_ptrs(uintptr_t va)
+{
+    uintptr_t vals[1] = {va}, bases[1];
+    struct sh_pool_use u = {.bases = bases};
+    assert_int_equal(sh_pool_use(sys.pool, vals, 1, 0, &u), 1);
+    return u.ptrs;
+}
+
+static void test_scan_settled_by_launch(void **state)
+{
+    (void)state;
+    start(&std_opts);
+    uintptr_t a = alloc(RSIZE), t = table_region(a), u = alloc(RSIZE);
+    fill(u, RSIZE, 3);
+    sh_pool_scan_pause(sys.pool, 1);
+    evict_one(t);
+    evict_one(u);
+    assert_int_equal(pstats().scans_queued, 2);
+    assert_int_equal(use_ptrs(t + 4096), 1);
+    assert_int_equal(use_ptrs(u), 0);
+    assert_int_equal(pstats().scans_settled, 2);
+    assert_int_equal(use_ptrs(t), 1); /* once: the answer stays */
+    assert_int_equal(pstats().scans_settled, 2);
+    sh_pool_scan_pause(sys.pool, 0);
+    stop();
+}
+
 static void test_scan_settled_by_prefetch(void **state)
 {
     (void)state;
@@ -340,6 +372,7 @@ int main(void)
         cmocka_unit_test_teardown(test_pointer_table_early_tracked, teardown),
         cmocka_unit_test_teardown(test_landed_bytes_mark_pointer_tables, teardown),
         cmocka_unit_test_teardown(test_scan_waits_for_no_eviction, teardown),
+        cmocka_unit_test_teardown(test_scan_settled_by_launch, teardown),
         cmocka_unit_test_teardown(test_scan_settled_by_prefetch, teardown),
         cmocka_unit_test_teardown(test_scan_dropped_by_free, teardown),
         cmocka_unit_test_teardown(test_scan_threads, teardown),

@@ -276,8 +276,10 @@ static int decide(struct run *r)
         .fetch = r->buf, .fetch_max = half, .evict = r->buf + half, .evict_max = half};
     int due = sh_engine_plan(&r->eng, r->pol, &in, r->prot, r->nprot, &plan, NULL, NULL);
     r->policy_ns += sim_clock_ns() - t0;
-    if (due < 0)
+    if (due == SH_EBUSY)
         return 0; /* nothing to start */
+    if (due < 0)
+        return run_fail(r, "policy plan failed: %s", sh_strerror(due));
     if (evict_list(r, plan.evict, plan.nevict, 0))
         return SH_EINVAL;
     for (size_t i = 0; i < plan.nfetch; i++) {
