@@ -30,27 +30,10 @@ typedef CUresult (*create_v3_fn)(CUcontext *, CUexecAffinityParam *, int, unsign
 typedef CUresult (*create_v4_fn)(CUcontext *, CUctxCreateParams *, unsigned int, CUdevice);
 typedef CUresult (*destroy_fn)(CUcontext);
 
-static struct {
-    create_v2_fn create_v1, create_v2;
-    create_v3_fn create_v3;
-    create_v4_fn create_v4;
-    destroy_fn destroy_v1, destroy_v2;
-} real;
-static pthread_once_t real_once = PTHREAD_ONCE_INIT;
-
-static void resolve(void)
-{
-#define REAL(field, type, name) real.field = (type)sh_icept_lookup(0, name)
-    REAL(create_v1, create_v2_fn, "cuCtxCreate");
-    REAL(create_v2, create_v2_fn, "cuCtxCreate_v2");
-    REAL(create_v3, create_v3_fn, "cuCtxCreate_v3");
-    REAL(create_v4, create_v4_fn, "cuCtxCreate_v4");
-    REAL(destroy_v1, destroy_fn, "cuCtxDestroy");
-    REAL(destroy_v2, destroy_fn, "cuCtxDestroy_v2");
-#undef REAL
-}
-
-#define RESOLVE() pthread_once(&real_once, resolve)
+/* Found at their first call (sh_icept_lazy): a cuCtxCreate may come
+ * before anything else loads the driver. */
+static void *_Atomic real[6];
+#define REAL(i, type, name) ((type)sh_icept_lazy(&real[i], 0, name))
 
 static CUresult created(CUresult r, CUcontext *pctx, CUdevice dev)
 {
@@ -62,19 +45,15 @@ static CUresult created(CUresult r, CUcontext *pctx, CUdevice dev)
 EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev);
 CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
-    RESOLVE();
-    if (!real.create_v1)
-        return CUDA_ERROR_NOT_FOUND;
-    return created(real.create_v1(pctx, flags, dev), pctx, dev);
+    create_v2_fn f = REAL(0, create_v2_fn, "cuCtxCreate");
+    return f ? created(f(pctx, flags, dev), pctx, dev) : CUDA_ERROR_NOT_FOUND;
 }
 
 EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
 CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
-    RESOLVE();
-    if (!real.create_v2)
-        return CUDA_ERROR_NOT_FOUND;
-    return created(real.create_v2(pctx, flags, dev), pctx, dev);
+    create_v2_fn f = REAL(1, create_v2_fn, "cuCtxCreate_v2");
+    return f ? created(f(pctx, flags, dev), pctx, dev) : CUDA_ERROR_NOT_FOUND;
 }
 
 EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n,
@@ -82,10 +61,8 @@ EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int
 CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n, unsigned int flags,
                         CUdevice dev)
 {
-    RESOLVE();
-    if (!real.create_v3)
-        return CUDA_ERROR_NOT_FOUND;
-    return created(real.create_v3(pctx, params, n, flags, dev), pctx, dev);
+    create_v3_fn f = REAL(2, create_v3_fn, "cuCtxCreate_v3");
+    return f ? created(f(pctx, params, n, flags, dev), pctx, dev) : CUDA_ERROR_NOT_FOUND;
 }
 
 EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags,
@@ -93,10 +70,8 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsig
 CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags,
                         CUdevice dev)
 {
-    RESOLVE();
-    if (!real.create_v4)
-        return CUDA_ERROR_NOT_FOUND;
-    return created(real.create_v4(pctx, params, flags, dev), pctx, dev);
+    create_v4_fn f = REAL(3, create_v4_fn, "cuCtxCreate_v4");
+    return f ? created(f(pctx, params, flags, dev), pctx, dev) : CUDA_ERROR_NOT_FOUND;
 }
 
 /* Waits for ctx's work, so that nothing it issued runs once it is
@@ -133,13 +108,11 @@ static CUresult destroy(destroy_fn f, CUcontext ctx)
 EXPORT CUresult cuCtxDestroy(CUcontext ctx);
 CUresult cuCtxDestroy(CUcontext ctx)
 {
-    RESOLVE();
-    return destroy(real.destroy_v1, ctx);
+    return destroy(REAL(4, destroy_fn, "cuCtxDestroy"), ctx);
 }
 
 EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx);
 CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
-    RESOLVE();
-    return destroy(real.destroy_v2, ctx);
+    return destroy(REAL(5, destroy_fn, "cuCtxDestroy_v2"), ctx);
 }

@@ -73,3 +73,11 @@ void *sh_icept_lookup(int runtime, const char *name)
     }
     return sh_dl_lookup(RTLD_NEXT, name);
 }
+
+void *sh_icept_lazy(void *_Atomic *slot, int runtime, const char *name)
+{
+    void *f = atomic_load_explicit(slot, memory_order_acquire);
+    if (!f && (f = sh_icept_lookup(runtime, name)) != NULL)
+        atomic_store_explicit(slot, f, memory_order_release);
+    return f;
+}

@@ -31,4 +31,10 @@ int sh_dl_is_cuda(const struct link_map *lm);
  * where dlsym(RTLD_NEXT) would miss it. Not cached. */
 void *sh_icept_lookup(int runtime, const char *name);
 
+/* sh_icept_lookup's answer, cached in *slot once found. A miss is never
+ * cached: a hook may run before the CUDA runtime loads the driver (a
+ * program's fatbins are registered before main), and the driver's entry
+ * points exist from then on. */
+void *sh_icept_lazy(void *_Atomic *slot, int runtime, const char *name);
+
 #endif

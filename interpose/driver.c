@@ -190,6 +190,24 @@ static int vmm_map(void *ctx, uintptr_t va, size_t size, uint64_t handle)
     return rc;
 }
 
+static int vmm_unmap(void *ctx, uintptr_t va, size_t size);
+
+/* A slab's staging mapping: without host access the CPU faults on a
+ * device address even where host memory lies under it. */
+static int vmm_map_host(void *ctx, uintptr_t va, size_t size, uint64_t handle)
+{
+    struct vmm_ctx *c = ctx;
+    int rc = vmm_map(ctx, va, size, handle);
+    if (rc)
+        return rc;
+    CUmemAccessDesc cpu = {{CU_MEM_LOCATION_TYPE_HOST_NUMA, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    rc = result(c->drv, c->drv->cuMemSetAccess((CUdeviceptr)va, size, &cpu, 1),
+                "cuMemSetAccess (host)");
+    if (rc)
+        vmm_unmap(ctx, va, size);
+    return rc;
+}
+
 static int vmm_unmap(void *ctx, uintptr_t va, size_t size)
 {
     struct vmm_ctx *c = ctx;
@@ -207,7 +225,7 @@ void sh_driver_vmm_ops(struct sh_driver *drv, CUdevice dev, struct sh_vmm_ops *o
     ctx.drv = drv;
     ctx.dev = dev;
     *ops = (struct sh_vmm_ops){&ctx,        vmm_reserve, vmm_unreserve, vmm_create,
-                               vmm_release, vmm_map,     vmm_unmap};
+                               vmm_release, vmm_map,     vmm_unmap,     vmm_map_host};
 }
 
 /* ---- fences: recycled events ---- */

@@ -54,28 +54,20 @@ static void made_at(const CUdeviceptr *dptr, size_t n)
 #define DRV_TYPE    CUresult
 #define RT_TYPE     cudaError_t
 
+/* Found at each hook's first call that finds it (sh_icept_lazy). */
 static struct {
-#define FIELD(api, name, params, args, then) __typeof__(name) *name;
+#define FIELD(api, name, params, args, then) void *_Atomic name;
     HOST_CALLS(FIELD)
 #undef FIELD
 } real;
-static pthread_once_t real_once = PTHREAD_ONCE_INIT;
-
-static void resolve(void)
-{
-#define LOOKUP(api, name, params, args, then)                                                      \
-    real.name = (__typeof__(real.name))sh_icept_lookup(api##_RT, #name);
-    HOST_CALLS(LOOKUP)
-#undef LOOKUP
-}
 
 #define HOOK(api, name, params, args, then)                                                        \
     EXPORT api##_TYPE name params                                                                  \
     {                                                                                              \
-        pthread_once(&real_once, resolve);                                                         \
-        if (!real.name)                                                                            \
+        __typeof__(name) *fn_ = (__typeof__(fn_))sh_icept_lazy(&real.name, api##_RT, #name);       \
+        if (!fn_)                                                                                  \
             return api##_MISSING;                                                                  \
-        api##_TYPE r = real.name args;                                                             \
+        api##_TYPE r = fn_ args;                                                                   \
         if (r == api##_OK)                                                                         \
             then;                                                                                  \
         return r;                                                                                  \

@@ -29,6 +29,7 @@ struct sh_real {
     __typeof__(cudaGetDevice) *cudaGetDevice;
     __typeof__(cudaSetDevice) *cudaSetDevice;
     __typeof__(cudaGetLastError) *cudaGetLastError;
+    __typeof__(cudaPeekAtLastError) *cudaPeekAtLastError;
 };
 
 enum sh_track_mode { SH_TRACK_NONE = 0, SH_TRACK_CUPTI = 1, SH_TRACK_HOOKS = 2 };
@@ -214,6 +215,10 @@ void sh_cupti_counts(uint64_t *handovers, uint64_t *returns);
  * parameters read from the images seen. */
 struct sh_cubin_param;
 const char *sh_modules_stub_name(const void *stub);
+/* Whether handle is a kernel the driver handed out (cuLibraryGetKernel,
+ * cuLibraryEnumerateKernels): CUDA 13's launch stubs pass one where a
+ * function symbol used to go. */
+int sh_modules_is_kernel(const void *handle);
 int sh_modules_layout(const char *name, struct sh_cubin_param *params, size_t cap, size_t *count);
 /* on: the driver cannot report layouts, so loaded images must be kept
  * (launch.c says so at start, and again when a query finds it out). */

@@ -38,6 +38,7 @@
 struct layout {
     const void *key;
     int kind, nparams;
+    int from; /* how it was read: kind, or SH_KEY_KERNEL for a kernel handle given as a function */
     int opaque; /* a kernel of a library known to keep pointers in memory, or one
                  * whose parameters cannot be read: its accesses have no bound */
     uint16_t off[MAX_PARAMS], size[MAX_PARAMS];
@@ -71,15 +72,23 @@ static CUresult (*kernel_get_name)(const char **, CUkernel);
 
 /* ---- parameter layouts ---- */
 
+/* Why launches go opaque, at debug level: the first few of each reason. */
+static void opaque_because(const char *why, int detail)
+{
+    static atomic_int told;
+    if (atomic_fetch_add(&told, 1) < 64)
+        sh_log(SH_LOG_DEBUG, "launch opaque: %s (%d)", why, detail);
+}
+
 /* The kernel's mangled name, for the image fallback. */
 static const char *kernel_name(const struct layout *l, const void *key, CUfunction f)
 {
     const char *name = NULL;
-    if (l->kind == SH_KEY_HOST_FN)
+    if (l->from == SH_KEY_HOST_FN)
         name = sh_modules_stub_name(key);
     if (!name && f && func_get_name)
         func_get_name(&name, f);
-    if (!name && l->kind == SH_KEY_KERNEL && kernel_get_name)
+    if (!name && l->from == SH_KEY_KERNEL && kernel_get_name)
         kernel_get_name(&name, (CUkernel)(uintptr_t)key);
     return name;
 }
@@ -111,18 +120,40 @@ static int keeps_pointers(const char *name)
     return name && (strstr(name, "ncclKernel") || strstr(name, "ncclDevKernel"));
 }
 
+/* The function of a launch stub. cudaGetFuncBySymbol leaves its failure
+ * as the thread's last error, which the program would read as its own: it
+ * is asked only while no error of the program's is pending, and its own
+ * failure is cleared. */
+static CUfunction stub_function(const void *key)
+{
+    const struct sh_real *rt = sh_real();
+    CUfunction f = NULL;
+    if (!real_get_func || !rt->cudaPeekAtLastError || !rt->cudaGetLastError ||
+        rt->cudaPeekAtLastError() != cudaSuccess)
+        return NULL;
+    if (real_get_func((cudaFunction_t *)&f, key) != cudaSuccess) {
+        rt->cudaGetLastError();
+        f = NULL;
+    }
+    return f;
+}
+
 static void fill_layout(struct layout *l, const void *key)
 {
     CUfunction f = NULL;
-    if (l->kind == SH_KEY_HOST_FN && real_get_func)
-        real_get_func((cudaFunction_t *)&f, key);
+    l->from = l->kind;
+    if (l->kind == SH_KEY_HOST_FN && sh_modules_is_kernel(key))
+        l->from = SH_KEY_KERNEL; /* CUDA 13's stubs launch the kernel handle */
+    else if (l->kind == SH_KEY_HOST_FN)
+        f = stub_function(key);
     else if (l->kind == SH_KEY_FUNCTION)
         f = (CUfunction)(uintptr_t)key;
-    int known = 1;
+    /* Neither a stub nor a kernel seen loaded: its arguments cannot be read. */
+    int known = l->from != SH_KEY_HOST_FN || f;
     for (int i = 0; i < MAX_PARAMS; i++) {
         size_t off = 0, size = 0;
         CUresult r = CUDA_ERROR_INVALID_VALUE;
-        if (l->kind == SH_KEY_KERNEL && kernel_param_info)
+        if (l->from == SH_KEY_KERNEL && kernel_param_info)
             r = kernel_param_info((CUkernel)(uintptr_t)key, (size_t)i, &off, &size);
         else if (f && func_param_info)
             r = func_param_info(f, (size_t)i, &off, &size);
@@ -138,6 +169,8 @@ static void fill_layout(struct layout *l, const void *key)
         l->nparams = i + 1;
     }
     l->opaque = !known || keeps_pointers(kernel_name(l, key, f));
+    sh_log(SH_LOG_DEBUG, "layout of %p (kind %d, read as %d): %d parameters%s", key, l->kind,
+           l->from, l->nparams, l->opaque ? ", opaque" : "");
 }
 
 /* The cached layout of a function. A slot's key is published last, with
@@ -268,6 +301,7 @@ static size_t scan(const struct layout *l, void **args, uintptr_t *vals, const s
             if (!v || (pl && !plausible(pl, v)))
                 continue;
             if (n == MAX_ADDRS) {
+                opaque_because("more pointers than are followed", l->nparams);
                 pending.opaque = 1;
                 return n;
             }
@@ -282,9 +316,15 @@ static size_t scan(const struct layout *l, void **args, uintptr_t *vals, const s
 int sh_launch_in_tables(const uintptr_t *vals, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        if (in_ptr_range(vals[i]))
-            return 1;               /* a pointer table outside the regions */
-    return sh_hostmem_hit(vals, n); /* host memory the CPU may have filled with pointers */
+        if (in_ptr_range(vals[i])) {
+            opaque_because("a pointer table outside the regions", (int)i);
+            return 1;
+        }
+    if (sh_hostmem_hit(vals, n)) { /* host memory the CPU may have filled with pointers */
+        opaque_because("host memory that may hold pointers", (int)n);
+        return 1;
+    }
+    return 0;
 }
 
 uint64_t sh_launch_tables_gen(void)
@@ -301,6 +341,7 @@ static size_t scan_launch(const void *key, int kind, void **args, uintptr_t *val
 {
     const struct layout *l = key ? get_layout(key, kind) : NULL;
     if (!l) {
+        opaque_because("no layout", kind);
         pending.opaque = 1;
         return 0;
     }
@@ -497,8 +538,10 @@ void sh_launch_mark_work(CUstream stream, int any, const uintptr_t *ends, size_t
 
 void sh_launch_set_opaque(void)
 {
-    if (pending.depth > 0)
+    if (pending.depth > 0) {
+        opaque_because("an opaque call", 0);
         pending.opaque = 1;
+    }
 }
 
 void sh_launch_hide_pointers(void)

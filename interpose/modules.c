@@ -45,25 +45,17 @@ static atomic_int keep_images = 1;
 static struct image *images;
 static struct stub_name *names;
 
+/* The real functions, found at their first call (sh_icept_lazy): the
+ * fatbins are registered before main, the driver loaded later still. */
 static struct {
-    void **(*register_fatbin)(void *);
-    void (*register_function)(void **, const char *, char *, const char *, int, uint3 *, uint3 *,
-                              dim3 *, dim3 *, int *);
-    __typeof__(cuModuleLoadData) *cuModuleLoadData;
-    __typeof__(cuLibraryLoadData) *cuLibraryLoadData;
+    void *_Atomic register_fatbin, *_Atomic register_function;
+    void *_Atomic module_load_data, *_Atomic library_load_data;
+    void *_Atomic library_get_kernel, *_Atomic library_enumerate_kernels;
 } real;
-static pthread_once_t real_once = PTHREAD_ONCE_INIT;
 
-static void resolve(void)
-{
-    real.register_fatbin = (void **(*)(void *))sh_dl_lookup(RTLD_NEXT, "__cudaRegisterFatBinary");
-    real.register_function =
-        (__typeof__(real.register_function))sh_dl_lookup(RTLD_NEXT, "__cudaRegisterFunction");
-    real.cuModuleLoadData =
-        (__typeof__(cuModuleLoadData) *)sh_dl_lookup(RTLD_NEXT, "cuModuleLoadData");
-    real.cuLibraryLoadData =
-        (__typeof__(cuLibraryLoadData) *)sh_dl_lookup(RTLD_NEXT, "cuLibraryLoadData");
-}
+/* Kernel handles seen, open addressing, doubled at half full; mod_mu. */
+static const void **kernels;
+static size_t kernels_cap, kernels_n;
 
 static void add_image(const void *data, size_t size, void *owned)
 {
@@ -101,13 +93,14 @@ static void keep_copy(const void *image)
 EXPORT void **__cudaRegisterFatBinary(void *fat);
 void **__cudaRegisterFatBinary(void *fat)
 {
-    pthread_once(&real_once, resolve);
+    void **(*f)(void *) =
+        (void **(*)(void *))sh_icept_lazy(&real.register_fatbin, 1, "__cudaRegisterFatBinary");
     const __fatBinC_Wrapper_t *w = fat;
     size_t size = 0;
     if (w && w->magic == FATBINC_MAGIC && w->data &&
         sh_cubin_image_size(w->data, SIZE_MAX, &size) == 0)
         add_image(w->data, size, NULL);
-    return real.register_fatbin ? real.register_fatbin(fat) : NULL;
+    return f ? f(fat) : NULL;
 }
 
 EXPORT void __cudaRegisterFunction(void **handle, const char *host_fun, char *device_fun,
@@ -117,7 +110,9 @@ void __cudaRegisterFunction(void **handle, const char *host_fun, char *device_fu
                             const char *device_name, int thread_limit, uint3 *tid, uint3 *bid,
                             dim3 *bdim, dim3 *gdim, int *wsize)
 {
-    pthread_once(&real_once, resolve);
+    void (*f)(void **, const char *, char *, const char *, int, uint3 *, uint3 *, dim3 *, dim3 *,
+              int *) =
+        (__typeof__(f))sh_icept_lazy(&real.register_function, 1, "__cudaRegisterFunction");
     struct stub_name *n = malloc(sizeof *n);
     if (n && device_fun && (n->name = strdup(device_fun))) {
         n->stub = host_fun;
@@ -128,15 +123,17 @@ void __cudaRegisterFunction(void **handle, const char *host_fun, char *device_fu
     } else {
         free(n);
     }
-    if (real.register_function)
-        real.register_function(handle, host_fun, device_fun, device_name, thread_limit, tid, bid,
-                               bdim, gdim, wsize);
+    if (f)
+        f(handle, host_fun, device_fun, device_name, thread_limit, tid, bid, bdim, gdim, wsize);
 }
 
 EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
 {
-    pthread_once(&real_once, resolve);
-    CUresult r = real.cuModuleLoadData(module, image);
+    __typeof__(cuModuleLoadData) *f =
+        (__typeof__(f))sh_icept_lazy(&real.module_load_data, 0, "cuModuleLoadData");
+    if (!f)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = f(module, image);
     if (r == CUDA_SUCCESS)
         keep_copy(image);
     return r;
@@ -146,11 +143,83 @@ EXPORT CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_op
                                   void **jit_values, unsigned int njit, CUlibraryOption *options,
                                   void **values, unsigned int noptions)
 {
-    pthread_once(&real_once, resolve);
-    CUresult r = real.cuLibraryLoadData(library, code, jit_options, jit_values, njit, options,
-                                        values, noptions);
+    __typeof__(cuLibraryLoadData) *f =
+        (__typeof__(f))sh_icept_lazy(&real.library_load_data, 0, "cuLibraryLoadData");
+    if (!f)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = f(library, code, jit_options, jit_values, njit, options, values, noptions);
     if (r == CUDA_SUCCESS)
         keep_copy(code);
+    return r;
+}
+
+static size_t kernel_slot(const void **t, size_t cap, const void *k)
+{
+    size_t i = ((uintptr_t)k >> 4) * 0x9e3779b97f4a7c15ull & (cap - 1);
+    while (t[i] && t[i] != k)
+        i = (i + 1) & (cap - 1);
+    return i;
+}
+
+/* mod_mu held. A handle that cannot be noted (no memory) stays unknown:
+ * its launches are then unbounded, which costs speed only. */
+static void note_kernel(const void *k)
+{
+    if (!k)
+        return;
+    if (2 * (kernels_n + 1) > kernels_cap) {
+        size_t cap = kernels_cap ? 2 * kernels_cap : 256;
+        const void **t = calloc(cap, sizeof *t);
+        if (!t)
+            return;
+        for (size_t i = 0; i < kernels_cap; i++)
+            if (kernels[i])
+                t[kernel_slot(t, cap, kernels[i])] = kernels[i];
+        free(kernels);
+        kernels = t;
+        kernels_cap = cap;
+    }
+    size_t i = kernel_slot(kernels, kernels_cap, k);
+    kernels_n += !kernels[i];
+    kernels[i] = k;
+}
+
+int sh_modules_is_kernel(const void *handle)
+{
+    pthread_mutex_lock(&mod_mu);
+    int seen = handle && kernels_cap && kernels[kernel_slot(kernels, kernels_cap, handle)];
+    pthread_mutex_unlock(&mod_mu);
+    return seen;
+}
+
+EXPORT CUresult cuLibraryGetKernel(CUkernel *kernel, CUlibrary library, const char *name)
+{
+    __typeof__(cuLibraryGetKernel) *f =
+        (__typeof__(f))sh_icept_lazy(&real.library_get_kernel, 0, "cuLibraryGetKernel");
+    if (!f)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = f(kernel, library, name);
+    if (r == CUDA_SUCCESS && kernel) {
+        pthread_mutex_lock(&mod_mu);
+        note_kernel(*kernel);
+        pthread_mutex_unlock(&mod_mu);
+    }
+    return r;
+}
+
+EXPORT CUresult cuLibraryEnumerateKernels(CUkernel *kernels_out, unsigned int n, CUlibrary lib)
+{
+    __typeof__(cuLibraryEnumerateKernels) *f = (__typeof__(f))sh_icept_lazy(
+        &real.library_enumerate_kernels, 0, "cuLibraryEnumerateKernels");
+    if (!f)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = f(kernels_out, n, lib);
+    if (r == CUDA_SUCCESS && kernels_out) {
+        pthread_mutex_lock(&mod_mu);
+        for (unsigned i = 0; i < n; i++)
+            note_kernel(kernels_out[i]);
+        pthread_mutex_unlock(&mod_mu);
+    }
     return r;
 }
 

@@ -61,6 +61,7 @@ static void resolve_real(void)
     REAL(cudaGetDevice);
     REAL(cudaSetDevice);
     REAL(cudaGetLastError);
+    REAL(cudaPeekAtLastError);
 #undef REAL
 }
 

@@ -143,6 +143,9 @@ static int try_mover(void)
 {
     const struct sh_config *c = &sh_rt.cfg;
     struct sh_hostpool_params hp = {.granularity = sh_rt.gran,
+                                    .chunk_max = c->regions.max_chunk.bytes < sh_rt.gran
+                                                     ? sh_rt.gran
+                                                     : c->regions.max_chunk.bytes,
                                     .ram_budget = c->budget.host_ram_budget.bytes,
                                     .prepin = c->pool.prepin.bytes,
                                     .grow_in_background = c->pool.grow_in_background};

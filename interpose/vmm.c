@@ -104,6 +104,7 @@ static CUmemGenericAllocationHandle slot_add(struct sh_backing *b, const CUmemAl
         slots[nslots++] = (struct slot){0};
     slots[i].b = b;
     slots[i].prop = *prop;
+    slots[i].prop.allocFlags.gpuDirectRDMACapable = 0; /* what the chunks are */
     return value_of(i);
 }
 
@@ -138,7 +139,10 @@ static int ours(CUmemGenericAllocationHandle h)
 
 /* Memory the pool can hold for the program: pinned device memory on the
  * managed device, whole granules, nothing the pool's chunks lack (the
- * handle types asked for matter only to an export, refused below). */
+ * handle types asked for matter only to an export, refused below).
+ * GPUDirect RDMA is asked for by PyTorch wherever the card offers it; the
+ * chunks are created without it, so a NIC that tries to register them is
+ * refused (loudly) instead of writing into memory the library moves. */
 static int manageable(size_t size, const CUmemAllocationProp *p, unsigned long long flags)
 {
     const CUmemAllocationHandleType types =
@@ -146,9 +150,8 @@ static int manageable(size_t size, const CUmemAllocationProp *p, unsigned long l
     return sh_rt.cfg.regions.manage_program_vmm && p && flags == 0 && size > 0 &&
            p->type == CU_MEM_ALLOCATION_TYPE_PINNED &&
            p->location.type == CU_MEM_LOCATION_TYPE_DEVICE && !p->allocFlags.compressionType &&
-           !p->allocFlags.gpuDirectRDMACapable && !p->allocFlags.usage &&
-           (p->requestedHandleTypes & ~types) == 0 && sh_managed() && sh_rt.host &&
-           p->location.id == (int)sh_rt.dev && size % sh_rt.gran == 0;
+           !p->allocFlags.usage && (p->requestedHandleTypes & ~types) == 0 && sh_managed() &&
+           sh_rt.host && p->location.id == (int)sh_rt.dev && size % sh_rt.gran == 0;
 }
 
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,

@@ -3,8 +3,8 @@
  * A slab is a host-located physical handle (cuMemCreate on the GPU's NUMA
  * node) mapped at a staging address the CPU and the GPU can both reach, so
  * copies and checksums work on it while it is also mapped at a region's
- * address. Slabs come in size classes; a request takes the smallest class
- * that fits and falls back to larger ones. Pinning is slow (1-2 GB/s), so it
+ * address. Slabs come in size classes; a request takes the class of its
+ * own size, since the driver maps a handle only whole. Pinning is slow (1-2 GB/s), so it
  * never happens on the caller's path: slabs are pre-pinned at start and a
  * background thread grows each class towards its target of free slabs, up
  * to the RAM budget. A caller that finds nothing free waits for it; when
@@ -59,6 +59,15 @@ static size_t round_up(size_t x, size_t to)
     return (x + to - 1) / to * to;
 }
 
+/* The staging mapping: the CPU reads slabs there too (pointer scan,
+ * checksums), which a device address allows only when asked. */
+static int map_staging(struct sh_hostpool *hp, struct sh_slab *s)
+{
+    if (hp->vmm.map_host)
+        return hp->vmm.map_host(hp->vmm.ctx, s->staging, s->size, s->handle);
+    return hp->vmm.map(hp->vmm.ctx, s->staging, s->size, s->handle);
+}
+
 /* Pins one slab of class c; mu not held. */
 static int slab_make(struct sh_hostpool *hp, unsigned c, struct sh_slab **out)
 {
@@ -70,7 +79,7 @@ static int slab_make(struct sh_hostpool *hp, unsigned c, struct sh_slab **out)
     int rc = hp->vmm.create(hp->vmm.ctx, s->size, SH_LOC_HOST, &s->handle);
     if (rc == 0) {
         rc = hp->vmm.reserve(hp->vmm.ctx, s->size, hp->gran, &s->staging);
-        if (rc == 0 && (rc = hp->vmm.map(hp->vmm.ctx, s->staging, s->size, s->handle)) != 0)
+        if (rc == 0 && (rc = map_staging(hp, s)) != 0)
             hp->vmm.unreserve(hp->vmm.ctx, s->staging, s->size);
         if (rc)
             hp->vmm.release(hp->vmm.ctx, s->handle);
@@ -266,6 +275,39 @@ static int prepin(struct sh_hostpool *hp, size_t bytes)
     return SH_OK;
 }
 
+static void configured_classes(struct sh_hostpool *hp, const struct sh_hostpool_params *p)
+{
+    for (unsigned i = 0; i < p->nclasses; i++) {
+        /* A class below the granularity cannot back a chunk: lift it, merging duplicates. */
+        size_t size = round_up(p->class_bytes[i], p->granularity);
+        if (hp->nclasses && hp->cls[hp->nclasses - 1].size >= size) {
+            hp->cls[hp->nclasses - 1].target += p->slabs[i];
+            continue;
+        }
+        hp->cls[hp->nclasses++] = (struct slab_class){.size = size, .target = p->slabs[i]};
+    }
+}
+
+/* One class per chunk size, increasing; the configured targets go to the
+ * chunk size each configured class rounds up to. */
+static void chunk_classes(struct sh_hostpool *hp, const struct sh_hostpool_params *p)
+{
+    size_t sizes[SH_HOSTPOOL_MAX_CLASSES];
+    unsigned n = 0;
+    for (size_t c = p->chunk_max; c >= p->granularity && n < SH_HOSTPOOL_MAX_CLASSES; c >>= 1)
+        if (c % p->granularity == 0) /* no chunk has another size */
+            sizes[n++] = c;
+    for (unsigned i = 0; i < n; i++)
+        hp->cls[i] = (struct slab_class){.size = sizes[n - 1 - i]};
+    hp->nclasses = n;
+    for (unsigned i = 0; i < p->nclasses; i++)
+        for (unsigned k = 0; k < n; k++)
+            if (hp->cls[k].size >= p->class_bytes[i]) {
+                hp->cls[k].target += p->slabs[i];
+                break;
+            }
+}
+
 int sh_hostpool_create(const struct sh_hostpool_params *p, const struct sh_vmm_ops *vmm,
                        struct sh_hostpool **out)
 {
@@ -279,14 +321,13 @@ int sh_hostpool_create(const struct sh_hostpool_params *p, const struct sh_vmm_o
     hp->gran = p->granularity;
     hp->budget = p->ram_budget;
     hp->share = p->share;
-    for (unsigned i = 0; i < p->nclasses; i++) {
-        /* A class below the granularity cannot back a chunk: lift it, merging duplicates. */
-        size_t size = round_up(p->class_bytes[i], p->granularity);
-        if (hp->nclasses && hp->cls[hp->nclasses - 1].size >= size) {
-            hp->cls[hp->nclasses - 1].target += p->slabs[i];
-            continue;
-        }
-        hp->cls[hp->nclasses++] = (struct slab_class){.size = size, .target = p->slabs[i]};
+    if (p->chunk_max)
+        chunk_classes(hp, p);
+    else
+        configured_classes(hp, p);
+    if (hp->nclasses == 0) {
+        free(hp);
+        return SH_EINVAL; /* chunk_max below the granularity */
     }
     pthread_mutex_init(&hp->mu, NULL);
     pthread_cond_init(&hp->more, NULL);
@@ -323,26 +364,22 @@ void sh_hostpool_destroy(struct sh_hostpool *hp)
     free(hp);
 }
 
-/* A free slab of class c or larger; mu held. */
+/* A free slab of class c, whose size is the request's: a larger one could
+ * not be mapped at a chunk's address (only whole handles map); mu held. */
 static struct sh_slab *take(struct sh_hostpool *hp, unsigned c)
 {
-    for (unsigned k = c; k < hp->nclasses; k++) {
-        struct slab_class *sc = &hp->cls[k];
-        if (!sc->free)
-            continue;
-        struct sh_slab *s = sc->free;
-        sc->free = s->next;
-        sc->free_count--;
-        hp->st.hits += k == c;
-        hp->st.fallbacks += k != c;
-        if (sc->free_count < sc->target)
-            pthread_cond_signal(&hp->grow);
-        return s;
-    }
-    return NULL;
+    struct slab_class *sc = &hp->cls[c];
+    struct sh_slab *s = sc->free;
+    if (!s)
+        return NULL;
+    sc->free = s->next;
+    sc->free_count--;
+    hp->st.hits++;
+    if (sc->free_count < sc->target)
+        pthread_cond_signal(&hp->grow);
+    return s;
 }
 
-/* Larger classes had no free slab (take() looked), so only c can help. */
 static int can_grow(const struct sh_hostpool *hp, unsigned c)
 {
     return fits(hp, c, 1);
@@ -353,8 +390,8 @@ int sh_hostpool_get(struct sh_hostpool *hp, size_t bytes, unsigned wait_ms, stru
     unsigned c = 0;
     while (c < hp->nclasses && hp->cls[c].size < bytes)
         c++;
-    if (c == hp->nclasses)
-        return SH_EINVAL; /* larger than the largest class */
+    if (c == hp->nclasses || hp->cls[c].size != bytes)
+        return SH_EINVAL; /* no class of this size */
     struct timespec deadline;
     clock_gettime(CLOCK_REALTIME, &deadline);
     deadline.tv_sec += wait_ms / 1000;

@@ -218,6 +218,13 @@ struct sh_hostpool_share {
 
 struct sh_hostpool_params {
     size_t granularity;
+    /* The driver maps a handle whole or not at all (a part is
+     * CUDA_ERROR_NOT_SUPPORTED), so a chunk needs a slab of its own size.
+     * Non-zero: the classes are the chunk sizes, chunk_max halved down to
+     * the granularity, and each configured class gives its slabs to the
+     * chunk size it rounds up to (one above chunk_max is dropped). Zero:
+     * the configured classes as they are. */
+    size_t chunk_max;
     size_t class_bytes[SH_HOSTPOOL_MAX_CLASSES]; /* increasing */
     unsigned slabs[SH_HOSTPOOL_MAX_CLASSES];     /* free slabs kept ready per class */
     unsigned nclasses;
@@ -232,7 +239,7 @@ struct sh_hostpool_stats {
     unsigned nclasses;
     size_t class_bytes[SH_HOSTPOOL_MAX_CLASSES];
     unsigned class_total[SH_HOSTPOOL_MAX_CLASSES], class_free[SH_HOSTPOOL_MAX_CLASSES];
-    uint64_t hits, fallbacks, misses, waits, grown;
+    uint64_t hits, fallbacks, misses, waits, grown; /* fallbacks: always 0 (whole maps only) */
     uint64_t refused; /* slabs the shared budget would not let it pin */
 };
 
@@ -241,10 +248,10 @@ struct sh_hostpool;
 int sh_hostpool_create(const struct sh_hostpool_params *p, const struct sh_vmm_ops *vmm,
                        struct sh_hostpool **out);
 void sh_hostpool_destroy(struct sh_hostpool *hp);
-/* A slab of at least bytes: the smallest class that has one, else a larger
- * class; when none is free, waits up to wait_ms for the background grower.
- * SH_ENOMEM when the RAM budget (or the shared one) is spent; SH_EINVAL
- * above the largest class. */
+/* A slab of exactly bytes (never a larger one: it could not be mapped at a
+ * chunk's address); when none is free, waits up to wait_ms for the
+ * background grower. SH_ENOMEM when the RAM budget (or the shared one) is
+ * spent; SH_EINVAL when no class has that size. */
 int sh_hostpool_get(struct sh_hostpool *hp, size_t bytes, unsigned wait_ms, struct sh_slab **out);
 void sh_hostpool_put(struct sh_hostpool *hp, struct sh_slab *s);
 void sh_hostpool_stats(struct sh_hostpool *hp, struct sh_hostpool_stats *st);

@@ -31,6 +31,9 @@ struct sh_vmm_ops {
     int (*release)(void *ctx, uint64_t handle);                          /* cuMemRelease */
     int (*map)(void *ctx, uintptr_t va, size_t size, uint64_t handle);   /* cuMemMap + access */
     int (*unmap)(void *ctx, uintptr_t va, size_t size);                  /* cuMemUnmap */
+    /* map, and the CPU may read and write there too (a host-located handle
+     * at a slab's staging address); NULL where map already allows it. */
+    int (*map_host)(void *ctx, uintptr_t va, size_t size, uint64_t handle);
 };
 
 /* ---- rindex: non-overlapping intervals [start, start+len) -> payload ------

@@ -76,6 +76,19 @@ static void k_table_bump(void **a)
 
 static dim3 one = {1, 1, 1};
 
+/* What nvcc's launch stubs call in CUDA 13. */
+cudaError_t __cudaGetKernel(cudaKernel_t *kernel, const void *func);
+cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim, void **args,
+                               size_t sharedMem, cudaStream_t stream);
+
+/* k<<<1, 1>>>(args) as CUDA 13 compiles it. */
+static cudaError_t stub_launch(void (*k)(void **), void **args)
+{
+    cudaKernel_t kern = NULL;
+    cudaError_t e = __cudaGetKernel(&kern, (const void *)k);
+    return e ? e : __cudaLaunchKernel(kern, one, one, args, 0, NULL);
+}
+
 static cudaError_t fill(void *p, size_t n, uint32_t seed, cudaStream_t s)
 {
     void *args[] = {&p, &n, &seed};
@@ -148,6 +161,43 @@ static void test_three_times_vram(void **state)
     assert_true(st.restores > 0);
     for (int i = 0; i < NREGIONS; i++)
         assert_int_equal(cudaFree(r[i]), cudaSuccess);
+}
+
+/* CUDA 13's stubs launch a kernel handle, and CUPTI reports it as a
+ * cudaLaunchKernel whose function is that handle. The library must read
+ * the arguments (it restores the regions they name, so nothing runs
+ * opaque) and must leave no error of its own for the program's next
+ * cudaGetLastError: once, asking the runtime about the handle did. */
+static void test_stub_launches(void **state)
+{
+    (void)state;
+    if (!preloaded)
+        skip();
+    void *r[NREGIONS];
+    for (int i = 0; i < NREGIONS; i++) {
+        assert_int_equal(cudaMalloc(&r[i], (size_t)REGION_MB << 20), cudaSuccess);
+        size_t n = WORDS;
+        uint32_t seed = (uint32_t)i + 7;
+        void *args[] = {&r[i], &n, &seed};
+        assert_int_equal(stub_launch(k_fill, args), cudaSuccess);
+        assert_int_equal(cudaGetLastError(), cudaSuccess);
+    }
+    stagehand_stats_t before, after;
+    stats(&before);
+    for (int i = 0; i < NREGIONS; i++) {
+        size_t n = WORDS;
+        void *args[] = {&r[i], &n};
+        assert_int_equal(stub_launch(k_bump, args), cudaSuccess);
+        assert_int_equal(cudaGetLastError(), cudaSuccess);
+    }
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    stats(&after);
+    assert_true(after.restores > before.restores);
+    assert_int_equal(after.opaque_work, before.opaque_work);
+    for (int i = 0; i < NREGIONS; i++) {
+        assert_int_equal(mismatches(r[i], WORDS, (uint32_t)i + 7, 1, NULL), 0);
+        assert_int_equal(cudaFree(r[i]), cudaSuccess);
+    }
 }
 
 static void test_pointer_table(void **state)
@@ -335,6 +385,7 @@ int main(int argc, char **argv)
     preloaded = dlsym(RTLD_DEFAULT, "stagehand_get_stats") && !getenv("STAGEHAND_DISABLE");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_three_times_vram),
+        cmocka_unit_test(test_stub_launches),
         cmocka_unit_test(test_pointer_table),
         cmocka_unit_test(test_stress),
         cmocka_unit_test(test_tracked_never_drains_the_device),

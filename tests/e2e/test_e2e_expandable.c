@@ -174,11 +174,18 @@ struct segment {
     CUmemGenericAllocationHandle h[32];
 };
 
+/* As PyTorch's expandable segments ask: RDMA-capable wherever the card
+ * offers it (an H200 does; the simulated card says so too). */
 static CUmemAllocationProp device_prop(int dev)
 {
     CUmemAllocationProp p = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
                              .requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
                              .location = {CU_MEM_LOCATION_TYPE_DEVICE, dev}};
+    int rdma = 0;
+    assert_int_equal(cuDeviceGetAttribute(
+                         &rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, dev),
+                     CUDA_SUCCESS);
+    p.allocFlags.gpuDirectRDMACapable = rdma != 0;
     return p;
 }
 
@@ -400,6 +407,8 @@ static void test_ipc_handle(void **state)
     CUresult r = drv.export_handle(&fd, s.h[0], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
     if (managed()) {
         assert_int_equal(got.requestedHandleTypes, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        /* Asked for, but the pool's chunks are not RDMA-capable: said so. */
+        assert_int_equal(got.allocFlags.gpuDirectRDMACapable, 0);
         assert_int_equal(r, CUDA_ERROR_NOT_SUPPORTED);
     }
     assert_int_equal(wrong_words(s.ptr, SEGWORDS, 77, 0), 0);

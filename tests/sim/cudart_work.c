@@ -283,6 +283,14 @@ static cudaError_t launch(CUfunction f, dim3 g, dim3 b, void **args, size_t shme
         cuLaunchKernel(f, g.x, g.y, g.z, b.x, b.y, b.z, (unsigned)shmem, (CUstream)s, args, NULL));
 }
 
+/* A launch's func: a stub's address, or a kernel handle (cudaKernel_t),
+ * which the runtime takes in its place since CUDA 12. */
+static CUfunction function_of(const void *func)
+{
+    CUfunction f = simcuda_function((simcuda_kernel_fn)func);
+    return f || !simcuda__function_name((CUfunction)func) ? f : (CUfunction)func;
+}
+
 /* Runtime launch callbacks name the kernel, as CUPTI's symbolName does. */
 static const char *kernel_name(CUfunction f)
 {
@@ -294,7 +302,7 @@ SIM_EXPORT cudaError_t cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blo
 {
     ENTER();
     cudaLaunchKernel_v7000_params p = {func, gridDim, blockDim, args, sharedMem, stream};
-    CUfunction f = simcuda_function((simcuda_kernel_fn)func);
+    CUfunction f = function_of(func);
     struct sim_api_call call;
     simcuda__api_enter(&call, CUPTI_CB_DOMAIN_RUNTIME_API,
                        CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000, "cudaLaunchKernel",
@@ -322,31 +330,36 @@ SIM_EXPORT cudaError_t cudaLaunchCooperativeKernel(const void *func, dim3 gridDi
 
 /* What nvcc-generated launch stubs call in CUDA 13: a kernel handle from
  * __cudaGetKernel, then __cudaLaunchKernel (__cudaLaunchKernel_ptsz when
- * compiled with --default-stream per-thread). */
+ * compiled with --default-stream per-thread). As the real runtime does, the
+ * handle comes from the driver's cuLibraryGetKernel, reached through
+ * cuGetProcAddress. */
 SIM_EXPORT cudaError_t __cudaGetKernel(cudaKernel_t *kernel, const void *func);
 cudaError_t __cudaGetKernel(cudaKernel_t *kernel, const void *func)
 {
     ENTER();
     if (!kernel)
         return rt_ret(cudaErrorInvalidValue);
-    *kernel = (cudaKernel_t)simcuda_function((simcuda_kernel_fn)func);
+    const char *name = kernel_name(simcuda_function((simcuda_kernel_fn)func));
+    CUresult (*get)(CUkernel *, CUlibrary, const char *) = NULL;
+    CUdriverProcAddressQueryResult q;
+    *kernel = NULL;
+    if (name &&
+        cuGetProcAddress_v2("cuLibraryGetKernel", (void **)&get, 12000, CU_GET_PROC_ADDRESS_DEFAULT,
+                            &q) == CUDA_SUCCESS &&
+        get && get((CUkernel *)kernel, (CUlibrary)1, name) != CUDA_SUCCESS)
+        *kernel = NULL;
     return *kernel ? cudaSuccess : rt_ret(cudaErrorInvalidDeviceFunction);
 }
 
-typedef struct {
-    cudaKernel_t kernel;
-    dim3 gridDim, blockDim;
-    void **args;
-    size_t sharedMem;
-    cudaStream_t stream;
-} sim_cudaLaunchKernel_v13000_params;
-
+/* CUPTI reports a stub's launch as cudaLaunchKernel, the kernel handle in
+ * func (seen on an H200 with CUDA 13.0: the callbacks never named
+ * __cudaLaunchKernel, and their func was the handle, not the stub). */
 static cudaError_t stub_launch(int cbid, const char *fname, cudaKernel_t kernel, dim3 gridDim,
                                dim3 blockDim, void **args, size_t sharedMem, cudaStream_t stream,
                                cudaStream_t dflt)
 {
     ENTER();
-    sim_cudaLaunchKernel_v13000_params p = {kernel, gridDim, blockDim, args, sharedMem, stream};
+    cudaLaunchKernel_v7000_params p = {kernel, gridDim, blockDim, args, sharedMem, stream};
     struct sim_api_call call;
     simcuda__api_enter(&call, CUPTI_CB_DOMAIN_RUNTIME_API, cbid, fname,
                        kernel_name((CUfunction)kernel), &p);
@@ -361,8 +374,8 @@ SIM_EXPORT cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 gridDim, dim
 cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim, void **args,
                                size_t sharedMem, cudaStream_t stream)
 {
-    return stub_launch(CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_v13000, "__cudaLaunchKernel",
-                       kernel, gridDim, blockDim, args, sharedMem, stream, NULL);
+    return stub_launch(CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000, "cudaLaunchKernel", kernel,
+                       gridDim, blockDim, args, sharedMem, stream, NULL);
 }
 
 SIM_EXPORT cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim,
@@ -370,9 +383,9 @@ SIM_EXPORT cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 gridDim
 cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim, void **args,
                                     size_t sharedMem, cudaStream_t stream)
 {
-    return stub_launch(CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_ptsz_v13000,
-                       "__cudaLaunchKernel_ptsz", kernel, gridDim, blockDim, args, sharedMem,
-                       stream, (cudaStream_t)CU_STREAM_PER_THREAD);
+    return stub_launch(CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000,
+                       "cudaLaunchKernel_ptsz", kernel, gridDim, blockDim, args, sharedMem, stream,
+                       (cudaStream_t)CU_STREAM_PER_THREAD);
 }
 
 SIM_EXPORT cudaError_t cudaGetFuncBySymbol(cudaFunction_t *functionPtr, const void *symbolPtr)

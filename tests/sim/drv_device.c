@@ -220,6 +220,8 @@ static int attribute(CUdevice_attribute a, CUdevice dev, int *known)
         return 0;
     case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED:
         return 0;
+    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED:
+        return 1; /* as an H200 says: PyTorch then asks cuMemCreate for RDMA-capable memory */
     case CU_DEVICE_ATTRIBUTE_NUMA_CONFIG:
         return CU_DEVICE_NUMA_CONFIG_NONE;
     case CU_DEVICE_ATTRIBUTE_NUMA_ID:

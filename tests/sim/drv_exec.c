@@ -239,6 +239,26 @@ const char *simcuda__function_name(CUfunction f)
     return k ? k->name : NULL;
 }
 
+/* The runtime's kernels by name, as CUDA 13's runtime asks for them when a
+ * launch stub first runs (the library argument is not checked: the
+ * simulated runtime has one). */
+SIM_EXPORT CUresult cuLibraryGetKernel(CUkernel *kernel, CUlibrary library, const char *name)
+{
+    CUresult r = sim_enter(__func__, false);
+    if (r)
+        return r;
+    (void)library;
+    if (!kernel || !name)
+        return CUDA_ERROR_INVALID_VALUE;
+    *kernel = NULL;
+    pthread_mutex_lock(&kern_mu);
+    for (int i = 0; i < nkernels && !*kernel; i++)
+        if (kernels[i].name[0] && strcmp(kernels[i].name, name) == 0)
+            *kernel = (CUkernel)&kernels[i];
+    pthread_mutex_unlock(&kern_mu);
+    return *kernel ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
 static CUresult param_info(const char *api, CUfunction func, size_t paramIndex, size_t *paramOffset,
                            size_t *paramSize)
 {

@@ -110,6 +110,10 @@ SIM_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
     if (!sh || size > sh->size || !in_one_reservation(ptr, size) ||
         vec_overlaps(&maps, ptr, size)) {
         r = CUDA_ERROR_INVALID_VALUE;
+    } else if (size != sh->size) {
+        /* An H200 with driver 580 maps a handle whole or not at all, for
+         * device and host locations alike (tests/gpu, 2026-11-27). */
+        r = CUDA_ERROR_NOT_SUPPORTED;
     } else if (mmap((void *)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, sh->fd, 0) ==
                MAP_FAILED) {
         r = CUDA_ERROR_OUT_OF_MEMORY;

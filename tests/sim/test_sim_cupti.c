@@ -556,18 +556,20 @@ static void runtime_launch_nests_the_driver_launch(void **state)
     assert_int_equal(logv[1].ret, cudaErrorInvalidDeviceFunction);
     assert_int_equal(cudaGetLastError(), cudaErrorInvalidDeviceFunction);
 
-    /* The CUDA 13 stub entry point. */
+    /* The CUDA 13 stub entry point: CUPTI names it cudaLaunchKernel, with
+     * the kernel handle as func (as on a real H200 with CUDA 13.0). */
     nlog = 0;
     cudaKernel_t k = NULL;
     assert_int_equal(__cudaGetKernel(&k, (const void *)k_set), cudaSuccess);
     assert_int_equal(nlog, 0);
     assert_int_equal(__cudaLaunchKernel(k, grid, block, args, 0, s), cudaSuccess);
     assert_int_equal(nlog, 4);
-    assert_int_equal(logv[0].cbid, CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_v13000);
+    assert_int_equal(logv[0].cbid, CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000);
     assert_int_equal(logv[0].domain, CUPTI_CB_DOMAIN_RUNTIME_API);
-    assert_string_equal(logv[0].function, "__cudaLaunchKernel");
+    assert_string_equal(logv[0].function, "cudaLaunchKernel");
+    assert_ptr_equal(logv[0].p.rt.func, k);
     assert_int_equal(logv[0].corr, logv[3].corr);
-    assert_int_equal(logv[3].cbid, CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_v13000);
+    assert_int_equal(logv[3].cbid, CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000);
     assert_int_equal(logv[3].site, CUPTI_API_EXIT);
     assert_int_equal(logv[3].ret, cudaSuccess);
     assert_pair(1, CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,

@@ -231,6 +231,6 @@ static int f_unmap(void *ctx, uintptr_t va, size_t size)
 }
 
 static const struct sh_vmm_ops vmm = {&fk,       f_reserve, f_unreserve, f_create,
-                                      f_release, f_map,     f_unmap};
+                                      f_release, f_map,     f_unmap,     NULL};
 
 #endif
