@@ -204,6 +204,13 @@ $(BUILD)/tests/e2e/%: $(BUILD)/obj/tests/e2e/%.o $(SIM_LIBS)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< $(LDFLAGS_ALL) $(SIM_LINK) -lcmocka -ldl -ljson-c
 
+# test_e2e_lazydriver links no CUDA library: it opens the driver late, as
+# the runtime does (the module it loads is the library's PTX).
+$(BUILD)/tests/e2e/test_e2e_lazydriver: $(BUILD)/obj/tests/e2e/test_e2e_lazydriver.o \
+        $(BUILD)/obj/clean/ptx.o $(SIM_LIBS)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $(filter %.o,$^) $(LDFLAGS_ALL) -lcmocka -ldl
+
 # test_e2e_learned times the simulated card's fingerprint (the CPU's).
 $(BUILD)/tests/e2e/test_e2e_learned: $(BUILD)/obj/tests/e2e/test_e2e_learned.o \
         $(BUILD)/obj/clean/hash.o $(SIM_LIBS)
