@@ -530,6 +530,8 @@ void sh_launch_mark_work(CUstream stream, int any, const uintptr_t *ends, size_t
     pending.found = 0;
     pending.stream = stream;
     pending.any = any;
+    if (opaque)
+        opaque_because("a copy or call the scan cannot bound", (int)n);
     pending.opaque = opaque || hidden_pointers;
     if (pending.n > 0 || pending.opaque)
         note_other(stream);
@@ -621,10 +623,14 @@ static void restore(const uintptr_t *addrs, size_t n, const struct sh_pool_use *
     uintptr_t was[MAX_ADDRS];
     size_t nwas = in_state(u->bases, u->nbases, SH_RS_HOST, was);
     sh_engine_lock(&sh_rt.engine);
-    if (sh_engine_make_room(&sh_rt.engine, host, addrs, n) != 0 ||
-        sh_pool_restore(sh_rt.pool, addrs, n) != 0)
-        sh_log(SH_LOG_DEBUG, "a launch runs on host-mapped memory: no room to restore");
+    int room = sh_engine_make_room(&sh_rt.engine, host, addrs, n);
+    int rc = room ? room : sh_pool_restore(sh_rt.pool, addrs, n);
     sh_engine_unlock(&sh_rt.engine);
+    if (rc) /* which step and how much, for a trace of a slow step */
+        sh_log(SH_LOG_DEBUG,
+               "a launch runs on host-mapped memory: %s (%d) with %zu MB of its %zu regions "
+               "on the host",
+               room ? "no room to restore" : "the restore failed", rc, host >> 20, u->nbases);
     report_residency(u->bases, u->nbases, was, nwas);
 }
 
