@@ -595,6 +595,11 @@ class Report:
                 self.out("- FAILED: %s" % f)
         else:
             self.out("Every check passed.")
+        skipped = read_text(os.path.join(self.res, "skipped.txt"))
+        if skipped:
+            self.out()
+            self.out("Not run, cut by the deadline (`run.sh --short`): %s." %
+                     ", ".join(skipped.split()))
         self.out()
         return "\n".join(self.lines)
 
@@ -669,12 +674,14 @@ def self_test():
         run("measure/fit-lib-2", [10.5, 10.25, 10.0, 9.75], 0.302, {"budget_bytes": 80 * GB})
         write("measure/accelerate.jsonl", '{"skipped": "accelerate not installed"}\n')
         write("trace/stagehand.trace", "# stagehand trace 1\nA 1 2\nL 3 4\nL 5 6\n")
+        write("skipped.txt", "train/profiler-window\nmeasure/save-on-cpu\n")
         rep = Report(d)
         text = rep.build()
         expect = ["bit-exact (3 steps)", "**DIFFER** from step 2", "+0.67%", "meets",
                   "3.00x", "skipped: accelerate not installed", "+600 ns", "L 2, A 1",
                   "equal", "above its 12.0 GB budget", "**cupti** before and **hooks** during",
-                  "77 device events", "reference for oversub-cudnn", "within 0.005"]
+                  "77 device events", "reference for oversub-cudnn", "within 0.005",
+                  "cut by the deadline (`run.sh --short`): train/profiler-window, measure/save-on-cpu"]
         missing = [e for e in expect if e not in text]
         want_failures = 2  # the async run's losses and its device peak
         if missing or len(rep.failures) != want_failures:
