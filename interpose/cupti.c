@@ -103,6 +103,13 @@ int sh_cupti_pass_begin(void)
     return 0;
 }
 
+void sh_cupti_poll(void)
+{
+    if (atomic_load_explicit(&hooks_on, memory_order_relaxed) &&
+        atomic_load_explicit(&back_pending, memory_order_relaxed))
+        catch_up();
+}
+
 void sh_cupti_pass_end(void)
 {
     if (cb_state.open) { /* CUPTI went away between ENTER and EXIT: close the launch */

@@ -165,11 +165,20 @@ int sh_work_issue(struct sh_work *w)
         return 1;
     switch (w->kind) {
     case SH_WORK_LAUNCH:
-        if ((w->pass = sh_cupti_pass_begin()))
-            return 0; /* CUPTI's callbacks see it */
+        /* With nothing off the device CUPTI's callbacks may see it. Else
+         * the wrapper makes it resident itself (the callback then stays
+         * out), so that a remap failing for good under it, which leaves a
+         * hole, refuses it here instead of letting it fault. */
+        if (sh_sched_quiet() && (w->pass = sh_cupti_pass_begin()))
+            return 0;
+        sh_cupti_poll();
         sh_launch_begin(w->key, w->key_kind, w->params, w->stream);
         if (w->opaque)
             sh_launch_set_opaque();
+        if (sh_work_refused(w)) {
+            sh_launch_end();
+            return (w->refused = 1);
+        }
         return 0;
     case SH_WORK_GRAPH:
         if (!(w->pass = sh_cupti_pass_begin()))

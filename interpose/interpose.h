@@ -202,12 +202,15 @@ void sh_launch_make_resident(const uintptr_t *addrs, size_t n);
  * sh_cupti_pass_begin: a wrapper is about to issue a launch; 1 when CUPTI's
  * callbacks will see it (then call sh_cupti_pass_end once the real call
  * returns), 0 when the wrapper must track it itself (sh_launch_begin/end).
+ * sh_cupti_poll: a wrapper tracks a launch itself without asking to pass:
+ * CUPTI is taken back first if it came free meanwhile, as a pass would.
  * sh_cupti_counts: times CUPTI was given up to another subscriber, and
  * taken back. */
 int sh_cupti_init(void);
 int sh_cupti_mode(void);
 int sh_cupti_pass_begin(void);
 void sh_cupti_pass_end(void);
+void sh_cupti_poll(void);
 void sh_cupti_counts(uint64_t *handovers, uint64_t *returns);
 
 /* Module images (modules.c), for drivers that cannot report parameter
