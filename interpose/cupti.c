@@ -3,7 +3,9 @@
  *
  * CUPTI takes one subscriber at a time. The library subscribes at start
  * (unless [tracking] mode = hooks) and sees launches through its callbacks;
- * the wrappers then leave launches to CUPTI ("pass"). When another party
+ * the wrappers then leave launches to CUPTI ("pass") while nothing is off
+ * the device, and track them themselves otherwise (intercept.c: a launch
+ * whose own restore fails for good is refused there). When another party
  * subscribes (a profiler, such as torch.profiler's Kineto), the exported
  * cuptiSubscribe gives CUPTI up first: hooks on, passes in flight drained,
  * then our unsubscribe, then theirs goes through. When that party
