@@ -9,7 +9,8 @@
 #               Sizes (each overridable): C_BUDGET_MB 2048, FP_MAX_MB 64,
 #               BW_REPS 5, LAUNCH_N 50000, STRESS_OPS 100, TRAIN_BUDGET_MB 6144,
 #               TRAIN_STEPS 4, TRAIN_ARGS --layers 12, TRAIN_TIMEOUT 150; the
-#               bundled programs are used as they are (no rebuild)
+#               bundled programs are used as they are (no rebuild), and the
+#               trace of an oversubscribed run comes right after the C part
 #   --detect    only say whether there is a usable GPU (always exits 0)
 #   --part P    one part of the full run (each fits a 10-minute slot on an
 #               H100): c (scenarios, copy bandwidth, launch cost), train
@@ -469,7 +470,7 @@ part_train() {
 }
 
 part_measure() {
-    [ "$resume" = 1 ] || rm -rf "$res/measure" "$res/trace"
+    [ "$resume" = 1 ] || [ "$traced" = 1 ] || rm -rf "$res/measure" "$res/trace"
     mkdir -p "$res/measure" "$res/trace"
     echo "== PyTorch measurements ($train_steps steps each)"
     local i
@@ -485,12 +486,21 @@ part_measure() {
     fi
     run_py measure save-on-cpu -- --save-on-cpu || note_fail "measure/save-on-cpu"
     run_py measure accelerate -- --accelerate-offload || note_fail "measure/accelerate"
+    [ "$traced" = 1 ] || trace_run
+}
+
+# The library's access trace and telemetry of a 3-step oversubscribed run:
+# what a real program does, kept for stagehand-sim and the recorder's tests.
+traced=0
+trace_run() {
+    mkdir -p "$res/measure" "$res/trace"
     echo "-- a trace of the oversubscribed run (3 steps)"
     run_py measure trace-run "${with_lib_py[@]}" \
         STAGEHAND_DEBUG_TRACE_FILE="$here/$res/trace/stagehand.trace" \
         STAGEHAND_TELEMETRY_TELEMETRY_FILE="$here/$res/trace/telemetry.jsonl" \
         -- --steps 3 || note_fail "measure/trace-run"
     find "$res/trace" -type f -printf '   %s bytes  %p\n'
+    traced=1
 }
 
 if [ "$part" = all ] || [ "$part" = c ]; then
@@ -498,6 +508,11 @@ if [ "$part" = all ] || [ "$part" = c ]; then
 fi
 if [ "$part" = all ] || [ "$part" = train ] || [ "$part" = measure ]; then
     if torch_ok; then
+        if [ "$short" = 1 ] && [ "$part" = all ]; then
+            # --short: the trace first, before the deadline can cut it
+            [ "$resume" = 1 ] || rm -rf "$res/measure" "$res/trace"
+            trace_run
+        fi
         [ "$part" = measure ] || part_train
         if [ "$quick" = 0 ] && [ "$part" != train ]; then
             part_measure
