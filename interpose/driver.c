@@ -190,7 +190,16 @@ static int vmm_map(void *ctx, uintptr_t va, size_t size, uint64_t handle)
     return rc;
 }
 
-static int vmm_unmap(void *ctx, uintptr_t va, size_t size);
+static int vmm_unmap(void *ctx, uintptr_t va, size_t size)
+{
+    struct vmm_ctx *c = ctx;
+    if (c->drv->several)
+        sh_peers_listed(va, size, 0);
+    int rc = result(c->drv, c->drv->cuMemUnmap((CUdeviceptr)va, size), "cuMemUnmap");
+    if (rc && c->drv->several)
+        sh_peers_listed(va, size, 1); /* still mapped: peer access changes must reach it */
+    return rc;
+}
 
 /* A slab's staging mapping: without host access the CPU faults on a
  * device address even where host memory lies under it. */
@@ -205,17 +214,6 @@ static int vmm_map_host(void *ctx, uintptr_t va, size_t size, uint64_t handle)
                 "cuMemSetAccess (host)");
     if (rc)
         vmm_unmap(ctx, va, size);
-    return rc;
-}
-
-static int vmm_unmap(void *ctx, uintptr_t va, size_t size)
-{
-    struct vmm_ctx *c = ctx;
-    if (c->drv->several)
-        sh_peers_listed(va, size, 0);
-    int rc = result(c->drv, c->drv->cuMemUnmap((CUdeviceptr)va, size), "cuMemUnmap");
-    if (rc && c->drv->several)
-        sh_peers_listed(va, size, 1); /* still mapped: peer access changes must reach it */
     return rc;
 }
 

@@ -76,7 +76,7 @@ static CUresult (*kernel_get_name)(const char **, CUkernel);
 static void opaque_because(const char *why, int detail)
 {
     static atomic_int told;
-    if (atomic_fetch_add(&told, 1) < 64)
+    if (sh_log_get_level() >= SH_LOG_DEBUG && atomic_fetch_add(&told, 1) < 64)
         sh_log(SH_LOG_DEBUG, "launch opaque: %s (%d)", why, detail);
 }
 
@@ -120,32 +120,36 @@ static int keeps_pointers(const char *name)
     return name && (strstr(name, "ncclKernel") || strstr(name, "ncclDevKernel"));
 }
 
-/* The function of a launch stub. cudaGetFuncBySymbol leaves its failure
- * as the thread's last error, which the program would read as its own: it
- * is asked only while no error of the program's is pending, and its own
+/* The function of a launch stub into *f (NULL if it is none). 0 when it
+ * could not be asked: cudaGetFuncBySymbol leaves its failure as the
+ * thread's last error, which the program would read as its own, so it is
+ * asked only while no error of the program's is pending, and its own
  * failure is cleared. */
-static CUfunction stub_function(const void *key)
+static int stub_function(const void *key, CUfunction *f)
 {
     const struct sh_real *rt = sh_real();
-    CUfunction f = NULL;
-    if (!real_get_func || !rt->cudaPeekAtLastError || !rt->cudaGetLastError ||
-        rt->cudaPeekAtLastError() != cudaSuccess)
-        return NULL;
-    if (real_get_func((cudaFunction_t *)&f, key) != cudaSuccess) {
+    *f = NULL;
+    if (!real_get_func || !rt->cudaPeekAtLastError || !rt->cudaGetLastError)
+        return 1;
+    if (rt->cudaPeekAtLastError() != cudaSuccess)
+        return 0;
+    if (real_get_func((cudaFunction_t *)f, key) != cudaSuccess) {
         rt->cudaGetLastError();
-        f = NULL;
+        *f = NULL;
     }
-    return f;
+    return 1;
 }
 
-static void fill_layout(struct layout *l, const void *key)
+/* 0 when the layout cannot be read now (stub_function): it is not kept,
+ * and asked again at the next launch. */
+static int fill_layout(struct layout *l, const void *key)
 {
     CUfunction f = NULL;
     l->from = l->kind;
     if (l->kind == SH_KEY_HOST_FN && sh_modules_is_kernel(key))
         l->from = SH_KEY_KERNEL; /* CUDA 13's stubs launch the kernel handle */
-    else if (l->kind == SH_KEY_HOST_FN)
-        f = stub_function(key);
+    else if (l->kind == SH_KEY_HOST_FN && !stub_function(key, &f))
+        return 0;
     else if (l->kind == SH_KEY_FUNCTION)
         f = (CUfunction)(uintptr_t)key;
     /* Neither a stub nor a kernel seen loaded: its arguments cannot be read. */
@@ -171,6 +175,7 @@ static void fill_layout(struct layout *l, const void *key)
     l->opaque = !known || keeps_pointers(kernel_name(l, key, f));
     sh_log(SH_LOG_DEBUG, "layout of %p (kind %d, read as %d): %d parameters%s", key, l->kind,
            l->from, l->nparams, l->opaque ? ", opaque" : "");
+    return 1;
 }
 
 /* The cached layout of a function. A slot's key is published last, with
@@ -195,13 +200,14 @@ static const struct layout *get_layout(const void *key, int kind)
             found = l;
         } else if (!l->key) {
             l->kind = kind;
-            fill_layout(l, key);
+            if (!fill_layout(l, key))
+                break; /* the slot stays free */
             __atomic_store_n(&l->key, key, __ATOMIC_RELEASE);
             found = l;
         }
     }
     pthread_mutex_unlock(&layout_mu);
-    return found; /* NULL: table full; the launch goes unseen (speed, not data) */
+    return found; /* NULL: table full, or not readable now; the launch is opaque */
 }
 
 /* ---- device memory the library does not manage that holds pointers ----

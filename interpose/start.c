@@ -74,6 +74,15 @@ static int open_device(void)
     return SH_OK;
 }
 
+/* The largest chunk of a region: the configuration's, at least a granule
+ * (sh_rt.gran, set by open_pool). The slab pool has a class for each size
+ * a chunk can have. */
+static size_t max_chunk(void)
+{
+    size_t m = sh_rt.cfg.regions.max_chunk.bytes;
+    return m < sh_rt.gran ? sh_rt.gran : m;
+}
+
 static int open_pool(void)
 {
     struct sh_driver *d = &sh_rt.drv;
@@ -87,9 +96,8 @@ static int open_pool(void)
         return SH_EDRIVER;
     sh_rt.gran = gran;
     const struct sh_config *c = &sh_rt.cfg;
-    size_t max_chunk = c->regions.max_chunk.bytes < gran ? gran : c->regions.max_chunk.bytes;
     struct sh_pool_params p = {.granularity = gran,
-                               .max_chunk = max_chunk,
+                               .max_chunk = max_chunk(),
                                .va_block = 1ull << 30,
                                .va_cache = c->regions.va_cache.bytes,
                                .device_cache = c->regions.device_cache.bytes,
@@ -143,9 +151,7 @@ static int try_mover(void)
 {
     const struct sh_config *c = &sh_rt.cfg;
     struct sh_hostpool_params hp = {.granularity = sh_rt.gran,
-                                    .chunk_max = c->regions.max_chunk.bytes < sh_rt.gran
-                                                     ? sh_rt.gran
-                                                     : c->regions.max_chunk.bytes,
+                                    .chunk_max = max_chunk(),
                                     .ram_budget = c->budget.host_ram_budget.bytes,
                                     .prepin = c->pool.prepin.bytes,
                                     .grow_in_background = c->pool.grow_in_background};

@@ -4,10 +4,10 @@
  * node) mapped at a staging address the CPU and the GPU can both reach, so
  * copies and checksums work on it while it is also mapped at a region's
  * address. Slabs come in size classes; a request takes the class of its
- * own size, since the driver maps a handle only whole. Pinning is slow (1-2 GB/s), so it
- * never happens on the caller's path: slabs are pre-pinned at start and a
- * background thread grows each class towards its target of free slabs, up
- * to the RAM budget. A caller that finds nothing free waits for it; when
+ * own size, since the driver maps a handle only whole. Pinning is slow
+ * (1-2 GB/s), so it never happens on the caller's path: slabs are
+ * pre-pinned at start and a background thread grows each class towards its
+ * target of free slabs, up to the RAM budget. A caller that finds nothing free waits for it; when
  * the budget is spent, idle slabs of other classes make room for its slab.
  *
  * With a shared budget (params.share: processes on one node), every slab's

@@ -221,10 +221,12 @@ void sh_pool_usage_sub(struct sh_pool *pool, size_t bytes);
 
 /* move.c, for prefetch.c and early.c: the lists of moves in flight (l
  * one of pool->pf, pool->ev). push: r onto l (its copies are
- * mv_first..mv_last), counted in *started under mu; none: l is empty (no lock); ready: how many on
- * l have finished their copies (*inflight, may be NULL: all on l); start: the regions at vas[0..n)
- * that pick() takes (mu and the index lock held) are started with start_one(); commit: one window
- * over a batch taken off l (all, or those finished), window() setting ok[k] for each it moved,
+ * mv_first..mv_last), counted in *started under mu; none: l is empty (no
+ * lock); ready: how many on l have finished their copies (*inflight, may
+ * be NULL: all on l); start: the regions at vas[0..n) that pick() takes
+ * (mu and the index lock held) are started with start_one(); commit: one
+ * window over a batch taken off l (all, or those finished), window()
+ * setting ok[k] for each it moved,
  * committed() finishing those, the others cancelled, their bases in out and
  * back (back may be NULL), SH_EBUSY when the caller holds the gate;
  * cancel_all: every move on l (teardown). The cancels of each direction

@@ -74,6 +74,15 @@ static void k_table_bump(void **a)
             t[r][i] += 1;
 }
 
+/* add3(p, n): p[i] += 3; launched by test_pending_error_is_the_programs only */
+static void k_add3(void **a)
+{
+    uint32_t *p = *(uint32_t **)a[0];
+    size_t n = *(size_t *)a[1];
+    for (size_t i = 0; i < n; i++)
+        p[i] += 3;
+}
+
 static dim3 one = {1, 1, 1};
 
 /* What nvcc's launch stubs call in CUDA 13. */
@@ -196,6 +205,44 @@ static void test_stub_launches(void **state)
     assert_int_equal(after.opaque_work, before.opaque_work);
     for (int i = 0; i < NREGIONS; i++) {
         assert_int_equal(mismatches(r[i], WORDS, (uint32_t)i + 7, 1, NULL), 0);
+        assert_int_equal(cudaFree(r[i]), cudaSuccess);
+    }
+}
+
+/* An error the program has not read yet stays its own: the library does
+ * not ask the runtime about a launch stub over it (the question's failure
+ * would replace it). The layout it could not read then is asked again at
+ * the next launch, not kept unreadable: only the first launch of the
+ * kernel counts as opaque, the others restore the region they name. */
+static void test_pending_error_is_the_programs(void **state)
+{
+    (void)state;
+    if (!preloaded)
+        skip();
+    void *r[NREGIONS];
+    for (int i = 0; i < NREGIONS; i++) {
+        assert_int_equal(cudaMalloc(&r[i], (size_t)REGION_MB << 20), cudaSuccess);
+        assert_int_equal(fill(r[i], WORDS, (uint32_t)i + 11, NULL), cudaSuccess);
+    }
+    assert_int_equal(cudaSetDevice(99), cudaErrorInvalidDevice); /* left unread */
+    stagehand_stats_t before, after;
+    stats(&before);
+    size_t n = WORDS;
+    void *args[] = {&r[0], &n};
+    assert_int_equal(cudaLaunchKernel((const void *)k_add3, one, one, args, 0, NULL), cudaSuccess);
+    assert_int_equal(cudaGetLastError(), cudaErrorInvalidDevice);
+    for (int i = 1; i < NREGIONS; i++) {
+        args[0] = &r[i];
+        assert_int_equal(cudaLaunchKernel((const void *)k_add3, one, one, args, 0, NULL),
+                         cudaSuccess);
+    }
+    assert_int_equal(cudaGetLastError(), cudaSuccess);
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    stats(&after);
+    assert_true(after.opaque_work - before.opaque_work <= 1);
+    assert_true(after.restores > before.restores);
+    for (int i = 0; i < NREGIONS; i++) {
+        assert_int_equal(mismatches(r[i], WORDS, (uint32_t)i + 11, 3, NULL), 0);
         assert_int_equal(cudaFree(r[i]), cudaSuccess);
     }
 }
@@ -359,6 +406,7 @@ static int setup(void **state)
     size_t table_sizes[] = {sizeof(void *), sizeof(int), sizeof(size_t)};
     assert_int_equal(simcuda_register_kernel(k_fill, "fill", 3, fill_sizes, 0), 0);
     assert_int_equal(simcuda_register_kernel(k_bump, "bump", 2, bump_sizes, 0), 0);
+    assert_int_equal(simcuda_register_kernel(k_add3, "add3", 2, bump_sizes, 0), 0);
     assert_int_equal(simcuda_register_kernel(k_table_bump, "table_bump", 3, table_sizes, 0), 0);
     stagehand_stats_t st;
     stats(&st);
@@ -386,6 +434,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_three_times_vram),
         cmocka_unit_test(test_stub_launches),
+        cmocka_unit_test(test_pending_error_is_the_programs),
         cmocka_unit_test(test_pointer_table),
         cmocka_unit_test(test_stress),
         cmocka_unit_test(test_tracked_never_drains_the_device),
