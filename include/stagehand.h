@@ -49,7 +49,7 @@ int stagehand_phase(int phase);
  * sizeof(stagehand_stats_t) so an older caller keeps working. */
 typedef struct stagehand_stats {
     uint64_t active;         /* 1 when managing allocations */
-    int64_t step;            /* current step number */
+    int64_t step;            /* steps the program marked (stagehand_step) */
     int64_t phase;           /* current enum stagehand_phase_id */
     uint64_t budget_bytes;   /* the VRAM budget */
     uint64_t high_watermark; /* bytes */
@@ -108,6 +108,26 @@ typedef struct stagehand_stats {
      * their copy: something writes through a pointer the library cannot
      * see. After the first, no prefetch starts. */
     uint64_t unseen_writes;
+    /* Where the time goes: microseconds, in all. While a remap window is
+     * open no work is issued; a window waits for the work that may use the
+     * regions it moves, then for its copies, and remaps their chunks. */
+    uint64_t window_us;    /* remap windows open */
+    uint64_t drain_us;     /* ... waiting for that work */
+    uint64_t copy_wait_us; /* ... waiting for copies */
+    uint64_t remap_us;     /* ... remapping (the driver's unmap, map and access) */
+    uint64_t stalls;       /* launches held until what they use was on the device */
+    uint64_t stall_us;     /* ... and for how long */
+    /* Moves ahead of need ([policy] eviction_policy = learned). */
+    uint64_t prefetches;       /* restores started before a launch needed them */
+    uint64_t prefetch_commits; /* ... that completed */
+    uint64_t early_evictions;  /* evictions started before the room was needed */
+    uint64_t early_commits;    /* ... that completed */
+    /* The learned scheduler's view of the program: the step it is in,
+     * found from stagehand_step() or, without marks, from the launches
+     * repeating; 0 while it has found none (no prediction then). */
+    int64_t steps_found;
+    uint64_t steps_followed; /* completed steps that matched a recorded one */
+    uint64_t steps_departed; /* completed steps that matched none */
 } stagehand_stats_t;
 
 /* Fills *out (at most size bytes of it); 0, or -1 if out is NULL. */

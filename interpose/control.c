@@ -90,6 +90,13 @@ EXPORT int stagehand_get_stats(stagehand_stats_t *out, size_t size)
         s.fingerprints = st.fingerprints;
         s.kept_bytes = st.kept_bytes;
         s.opaque_work = st.opaque;
+        s.drain_us = st.drain_ns / 1000u;
+        s.copy_wait_us = st.copy_wait_ns / 1000u;
+        s.remap_us = st.remap_ns / 1000u;
+        s.prefetches = st.prefetches;
+        s.prefetch_commits = st.prefetch_commits;
+        s.early_evictions = st.early_evictions;
+        s.early_commits = st.early_commits;
         s.regions_pinned = st.pinned;
         s.launches = atomic_load(&sh_rt.launches);
         s.tracking_mode = (uint64_t)sh_cupti_mode();
@@ -99,9 +106,15 @@ EXPORT int stagehand_get_stats(stagehand_stats_t *out, size_t size)
         s.cached_bytes = u.cached;
         s.launches_unscanned = sh_launch_unscanned();
         struct sh_sched_stats ss;
-        if (sh_sched_stats(&ss) == 0)
+        if (sh_sched_stats(&ss) == 0) {
             s.launches_recorded = ss.launches;
+            s.steps_found = ss.step;
+            s.steps_followed = ss.steps_followed;
+            s.steps_departed = ss.steps_departed;
+        }
+        sh_sched_stalls(&s.stalls, &s.stall_us);
         s.remap_windows = sh_gate_windows(sh_rt.gate);
+        s.window_us = sh_gate_open_us(sh_rt.gate);
         if (sh_rt.xfer) {
             struct sh_xfer_stats xs;
             sh_xfer_stats(sh_rt.xfer, &xs);

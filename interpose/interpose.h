@@ -234,7 +234,9 @@ struct sh_sched_stats {
     int phase, trace_ready;
     uint64_t persistent, transient;
     uint64_t stalls, stall_us;
-    uint64_t launches; /* recorded */
+    uint64_t launches;       /* recorded */
+    uint64_t steps_followed; /* completed steps that followed a recording */
+    uint64_t steps_departed; /* ... that departed from every one (or had none) */
 };
 int sh_sched_init(void);
 void sh_sched_alloc(uintptr_t va, size_t size, uint64_t stream);
@@ -249,6 +251,8 @@ void sh_sched_residency(const uintptr_t *bases, size_t n, int on_device);
 size_t sh_sched_victims(size_t need, const uintptr_t *protect, size_t np, uintptr_t *out,
                         size_t max);
 int sh_sched_stats(struct sh_sched_stats *out);
+/* Launches held until their regions were resident, and the microseconds. */
+void sh_sched_stalls(uint64_t *n, uint64_t *us);
 /* Prefetch, driven by the policy (no-ops without it or with [policy]
  * prefetch_enabled off). sh_sched_prefetch_wait: a launch needs regions
  * whose prefetch is in flight: commits them (and the others in flight, in

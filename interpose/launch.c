@@ -22,6 +22,7 @@
 #include "interpose/cubin.h"
 #include "interpose/interpose.h"
 
+#include "sh_clock.h"
 #include "sh_log.h"
 #include "telemetry/telemetry.h"
 
@@ -29,7 +30,6 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #define LAYOUTS    4096
 #define MAX_PARAMS 128
@@ -72,13 +72,18 @@ static CUresult (*kernel_get_name)(const char **, CUkernel);
 
 /* ---- parameter layouts ---- */
 
-/* Why launches go opaque, at debug level: the first few of each reason. */
-static void opaque_because(const char *why, int detail)
+/* Why launches go opaque, at debug level: the first few of each reason
+ * (told counts them, one per place that calls). */
+static void opaque_told(atomic_int *told, const char *why, int detail)
 {
-    static atomic_int told;
-    if (sh_log_get_level() >= SH_LOG_DEBUG && atomic_fetch_add(&told, 1) < 64)
+    if (sh_log_get_level() >= SH_LOG_DEBUG && atomic_fetch_add(told, 1) < 16)
         sh_log(SH_LOG_DEBUG, "launch opaque: %s (%d)", why, detail);
 }
+#define opaque_because(why, detail)                                                                \
+    do {                                                                                           \
+        static atomic_int told_;                                                                   \
+        opaque_told(&told_, why, detail);                                                          \
+    } while (0)
 
 /* The kernel's mangled name, for the image fallback. */
 static const char *kernel_name(const struct layout *l, const void *key, CUfunction f)
@@ -392,13 +397,6 @@ size_t sh_launch_scan(const void *key, int kind, void **args, uintptr_t *addrs, 
     return n;
 }
 
-static uint64_t mono_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
 /* The bases among bases[0..nb) of regions in state `state` (to out). */
 static size_t in_state(const uintptr_t *bases, size_t nb, int state, uintptr_t *out)
 {
@@ -649,9 +647,9 @@ make_resident(const uintptr_t *addrs, size_t n, const struct sh_pool_use *u, uin
     if (committed)
         sh_pool_touch(sh_rt.pool, addrs, n, &host);
     if (host == 0)
-        return committed ? mono_us() - t0 + 1 : 0;
+        return committed ? sh_clock_us() - t0 + 1 : 0;
     restore(addrs, n, u, host);
-    return mono_us() - t0 + 1;
+    return sh_clock_us() - t0 + 1;
 }
 
 void sh_launch_make_resident(const uintptr_t *addrs, size_t n)
@@ -660,7 +658,7 @@ void sh_launch_make_resident(const uintptr_t *addrs, size_t n)
     struct sh_pool_use u = {.bases = bases};
     n = n < MAX_ADDRS ? n : MAX_ADDRS;
     memcpy(vals, addrs, n * sizeof *vals);
-    uint64_t t0 = mono_us();
+    uint64_t t0 = sh_clock_us();
     n = sh_pool_use(sh_rt.pool, vals, n, t0, &u);
     make_resident(vals, n, &u, t0);
 }
@@ -675,7 +673,7 @@ static inline __attribute__((always_inline)) void launch_prepare(uint64_t kernel
      * these regions. */
     uintptr_t *bases = pending.bases;
     struct sh_pool_use u = {.bases = bases, .regions = pending.regions};
-    uint64_t t0 = mono_us();
+    uint64_t t0 = sh_clock_us();
     n = sh_pool_use(sh_rt.pool, vals, n < MAX_ADDRS ? n : MAX_ADDRS, t0, &u);
     if (n > 0 && sh_capturing()) {
         /* A remap would drain the device and break the capture: the
@@ -688,7 +686,10 @@ static inline __attribute__((always_inline)) void launch_prepare(uint64_t kernel
     pending.n = u.nbases;
     pending.found = 1;
     pending.gen = u.gen;
-    pending.opaque |= u.ptrs; /* a region of pointers: the kernel may follow them anywhere */
+    if (u.ptrs) { /* a region of pointers: the kernel may follow them anywhere */
+        opaque_because("a region that holds pointers", (int)u.nbases);
+        pending.opaque = 1;
+    }
     uint64_t waited = n > 0 ? make_resident(vals, n, &u, t0) : 0;
     if (waited) {
         sh_sched_launch(kernel, 0, bases, u.nbases);

@@ -22,12 +22,12 @@
 #include "policy/policy.h"
 #include "policy/trace.h"
 #include "sh_err.h"
+#include "sh_clock.h"
 #include "sh_log.h"
 #include "telemetry/telemetry.h"
 
 #include <pthread.h>
 #include <stdlib.h>
-#include <time.h>
 
 #define MAX_IDS 256
 
@@ -40,9 +40,7 @@ static _Thread_local uint64_t last_seq = UINT64_MAX; /* this thread's last launc
 
 static uint64_t now_us(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec - t0_ns) / 1000;
+    return (sh_clock_ns() - t0_ns) / 1000;
 }
 
 static void close_trace(void)
@@ -188,9 +186,7 @@ void sh_sched_timing_issue(void)
 
 int sh_sched_init(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    t0_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    t0_ns = sh_clock_ns();
     struct sh_policy_params p;
     if (sh_policy_params_from_config(&sh_rt.cfg, &p) != 0 || sh_policy_create(&p, &policy) != 0) {
         sh_log(SH_LOG_WARN, "the scheduler could not start; evicting least recently used");
@@ -388,8 +384,16 @@ int sh_sched_stats(struct sh_sched_stats *out)
     pthread_mutex_lock(&sched_mu);
     sh_policy_stats(policy, &st);
     pthread_mutex_unlock(&sched_mu);
-    *out = (struct sh_sched_stats){st.step,      st.phase,  st.trace_ready, st.persistent,
-                                   st.transient, st.stalls, st.stall_us,    st.launches};
+    *out = (struct sh_sched_stats){.step = st.step,
+                                   .phase = st.phase,
+                                   .trace_ready = st.trace_ready,
+                                   .persistent = st.persistent,
+                                   .transient = st.transient,
+                                   .stalls = st.stalls,
+                                   .stall_us = st.stall_us,
+                                   .launches = st.launches,
+                                   .steps_followed = st.steps_matched,
+                                   .steps_departed = st.steps_diverged};
     return 0;
 }
 
@@ -451,8 +455,19 @@ static void tell(const uintptr_t *bases, size_t n, int residency)
         sh_sched_announce(bases, n, SH_TM_EV_PREFETCH);
 }
 
+/* Launches held for residency, and how long: with or without the policy. */
+static uint64_t stalls, stall_us;
+
+void sh_sched_stalls(uint64_t *n, uint64_t *us)
+{
+    *n = __atomic_load_n(&stalls, __ATOMIC_RELAXED);
+    *us = __atomic_load_n(&stall_us, __ATOMIC_RELAXED);
+}
+
 void sh_sched_stall(uintptr_t base, uint64_t wait_us)
 {
+    __atomic_add_fetch(&stalls, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&stall_us, wait_us, __ATOMIC_RELAXED);
     struct sh_region_info info;
     if (sh_pool_lookup(sh_rt.pool, base, &info) == 0)
         sh_monitor_event(SH_TM_EV_STALL, info.id, wait_us);

@@ -23,6 +23,7 @@
  */
 #include "pool/region_int.h"
 
+#include "sh_clock.h"
 #include "sh_err.h"
 #include "sh_log.h"
 
@@ -200,7 +201,7 @@ void sh_pool_make_stuck(struct sh_pool *pool, struct region *r, const char *what
 
 /* Waits for the work that may touch the regions of a window: the whole
  * device, or with a tracked drain only the streams that used them. */
-int sh_pool_drain(struct sh_pool *pool, struct region **v, size_t n)
+static int drain(struct sh_pool *pool, struct region **v, size_t n)
 {
     if (!pool->mover.drain_streams) {
         /* No work is being issued (the gate is held): all issued so far ends. */
@@ -215,6 +216,23 @@ int sh_pool_drain(struct sh_pool *pool, struct region **v, size_t n)
     for (size_t k = 0; k < n; k++)
         mask |= __atomic_exchange_n(&v[k]->use_streams, 0, __ATOMIC_RELAXED);
     return mask ? pool->mover.drain_streams(pool->mover.drain_ctx, mask) : 0;
+}
+
+int sh_pool_drain(struct sh_pool *pool, struct region **v, size_t n)
+{
+    uint64_t t0 = sh_clock_ns();
+    int rc = drain(pool, v, n);
+    __atomic_add_fetch(&pool->st.drain_ns, sh_clock_ns() - t0, __ATOMIC_RELAXED);
+    return rc;
+}
+
+/* sh_xfer_flush, timed: a window's copies, waited for. */
+static int flush(struct sh_pool *pool, int dir)
+{
+    uint64_t t0 = sh_clock_ns();
+    int rc = sh_xfer_flush(pool->mover.xfer, dir);
+    __atomic_add_fetch(&pool->st.copy_wait_ns, sh_clock_ns() - t0, __ATOMIC_RELAXED);
+    return rc;
 }
 
 /* The latest issue stamp of work that may have used r: its own, or that of
@@ -246,7 +264,7 @@ static size_t evict_window(struct sh_pool *pool, struct region **v, size_t n)
                 return 0;
             }
         }
-    if (sh_xfer_flush(x, SH_D2H) != 0)
+    if (flush(pool, SH_D2H) != 0)
         return 0;
     for (size_t k = 0; k < n; k++) /* verify_moves: what clean chunks left uncopied matches */
         if (v[k]->from_kept)
@@ -533,7 +551,7 @@ static size_t restore_window(struct sh_pool *pool, struct region **v, size_t n)
         k += !failed;
     }
     /* Copies land before anything they write to is unmapped. */
-    int flushed = sh_xfer_flush(x, SH_H2D) == 0;
+    int flushed = flush(pool, SH_H2D) == 0;
     if (failed)
         sh_pool_unrestore(pool, v[k], moved);
     if (!flushed) { /* which copy failed is unknown: the whole batch stays */

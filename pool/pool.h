@@ -96,6 +96,10 @@ struct sh_pool_stats {
     /* pointer tables (ptrscan.c) */
     uint64_t scans_queued;  /* evicted regions whose bytes were left to the scanner thread */
     uint64_t scans_settled; /* ... scanned by a caller instead, which needed the answer first */
+    /* where moves spend their time, in nanoseconds */
+    uint64_t drain_ns;     /* waiting for the work that may use the regions moved */
+    uint64_t copy_wait_ns; /* a window's copies, waited for in the window */
+    uint64_t remap_ns;     /* remapping chunks (unmap, map, access) */
 };
 
 struct sh_pool;

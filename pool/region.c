@@ -614,17 +614,25 @@ void sh_pool_stats(struct sh_pool *pool, struct sh_pool_stats *st)
 {
     struct sh_chunkcache_stats cs;
     sh_chunkcache_stats(pool->cc, &cs);
-    /* vmm_maps .. small_frees are bumped with atomics outside mu: they are
-     * read with atomics; everything else is copied under mu. */
+    /* vmm_maps .. small_frees and the times from drain_ns on are bumped
+     * with atomics outside mu: they are read with atomics; everything else
+     * is copied under mu. */
     _Static_assert(offsetof(struct sh_pool_stats, small_frees) ==
                        offsetof(struct sh_pool_stats, vmm_maps) + 3 * sizeof(uint64_t),
                    "the atomic counters are contiguous");
     const size_t lo = offsetof(struct sh_pool_stats, vmm_maps);
     const size_t hi = offsetof(struct sh_pool_stats, small_frees) + sizeof(uint64_t);
+    const size_t times = offsetof(struct sh_pool_stats, drain_ns);
+    _Static_assert(offsetof(struct sh_pool_stats, remap_ns) + sizeof(uint64_t) ==
+                       sizeof(struct sh_pool_stats),
+                   "the times are last");
     pthread_mutex_lock(&pool->mu);
     memcpy(st, &pool->st, lo);
-    memcpy((char *)st + hi, (const char *)&pool->st + hi, sizeof *st - hi);
+    memcpy((char *)st + hi, (const char *)&pool->st + hi, times - hi);
     pthread_mutex_unlock(&pool->mu);
+    st->drain_ns = __atomic_load_n(&pool->st.drain_ns, __ATOMIC_RELAXED);
+    st->copy_wait_ns = __atomic_load_n(&pool->st.copy_wait_ns, __ATOMIC_RELAXED);
+    st->remap_ns = __atomic_load_n(&pool->st.remap_ns, __ATOMIC_RELAXED);
     st->vmm_maps = __atomic_load_n(&pool->st.vmm_maps, __ATOMIC_RELAXED);
     st->vmm_unmaps = __atomic_load_n(&pool->st.vmm_unmaps, __ATOMIC_RELAXED);
     st->small_allocs = __atomic_load_n(&pool->st.small_allocs, __ATOMIC_RELAXED);

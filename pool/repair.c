@@ -23,6 +23,7 @@
  */
 #include "pool/region_int.h"
 
+#include "sh_clock.h"
 #include "sh_err.h"
 #include "sh_log.h"
 
@@ -41,8 +42,8 @@ static void hole_open(struct sh_pool *pool, struct region *r, struct chunk *c, u
            (unsigned long long)(r->va + c->off), c->size);
 }
 
-int sh_pool_remap(struct sh_pool *pool, struct region *r, struct chunk *c, uint64_t from,
-                  uint64_t to, uint64_t whole)
+static int remap(struct sh_pool *pool, struct region *r, struct chunk *c, uint64_t from,
+                 uint64_t to, uint64_t whole)
 {
     uintptr_t va = r->va + c->off;
     int rc = SH_EDRIVER;
@@ -60,6 +61,15 @@ int sh_pool_remap(struct sh_pool *pool, struct region *r, struct chunk *c, uint6
         }
     hole_open(pool, r, c, whole);
     return SH_ELOST;
+}
+
+int sh_pool_remap(struct sh_pool *pool, struct region *r, struct chunk *c, uint64_t from,
+                  uint64_t to, uint64_t whole)
+{
+    uint64_t t0 = sh_clock_ns();
+    int rc = remap(pool, r, c, from, to, whole);
+    __atomic_add_fetch(&pool->st.remap_ns, sh_clock_ns() - t0, __ATOMIC_RELAXED);
+    return rc;
 }
 
 /* ---- holes ---- */

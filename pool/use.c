@@ -11,7 +11,7 @@
  */
 #include "pool/region_int.h"
 
-#include <time.h>
+#include "sh_clock.h"
 
 /* The regions this thread's work named lately, by address: launches name
  * the same few regions over and over, and a hit skips the tree walk. An
@@ -138,9 +138,7 @@ size_t sh_pool_bases_ptrs(struct sh_pool *pool, const uintptr_t *addrs, size_t n
 void sh_pool_touch(struct sh_pool *pool, const uintptr_t *addrs, size_t n, size_t *host_bytes)
 {
     uint64_t now = __atomic_add_fetch(&pool->clock, 1, __ATOMIC_RELAXED);
-    struct timespec ts; /* the monitor's clock: CLOCK_MONOTONIC microseconds */
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    uint64_t now_us = (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+    uint64_t now_us = sh_clock_us(); /* the monitor's clock */
     *host_bytes = 0;
     sh_rw_rdlock(&pool->index_lock);
     for (size_t i = 0; i < n; i++) {

@@ -16,6 +16,7 @@
  */
 #include "transfer/transfer.h"
 
+#include "sh_clock.h"
 #include "sh_err.h"
 
 #include <pthread.h>
@@ -28,7 +29,9 @@ struct sh_gate {
     pthread_mutex_t mu;
     pthread_cond_t cv; /* the readers drained, or a window closed */
     uint64_t windows;
-    unsigned waiting; /* readers blocked on the read side now */
+    uint64_t opened_ns; /* of the open window: only its writer touches it */
+    uint64_t open_ns;   /* the windows' time open, in all */
+    unsigned waiting;   /* readers blocked on the read side now */
 };
 
 static _Thread_local struct {
@@ -133,11 +136,13 @@ int sh_gate_lock(struct sh_gate *g)
         pthread_cond_wait(&g->cv, &g->mu);
     pthread_mutex_unlock(&g->mu);
     __atomic_add_fetch(&g->windows, 1, __ATOMIC_RELAXED);
+    g->opened_ns = sh_clock_ns();
     return 0;
 }
 
 void sh_gate_unlock(struct sh_gate *g)
 {
+    __atomic_add_fetch(&g->open_ns, sh_clock_ns() - g->opened_ns, __ATOMIC_RELAXED);
     pthread_mutex_lock(&g->mu);
     atomic_store(&g->writer, 0);
     pthread_cond_broadcast(&g->cv); /* the readers waiting, and the next window */
@@ -147,6 +152,11 @@ void sh_gate_unlock(struct sh_gate *g)
 uint64_t sh_gate_windows(const struct sh_gate *g)
 {
     return __atomic_load_n(&g->windows, __ATOMIC_RELAXED);
+}
+
+uint64_t sh_gate_open_us(const struct sh_gate *g)
+{
+    return __atomic_load_n(&g->open_ns, __ATOMIC_RELAXED) / 1000u;
 }
 
 unsigned sh_gate_waiting(const struct sh_gate *g)

@@ -84,6 +84,8 @@ void sh_gate_unlock(struct sh_gate *g);
 int sh_gate_held(const struct sh_gate *g);
 /* Windows opened so far. */
 uint64_t sh_gate_windows(const struct sh_gate *g);
+/* Microseconds windows have been open, in all: no work was issued then. */
+uint64_t sh_gate_open_us(const struct sh_gate *g);
 /* Threads entering the read side and not yet in (waiting out a window). */
 unsigned sh_gate_waiting(const struct sh_gate *g);
 

@@ -37,6 +37,11 @@ STATS_FIELDS = (
     ("cupti_handovers", False), ("cupti_returns", False), ("cached_bytes", False),
     ("clean_evictions", False), ("dirty_evictions", False), ("clean_bytes", False),
     ("fingerprints", False), ("kept_bytes", False), ("unseen_writes", False),
+    ("window_us", False), ("drain_us", False), ("copy_wait_us", False), ("remap_us", False),
+    ("stalls", False), ("stall_us", False),
+    ("prefetches", False), ("prefetch_commits", False),
+    ("early_evictions", False), ("early_commits", False),
+    ("steps_found", True), ("steps_followed", False), ("steps_departed", False),
 )
 
 

@@ -168,6 +168,11 @@ static void test_three_times_vram(void **state)
     stats(&st);
     assert_true(st.evictions > 0);
     assert_true(st.restores > 0);
+    /* Launches waited for their restores, in windows that waited for work,
+     * copies and remaps: the parts fit in the whole. */
+    assert_true(st.stalls > 0 && st.stall_us > 0);
+    assert_true(st.window_us > 0 && st.copy_wait_us > 0);
+    assert_true(st.drain_us + st.copy_wait_us + st.remap_us <= st.window_us);
     for (int i = 0; i < NREGIONS; i++)
         assert_int_equal(cudaFree(r[i]), cudaSuccess);
 }

@@ -26,6 +26,7 @@
 #include "clean/clean.h"
 #include "reexec.h"
 #include "simcuda.h"
+#include "stagehand.h"
 
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -107,6 +108,8 @@ static double now_s(void)
 
 static void mark_step(void)
 {
+    if (getenv("E2E_LEARNED_NOMARKS"))
+        return; /* the scheduler finds the steps itself */
     int64_t (*step)(void) = (int64_t(*)(void))dlsym(RTLD_DEFAULT, "stagehand_step");
     if (step)
         step();
@@ -134,6 +137,31 @@ static void print_step(int step, double dt)
             step, dt, (unsigned long long)st[19], (unsigned long long)st[20],
             (unsigned long long)(st[21] >> 20), (unsigned long long)(st[22] >> 20),
             (unsigned long long)st[28]);
+}
+
+/* The learned scheduler found the steps (from the marks, or without them
+ * from the launches repeating), followed a recording and prefetched: what
+ * the library's statistics say, for a program to check. */
+static int scheduler_followed(void)
+{
+    stagehand_stats_t st = {0};
+    int (*get)(stagehand_stats_t *, size_t) =
+        (int (*)(stagehand_stats_t *, size_t))dlsym(RTLD_DEFAULT, "stagehand_get_stats");
+    if (!get || get(&st, sizeof st) != 0)
+        return 0;
+    fprintf(stderr,
+            "steps_found %lld followed %llu departed %llu prefetches %llu (%llu committed) "
+            "stalls %llu (%llu us) windows %llu us: drain %llu, copies %llu, remap %llu\n",
+            (long long)st.steps_found, (unsigned long long)st.steps_followed,
+            (unsigned long long)st.steps_departed, (unsigned long long)st.prefetches,
+            (unsigned long long)st.prefetch_commits, (unsigned long long)st.stalls,
+            (unsigned long long)st.stall_us, (unsigned long long)st.window_us,
+            (unsigned long long)st.drain_us, (unsigned long long)st.copy_wait_us,
+            (unsigned long long)st.remap_us);
+    /* Without marks, two whole steps alike are needed before the first
+     * boundary is found. */
+    return st.steps_found >= STEPS - 3 && st.steps_followed >= 1 && st.prefetches >= 1 &&
+           st.prefetch_commits >= 1 && st.window_us >= st.drain_us + st.copy_wait_us + st.remap_us;
 }
 
 /* The loop; prints "step_s=..." (steady mean) on stdout. */
@@ -185,6 +213,8 @@ static int child_main(void)
         }
     if (failures)
         return 5;
+    if (getenv("E2E_LEARNED_EXPECT") && !scheduler_followed())
+        return 6;
     printf("step_s=%.6f\n", sum / (STEPS - 2));
     fflush(stdout);
     return 0;
@@ -200,15 +230,16 @@ static const char *build_dir(void)
 
 /* Runs the loop under an eviction policy, with or without prefetch; the
  * steady step time, or -1. */
-static double run_child(const char *config, const char *policy, int prefetch, const char *trace)
+static double run_child(const char *config, const char *policy, int prefetch, const char *trace,
+                        const char *env)
 {
     char cmd[1024];
     snprintf(
         cmd, sizeof cmd,
         "E2E_LEARNED_CHILD=1 STAGEHAND_CONFIG=%s STAGEHAND_POLICY_EVICTION=%s "
         "STAGEHAND_POLICY_PREFETCH_ENABLED=%s STAGEHAND_TRACE=%s STAGEHAND_GENERAL_LOG_LEVEL=warn "
-        "/proc/%d/exe",
-        config, policy, prefetch ? "true" : "false", trace, (int)getpid());
+        "%s /proc/%d/exe",
+        config, policy, prefetch ? "true" : "false", trace, env, (int)getpid());
     FILE *f = popen(cmd, "r");
     assert_non_null(f);
     double step = -1;
@@ -291,9 +322,9 @@ static void test_learned_beats_reactive(void **state)
     assert_int_equal(write(fd, CONFIG, strlen(CONFIG)), (ssize_t)strlen(CONFIG));
     close(fd);
     /* reactive: evict least recently used on demand, restore on a miss */
-    double reactive = run_child(config, "lru", 0, traces[0]);
-    double lru = run_child(config, "lru", 1, traces[1]);
-    double learned = run_child(config, "learned", 1, traces[2]);
+    double reactive = run_child(config, "lru", 0, traces[0], "");
+    double lru = run_child(config, "lru", 1, traces[1], "");
+    double learned = run_child(config, "learned", 1, traces[2], "E2E_LEARNED_EXPECT=1");
     double predicted = simulate(config, traces[2]);
     double err = predicted > 0 ? fabs(predicted - learned) / learned : 1;
     printf("learned_step_s=%.4f reactive_step_s=%.4f lru_step_s=%.4f ratio=%.3f "
@@ -314,6 +345,28 @@ static void test_learned_beats_reactive(void **state)
         assert_true(learned < reactive);
         assert_true(err <= 0.15);
     }
+}
+
+/* Without stagehand_step(), the scheduler finds the steps itself and
+ * follows them as it does with marks (scheduler_followed, in the child). */
+static void test_learned_finds_unmarked_steps(void **state)
+{
+    (void)state;
+    if (!dlsym(RTLD_DEFAULT, "stagehand_get_stats") || getenv("STAGEHAND_DISABLE"))
+        skip();
+    char trace[] = "/tmp/stagehand-e2e-u-XXXXXX", config[] = "/tmp/stagehand-e2e-XXXXXX.ini";
+    int fd = mkstemp(trace);
+    assert_true(fd >= 0);
+    close(fd);
+    fd = mkstemps(config, 4);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, CONFIG, strlen(CONFIG)), (ssize_t)strlen(CONFIG));
+    close(fd);
+    double step =
+        run_child(config, "learned", 1, trace, "E2E_LEARNED_EXPECT=1 E2E_LEARNED_NOMARKS=1");
+    unlink(trace);
+    unlink(config);
+    assert_true(step > 0);
 }
 
 static int register_kernels(void)
@@ -343,6 +396,7 @@ int main(int argc, char **argv)
         return register_kernels() ? 2 : child_main();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_learned_beats_reactive),
+        cmocka_unit_test(test_learned_finds_unmarked_steps),
     };
     return cmocka_run_group_tests_name("e2e_learned", tests, NULL, NULL);
 }

@@ -274,6 +274,7 @@ class Report:
                     "tracking"),
                    [row[:2] + row[2:4] + (self.ratio(row[4], ref_step),) + row[5:]
                     for row in rows])
+        self.time_split()
         prof = self.runs.get("train/profiler")
         if prof and prof["summary"]:
             ps = prof["summary"]
@@ -291,6 +292,39 @@ class Report:
                       pw.get("tracking_during", "?"), pw.get("cupti_handovers", "?"),
                       pw.get("device_events", "?")))
             self.out()
+
+    def time_split(self):
+        """Where an oversubscribed step's time went, by the library's own
+        clocks (medians per step after the first two)."""
+        rows = []
+        for mode in ("default", "async", "pluggable", "expandable", "cudnn"):
+            r = self.runs.get("train/oversub-" + mode)
+            if not r or not r["steps"]:
+                continue
+            per = {k: sh_per_step(r["steps"], k) for k in
+                   ("window_us", "drain_us", "copy_wait_us", "remap_us", "stalls", "stall_us",
+                    "launches", "opaque_work", "prefetches", "early_evictions")}
+            if per["window_us"] is None:
+                continue  # a library older than these figures
+            ms = lambda k: fnum(None if per[k] is None else per[k] / 1e3, "%.0f ms")  # noqa: E731
+            opaque = ("%.0f%%" % (100.0 * per["opaque_work"] / per["launches"])
+                      if per["launches"] and per["opaque_work"] is not None else "–")
+            found = (r["summary"].get("sh") or {}).get("steps_found", "–")
+            rows.append((mode, fnum(median_after(r["steps"], "step_s"), "%.3f s"),
+                         ms("window_us"), ms("drain_us"), ms("copy_wait_us"), ms("remap_us"),
+                         "%s (%s)" % (fnum(per["stalls"], "%.0f"), ms("stall_us")),
+                         opaque, fnum(per["prefetches"], "%.0f"),
+                         fnum(per["early_evictions"], "%.0f"), found))
+        if not rows:
+            return
+        self.out("Where an oversubscribed step's time goes (the library's clocks; medians per "
+                 "step): remap windows open (no work issued), of which waiting for the work "
+                 "in flight, for the copies and for the driver's remaps; launches held for "
+                 "residency; opaque launches; moves ahead of need; steps the scheduler found.")
+        self.out()
+        self.table(("allocator", "step", "windows", "drain", "copies", "remap",
+                    "stalls (time)", "opaque", "prefetches", "early evictions",
+                    "steps found"), rows)
 
     @staticmethod
     def ratio(x, ref):
@@ -644,7 +678,11 @@ def self_test():
                 rec = {"step": i, "loss": repr(x), "loss_hex": train_gpt.float_hex(x),
                        "step_s": step_s}
                 if sh is not None:
-                    rec["sh"] = {"d2h_bytes": 4 * GB, "h2d_bytes": 4 * GB}
+                    rec["sh"] = {"d2h_bytes": 4 * GB, "h2d_bytes": 4 * GB,
+                                 "window_us": 600000, "drain_us": 100000,
+                                 "copy_wait_us": 400000, "remap_us": 50000, "stalls": 12,
+                                 "stall_us": 550000, "launches": 1000, "opaque_work": 400,
+                                 "prefetches": 3, "early_evictions": 0}
                 recs.append(json.dumps(rec))
             s = {"steps": len(losses), "params": 1.3e9, "max_allocated": 30 * GB,
                  "median_step_s": step_s, "budget_env": "12288", "optimizer_step": True}
@@ -681,7 +719,8 @@ def self_test():
                   "3.00x", "skipped: accelerate not installed", "+600 ns", "L 2, A 1",
                   "equal", "above its 12.0 GB budget", "**cupti** before and **hooks** during",
                   "77 device events", "reference for oversub-cudnn", "within 0.005",
-                  "cut by the deadline (`run.sh --short`): train/profiler-window, measure/save-on-cpu"]
+                  "cut by the deadline (`run.sh --short`): train/profiler-window, measure/save-on-cpu",
+                  "| default | 0.900 s | 600 ms | 100 ms | 400 ms | 50 ms | 12 (550 ms) | 40% | 3 | 0 |"]
         missing = [e for e in expect if e not in text]
         want_failures = 2  # the async run's losses and its device peak
         if missing or len(rep.failures) != want_failures:

@@ -8,6 +8,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "sh_clock.h"
 #include "sh_err.h"
 #include "transfer/transfer.h"
 
@@ -119,6 +120,33 @@ static void test_nesting(void **state)
     assert_int_equal(sh_gate_windows(g), 2);
     sh_gate_destroy(g);
     sh_gate_destroy(NULL);
+}
+
+/* A window's time open is counted from its lock to its unlock, and
+ * windows add up (the figure behind window_us in the stats). */
+static void test_open_time(void **state)
+{
+    (void)state;
+    struct sh_gate *g;
+    assert_int_equal(sh_gate_create(&g), 0);
+    assert_int_equal(sh_gate_open_us(g), 0);
+    uint64_t spans[2];
+    for (int i = 0; i < 2; i++) {
+        uint64_t before = sh_clock_us();
+        assert_int_equal(sh_gate_lock(g), 0);
+        uint64_t opened = sh_clock_us();
+        while (sh_clock_us() < opened + 2000) /* 2 ms of work in the window */
+            ;
+        sh_gate_unlock(g);
+        spans[i] = sh_clock_us() - before; /* an upper bound of the window */
+        /* Time outside a window counts for nothing. */
+        while (sh_clock_us() < before + spans[i] + 2000)
+            ;
+    }
+    uint64_t open = sh_gate_open_us(g);
+    assert_true(open >= 2 * 2000 - 2); /* each at least 2 ms, less rounding */
+    assert_true(open <= spans[0] + spans[1]);
+    sh_gate_destroy(g);
 }
 
 static void test_held_is_per_thread_and_gate(void **state)
@@ -434,6 +462,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_nesting),
+        cmocka_unit_test(test_open_time),
         cmocka_unit_test(test_held_is_per_thread_and_gate),
         cmocka_unit_test(test_lock_while_reading_is_refused),
         cmocka_unit_test(test_reader_waits_for_window),
