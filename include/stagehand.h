@@ -115,8 +115,13 @@ typedef struct stagehand_stats {
     uint64_t drain_us;     /* ... waiting for that work */
     uint64_t copy_wait_us; /* ... waiting for copies */
     uint64_t remap_us;     /* ... remapping (the driver's unmap, map and access) */
-    uint64_t stalls;       /* launches held until what they use was on the device */
-    uint64_t stall_us;     /* ... and for how long */
+    /* Evicted bytes are read on the CPU for pointers into regions (work
+     * using a region that holds some counts as using every region). */
+    uint64_t scan_us;       /* reading them, on any thread */
+    uint64_t scan_wait_us;  /* ... waited for by a call of the program (launch, free) */
+    uint64_t scanned_bytes; /* bytes read */
+    uint64_t stalls;        /* launches held until what they use was on the device */
+    uint64_t stall_us;      /* ... and for how long */
     /* Moves ahead of need ([policy] eviction_policy = learned). */
     uint64_t prefetches;       /* restores started before a launch needed them */
     uint64_t prefetch_commits; /* ... that completed */

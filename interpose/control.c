@@ -93,6 +93,9 @@ EXPORT int stagehand_get_stats(stagehand_stats_t *out, size_t size)
         s.drain_us = st.drain_ns / 1000u;
         s.copy_wait_us = st.copy_wait_ns / 1000u;
         s.remap_us = st.remap_ns / 1000u;
+        s.scan_us = st.scan_ns / 1000u;
+        s.scan_wait_us = st.scan_wait_ns / 1000u;
+        s.scanned_bytes = st.scanned_bytes;
         s.prefetches = st.prefetches;
         s.prefetch_commits = st.prefetch_commits;
         s.early_evictions = st.early_evictions;

@@ -24,6 +24,8 @@
  */
 #include "pool/region_int.h"
 
+#include "sh_clock.h"
+
 #include <string.h>
 #include <unistd.h>
 
@@ -132,12 +134,16 @@ size_t sh_pool_find_pointers(struct sh_pool *pool, const void *bytes, size_t n, 
 /* Marks r if the bytes in its slabs hold a pointer. */
 static void scan_slabs(struct sh_pool *pool, struct region *r)
 {
+    uint64_t t0 = sh_clock_ns(), bytes = 0;
     for (unsigned i = 0;
          i < r->nchunks && !(__atomic_load_n(&r->holds_ptrs, __ATOMIC_RELAXED) & PTRS_FOUND); i++) {
         const struct chunk *c = &r->chunks[i];
+        bytes += c->slab ? c->size : 0;
         if (c->slab && holds_pointer(pool, (const unsigned char *)c->slab->staging, c->size))
             __atomic_fetch_or(&r->holds_ptrs, PTRS_FOUND, __ATOMIC_RELAXED);
     }
+    __atomic_add_fetch(&pool->st.scan_ns, sh_clock_ns() - t0, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&pool->st.scanned_bytes, bytes, __ATOMIC_RELAXED);
 }
 
 /* r's scan is over; scan.mu held. SCAN_NONE is the last write to r: a
@@ -220,10 +226,9 @@ static void unqueue(struct sh_pool *pool, struct region *r)
         pool->scan.tail = prev;
 }
 
-void sh_pool_scan_settle(struct sh_pool *pool, struct region *r, int want)
+/* sh_pool_scan_settle, for a region whose scan is not known to be over. */
+static void settle(struct sh_pool *pool, struct region *r, int want)
 {
-    if (__atomic_load_n(&r->scan, __ATOMIC_ACQUIRE) == SCAN_NONE)
-        return;
     pthread_mutex_lock(&pool->scan.mu);
     int orphan = pool->scan.pid != (long)getpid(); /* a fork child: no scanner runs */
     while (r->scan == SCAN_RUNNING && !orphan)
@@ -243,6 +248,15 @@ void sh_pool_scan_settle(struct sh_pool *pool, struct region *r, int want)
     pthread_mutex_lock(&pool->scan.mu);
     scan_done(pool, r);
     pthread_mutex_unlock(&pool->scan.mu);
+}
+
+void sh_pool_scan_settle(struct sh_pool *pool, struct region *r, int want)
+{
+    if (__atomic_load_n(&r->scan, __ATOMIC_ACQUIRE) == SCAN_NONE)
+        return;
+    uint64_t t0 = sh_clock_ns();
+    settle(pool, r, want);
+    __atomic_add_fetch(&pool->st.scan_wait_ns, sh_clock_ns() - t0, __ATOMIC_RELAXED);
 }
 
 /* At most this many of one launch's regions are settled one by one; past

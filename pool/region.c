@@ -623,7 +623,7 @@ void sh_pool_stats(struct sh_pool *pool, struct sh_pool_stats *st)
     const size_t lo = offsetof(struct sh_pool_stats, vmm_maps);
     const size_t hi = offsetof(struct sh_pool_stats, small_frees) + sizeof(uint64_t);
     const size_t times = offsetof(struct sh_pool_stats, drain_ns);
-    _Static_assert(offsetof(struct sh_pool_stats, remap_ns) + sizeof(uint64_t) ==
+    _Static_assert(offsetof(struct sh_pool_stats, scanned_bytes) + sizeof(uint64_t) ==
                        sizeof(struct sh_pool_stats),
                    "the times are last");
     pthread_mutex_lock(&pool->mu);
@@ -633,6 +633,9 @@ void sh_pool_stats(struct sh_pool *pool, struct sh_pool_stats *st)
     st->drain_ns = __atomic_load_n(&pool->st.drain_ns, __ATOMIC_RELAXED);
     st->copy_wait_ns = __atomic_load_n(&pool->st.copy_wait_ns, __ATOMIC_RELAXED);
     st->remap_ns = __atomic_load_n(&pool->st.remap_ns, __ATOMIC_RELAXED);
+    st->scan_ns = __atomic_load_n(&pool->st.scan_ns, __ATOMIC_RELAXED);
+    st->scan_wait_ns = __atomic_load_n(&pool->st.scan_wait_ns, __ATOMIC_RELAXED);
+    st->scanned_bytes = __atomic_load_n(&pool->st.scanned_bytes, __ATOMIC_RELAXED);
     st->vmm_maps = __atomic_load_n(&pool->st.vmm_maps, __ATOMIC_RELAXED);
     st->vmm_unmaps = __atomic_load_n(&pool->st.vmm_unmaps, __ATOMIC_RELAXED);
     st->small_allocs = __atomic_load_n(&pool->st.small_allocs, __ATOMIC_RELAXED);

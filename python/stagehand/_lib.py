@@ -38,6 +38,7 @@ STATS_FIELDS = (
     ("clean_evictions", False), ("dirty_evictions", False), ("clean_bytes", False),
     ("fingerprints", False), ("kept_bytes", False), ("unseen_writes", False),
     ("window_us", False), ("drain_us", False), ("copy_wait_us", False), ("remap_us", False),
+    ("scan_us", False), ("scan_wait_us", False), ("scanned_bytes", False),
     ("stalls", False), ("stall_us", False),
     ("prefetches", False), ("prefetch_commits", False),
     ("early_evictions", False), ("early_commits", False),

@@ -19,6 +19,15 @@
  *   four pointers into LAUNCH_REGIONS live 2 MB allocations, so the
  *   library's parameter scan finds regions.
  *   env LAUNCH_N (200000), LAUNCH_BATCH (256), LAUNCH_REGIONS (64)
+ *
+ * bandwidth remap  (run without the library)
+ *   What a move costs besides its copy: the driver's remap of one chunk as
+ *   the library makes it (cuMemUnmap, cuMemMap of the other handle,
+ *   cuMemSetAccess for the device), device to host and back, per chunk
+ *   size; and how fast the CPU reads host-located VMM memory through a
+ *   mapping with host access (what the pointer scan of evicted bytes
+ *   reads), against plain malloc memory.
+ *   env REMAP_SIZES_MB (2,64,512), REMAP_REPS (20)
  */
 #include "common.cuh"
 
@@ -213,6 +222,94 @@ static int copy_main(void)
     return 0;
 }
 
+/* The scan's access pattern: every 4-byte word, read once. */
+static uint32_t read_words(const volatile uint32_t *p, size_t n)
+{
+    uint32_t acc = 0;
+    for (size_t i = 0; i < n; i++)
+        acc |= p[i] - 0x7f00u <= 0x10u;
+    return acc;
+}
+
+static int remap_main(void)
+{
+    set_test_name("remap");
+    std::vector<size_t> sizes;
+    const char *env = getenv("REMAP_SIZES_MB");
+    parse_sizes(env && *env ? env : "2,64,512", &sizes);
+    const int reps = (int)env_ll("REMAP_REPS", 20);
+    CK(cudaSetDevice(0));
+    CK(cudaFree(0));
+    CUdevice dev;
+    CKD(cuDeviceGet(&dev, 0));
+    int numa_id = -1;
+    cuDeviceGetAttribute(&numa_id, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, dev);
+    CUmemAllocationProp dprop = make_prop(CU_MEM_LOCATION_TYPE_DEVICE, dev);
+    CUmemAllocationProp hprop =
+        make_prop(CU_MEM_LOCATION_TYPE_HOST_NUMA, numa_id < 0 ? 0 : numa_id);
+    CUmemAccessDesc dacc, hacc;
+    memset(&dacc, 0, sizeof dacc);
+    dacc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    dacc.location.id = dev;
+    dacc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    hacc = dacc;
+    hacc.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    hacc.location.id = numa_id < 0 ? 0 : numa_id;
+    for (size_t size : sizes) {
+        CUmemGenericAllocationHandle dh, hh;
+        CKD(cuMemCreate(&dh, size, &dprop, 0));
+        CKD(cuMemCreate(&hh, size, &hprop, 0));
+        CUdeviceptr va, staging;
+        CKD(cuMemAddressReserve(&va, size, 0, 0, 0));
+        CKD(cuMemAddressReserve(&staging, size, 0, 0, 0));
+        CKD(cuMemMap(va, size, 0, dh, 0));
+        CKD(cuMemSetAccess(va, size, &dacc, 1));
+        /* The slab's own mapping, as the host pool keeps it: device and host access. */
+        CKD(cuMemMap(staging, size, 0, hh, 0));
+        CKD(cuMemSetAccess(staging, size, &dacc, 1));
+        CKD(cuMemSetAccess(staging, size, &hacc, 1));
+        CKD(cuMemsetD8(staging, 1, size));
+        CK(cudaDeviceSynchronize());
+        double t[2] = {0, 0};
+        CUmemGenericAllocationHandle to[2] = {hh, dh};
+        for (int i = 0; i < reps; i++)
+            for (int d = 0; d < 2; d++) { /* evict: to the host handle; restore: back */
+                double a = now_s();
+                CKD(cuMemUnmap(va, size));
+                CKD(cuMemMap(va, size, 0, to[d], 0));
+                CKD(cuMemSetAccess(va, size, &dacc, 1));
+                t[d] += now_s() - a;
+            }
+        /* The CPU reading the slab through its staging mapping, and plain memory. */
+        size_t words = size / 4;
+        uint32_t *plain = (uint32_t *)malloc(size);
+        if (!plain)
+            fail("malloc(%zu)", size);
+        memset(plain, 1, size);
+        uint32_t sink = read_words((const volatile uint32_t *)staging, words); /* warm */
+        double a = now_s();
+        sink |= read_words((const volatile uint32_t *)staging, words);
+        double slab_s = now_s() - a;
+        a = now_s();
+        sink |= read_words(plain, words);
+        double plain_s = now_s() - a;
+        free(plain);
+        printf("RESULT remap size_mb=%zu evict_remap_us=%.1f restore_remap_us=%.1f "
+               "cpu_read_slab_gbps=%.2f cpu_read_plain_gbps=%.2f sink=%u\n",
+               size >> 20, t[0] / reps * 1e6, t[1] / reps * 1e6, (double)size / slab_s / 1e9,
+               (double)size / plain_s / 1e9, sink);
+        fflush(stdout);
+        CKD(cuMemUnmap(va, size));
+        CKD(cuMemUnmap(staging, size));
+        CKD(cuMemAddressFree(va, size));
+        CKD(cuMemAddressFree(staging, size));
+        CKD(cuMemRelease(dh));
+        CKD(cuMemRelease(hh));
+    }
+    pass("remap and CPU read of host slabs measured");
+    return 0;
+}
+
 __global__ void k_empty(void) {}
 
 __global__ void k_empty_ptrs(uint32_t *a, uint32_t *b, uint32_t *c, uint32_t *d)
@@ -287,6 +384,8 @@ int main(int argc, char **argv)
         return copy_main();
     if (!strcmp(what, "launch"))
         return launch_main();
-    fprintf(stderr, "usage: bandwidth copy|launch\n");
+    if (!strcmp(what, "remap"))
+        return remap_main();
+    fprintf(stderr, "usage: bandwidth copy|launch|remap\n");
     return 2;
 }

@@ -40,7 +40,7 @@ COPY_TARGET = 0.85
 # The C programs in the order run.sh runs them.
 C_ORDER = ("host_vmm", "fingerprint", "oversub-plain", "oversub", "pointer_table", "pointer_table-plain",
            "stress", "stress-plain", "tracking-cupti", "tracking-hooks", "tracking-subscriber",
-           "bandwidth", "launch-plain", "launch-cupti", "launch-hooks")
+           "bandwidth", "remap", "launch-plain", "launch-cupti", "launch-hooks")
 OVERHEAD_TARGET = 0.01
 
 
@@ -303,6 +303,7 @@ class Report:
                 continue
             per = {k: sh_per_step(r["steps"], k) for k in
                    ("window_us", "drain_us", "copy_wait_us", "remap_us", "stalls", "stall_us",
+                    "scan_us", "scan_wait_us", "scanned_bytes",
                     "launches", "opaque_work", "prefetches", "early_evictions")}
             if per["window_us"] is None:
                 continue  # a library older than these figures
@@ -313,6 +314,8 @@ class Report:
             rows.append((mode, fnum(median_after(r["steps"], "step_s"), "%.3f s"),
                          ms("window_us"), ms("drain_us"), ms("copy_wait_us"), ms("remap_us"),
                          "%s (%s)" % (fnum(per["stalls"], "%.0f"), ms("stall_us")),
+                         "%s, %s (%s waited)" % (gb(per["scanned_bytes"]), ms("scan_us"),
+                                                 ms("scan_wait_us")),
                          opaque, fnum(per["prefetches"], "%.0f"),
                          fnum(per["early_evictions"], "%.0f"), found))
         if not rows:
@@ -320,10 +323,12 @@ class Report:
         self.out("Where an oversubscribed step's time goes (the library's clocks; medians per "
                  "step): remap windows open (no work issued), of which waiting for the work "
                  "in flight, for the copies and for the driver's remaps; launches held for "
-                 "residency; opaque launches; moves ahead of need; steps the scheduler found.")
+                 "residency; evicted bytes read on the CPU for pointers (and the program's "
+                 "wait for that); opaque launches; moves ahead of need; steps the scheduler "
+                 "found.")
         self.out()
         self.table(("allocator", "step", "windows", "drain", "copies", "remap",
-                    "stalls (time)", "opaque", "prefetches", "early evictions",
+                    "stalls (time)", "pointer scan", "opaque", "prefetches", "early evictions",
                     "steps found"), rows)
 
     @staticmethod
@@ -494,6 +499,19 @@ class Report:
                     "VMM restore GB/s (whole / 64 MB chunks)",
                     "VMM evict GB/s (whole / 64 MB chunks)", "ratio H2D / D2H (slower form)",
                     "target"), rows)
+        remap = self.c.get("remap", {}).get("results", {})
+        rrows = [(kv["size_mb"] + " MB", kv["evict_remap_us"], kv["restore_remap_us"],
+                  kv["cpu_read_slab_gbps"], kv["cpu_read_plain_gbps"])
+                 for _, kv in sorted(remap.items(), key=lambda t: int(t[1].get("size_mb", 0)))
+                 if "evict_remap_us" in kv]
+        if rrows:
+            self.out("What a move costs besides its copy (`bandwidth remap`): the driver's remap "
+                     "of one chunk (unmap, map, access), and the CPU reading a host slab through "
+                     "its mapping, as the pointer scan of evicted bytes does, against malloc "
+                     "memory.")
+            self.out()
+            self.table(("chunk", "evict remap µs", "restore remap µs",
+                        "CPU read of a slab GB/s", "CPU read of malloc memory GB/s"), rrows)
         o = self.c.get("oversub", {}).get("results", {}).get("main")
         if o:
             self.out("Achieved by the library end to end (oversub, bump passes, remap windows "
@@ -667,6 +685,9 @@ def self_test():
               "pinned_duplex_gbps=90.00 vmm_restore_gbps=48.00 vmm_evict_gbps=47.00 "
               "vmm_restore_chunked_gbps=46.00 vmm_evict_chunked_gbps=45.00 ratio_h2d=0.920 "
               "ratio_d2h=0.900 host_kind=HOST_NUMA\nPASS bandwidth: ok\n")
+        write("c/remap.log", "RESULT remap size_mb=64 evict_remap_us=812.5 "
+                             "restore_remap_us=640.0 cpu_read_slab_gbps=3.10 "
+                             "cpu_read_plain_gbps=11.50 sink=0\nPASS remap: measured\n")
         write("c/launch-plain.log", "RESULT launch mode=plain launches=10 "
                                     "ns_per_launch_noargs=2000 ns_per_launch_4ptrs=2100\nPASS x\n")
         write("c/launch-cupti.log", "RESULT launch mode=cupti launches=10 "
@@ -682,6 +703,8 @@ def self_test():
                                  "window_us": 600000, "drain_us": 100000,
                                  "copy_wait_us": 400000, "remap_us": 50000, "stalls": 12,
                                  "stall_us": 550000, "launches": 1000, "opaque_work": 400,
+                                 "scan_us": 300000, "scan_wait_us": 200000,
+                                 "scanned_bytes": 3 * GB,
                                  "prefetches": 3, "early_evictions": 0}
                 recs.append(json.dumps(rec))
             s = {"steps": len(losses), "params": 1.3e9, "max_allocated": 30 * GB,
@@ -717,10 +740,10 @@ def self_test():
         text = rep.build()
         expect = ["bit-exact (3 steps)", "**DIFFER** from step 2", "+0.67%", "meets",
                   "3.00x", "skipped: accelerate not installed", "+600 ns", "L 2, A 1",
-                  "equal", "above its 12.0 GB budget", "**cupti** before and **hooks** during",
+                  "equal", "above its 12.0 GB budget", "| 64 MB | 812.5 | 640.0 | 3.10 | 11.50 |", "**cupti** before and **hooks** during",
                   "77 device events", "reference for oversub-cudnn", "within 0.005",
                   "cut by the deadline (`run.sh --short`): train/profiler-window, measure/save-on-cpu",
-                  "| default | 0.900 s | 600 ms | 100 ms | 400 ms | 50 ms | 12 (550 ms) | 40% | 3 | 0 |"]
+                  "| default | 0.900 s | 600 ms | 100 ms | 400 ms | 50 ms | 12 (550 ms) | 3.0 GB, 300 ms (200 ms waited) | 40% | 3 | 0 |"]
         missing = [e for e in expect if e not in text]
         want_failures = 2  # the async run's losses and its device peak
         if missing or len(rep.failures) != want_failures:

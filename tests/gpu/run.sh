@@ -301,6 +301,7 @@ part_c() {
     run_c tracking-subscriber 300 "${lib_env[@]}" "$bin/tracking" subscriber
     if [ "$quick" = 0 ]; then
         echo "== measurements"
+        run_c remap 120 "$bin/bandwidth" remap
         run_c bandwidth 300 "$bin/bandwidth" copy
         run_c launch-plain 120 "$bin/bandwidth" launch
         run_c launch-cupti 120 "${lib_env[@]}" "$bin/bandwidth" launch

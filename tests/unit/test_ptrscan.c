@@ -196,11 +196,17 @@ static void test_scan_settled_by_launch(void **state)
     evict_one(t);
     evict_one(u);
     assert_int_equal(pstats().scans_queued, 2);
+    assert_int_equal(pstats().scanned_bytes, 0);
     assert_int_equal(use_ptrs(t + 4096), 1);
     assert_int_equal(use_ptrs(u), 0);
     assert_int_equal(pstats().scans_settled, 2);
+    /* the launch waited for both scans: what they read, and how long */
+    struct sh_pool_stats st = pstats();
+    assert_true(st.scanned_bytes > 0 && st.scanned_bytes <= 2 * RSIZE);
+    assert_true(st.scan_ns > 0 && st.scan_wait_ns >= st.scan_ns);
     assert_int_equal(use_ptrs(t), 1); /* once: the answer stays */
     assert_int_equal(pstats().scans_settled, 2);
+    assert_int_equal(pstats().scanned_bytes, st.scanned_bytes);
     sh_pool_scan_pause(sys.pool, 0);
     stop();
 }
