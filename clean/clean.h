@@ -82,6 +82,19 @@ extern const char sh_clean_ptx[]; /* NUL-terminated, for cuModuleLoadData */
  * gets them. */
 void sh_clean_kernel_host(void **args);
 
+/* stagehand_ptrs_v1(const uint32_t *words, uint64_t n, uint32_t top,
+ * uint32_t span, uint32_t *found), in the same PTX: sets *found to 1 (the
+ * caller zeroes it) when a word among words[1..n) could be the high half
+ * of a pointer into the pool, (w - top) <= span unsigned. A pointer at any
+ * 4-byte-aligned offset has its high half there, so a range it finds
+ * nothing in holds no pointer into the pool; what it finds the CPU checks
+ * exactly. words is 4-byte aligned; blocks of SH_CLEAN_THREADS threads, any
+ * grid. */
+#define SH_PTRS_KERNEL "stagehand_ptrs_v1"
+/* The same on the host: 1 when found, else 0. */
+int sh_clean_ptr_candidate(const uint32_t *words, uint64_t n, uint32_t top, uint32_t span);
+void sh_clean_ptrs_host(void **args);
+
 /* ---- learning which regions stay clean -----------------------------------
  * A region found dirty SH_CLEAN_DIRTY_RUN evictions in a row stops keeping
  * host copies (and so stops paying for fingerprints) for a while: 8

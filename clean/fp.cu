@@ -1,6 +1,6 @@
-// fp.cu — the fingerprint kernel (clean.h defines the function). Its PTX
-// is clean/ptx.c, made by mk/gen_ptx.sh; the library loads that PTX, so
-// nothing here is compiled at build or run time.
+// fp.cu — the library's kernels: the fingerprint and the pointer prefilter
+// (clean.h defines both). Their PTX is clean/ptx.c, made by mk/gen_ptx.sh;
+// the library loads that PTX, so nothing here is compiled at build or run time.
 //
 // One thread block per 4 KiB block at a time (grid-stride): 256 threads
 // each take two 8-byte words, the four NH sums are added across the block,
@@ -120,4 +120,19 @@ extern "C" __global__ void __launch_bounds__(THREADS)
         atomicXor((unsigned long long *)&out[0], (unsigned long long)acc0);
         atomicXor((unsigned long long *)&out[1], (unsigned long long)acc1);
     }
+}
+
+// stagehand_ptrs_v1 (clean.h): whether any of words[1..n) could be the high
+// half of a pointer into the pool, (w - top) <= span unsigned: the device's
+// pass over an evicted region's bytes before the CPU reads any of them.
+extern "C" __global__ void __launch_bounds__(THREADS)
+    stagehand_ptrs_v1(const uint32_t *words, uint64_t n, uint32_t top, uint32_t span,
+                      uint32_t *found)
+{
+    uint32_t hit = 0;
+    const uint64_t stride = (uint64_t)gridDim.x * THREADS;
+    for (uint64_t i = 1 + (uint64_t)blockIdx.x * THREADS + threadIdx.x; i < n; i += stride)
+        hit |= words[i] - top <= span;
+    if (__syncthreads_or(hit) && threadIdx.x == 0)
+        atomicOr(found, 1u);
 }

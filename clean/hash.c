@@ -170,3 +170,21 @@ void sh_clean_kernel_host(void **args)
     uint64_t *out = *(uint64_t *const *)args[3];
     sh_clean_blocks(key, src, n, out);
 }
+
+int sh_clean_ptr_candidate(const uint32_t *words, uint64_t n, uint32_t top, uint32_t span)
+{
+    uint32_t hit = 0;
+    for (uint64_t i = 1; i < n; i++)
+        hit |= words[i] - top <= span;
+    return hit != 0;
+}
+
+void sh_clean_ptrs_host(void **args)
+{
+    const uint32_t *words = *(const uint32_t *const *)args[0];
+    uint64_t n = *(const uint64_t *)args[1];
+    uint32_t top = *(const uint32_t *)args[2], span = *(const uint32_t *)args[3];
+    uint32_t *found = *(uint32_t *const *)args[4];
+    if (sh_clean_ptr_candidate(words, n, top, span))
+        *found = 1;
+}

@@ -120,6 +120,10 @@ typedef struct stagehand_stats {
     uint64_t scan_us;       /* reading them, on any thread */
     uint64_t scan_wait_us;  /* ... waited for by a call of the program (launch, free) */
     uint64_t scanned_bytes; /* bytes read */
+    /* Before that, the device reads them in the eviction window for any
+     * word a pointer could start with; a region without one is not read. */
+    uint64_t prefilters;    /* chunks it looked at (kernel launches) */
+    uint64_t scans_skipped; /* evicted regions it found no candidate in */
     uint64_t stalls;        /* launches held until what they use was on the device */
     uint64_t stall_us;      /* ... and for how long */
     /* Moves ahead of need ([policy] eviction_policy = learned). */

@@ -96,6 +96,8 @@ EXPORT int stagehand_get_stats(stagehand_stats_t *out, size_t size)
         s.scan_us = st.scan_ns / 1000u;
         s.scan_wait_us = st.scan_wait_ns / 1000u;
         s.scanned_bytes = st.scanned_bytes;
+        s.prefilters = st.prefilters;
+        s.scans_skipped = st.scans_skipped;
         s.prefetches = st.prefetches;
         s.prefetch_commits = st.prefetch_commits;
         s.early_evictions = st.early_evictions;

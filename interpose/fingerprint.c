@@ -47,7 +47,7 @@ enum { UNTRIED = 0, READY = 1, BROKEN = -1 };
 static struct {
     pthread_mutex_t mu;
     int state;
-    CUfunction fn;
+    CUfunction fn, ptrs; /* ptrs: NULL if it did not load (the CPU scans) */
     CUstream stream;
     CUdeviceptr key, out; /* the key, then SLOTS result slots, then QSLOTS */
     struct sh_clean_key host_key;
@@ -128,6 +128,11 @@ static int set_up(const struct sh_driver *d)
         sh_log(SH_LOG_WARN, "clean regions cannot be told (%s): every eviction copies", why);
         return BROKEN;
     }
+    if (fp.get(&fp.ptrs, mod, SH_PTRS_KERNEL) != CUDA_SUCCESS) {
+        fp.ptrs = NULL;
+        sh_log(SH_LOG_WARN, "the pointer prefilter kernel did not load: evicted bytes are "
+                            "scanned for pointers on the CPU");
+    }
     fp.out = fp.key + sizeof fp.host_key;
     __atomic_store_n(&fp.device_bytes, DEVICE_BYTES, __ATOMIC_RELAXED);
     fp.key_bytes = sizeof fp.host_key; /* crossed the bus once */
@@ -187,6 +192,77 @@ int sh_fingerprint(void *ctx, const uintptr_t *addr, const size_t *len, size_t n
     for (size_t done = 0; done < n && rc == 0; done += SLOTS)
         rc = round_trip(addr + done, len + done, n - done < SLOTS ? n - done : SLOTS, out + done,
                         bus);
+    pthread_mutex_unlock(&fp.mu);
+    CUcontext popped;
+    d->cuCtxPopCurrent(&popped);
+    return rc;
+}
+
+/* ---- the pointer prefilter ---- */
+
+static CUresult launch_ptrs(CUstream s, uintptr_t addr, size_t len, uint32_t top, uint32_t span,
+                            unsigned slot)
+{
+    CUdeviceptr words = (CUdeviceptr)addr, found = fp.out + 4 * slot;
+    uint64_t n = len / 4;
+    void *args[] = {&words, &n, &top, &span, &found};
+    uint64_t blocks = (n + SH_CLEAN_THREADS - 1) / SH_CLEAN_THREADS;
+    unsigned grid = blocks < SH_CLEAN_GRID_MAX ? (unsigned)blocks : SH_CLEAN_GRID_MAX;
+    own = 1;
+    CUresult r = sh_rt.drv.cuLaunchKernel(fp.ptrs, grid ? grid : 1, 1, 1, SH_CLEAN_THREADS, 1, 1, 0,
+                                          s, args, NULL);
+    own = 0;
+    return r;
+}
+
+/* Up to 4 * SLOTS ranges: a 4-byte slot each, one read back. */
+static int ptrs_round(const uintptr_t *addr, const size_t *len, size_t n, uint32_t top,
+                      uint32_t span, unsigned char *found, uint64_t bus[2])
+{
+    CUstream s = fp.stream;
+    CUresult r = fp.memset(fp.out, 0, 4 * n, s);
+    for (size_t i = 0; i < n && r == CUDA_SUCCESS; i++)
+        if (len[i] >= 8)
+            r = launch_ptrs(s, addr[i], len[i], top, span, (unsigned)i);
+    if (r == CUDA_SUCCESS && (r = fp.dtoh(fp.x, fp.out, 4 * n, s)) == CUDA_SUCCESS)
+        bus[SH_D2H] += 4 * n;
+    if (r == CUDA_SUCCESS)
+        r = sh_rt.drv.cuStreamSynchronize(s);
+    if (r != CUDA_SUCCESS) {
+        sh_log(SH_LOG_WARN,
+               "pointer prefilter kernel failed (%s): those bytes are scanned on the "
+               "CPU",
+               sh_driver_error(&sh_rt.drv, r));
+        return SH_EDRIVER;
+    }
+    const uint32_t *slot = (const uint32_t *)fp.x;
+    for (size_t i = 0; i < n; i++)
+        found[i] = slot[i] != 0;
+    return 0;
+}
+
+int sh_fingerprint_ptrs(void *ctx, const uintptr_t *addr, const size_t *len, size_t n, uintptr_t lo,
+                        uintptr_t hi, unsigned char *found, uint64_t bus[2])
+{
+    (void)ctx;
+    if (hi <= lo)
+        return SH_EINVAL;
+    /* A pointer into [lo, hi) has its high half in [top, top + span]. */
+    uint32_t top = (uint32_t)((uint64_t)lo >> 32);
+    uint32_t span = (uint32_t)((uint64_t)(hi - 1) >> 32) - top;
+    const struct sh_driver *d = &sh_rt.drv;
+    if (d->cuCtxPushCurrent(d->ctx) != CUDA_SUCCESS)
+        return SH_EDRIVER;
+    pthread_mutex_lock(&fp.mu);
+    if (fp.state == UNTRIED)
+        fp.state = set_up(d);
+    int rc = fp.state == READY && fp.ptrs ? 0 : SH_EDRIVER;
+    bus[SH_H2D] += rc == 0 ? fp.key_bytes : 0;
+    fp.key_bytes = rc == 0 ? 0 : fp.key_bytes;
+    const size_t per = 4 * SLOTS; /* 4-byte results in the 16-byte slots' room */
+    for (size_t done = 0; done < n && rc == 0; done += per)
+        rc = ptrs_round(addr + done, len + done, n - done < per ? n - done : per, top, span,
+                        found + done, bus);
     pthread_mutex_unlock(&fp.mu);
     CUcontext popped;
     d->cuCtxPopCurrent(&popped);

@@ -298,6 +298,10 @@ int sh_fingerprint(void *ctx, const uintptr_t *addr, const size_t *len, size_t n
 int sh_fingerprint_queue(void *ctx, const uintptr_t *addr, const size_t *len, size_t n, int dir,
                          uint64_t *ticket, uint64_t bus[2]);
 int sh_fingerprint_take(void *ctx, uint64_t ticket, size_t n, struct sh_clean_fp *out);
+/* The pointer prefilter (clean.h, stagehand_ptrs_v1) over each range, from
+ * the same module: sh_pool_mover's ptr_candidates. */
+int sh_fingerprint_ptrs(void *ctx, const uintptr_t *addr, const size_t *len, size_t n, uintptr_t lo,
+                        uintptr_t hi, unsigned char *found, uint64_t bus[2]);
 int sh_fingerprint_own(void);
 size_t sh_fingerprint_device_bytes(void);
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Makes clean/ptx.c, the fingerprint kernel's PTX as a C string, from
+# Makes clean/ptx.c, the library's kernels (the fingerprint and the pointer
+# prefilter) as PTX in a C string, from
 # clean/fp.cu with the toolkit's nvcc (make ptx). The result is committed:
 # building the library needs no nvcc, and the library needs none at run time.
 # The PTX asks for ISA 8.0 (CUDA 12.0) and sm_75, so that every driver the
@@ -11,9 +12,11 @@ tmp=$(mktemp)
 trap 'rm -f "$tmp" "$tmp.c"' EXIT
 "$nvcc" -ptx -arch=compute_75 -O3 -o "$tmp" "$src"
 sed -i -e 's/^\.version .*/.version 8.0/' -e '/^\/\/ Compiler Build ID/d' "$tmp"
-grep -q "^\.visible \.entry stagehand_fp_v1(" "$tmp" || { echo "$0: no stagehand_fp_v1 entry" >&2; exit 1; }
+for entry in stagehand_fp_v1 stagehand_ptrs_v1; do
+    grep -q "^\.visible \.entry $entry(" "$tmp" || { echo "$0: no $entry entry" >&2; exit 1; }
+done
 {
-    echo "/* ptx.c — the fingerprint kernel as PTX. Generated from clean/fp.cu by"
+    echo "/* ptx.c — the library's kernels as PTX. Generated from clean/fp.cu by"
     echo " * mk/gen_ptx.sh (make ptx); do not edit. No state. */"
     echo "#include \"clean/clean.h\""
     echo ""

@@ -267,9 +267,13 @@ static void ev_window(struct sh_pool *pool, struct region **v, size_t n, char *o
             sh_pool_unseen_write(pool, r, "under an early eviction (which stays resident)");
         if (same)
             sh_pool_check_move(pool, r, r->va, "early eviction");
+        if (same)
+            sh_pool_scan_prefilter(pool, &r, 1); /* the device bytes, before they leave */
         if (same && ev_switch(pool, r) == 0) {
             r->evict_clock = now; /* work issued from here on runs on the slabs */
             ok[k] = 1;
+        } else {
+            r->no_ptrs = 0;
         }
     }
 }

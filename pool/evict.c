@@ -269,6 +269,7 @@ static size_t evict_window(struct sh_pool *pool, struct region **v, size_t n)
     for (size_t k = 0; k < n; k++) /* verify_moves: what clean chunks left uncopied matches */
         if (v[k]->from_kept)
             sh_pool_check_move(pool, v[k], v[k]->va, "clean eviction");
+    sh_pool_scan_prefilter(pool, v, n); /* the device bytes, before they leave */
     /* Work issued from here on runs on the slabs (sh_pool_issued). */
     uint64_t now = __atomic_load_n(&pool->clock, __ATOMIC_RELAXED);
     for (size_t k = 0; k < n; k++)
@@ -286,6 +287,8 @@ static size_t evict_window(struct sh_pool *pool, struct region **v, size_t n)
                     if (sh_pool_remap(pool, v[k], c, c->slab->handle, c->handle, c->handle))
                         v[k]->stuck = 1;
                 }
+                for (size_t j = k; j < n; j++)
+                    v[j]->no_ptrs = 0; /* they stay: no landing to skip */
                 return k;
             }
         }

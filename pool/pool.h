@@ -96,6 +96,8 @@ struct sh_pool_stats {
     /* pointer tables (ptrscan.c) */
     uint64_t scans_queued;  /* evicted regions whose bytes were left to the scanner thread */
     uint64_t scans_settled; /* ... scanned by a caller instead, which needed the answer first */
+    uint64_t scans_skipped; /* evicted regions the device found no pointer candidate in */
+    uint64_t prefilters;    /* ranges the device looked at (kernel launches) */
     /* where moves spend their time, in nanoseconds */
     uint64_t drain_ns;     /* waiting for the work that may use the regions moved */
     uint64_t copy_wait_ns; /* a window's copies, waited for in the window */
@@ -304,6 +306,14 @@ struct sh_pool_mover {
     int (*fingerprint_queue)(void *ctx, const uintptr_t *addr, const size_t *len, size_t n, int dir,
                              uint64_t *ticket, uint64_t bus[2]);
     int (*fingerprint_take)(void *ctx, uint64_t ticket, size_t n, struct sh_clean_fp *out);
+    /* Sets found[i] to 1 when the device bytes at addr[i], len[i] hold a
+     * 4-byte word that could be the high half of a pointer into [lo, hi)
+     * (clean.h, stagehand_ptrs_v1), else 0; 0, or an error. bus as above.
+     * Called in eviction windows: a region it finds nothing in is not
+     * scanned on the CPU once its bytes land (ptrscan.c). NULL: every
+     * evicted byte is scanned there. */
+    int (*ptr_candidates)(void *ctx, const uintptr_t *addr, const size_t *len, size_t n,
+                          uintptr_t lo, uintptr_t hi, unsigned char *found, uint64_t bus[2]);
     void *fp_ctx;
     /* [policy] clean_skip (keep.c): a restore keeps the host copy and its
      * fingerprint; an eviction that finds the bytes unchanged copies

@@ -10,6 +10,13 @@
  * whole block is checked in one branch-free pass, and only a block with a
  * candidate is looked at value by value.
  *
+ * The device looks first: in the eviction window, a kernel reads the
+ * bytes about to leave (sh_pool_scan_prefilter, at device memory speed) for
+ * any word that could be a pointer's high half; a region where it finds
+ * none is not scanned on the CPU at all, and the common case (activations,
+ * weights: no such word) costs the CPU nothing. Without that kernel, every
+ * evicted byte is scanned here.
+ *
  * An evicted region's bytes are scanned by a thread of the pool's, not by
  * the thread that evicted it: host memory reads at about the speed a PCIe
  * link fills it, so scanning inline would double what an eviction on
@@ -25,7 +32,9 @@
 #include "pool/region_int.h"
 
 #include "sh_clock.h"
+#include "sh_err.h"
 
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -190,8 +199,72 @@ static int scanner_up(struct sh_pool *pool)
     return pool->scan.started;
 }
 
+/* Whether r's landing would be scanned at all. */
+static int unknown(const struct region *r)
+{
+    return !(__atomic_load_n(&r->holds_ptrs, __ATOMIC_RELAXED) & PTRS_FOUND);
+}
+
+/* The device's answer for the chunks of the regions of v that look[] says,
+ * in order, into found[]; 0, or an error. */
+static int candidates(struct sh_pool *pool, struct region **v, size_t n, const unsigned char *look,
+                      size_t m, unsigned char *found)
+{
+    uintptr_t *addr = malloc(m * sizeof *addr);
+    size_t *len = malloc(m * sizeof *len);
+    int rc = addr && len ? 0 : SH_ENOMEM;
+    for (size_t k = 0, j = 0; rc == 0 && k < n; k++)
+        for (unsigned i = 0; look[k] && i < v[k]->nchunks; i++, j++) {
+            addr[j] = v[k]->va + v[k]->chunks[i].off;
+            len[j] = v[k]->chunks[i].size;
+        }
+    uint64_t bus[2] = {0, 0};
+    if (rc == 0)
+        rc = pool->mover.ptr_candidates(pool->mover.fp_ctx, addr, len, m,
+                                        __atomic_load_n(&pool->lo, __ATOMIC_RELAXED),
+                                        __atomic_load_n(&pool->hi, __ATOMIC_RELAXED), found, bus);
+    free(addr);
+    free(len);
+    return rc;
+}
+
+void sh_pool_scan_prefilter(struct sh_pool *pool, struct region **v, size_t n)
+{
+    unsigned char *look = n ? calloc(n, 1) : NULL;
+    size_t m = 0;
+    for (size_t k = 0; k < n; k++) {
+        v[k]->no_ptrs = 0;
+        if (look && unknown(v[k])) {
+            look[k] = 1;
+            m += v[k]->nchunks;
+        }
+    }
+    unsigned char *found = m && pool->mover.ptr_candidates ? malloc(m) : NULL;
+    if (found) {
+        pthread_mutex_lock(&pool->scan.mu);
+        pool->scan.prefilters += m;
+        pthread_mutex_unlock(&pool->scan.mu);
+    }
+    if (found && candidates(pool, v, n, look, m, found) == 0)
+        for (size_t k = 0, j = 0; k < n; k++) {
+            int any = 0;
+            for (unsigned i = 0; look[k] && i < v[k]->nchunks; i++)
+                any |= found[j++];
+            v[k]->no_ptrs = look[k] && !any;
+        }
+    free(found);
+    free(look);
+}
+
 void sh_pool_scan_landed(struct sh_pool *pool, struct region *r)
 {
+    if (r->no_ptrs) { /* the device found nothing to look at */
+        r->no_ptrs = 0;
+        pthread_mutex_lock(&pool->scan.mu);
+        pool->scan.skipped++;
+        pthread_mutex_unlock(&pool->scan.mu);
+        return;
+    }
     if (__atomic_load_n(&r->holds_ptrs, __ATOMIC_RELAXED) & PTRS_FOUND)
         return; /* known already: nothing to learn */
     pthread_mutex_lock(&pool->scan.mu);

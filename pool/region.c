@@ -644,5 +644,7 @@ void sh_pool_stats(struct sh_pool *pool, struct sh_pool_stats *st)
     pthread_mutex_lock(&pool->scan.mu);
     st->scans_queued = pool->scan.queued;
     st->scans_settled = pool->scan.settled;
+    st->scans_skipped = pool->scan.skipped;
+    st->prefilters = pool->scan.prefilters;
     pthread_mutex_unlock(&pool->scan.mu);
 }

@@ -75,6 +75,11 @@ struct region {
      * common answer). */
     int scan;
     struct region *scan_next;
+    /* The device found no pointer candidate in the bytes its window is
+     * moving to the host (sh_pool_scan_prefilter): their landing is not
+     * scanned. Set in the window, just before the remap, under move_mu;
+     * taken by sh_pool_scan_landed, or cleared if the remap fails. */
+    int no_ptrs;
     /* While a prefetch or an early eviction is in flight (evict.c): its
      * copies, numbered mv_first..mv_last in their direction, and its place
      * on the pool's list of them. A prefetch's device chunks are mapped at
@@ -150,7 +155,7 @@ struct sh_pool {
         struct region *head, *tail;
         int started, stop, paused;
         long pid;
-        uint64_t queued, settled; /* sh_pool_stats' scans_* */
+        uint64_t queued, settled, skipped, prefilters; /* sh_pool_stats' scans_*, prefilters */
     } scan;
     /* Atomics, set once (move.c): no early eviction starts (no
      * fingerprint), no prefetch starts (a write the scan missed was seen). */
@@ -186,6 +191,11 @@ void sh_pool_move_cancel(struct sh_pool *pool, struct region *r);
  * waits for it. Without want (r is freed) a queued scan is dropped. */
 void sh_pool_note_bounds(struct sh_pool *pool, const struct region *r);
 void sh_pool_scan_landed(struct sh_pool *pool, struct region *r);
+/* In an eviction window (drained, before the remap): the device's pass
+ * over the bytes of v[0..n) (pool->mover.ptr_candidates) marks each region
+ * whose bytes hold no pointer candidate (r->no_ptrs). Without the pass, or
+ * if it fails, nothing is marked: the CPU scans as before. */
+void sh_pool_scan_prefilter(struct sh_pool *pool, struct region **v, size_t n);
 void sh_pool_scan_settle(struct sh_pool *pool, struct region *r, int want);
 /* The scanner stops (sh_pool_destroy); later scans run on the caller. */
 void sh_pool_scan_stop(struct sh_pool *pool);

@@ -39,6 +39,7 @@ STATS_FIELDS = (
     ("fingerprints", False), ("kept_bytes", False), ("unseen_writes", False),
     ("window_us", False), ("drain_us", False), ("copy_wait_us", False), ("remap_us", False),
     ("scan_us", False), ("scan_wait_us", False), ("scanned_bytes", False),
+    ("prefilters", False), ("scans_skipped", False),
     ("stalls", False), ("stall_us", False),
     ("prefetches", False), ("prefetch_commits", False),
     ("early_evictions", False), ("early_commits", False),

@@ -1,8 +1,9 @@
 /* drv_module.c — modules, as far as the simulated GPU can run them: the
- * library's own PTX (clean/ptx.c, the fingerprint kernel). A module loaded
- * from exactly that text binds its entry, stagehand_fp_v1, to the kernel's
- * host stand-in (clean/hash.c), which computes what the PTX computes, bit
- * for bit (tests/gpu checks the two agree on a real card). Any other image
+ * library's own PTX (clean/ptx.c, its two kernels). A module loaded from
+ * exactly that text binds its entries, stagehand_fp_v1 and
+ * stagehand_ptrs_v1, to the kernels' host stand-ins (clean/hash.c), which
+ * compute what the PTX computes, bit for bit (tests/gpu checks that they
+ * agree on a real card). Any other image
  * is refused loudly: the simulated GPU cannot compile or run device code.
  *
  * Locking: mod_mu guards the module list. Modules are never freed: an
@@ -22,7 +23,7 @@
 
 struct sim_module {
     unsigned magic;
-    CUfunction fn;
+    CUfunction fn, ptrs; /* SH_CLEAN_KERNEL, SH_PTRS_KERNEL */
     struct sim_module *next;
 };
 
@@ -56,8 +57,11 @@ SIM_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
     if (!m)
         return CUDA_ERROR_OUT_OF_MEMORY;
     m->magic = MODULE_MAGIC;
+    static const size_t ptrs_sizes[] = {sizeof(void *), sizeof(uint64_t), sizeof(uint32_t),
+                                        sizeof(uint32_t), sizeof(void *)};
     m->fn = sim_builtin_kernel(sh_clean_kernel_host, SH_CLEAN_KERNEL, 4, sizes);
-    if (!m->fn) {
+    m->ptrs = sim_builtin_kernel(sh_clean_ptrs_host, SH_PTRS_KERNEL, 5, ptrs_sizes);
+    if (!m->fn || !m->ptrs) {
         free(m);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -78,13 +82,16 @@ SIM_EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const 
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&mod_mu);
     struct sim_module *m = module_get(hmod);
-    CUfunction f = m ? m->fn : NULL;
+    CUfunction fn = m ? m->fn : NULL, ptrs = m ? m->ptrs : NULL;
     pthread_mutex_unlock(&mod_mu);
-    if (!f)
+    if (!fn)
         return CUDA_ERROR_INVALID_HANDLE;
-    if (strcmp(name, SH_CLEAN_KERNEL) != 0)
+    if (strcmp(name, SH_CLEAN_KERNEL) == 0)
+        *hfunc = fn;
+    else if (strcmp(name, SH_PTRS_KERNEL) == 0)
+        *hfunc = ptrs;
+    else
         return CUDA_ERROR_NOT_FOUND;
-    *hfunc = f;
     return CUDA_SUCCESS;
 }
 

@@ -92,6 +92,58 @@ static void test_kernel_matches_cpu(void **state)
     assert_int_equal(cuModuleGetFunction(&f, m, SH_CLEAN_KERNEL), CUDA_ERROR_INVALID_HANDLE);
 }
 
+/* The prefilter over nw words copied to the device: its found flag. */
+static uint32_t run_ptrs(CUfunction f, const uint32_t *w, uint64_t nw, uint32_t top, uint32_t span)
+{
+    CUdeviceptr words, found;
+    uint32_t got = 7;
+    assert_int_equal(cuMemAlloc(&words, nw * 4 + 4), CUDA_SUCCESS);
+    assert_int_equal(cuMemAlloc(&found, 4), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyHtoD(words, w, nw * 4), CUDA_SUCCESS);
+    assert_int_equal(cuMemsetD8(found, 0, 4), CUDA_SUCCESS);
+    void *args[] = {&words, &nw, &top, &span, &found};
+    assert_int_equal(cuLaunchKernel(f, 4, 1, 1, SH_CLEAN_THREADS, 1, 1, 0, NULL, args, NULL),
+                     CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyDtoH(&got, found, 4), CUDA_SUCCESS);
+    cuMemFree(words);
+    cuMemFree(found);
+    return got;
+}
+
+/* The pointer prefilter from the same PTX: a word in [top, top + span]
+ * anywhere but word 0 (no pointer's high half can be there) is found. */
+static void test_ptrs_kernel(void **state)
+{
+    (void)state;
+    need_ctx();
+    CUmodule m;
+    CUfunction f;
+    assert_int_equal(cuModuleLoadData(&m, sh_clean_ptx), CUDA_SUCCESS);
+    assert_int_equal(cuModuleGetFunction(&f, m, SH_PTRS_KERNEL), CUDA_SUCCESS);
+    enum { NW = 3000 };
+    static uint32_t w[NW];
+    for (uint32_t i = 0; i < NW; i++)
+        w[i] = i * 2654435761u | 0x80000000u; /* never in [0x7f00, 0x7f10] */
+    const uint32_t top = 0x7f00, span = 0x10;
+    assert_int_equal(run_ptrs(f, w, NW, top, span), 0);
+    assert_int_equal(sh_clean_ptr_candidate(w, NW, top, span), 0);
+    static const uint32_t at[] = {0, 1, 1234, NW - 1}, val[] = {0x7f00, 0x7f10, 0x7f08, 0x7f10};
+    for (size_t k = 0; k < sizeof at / sizeof *at; k++) {
+        uint32_t was = w[at[k]];
+        w[at[k]] = val[k];
+        uint32_t want = at[k] != 0;
+        assert_int_equal(run_ptrs(f, w, NW, top, span), want);
+        assert_int_equal(sh_clean_ptr_candidate(w, NW, top, span), want);
+        w[at[k]] = top - 1; /* just below: nothing */
+        assert_int_equal(run_ptrs(f, w, NW, top, span), 0);
+        w[at[k]] = top + span + 1; /* just above */
+        assert_int_equal(run_ptrs(f, w, NW, top, span), 0);
+        w[at[k]] = was;
+    }
+    assert_int_equal(run_ptrs(f, w, 1, top, span), 0); /* one word: no high half */
+    assert_int_equal(cuModuleUnload(m), CUDA_SUCCESS);
+}
+
 static void test_other_images_refused(void **state)
 {
     (void)state;
@@ -137,6 +189,7 @@ int main(void)
     setenv("SIMCUDA_KERNEL_US", "2000000", 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kernel_matches_cpu),
+        cmocka_unit_test(test_ptrs_kernel),
         cmocka_unit_test(test_other_images_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

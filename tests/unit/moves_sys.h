@@ -14,6 +14,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "clean/clean.h"
 #include "pool/pool.h"
 #include "sh_err.h"
 

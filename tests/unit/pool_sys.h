@@ -92,9 +92,29 @@ static int fake_fp_take(void *ctx, uint64_t ticket, size_t n, struct sh_clean_fp
     return out && fpk.fail_take ? SH_EDRIVER : 0;
 }
 
+/* The pointer prefilter on the CPU over the "device" bytes (host memory
+ * here), as the kernel computes it; prefilter_fails makes it fail. */
+static int prefilter_fails;
+
+static int fake_ptr_candidates(void *ctx, const uintptr_t *addr, const size_t *len, size_t n,
+                               uintptr_t lo, uintptr_t hi, unsigned char *found, uint64_t bus[2])
+{
+    (void)ctx;
+    (void)bus;
+    if (prefilter_fails || hi <= lo)
+        return SH_EDRIVER;
+    uint32_t top = (uint32_t)((uint64_t)lo >> 32);
+    uint32_t span = (uint32_t)((uint64_t)(hi - 1) >> 32) - top;
+    for (size_t i = 0; i < n; i++)
+        found[i] =
+            (unsigned char)sh_clean_ptr_candidate((const uint32_t *)addr[i], len[i] / 4, top, span);
+    return 0;
+}
+
 struct opts {
-    int clean;    /* clean_skip: the fake fingerprint above */
-    int queue_fp; /* early evictions queue their start's fingerprints */
+    int prefilter; /* the pointer prefilter above */
+    int clean;     /* clean_skip: the fake fingerprint above */
+    int queue_fp;  /* early evictions queue their start's fingerprints */
     size_t device_cache;
     int checksums;
     int verify_moves, plant_lost_write;
@@ -139,8 +159,10 @@ static void sys_start(const struct opts *o, const struct sh_copy_ops *copy)
                               .fingerprint = fake_fingerprint,
                               .fingerprint_queue = o->queue_fp ? fake_fp_queue : NULL,
                               .fingerprint_take = o->queue_fp ? fake_fp_take : NULL,
+                              .ptr_candidates = o->prefilter ? fake_ptr_candidates : NULL,
                               .clean_skip = o->clean};
     memset(&fpk, 0, sizeof fpk);
+    prefilter_fails = 0;
     for (size_t i = 0; i < sizeof fpk.key.nh / sizeof fpk.key.nh[0]; i++)
         fpk.key.nh[i] = (uint32_t)(i * 2654435761u);
     fpk.key.sip[0] = fpk.key.fin[1] = 0x0123456789abcdefull;

@@ -134,6 +134,52 @@ static void test_landed_bytes_mark_pointer_tables(void **state)
     stop();
 }
 
+/* The device's prefilter in the eviction window: a region whose bytes
+ * hold no word a pointer could start with is never read on the CPU; one
+ * that does is scanned as before, plain evictions and early ones alike; a
+ * prefilter that fails leaves every region to the CPU. */
+static void test_prefilter(void **state)
+{
+    (void)state;
+    struct opts o = std_opts;
+    o.prefilter = 1;
+    start(&o);
+    uintptr_t a = alloc(RSIZE), t = alloc(RSIZE), u = alloc(RSIZE), e = alloc(RSIZE);
+    uintptr_t w = alloc(RSIZE), inside = a + 100;
+    fill(t, RSIZE, 1);
+    memcpy((void *)(t + RSIZE - 12), &inside, sizeof inside);
+    fill(u, RSIZE, 2);
+    fill(e, RSIZE, 3);
+    memcpy((void *)(e + CH + 4), &inside, sizeof inside);
+    fill(w, RSIZE, 4);
+    evict_one(t);
+    evict_one(u);
+    struct sh_pool_stats st = pstats();
+    assert_int_equal(st.scans_skipped, 1); /* u: nothing to read */
+    assert_int_equal(st.prefilters, 4);    /* two chunks each */
+    assert_true(holds_ptrs(t));
+    assert_false(holds_ptrs(u));
+    assert_true(pstats().scanned_bytes <= RSIZE); /* t alone was read */
+    assert_int_equal(start_early(e), 1);
+    size_t back = 0;
+    assert_int_equal(commit_early(1, &back), 1);
+    assert_true(holds_ptrs(e));
+    assert_int_equal(pstats().scans_skipped, 1);
+    /* Known tables are not looked at again; a failing prefilter leaves w
+     * to the CPU. */
+    uint64_t looked = pstats().prefilters;
+    assert_int_equal(sh_pool_restore(sys.pool, &t, 1), 0);
+    prefilter_fails = 1;
+    evict_one(t);
+    assert_int_equal(pstats().prefilters, looked);
+    evict_one(w);
+    assert_false(holds_ptrs(w));
+    st = pstats();
+    assert_int_equal(st.scans_skipped, 1);
+    assert_true(st.scanned_bytes > 2 * RSIZE); /* w read on the CPU after all */
+    stop();
+}
+
 /* An evicted region's bytes go to the pool's scanner thread, not scanned
  * by the evicting thread; held here, so that each region is needed before
  * its scan. A launch naming it scans it first (its answer is needed); a
@@ -377,6 +423,7 @@ int main(void)
         cmocka_unit_test_teardown(test_pointer_table_prefetch, teardown),
         cmocka_unit_test_teardown(test_pointer_table_early_tracked, teardown),
         cmocka_unit_test_teardown(test_landed_bytes_mark_pointer_tables, teardown),
+        cmocka_unit_test_teardown(test_prefilter, teardown),
         cmocka_unit_test_teardown(test_scan_waits_for_no_eviction, teardown),
         cmocka_unit_test_teardown(test_scan_settled_by_launch, teardown),
         cmocka_unit_test_teardown(test_scan_settled_by_prefetch, teardown),
