@@ -180,9 +180,15 @@ int sh_work_issue(struct sh_work *w)
             return (w->refused = 1);
         }
         return 0;
-    case SH_WORK_GRAPH:
-        if (!(w->pass = sh_cupti_pass_begin()))
-            sh_graph_launch_begin((CUgraphExec)(uintptr_t)w->key, w->stream);
+    case SH_WORK_GRAPH: /* the same, for the regions a graph's nodes use */
+        if (sh_sched_quiet() && (w->pass = sh_cupti_pass_begin()))
+            return 0;
+        sh_cupti_poll();
+        sh_graph_launch_begin((CUgraphExec)(uintptr_t)w->key, w->stream);
+        if (sh_work_refused(w)) {
+            sh_launch_end();
+            return (w->refused = 1);
+        }
         return 0;
     default:
         sh_gate_enter(sh_rt.gate);

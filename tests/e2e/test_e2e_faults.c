@@ -9,10 +9,11 @@
  *
  * Failures are injected once, twice in a row, for good (cleared with
  * simcuda_fail_clear before the check, so the bytes are still checked), and
- * two calls together. FAULT_MATRIX=full (make faults) runs the whole sweep;
- * the summary line reads "N injected, N recovered-or-propagated, N lost,
- * N leaked, N hung, N contexts lost". A context lost is an illegal address
- * the program did not cause.
+ * two calls together; a few cases run the same work as CUDA graphs.
+ * FAULT_MATRIX=full (make faults) runs the whole sweep; the summary line
+ * reads "N injected, N recovered-or-propagated, N lost, N leaked, N hung,
+ * N contexts lost". A context lost is an illegal address the program did
+ * not cause.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -63,6 +64,38 @@ static void k_bump(void **a) /* (uint32_t *p, uint32_t by) */
 
 /* ---- the workload (child) ---- */
 
+/* k_bump over r by `by`: a kernel launch, or with E2E_FAULTS_GRAPH a graph
+ * of that launch, captured, instantiated and launched (CUDA graphs as a
+ * program that replays them would, one per call here). */
+static cudaError_t bump(void *r, uint32_t by)
+{
+    void *args[] = {&r, &by};
+    if (!getenv("E2E_FAULTS_GRAPH"))
+        return cudaLaunchKernel((const void *)k_bump, one, one, args, 0, NULL);
+    static cudaStream_t s;
+    cudaError_t e = s ? cudaSuccess : cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t x = NULL;
+    if (e == cudaSuccess)
+        e = cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+    if (e == cudaSuccess) {
+        cudaError_t l = cudaLaunchKernel((const void *)k_bump, one, one, args, 0, s);
+        e = cudaStreamEndCapture(s, &g);
+        e = l != cudaSuccess ? l : e;
+    }
+    if (e == cudaSuccess)
+        e = cudaGraphInstantiate(&x, g, 0);
+    if (e == cudaSuccess)
+        e = cudaGraphLaunch(x, s);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(s);
+    if (x)
+        cudaGraphExecDestroy(x);
+    if (g)
+        cudaGraphDestroy(g);
+    return e;
+}
+
 static int workload(void)
 {
     size_t sizes[] = {sizeof(void *), sizeof(uint32_t)};
@@ -83,8 +116,7 @@ static int workload(void)
             if (!r[i])
                 continue;
             uint32_t by = (uint32_t)(i + pass);
-            void *args[] = {&r[i], &by};
-            if (cudaLaunchKernel((const void *)k_bump, one, one, args, 0, NULL) == cudaSuccess) {
+            if (bump(r[i], by) == cudaSuccess) {
                 sum[i] += by;
                 times[i]++;
             } else {
@@ -148,7 +180,7 @@ static const char *const calls[] = {
     "cuptiSubscribe",
 };
 
-static int run_one(const char *spec)
+static int run_one(const char *spec, int graph)
 {
     pid_t pid = fork();
     if (pid < 0)
@@ -159,6 +191,8 @@ static int run_one(const char *spec)
             dup2(null, 2);
         setenv("SIMCUDA_FAIL", spec, 1);
         setenv("E2E_FAULTS_CHILD", "1", 1);
+        if (graph)
+            setenv("E2E_FAULTS_GRAPH", "1", 1);
         e2e_reexec(saved_argv);
         _exit(SETUP);
     }
@@ -190,11 +224,12 @@ static void spec_of(char *b, size_t n, const char *call, int nth, int mode, cons
         snprintf(b + k, n - (size_t)k, ",%s:%d", other, nth);
 }
 
-static void run_case(struct tally *t, const char *call, int nth, int mode, const char *other)
+static void run_case_as(struct tally *t, const char *call, int nth, int mode, const char *other,
+                        int graph)
 {
     char spec[160];
     spec_of(spec, sizeof spec, call, nth, mode, other);
-    int rc = run_one(spec);
+    int rc = run_one(spec, graph);
     t->injected++;
     const char *what = NULL;
     if (rc == OK_RECOVERED || rc == OK_PROPAGATED)
@@ -208,7 +243,12 @@ static void run_case(struct tally *t, const char *call, int nth, int mode, const
     else
         t->lost++, what = "lost";
     if (what)
-        fprintf(stderr, "faults: %s -> %s\n", spec, what);
+        fprintf(stderr, "faults: %s%s -> %s\n", spec, graph ? " (graphs)" : "", what);
+}
+
+static void run_case(struct tally *t, const char *call, int nth, int mode, const char *other)
+{
+    run_case_as(t, call, nth, mode, other, 0);
 }
 
 #define NCALLS (sizeof calls / sizeof *calls)
@@ -260,6 +300,17 @@ static void quick_sweep(struct tally *t, size_t nn)
             run_case(t, calls[c], nth[k], ONCE, NULL);
     for (size_t i = 0; i < sizeof extra / sizeof *extra; i++)
         run_case(t, extra[i].call, extra[i].nth, extra[i].mode, extra[i].other);
+    /* The same work as CUDA graphs: their launches restore too. */
+    static const struct {
+        const char *call;
+        int nth, mode;
+    } graphs[] = {{"cuMemMap", 3, ONCE},
+                  {"cuMemMap", 144, ALWAYS},
+                  {"cuMemSetAccess", 144, ALWAYS},
+                  {"cuMemcpyAsync", 10, ONCE},
+                  {"cuEventSynchronize", 13, ONCE}};
+    for (size_t i = 0; i < sizeof graphs / sizeof *graphs; i++)
+        run_case_as(t, graphs[i].call, graphs[i].nth, graphs[i].mode, NULL, 1);
 }
 
 static void test_matrix(void **state)
@@ -304,7 +355,7 @@ static void test_startup_failures_recover(void **state)
     setenv("E2E_FAULTS_MUST_EVICT", "1", 1);
     int bad = 0;
     for (size_t i = 0; i < sizeof specs / sizeof *specs; i++) {
-        int rc = run_one(specs[i]);
+        int rc = run_one(specs[i], 0);
         if (rc != OK_RECOVERED) {
             fprintf(stderr, "faults: %s at start-up -> %d\n", specs[i], rc);
             bad++;
@@ -335,7 +386,7 @@ static void test_cuda12_drivers(void **state)
     int bad = 0;
     for (size_t i = 0; i < sizeof drivers / sizeof *drivers; i++) {
         setenv("SIMCUDA_DRIVER_VERSION", drivers[i].version, 1);
-        int rc = run_one("");
+        int rc = run_one("", 0);
         if (rc != drivers[i].want) {
             fprintf(stderr, "faults: driver %s -> %d, want %d\n", drivers[i].version, rc,
                     drivers[i].want);
