@@ -13,6 +13,7 @@
  */
 #include "telemetry/tm_internal.h"
 
+#include "sh_clock.h"
 #include "stagehand.h"
 
 #include <pthread.h>
@@ -215,9 +216,7 @@ void sh_tm_host_snapshot(struct sh_tm_host *out, uint32_t *n)
 
 uint64_t sh_tm_now_us(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+    return sh_clock_us();
 }
 
 static _Atomic uint64_t phase_t0; /* when the current phase began; 0 before the first */

@@ -10,6 +10,7 @@
 #include "config/config.h"
 #include "policy/policy.h"
 #include "policy/trace.h"
+#include "sh_clock.h"
 #include "sh_err.h"
 
 #include <errno.h>
@@ -18,7 +19,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 static const char *const kind_names[] = {"reactive", "lru", "learned", "belady"};
 
@@ -314,8 +314,7 @@ static int bench_writer(long n, const char *path)
     if (sh_trace_writer_open(path, "stagehand-sim --bench-writer", &w))
         return 1;
     uint64_t ids[4];
-    struct timespec a, b;
-    clock_gettime(CLOCK_MONOTONIC, &a);
+    uint64_t a = sh_clock_ns();
     int rc = 0;
     for (long i = 0; i < n && !rc; i++) {
         for (int j = 0; j < 4; j++)
@@ -325,8 +324,7 @@ static int bench_writer(long n, const char *path)
     }
     uint64_t bytes = sh_trace_writer_bytes(w);
     rc |= sh_trace_writer_close(w);
-    clock_gettime(CLOCK_MONOTONIC, &b);
-    double ns = (double)(b.tv_sec - a.tv_sec) * 1e9 + (double)(b.tv_nsec - a.tv_nsec);
+    double ns = (double)(sh_clock_ns() - a);
     printf("writer: %ld launches (4 regions each), %.1f ns per launch, %.1f bytes per launch\n", n,
            ns / (double)n, (double)bytes / (double)n);
     if (path == tmp)

@@ -21,13 +21,13 @@
 
 #include "policy/policy.h"
 #include "policy/trace.h"
+#include "sh_clock.h"
 #include "sh_err.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 int run_fail(struct run *r, const char *fmt, ...)
 {
@@ -39,13 +39,6 @@ int run_fail(struct run *r, const char *fmt, ...)
     }
     r->failed = 1;
     return SH_EINVAL;
-}
-
-uint64_t sim_clock_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 static size_t reg_of(const struct run *r, uint64_t id)
@@ -264,7 +257,7 @@ static int decide(struct run *r)
      * the plan's */
     if (any_ready(r, D2H) && commit_window(r, 1 << D2H, 0, W_EARLY))
         return SH_EINVAL;
-    uint64_t t0 = sim_clock_ns();
+    uint64_t t0 = sh_clock_ns();
     if (reserve_buf(r, r->nreg + 16))
         return SH_EINVAL;
     const struct sh_engine_plan_in in = {.dev = r->used + r->held,
@@ -275,7 +268,7 @@ static int decide(struct run *r)
     struct sh_policy_plan plan = {
         .fetch = r->buf, .fetch_max = half, .evict = r->buf + half, .evict_max = half};
     int due = sh_engine_plan(&r->eng, r->pol, &in, r->prot, r->nprot, &plan, NULL, NULL);
-    r->policy_ns += sim_clock_ns() - t0;
+    r->policy_ns += sh_clock_ns() - t0;
     if (due == SH_EBUSY)
         return 0; /* nothing to start */
     if (due < 0)
@@ -469,10 +462,10 @@ static int on_launch(struct run *r, const struct sh_trace_event *e)
     for (size_t k = 0; k < e->n; k++) /* a kept copy of what it writes goes stale */
         if (sh_trace_writes(e, k))
             r->reg[reg_of(r, e->ids[k])].dirty = 1;
-    uint64_t t0 = sim_clock_ns();
+    uint64_t t0 = sh_clock_ns();
     if (sh_policy_launch(r->pol, r->now / 1000, e->kernel, e->stream, e->ids, e->n))
         return run_fail(r, "trace line %u: policy refused the launch", e->line);
-    r->launch_ns += sim_clock_ns() - t0;
+    r->launch_ns += sh_clock_ns() - t0;
     r->launches++;
     if (decide(r))
         return SH_EINVAL;

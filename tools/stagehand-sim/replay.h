@@ -92,8 +92,6 @@ static inline struct tally *tally(struct run *r)
     return &r->steps[r->cur_step];
 }
 
-/* ---- the model's moves (replay.c) ---- */
-uint64_t sim_clock_ns(void);
 /* The host waits ns (copies go on meanwhile). */
 int run_hold(struct run *r, uint64_t ns);
 /* Waits for the next copy to finish, committing finished evictions. */

@@ -17,6 +17,7 @@
 
 #include "engine/engine.h"
 #include "policy/policy.h"
+#include "sh_clock.h"
 #include "sh_err.h"
 
 #include <stdio.h>
@@ -84,10 +85,10 @@ static size_t evict_chosen(void *ctx, size_t need, const uintptr_t *protect, siz
     while (!r->failed) {
         if (reserve_buf(r, r->nreg + 16))
             break;
-        uint64_t t0 = sim_clock_ns();
+        uint64_t t0 = sh_clock_ns();
         size_t n =
             sh_policy_victims(r->pol, need, (const uint64_t *)protect, np, r->buf, r->capbuf);
-        r->policy_ns += sim_clock_ns() - t0;
+        r->policy_ns += sh_clock_ns() - t0;
         if (n > 0) {
             /* as sh_pool_evict: the window drains the device, then copies */
             size_t first = r->ncp;
