@@ -17,6 +17,11 @@
  * pays nothing; if that fails, every later call fails too and the pool
  * copies as it would without clean skip.
  *
+ * The same module holds the pointer prefilter (sh_fingerprint_ptrs): one
+ * launch per range over the bytes an eviction window is about to move,
+ * each setting its 4-byte slot when it finds a word a pointer into the
+ * pool could start with; read back at once, like the fingerprints.
+ *
  * The library's own launch must not be taken for the program's: CUPTI
  * reports it like any other, and the callback leaves it alone while
  * sh_fingerprint_own() says so.
@@ -139,18 +144,33 @@ static int set_up(const struct sh_driver *d)
     return READY;
 }
 
+/* The library's own launch of f over `blocks` units of work (at most
+ * SH_CLEAN_GRID_MAX thread blocks), which the launch tracking leaves alone. */
+static CUresult own_launch(CUfunction f, uint64_t blocks, CUstream s, void **args)
+{
+    unsigned grid = blocks < SH_CLEAN_GRID_MAX ? (unsigned)blocks : SH_CLEAN_GRID_MAX;
+    own = 1;
+    CUresult r = sh_rt.drv.cuLaunchKernel(f, grid ? grid : 1, 1, 1, SH_CLEAN_THREADS, 1, 1, 0, s,
+                                          args, NULL);
+    own = 0;
+    return r;
+}
+
+/* After the launches r says were issued: the slots' first `bytes` read
+ * back into fp.x, and waited for. */
+static CUresult read_back(CUstream s, CUresult r, size_t bytes, uint64_t bus[2])
+{
+    if (r == CUDA_SUCCESS && (r = fp.dtoh(fp.x, fp.out, bytes, s)) == CUDA_SUCCESS)
+        bus[SH_D2H] += bytes;
+    return r == CUDA_SUCCESS ? sh_rt.drv.cuStreamSynchronize(s) : r;
+}
+
 static CUresult launch(CUstream s, uintptr_t addr, size_t len, unsigned slot)
 {
     CUdeviceptr src = (CUdeviceptr)addr, key = fp.key, out = fp.out + 16 * slot;
     uint64_t n = len;
     void *args[] = {&src, &n, &key, &out};
-    uint64_t blocks = (n + SH_CLEAN_BLOCK - 1) / SH_CLEAN_BLOCK;
-    unsigned grid = blocks < SH_CLEAN_GRID_MAX ? (unsigned)blocks : SH_CLEAN_GRID_MAX;
-    own = 1;
-    CUresult r = sh_rt.drv.cuLaunchKernel(fp.fn, grid ? grid : 1, 1, 1, SH_CLEAN_THREADS, 1, 1, 0,
-                                          s, args, NULL);
-    own = 0;
-    return r;
+    return own_launch(fp.fn, (n + SH_CLEAN_BLOCK - 1) / SH_CLEAN_BLOCK, s, args);
 }
 
 /* Up to SLOTS ranges: zeroed slots, one launch each, one read back. */
@@ -162,11 +182,7 @@ static int round_trip(const uintptr_t *addr, const size_t *len, size_t n, struct
     for (size_t i = 0; i < n && r == CUDA_SUCCESS; i++)
         if (len[i])
             r = launch(s, addr[i], len[i], (unsigned)i);
-    if (r == CUDA_SUCCESS && (r = fp.dtoh(fp.x, fp.out, 16 * n, s)) == CUDA_SUCCESS)
-        bus[SH_D2H] += 16 * n;
-    if (r == CUDA_SUCCESS)
-        r = sh_rt.drv.cuStreamSynchronize(s);
-    if (r != CUDA_SUCCESS) {
+    if ((r = read_back(s, r, 16 * n, bus)) != CUDA_SUCCESS) {
         sh_log(SH_LOG_WARN, "fingerprint kernel failed (%s): those regions are copied",
                sh_driver_error(&sh_rt.drv, r));
         return SH_EDRIVER;
@@ -176,25 +192,42 @@ static int round_trip(const uintptr_t *addr, const size_t *len, size_t n, struct
     return 0;
 }
 
-int sh_fingerprint(void *ctx, const uintptr_t *addr, const size_t *len, size_t n,
-                   struct sh_clean_fp *out, uint64_t bus[2])
+/* The managed context current and fp.mu held, the module set up: 0 if it
+ * is ready (and bus counts the key's upload, once), else an error; leave()
+ * after either. */
+static int enter(const struct sh_driver *d, uint64_t bus[2])
 {
-    (void)ctx;
-    const struct sh_driver *d = &sh_rt.drv;
     if (d->cuCtxPushCurrent(d->ctx) != CUDA_SUCCESS)
         return SH_EDRIVER;
     pthread_mutex_lock(&fp.mu);
     if (fp.state == UNTRIED)
         fp.state = set_up(d);
-    int rc = fp.state == READY ? 0 : SH_EDRIVER;
+    if (fp.state != READY)
+        return SH_EBUSY;
     bus[SH_H2D] += fp.key_bytes;
     fp.key_bytes = 0;
-    for (size_t done = 0; done < n && rc == 0; done += SLOTS)
-        rc = round_trip(addr + done, len + done, n - done < SLOTS ? n - done : SLOTS, out + done,
-                        bus);
+    return 0;
+}
+
+static void leave(const struct sh_driver *d, int entered)
+{
+    if (entered == SH_EDRIVER)
+        return; /* no context was pushed */
     pthread_mutex_unlock(&fp.mu);
     CUcontext popped;
     d->cuCtxPopCurrent(&popped);
+}
+
+int sh_fingerprint(void *ctx, const uintptr_t *addr, const size_t *len, size_t n,
+                   struct sh_clean_fp *out, uint64_t bus[2])
+{
+    (void)ctx;
+    const struct sh_driver *d = &sh_rt.drv;
+    int entered = enter(d, bus), rc = entered ? SH_EDRIVER : 0;
+    for (size_t done = 0; done < n && rc == 0; done += SLOTS)
+        rc = round_trip(addr + done, len + done, n - done < SLOTS ? n - done : SLOTS, out + done,
+                        bus);
+    leave(d, entered);
     return rc;
 }
 
@@ -206,13 +239,7 @@ static CUresult launch_ptrs(CUstream s, uintptr_t addr, size_t len, uint32_t top
     CUdeviceptr words = (CUdeviceptr)addr, found = fp.out + 4 * slot;
     uint64_t n = len / 4;
     void *args[] = {&words, &n, &top, &span, &found};
-    uint64_t blocks = (n + SH_CLEAN_THREADS - 1) / SH_CLEAN_THREADS;
-    unsigned grid = blocks < SH_CLEAN_GRID_MAX ? (unsigned)blocks : SH_CLEAN_GRID_MAX;
-    own = 1;
-    CUresult r = sh_rt.drv.cuLaunchKernel(fp.ptrs, grid ? grid : 1, 1, 1, SH_CLEAN_THREADS, 1, 1, 0,
-                                          s, args, NULL);
-    own = 0;
-    return r;
+    return own_launch(fp.ptrs, (n + SH_CLEAN_THREADS - 1) / SH_CLEAN_THREADS, s, args);
 }
 
 /* Up to 4 * SLOTS ranges: a 4-byte slot each, one read back. */
@@ -224,14 +251,10 @@ static int ptrs_round(const uintptr_t *addr, const size_t *len, size_t n, uint32
     for (size_t i = 0; i < n && r == CUDA_SUCCESS; i++)
         if (len[i] >= 8)
             r = launch_ptrs(s, addr[i], len[i], top, span, (unsigned)i);
-    if (r == CUDA_SUCCESS && (r = fp.dtoh(fp.x, fp.out, 4 * n, s)) == CUDA_SUCCESS)
-        bus[SH_D2H] += 4 * n;
-    if (r == CUDA_SUCCESS)
-        r = sh_rt.drv.cuStreamSynchronize(s);
-    if (r != CUDA_SUCCESS) {
+    if ((r = read_back(s, r, 4 * n, bus)) != CUDA_SUCCESS) {
         sh_log(SH_LOG_WARN,
-               "pointer prefilter kernel failed (%s): those bytes are scanned on the "
-               "CPU",
+               "pointer prefilter kernel failed (%s): those bytes are scanned on "
+               "the CPU",
                sh_driver_error(&sh_rt.drv, r));
         return SH_EDRIVER;
     }
@@ -251,21 +274,12 @@ int sh_fingerprint_ptrs(void *ctx, const uintptr_t *addr, const size_t *len, siz
     uint32_t top = (uint32_t)((uint64_t)lo >> 32);
     uint32_t span = (uint32_t)((uint64_t)(hi - 1) >> 32) - top;
     const struct sh_driver *d = &sh_rt.drv;
-    if (d->cuCtxPushCurrent(d->ctx) != CUDA_SUCCESS)
-        return SH_EDRIVER;
-    pthread_mutex_lock(&fp.mu);
-    if (fp.state == UNTRIED)
-        fp.state = set_up(d);
-    int rc = fp.state == READY && fp.ptrs ? 0 : SH_EDRIVER;
-    bus[SH_H2D] += rc == 0 ? fp.key_bytes : 0;
-    fp.key_bytes = rc == 0 ? 0 : fp.key_bytes;
+    int entered = enter(d, bus), rc = entered || !fp.ptrs ? SH_EDRIVER : 0;
     const size_t per = 4 * SLOTS; /* 4-byte results in the 16-byte slots' room */
     for (size_t done = 0; done < n && rc == 0; done += per)
         rc = ptrs_round(addr + done, len + done, n - done < per ? n - done : per, top, span,
                         found + done, bus);
-    pthread_mutex_unlock(&fp.mu);
-    CUcontext popped;
-    d->cuCtxPopCurrent(&popped);
+    leave(d, entered);
     return rc;
 }
 

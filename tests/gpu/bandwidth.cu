@@ -45,6 +45,27 @@ static void parse_sizes(const char *s, std::vector<size_t> *out)
     }
 }
 
+/* The sizes env names (a comma-separated list of MB), or dflt's. */
+static std::vector<size_t> sizes_from(const char *name, const char *dflt)
+{
+    std::vector<size_t> sizes;
+    const char *env = getenv(name);
+    parse_sizes(env && *env ? env : dflt, &sizes);
+    return sizes;
+}
+
+/* Device 0, made current, and its host NUMA node (-1 if unknown). */
+static CUdevice device0(int *numa_id)
+{
+    CK(cudaSetDevice(0));
+    CK(cudaFree(0));
+    CUdevice dev;
+    CKD(cuDeviceGet(&dev, 0));
+    *numa_id = -1;
+    cuDeviceGetAttribute(numa_id, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, dev);
+    return dev;
+}
+
 static CUmemAllocationProp make_prop(CUmemLocationType type, int id)
 {
     CUmemAllocationProp p;
@@ -89,21 +110,15 @@ template <typename F> static double rate(cudaStream_t s, size_t size, int reps, 
 static int copy_main(void)
 {
     set_test_name("bandwidth");
-    std::vector<size_t> sizes;
-    const char *env = getenv("BW_SIZES_MB");
-    parse_sizes(env && *env ? env : "64,256,1024", &sizes);
+    std::vector<size_t> sizes = sizes_from("BW_SIZES_MB", "64,256,1024");
     const int reps = (int)env_ll("BW_REPS", 10);
     const size_t chunk = (size_t)env_ll("BW_CHUNK_MB", 64) << 20;
     size_t max = 0;
     for (size_t s : sizes)
         max = s > max ? s : max;
 
-    CK(cudaSetDevice(0));
-    CK(cudaFree(0));
-    CUdevice dev;
-    CKD(cuDeviceGet(&dev, 0));
-    int numa_id = -1;
-    cuDeviceGetAttribute(&numa_id, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, dev);
+    int numa_id;
+    CUdevice dev = device0(&numa_id);
     cudaStream_t s1, s2;
     CK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
     CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
@@ -234,16 +249,10 @@ static uint32_t read_words(const volatile uint32_t *p, size_t n)
 static int remap_main(void)
 {
     set_test_name("remap");
-    std::vector<size_t> sizes;
-    const char *env = getenv("REMAP_SIZES_MB");
-    parse_sizes(env && *env ? env : "2,64,512", &sizes);
+    std::vector<size_t> sizes = sizes_from("REMAP_SIZES_MB", "2,64,512");
     const int reps = (int)env_ll("REMAP_REPS", 20);
-    CK(cudaSetDevice(0));
-    CK(cudaFree(0));
-    CUdevice dev;
-    CKD(cuDeviceGet(&dev, 0));
-    int numa_id = -1;
-    cuDeviceGetAttribute(&numa_id, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, dev);
+    int numa_id;
+    CUdevice dev = device0(&numa_id);
     CUmemAllocationProp dprop = make_prop(CU_MEM_LOCATION_TYPE_DEVICE, dev);
     CUmemAllocationProp hprop =
         make_prop(CU_MEM_LOCATION_TYPE_HOST_NUMA, numa_id < 0 ? 0 : numa_id);
