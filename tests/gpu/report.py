@@ -432,6 +432,14 @@ class Report:
                  "steps 0 and 1 left out." % (ml, mp, over * 100,
                                               "meets" if over <= OVERHEAD_TARGET else "misses"))
         self.out()
+        pa, la = self.runs.get("measure/fit-plain-async"), self.runs.get("measure/fit-lib-async")
+        if pa and la and pa["steps"] and la["steps"]:
+            mpa = median_after(pa["steps"], "step_s")
+            mla = median_after(la["steps"], "step_s")
+            self.out("With PyTorch's cudaMallocAsync backend (one pair): median %.4f s with the "
+                     "library against %.4f s without: **%+.2f%%**." % (mla, mpa,
+                                                                       (mla / mpa - 1) * 100))
+            self.out()
 
     def pinned_bandwidth(self):
         bw = self.c.get("bandwidth", {}).get("results", {})
@@ -733,6 +741,8 @@ def self_test():
         run("measure/fit-lib-1", [10.5, 10.25, 10.0, 9.75], 0.302, {"budget_bytes": 80 * GB})
         run("measure/fit-plain-2", [10.5, 10.25, 10.0, 9.75], 0.300)
         run("measure/fit-lib-2", [10.5, 10.25, 10.0, 9.75], 0.302, {"budget_bytes": 80 * GB})
+        run("measure/fit-plain-async", [10.5, 10.25, 10.0, 9.75], 0.300)
+        run("measure/fit-lib-async", [10.5, 10.25, 10.0, 9.75], 0.306, {"budget_bytes": 80 * GB})
         write("measure/accelerate.jsonl", '{"skipped": "accelerate not installed"}\n')
         write("trace/stagehand.trace", "# stagehand trace 1\nA 1 2\nL 3 4\nL 5 6\n")
         write("skipped.txt", "train/profiler-window\nmeasure/save-on-cpu\n")
@@ -740,7 +750,7 @@ def self_test():
         text = rep.build()
         expect = ["bit-exact (3 steps)", "**DIFFER** from step 2", "+0.67%", "meets",
                   "3.00x", "skipped: accelerate not installed", "+600 ns", "L 2, A 1",
-                  "equal", "above its 12.0 GB budget", "| 64 MB | 812.5 | 640.0 | 3.10 | 11.50 |", "**cupti** before and **hooks** during",
+                  "equal", "above its 12.0 GB budget", "against 0.3000 s without: **+2.00%**", "| 64 MB | 812.5 | 640.0 | 3.10 | 11.50 |", "**cupti** before and **hooks** during",
                   "77 device events", "reference for oversub-cudnn", "within 0.005",
                   "cut by the deadline (`run.sh --short`): train/profiler-window, measure/save-on-cpu",
                   "| default | 0.900 s | 600 ms | 100 ms | 400 ms | 50 ms | 12 (550 ms) | 3.0 GB, 300 ms (200 ms waited) | 40% | 3 | 0 |"]

@@ -480,6 +480,11 @@ part_measure() {
         run_py measure "fit-lib-$i" LD_PRELOAD="$lib" "${cupti_py[@]}" -- ||
             note_fail "measure/fit-lib-$i"
     done
+    # The same pair with PyTorch's cudaMallocAsync backend, which the launcher
+    # sets: every tensor is an allocation the library sees.
+    run_py measure fit-plain-async -- --allocator async || note_fail "measure/fit-plain-async"
+    run_py measure fit-lib-async LD_PRELOAD="$lib" "${cupti_py[@]}" -- --allocator async ||
+        note_fail "measure/fit-lib-async"
     if [ -f "$res/measure/fit-lib-1.jsonl" ]; then
         compare "$res/measure/fit-plain-1.jsonl" "$res/measure/fit-lib-1.jsonl" \
             "$(cat "$res/tolerance.txt" 2>/dev/null)" ||
