@@ -208,7 +208,7 @@ static int unknown(const struct region *r)
 /* The device's answer for the chunks of the regions of v that look[] says,
  * in order, into found[]; 0, or an error. */
 static int candidates(struct sh_pool *pool, struct region **v, size_t n, const unsigned char *look,
-                      size_t m, unsigned char *found)
+                      size_t m, unsigned char *found, uint64_t bus[2])
 {
     uintptr_t *addr = malloc(m * sizeof *addr);
     size_t *len = malloc(m * sizeof *len);
@@ -218,7 +218,6 @@ static int candidates(struct sh_pool *pool, struct region **v, size_t n, const u
             addr[j] = v[k]->va + v[k]->chunks[i].off;
             len[j] = v[k]->chunks[i].size;
         }
-    uint64_t bus[2] = {0, 0};
     if (rc == 0)
         rc = pool->mover.ptr_candidates(pool->mover.fp_ctx, addr, len, m,
                                         __atomic_load_n(&pool->lo, __ATOMIC_RELAXED),
@@ -240,12 +239,18 @@ void sh_pool_scan_prefilter(struct sh_pool *pool, struct region **v, size_t n)
         }
     }
     unsigned char *found = m && pool->mover.ptr_candidates ? malloc(m) : NULL;
+    uint64_t bus[2] = {0, 0};
+    int rc = found ? candidates(pool, v, n, look, m, found, bus) : SH_ENOMEM;
     if (found) {
         pthread_mutex_lock(&pool->scan.mu);
-        pool->scan.prefilters += m;
+        pool->scan.prefilters += rc == 0 ? m : 0;
         pthread_mutex_unlock(&pool->scan.mu);
+        pthread_mutex_lock(&pool->mu);
+        pool->st.evicted_bytes += bus[SH_D2H]; /* every byte that crosses the bus */
+        pool->st.restored_bytes += bus[SH_H2D];
+        pthread_mutex_unlock(&pool->mu);
     }
-    if (found && candidates(pool, v, n, look, m, found) == 0)
+    if (rc == 0)
         for (size_t k = 0, j = 0; k < n; k++) {
             int any = 0;
             for (unsigned i = 0; look[k] && i < v[k]->nchunks; i++)

@@ -435,8 +435,10 @@ static void test_host_side_exhausted(void **state)
         assert_int_equal(count_lines(c.err, "stagehand:", NULL, NULL, 0), 0);
         return;
     }
-    /* The device budget and then the host budget were used up first. */
-    assert_true(n * REGION_MB >= 256 + 128);
+    /* The device budget and then the host budget were used up first. Once
+     * it evicts, the library's own kernels hold 64 KB of the device budget
+     * (their key and result slots): one region's room. */
+    assert_true(n * REGION_MB >= 256 + 128 - REGION_MB);
     assert_true(value(&c, "evictions") > 0);
     assert_int_equal(value(&c, "oom"), 1);
     assert_int_equal(value(&c, "host_mb"), 128);

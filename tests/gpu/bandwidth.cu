@@ -24,7 +24,7 @@
  *   What a move costs besides its copy: the driver's remap of one chunk as
  *   the library makes it (cuMemUnmap, cuMemMap of the other handle,
  *   cuMemSetAccess for the device), device to host and back, per chunk
- *   size; and how fast the CPU reads host-located VMM memory through a
+ *   size, and the same bytes as 2 MB chunks; and how fast the CPU reads host-located VMM memory through a
  *   mapping with host access (what the pointer scan of evicted bytes
  *   reads), against plain malloc memory.
  *   env REMAP_SIZES_MB (2,64,512), REMAP_REPS (20)
@@ -246,6 +246,44 @@ static uint32_t read_words(const volatile uint32_t *p, size_t n)
     return acc;
 }
 
+/* Seconds to remap [va, va + size) in pieces of `piece` bytes, each its own
+ * pair of handles, to the host handles and back (t[0], t[1]), per rep:
+ * what a region of many chunks costs against one chunk of its size. */
+static void remap_pieces(size_t size, size_t piece, int reps, const CUmemAllocationProp *dprop,
+                         const CUmemAllocationProp *hprop, const CUmemAccessDesc *dacc,
+                         double t[2])
+{
+    size_t n = size / piece;
+    std::vector<CUmemGenericAllocationHandle> dh(n), hh(n);
+    CUdeviceptr va;
+    CKD(cuMemAddressReserve(&va, size, 0, 0, 0));
+    for (size_t i = 0; i < n; i++) {
+        CKD(cuMemCreate(&dh[i], piece, dprop, 0));
+        CKD(cuMemCreate(&hh[i], piece, hprop, 0));
+        CKD(cuMemMap(va + i * piece, piece, 0, dh[i], 0));
+        CKD(cuMemSetAccess(va + i * piece, piece, dacc, 1));
+    }
+    t[0] = t[1] = 0;
+    for (int r = 0; r < reps; r++)
+        for (int d = 0; d < 2; d++) {
+            double a = now_s();
+            for (size_t i = 0; i < n; i++) {
+                CKD(cuMemUnmap(va + i * piece, piece));
+                CKD(cuMemMap(va + i * piece, piece, 0, d == 0 ? hh[i] : dh[i], 0));
+                CKD(cuMemSetAccess(va + i * piece, piece, dacc, 1));
+            }
+            t[d] += now_s() - a;
+        }
+    t[0] /= reps;
+    t[1] /= reps;
+    CKD(cuMemUnmap(va, size));
+    for (size_t i = 0; i < n; i++) {
+        CKD(cuMemRelease(dh[i]));
+        CKD(cuMemRelease(hh[i]));
+    }
+    CKD(cuMemAddressFree(va, size));
+}
+
 static int remap_main(void)
 {
     set_test_name("remap");
@@ -303,10 +341,15 @@ static int remap_main(void)
         sink |= read_words(plain, words);
         double plain_s = now_s() - a;
         free(plain);
+        const size_t piece = 2 << 20;
+        double pieces[2] = {0, 0};
+        if (size > piece)
+            remap_pieces(size, piece, reps, &dprop, &hprop, &dacc, pieces);
         printf("RESULT remap size_mb=%zu evict_remap_us=%.1f restore_remap_us=%.1f "
+               "evict_remap_2mb_pieces_us=%.1f restore_remap_2mb_pieces_us=%.1f "
                "cpu_read_slab_gbps=%.2f cpu_read_plain_gbps=%.2f sink=%u\n",
-               size >> 20, t[0] / reps * 1e6, t[1] / reps * 1e6, (double)size / slab_s / 1e9,
-               (double)size / plain_s / 1e9, sink);
+               size >> 20, t[0] / reps * 1e6, t[1] / reps * 1e6, pieces[0] * 1e6,
+               pieces[1] * 1e6, (double)size / slab_s / 1e9, (double)size / plain_s / 1e9, sink);
         fflush(stdout);
         CKD(cuMemUnmap(va, size));
         CKD(cuMemUnmap(staging, size));

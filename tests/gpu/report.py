@@ -509,6 +509,8 @@ class Report:
                     "target"), rows)
         remap = self.c.get("remap", {}).get("results", {})
         rrows = [(kv["size_mb"] + " MB", kv["evict_remap_us"], kv["restore_remap_us"],
+                  "%s / %s" % (kv.get("evict_remap_2mb_pieces_us", "–"),
+                               kv.get("restore_remap_2mb_pieces_us", "–")),
                   kv["cpu_read_slab_gbps"], kv["cpu_read_plain_gbps"])
                  for _, kv in sorted(remap.items(), key=lambda t: int(t[1].get("size_mb", 0)))
                  if "evict_remap_us" in kv]
@@ -519,6 +521,7 @@ class Report:
                      "memory.")
             self.out()
             self.table(("chunk", "evict remap µs", "restore remap µs",
+                        "the same in 2 MB chunks µs (evict / restore)",
                         "CPU read of a slab GB/s", "CPU read of malloc memory GB/s"), rrows)
         o = self.c.get("oversub", {}).get("results", {}).get("main")
         if o:
@@ -694,7 +697,8 @@ def self_test():
               "vmm_restore_chunked_gbps=46.00 vmm_evict_chunked_gbps=45.00 ratio_h2d=0.920 "
               "ratio_d2h=0.900 host_kind=HOST_NUMA\nPASS bandwidth: ok\n")
         write("c/remap.log", "RESULT remap size_mb=64 evict_remap_us=812.5 "
-                             "restore_remap_us=640.0 cpu_read_slab_gbps=3.10 "
+                             "restore_remap_us=640.0 evict_remap_2mb_pieces_us=9000.0 "
+                             "restore_remap_2mb_pieces_us=8000.0 cpu_read_slab_gbps=3.10 "
                              "cpu_read_plain_gbps=11.50 sink=0\nPASS remap: measured\n")
         write("c/launch-plain.log", "RESULT launch mode=plain launches=10 "
                                     "ns_per_launch_noargs=2000 ns_per_launch_4ptrs=2100\nPASS x\n")
@@ -750,7 +754,7 @@ def self_test():
         text = rep.build()
         expect = ["bit-exact (3 steps)", "**DIFFER** from step 2", "+0.67%", "meets",
                   "3.00x", "skipped: accelerate not installed", "+600 ns", "L 2, A 1",
-                  "equal", "above its 12.0 GB budget", "against 0.3000 s without: **+2.00%**", "| 64 MB | 812.5 | 640.0 | 3.10 | 11.50 |", "**cupti** before and **hooks** during",
+                  "equal", "above its 12.0 GB budget", "against 0.3000 s without: **+2.00%**", "| 64 MB | 812.5 | 640.0 | 9000.0 / 8000.0 | 3.10 | 11.50 |", "**cupti** before and **hooks** during",
                   "77 device events", "reference for oversub-cudnn", "within 0.005",
                   "cut by the deadline (`run.sh --short`): train/profiler-window, measure/save-on-cpu",
                   "| default | 0.900 s | 600 ms | 100 ms | 400 ms | 50 ms | 12 (550 ms) | 3.0 GB, 300 ms (200 ms waited) | 40% | 3 | 0 |"]
