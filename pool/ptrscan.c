@@ -26,8 +26,10 @@
  *
  * Locking: pool->lo/hi and region->holds_ptrs are atomics; index lookups
  * take index_lock for reading. pool->scan.mu guards the queue and each
- * region's scan state, and is never held while scanning or while taking
- * another pool lock. A fork child has no scanner: it scans inline.
+ * region's scan state and the counters of prefilters and skipped scans,
+ * and is never held while scanning or while taking another pool lock.
+ * region->no_ptrs is set, taken and cleared under move_mu (the windows and
+ * what follows them). A fork child has no scanner: it scans inline.
  */
 #include "pool/region_int.h"
 
