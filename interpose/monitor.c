@@ -107,11 +107,10 @@ void sh_monitor_sync(void)
      * window or cancelled was not. */
     delta(SH_TM_C_prefetch_hits, st.prefetch_commits - st.prefetch_redos, &last.prefetch_hits);
     delta(SH_TM_C_prefetch_misses, st.prefetch_redos + st.prefetch_cancels, &last.prefetch_misses);
-    struct sh_sched_stats ss;
-    if (sh_sched_stats(&ss) == 0) {
-        delta(SH_TM_C_stall_count, ss.stalls, &last.stalls);
-        delta(SH_TM_C_stall_time_us, ss.stall_us, &last.stall_us);
-    }
+    uint64_t stalls, stall_us; /* with or without the learned policy */
+    sh_sched_stalls(&stalls, &stall_us);
+    delta(SH_TM_C_stall_count, stalls, &last.stalls);
+    delta(SH_TM_C_stall_time_us, stall_us, &last.stall_us);
     pthread_mutex_unlock(&sync_mu);
     sh_tm_vram(st.device_bytes + sh_fingerprint_device_bytes());
     set_region_gauges(&st);
