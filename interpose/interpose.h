@@ -233,7 +233,6 @@ struct sh_sched_stats {
     int64_t step;
     int phase, trace_ready;
     uint64_t persistent, transient;
-    uint64_t stalls, stall_us;
     uint64_t launches;       /* recorded */
     uint64_t steps_followed; /* completed steps that followed a recording */
     uint64_t steps_departed; /* ... that departed from every one (or had none) */

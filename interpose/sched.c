@@ -21,8 +21,8 @@
 
 #include "policy/policy.h"
 #include "policy/trace.h"
-#include "sh_err.h"
 #include "sh_clock.h"
+#include "sh_err.h"
 #include "sh_log.h"
 #include "telemetry/telemetry.h"
 
@@ -389,8 +389,6 @@ int sh_sched_stats(struct sh_sched_stats *out)
                                    .trace_ready = st.trace_ready,
                                    .persistent = st.persistent,
                                    .transient = st.transient,
-                                   .stalls = st.stalls,
-                                   .stall_us = st.stall_us,
                                    .launches = st.launches,
                                    .steps_followed = st.steps_matched,
                                    .steps_departed = st.steps_diverged};

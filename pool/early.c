@@ -265,15 +265,15 @@ static void ev_window(struct sh_pool *pool, struct region **v, size_t n, char *o
         ok[k] = 0;
         if (verdict == 0)
             sh_pool_unseen_write(pool, r, "under an early eviction (which stays resident)");
-        if (same)
-            sh_pool_check_move(pool, r, r->va, "early eviction");
-        if (same)
-            sh_pool_scan_prefilter(pool, &r, 1); /* the device bytes, before they leave */
-        if (same && ev_switch(pool, r) == 0) {
+        if (!same)
+            continue;
+        sh_pool_check_move(pool, r, r->va, "early eviction");
+        sh_pool_scan_prefilter(pool, &r, 1); /* the device bytes, before they leave */
+        if (ev_switch(pool, r) == 0) {
             r->evict_clock = now; /* work issued from here on runs on the slabs */
             ok[k] = 1;
         } else {
-            r->no_ptrs = 0;
+            r->no_ptrs = 0; /* it stays: no landing to skip */
         }
     }
 }

@@ -287,6 +287,69 @@ static void test_pointer_table(void **state)
     cudaFree(table);
 }
 
+/* put(t, p, off): stores the pointer p at byte offset off of t, on the
+ * device: no byte of it crosses to the host. */
+static void k_put(void **a)
+{
+    char *t = *(char **)a[0];
+    void *p = *(void **)a[1];
+    size_t off = *(size_t *)a[2];
+    memcpy(t + off, &p, sizeof p);
+}
+
+/* A launch naming r: whether the library counted it as opaque. */
+static int launch_is_opaque(void *r)
+{
+    stagehand_stats_t before, after;
+    stats(&before);
+    size_t n = 1;
+    void *args[] = {&r, &n};
+    assert_int_equal(cudaLaunchKernel((const void *)k_bump, one, one, args, 0, NULL), cudaSuccess);
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    stats(&after);
+    return after.opaque_work > before.opaque_work;
+}
+
+/* A pointer table a kernel wrote on the device is known only from its
+ * bytes once an eviction lands them; the device's prefilter reads them
+ * first and must not let such a region skip the CPU's scan (a pointer at
+ * offset 4 mod 8 included). After the eviction, a launch naming the table
+ * is opaque; one naming a region of plain data is not. */
+static void test_device_written_table(void **state)
+{
+    (void)state;
+    if (!preloaded)
+        skip();
+    void *t, *u, *r[NREGIONS];
+    assert_int_equal(cudaMalloc(&t, (size_t)REGION_MB << 20), cudaSuccess);
+    assert_int_equal(cudaMalloc(&u, (size_t)REGION_MB << 20), cudaSuccess);
+    assert_int_equal(fill(t, WORDS, 3, NULL), cudaSuccess);
+    assert_int_equal(fill(u, WORDS, 5, NULL), cudaSuccess);
+    assert_int_equal(cudaMalloc(&r[0], (size_t)REGION_MB << 20), cudaSuccess);
+    size_t off = ((size_t)REGION_MB << 20) - 4096 + 4;
+    void *args[] = {&t, &r[0], &off};
+    assert_int_equal(cudaLaunchKernel((const void *)k_put, one, one, args, 0, NULL), cudaSuccess);
+    for (int i = 1; i < NREGIONS; i++) { /* three budgets' worth: t and u go to the host */
+        assert_int_equal(cudaMalloc(&r[i], (size_t)REGION_MB << 20), cudaSuccess);
+        assert_int_equal(fill(r[i], WORDS, (uint32_t)i, NULL), cudaSuccess);
+    }
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    int (*residency)(const void *) =
+        (int (*)(const void *))dlsym(RTLD_DEFAULT, "stagehand_residency");
+    assert_non_null(residency);
+    assert_int_equal(residency(t), 0);
+    assert_int_equal(residency(u), 0);
+    stagehand_stats_t st;
+    stats(&st);
+    assert_true(st.prefilters > 0); /* the device looked at them first */
+    assert_true(launch_is_opaque(t));
+    assert_false(launch_is_opaque(u));
+    for (int i = 0; i < NREGIONS; i++)
+        cudaFree(r[i]);
+    cudaFree(t);
+    cudaFree(u);
+}
+
 /* ---- stress: 8 threads x 2 streams of random alloc/free/launch ---- */
 
 struct slot {
@@ -416,6 +479,8 @@ static int setup(void **state)
     assert_int_equal(simcuda_register_kernel(k_bump, "bump", 2, bump_sizes, 0), 0);
     assert_int_equal(simcuda_register_kernel(k_add3, "add3", 2, bump_sizes, 0), 0);
     assert_int_equal(simcuda_register_kernel(k_table_bump, "table_bump", 3, table_sizes, 0), 0);
+    size_t put_sizes[] = {sizeof(void *), sizeof(void *), sizeof(size_t)};
+    assert_int_equal(simcuda_register_kernel(k_put, "put", 3, put_sizes, 0), 0);
     stagehand_stats_t st;
     stats(&st);
     return 0;
@@ -444,6 +509,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_stub_launches),
         cmocka_unit_test(test_pending_error_is_the_programs),
         cmocka_unit_test(test_pointer_table),
+        cmocka_unit_test(test_device_written_table),
         cmocka_unit_test(test_stress),
         cmocka_unit_test(test_tracked_never_drains_the_device),
         cmocka_unit_test(test_tracked_drain),
