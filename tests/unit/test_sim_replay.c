@@ -335,6 +335,24 @@ static void test_fingerprint_cost(void **state)
     assert_true(slow >= fast + 2 * RO / 1e9);
 }
 
+/* The pointer prefilter reads every evicted region in its window, copied
+ * or clean, at --prefilter-gbps (by default the --hbm-gbps rate): at
+ * 1 GB/s each eviction of half a GiB costs half a second more. */
+static void test_prefilter_cost(void **state)
+{
+    (void)state;
+    assert_int_equal(sim("--trace " CLEAN " --policy learned --hbm-gbps 100000"), 0);
+    double fast = field("learned", "step_s");
+    assert_int_equal(
+        sim("--trace " CLEAN " --policy learned --hbm-gbps 100000 --prefilter-gbps 100000"), 0);
+    assert_true(field("learned", "step_s") == fast); /* the default is the device's rate */
+    assert_int_equal(
+        sim("--trace " CLEAN " --policy learned --hbm-gbps 100000 --prefilter-gbps 1"), 0);
+    double slow = field("learned", "step_s");
+    /* per steady step at least one eviction (a clean one among them) */
+    assert_true(slow >= fast + RO / 1e9);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -350,6 +368,7 @@ int main(void)
         cmocka_unit_test(test_clean_regions),
         cmocka_unit_test(test_old_traces_write_everything),
         cmocka_unit_test(test_fingerprint_cost),
+        cmocka_unit_test(test_prefilter_cost),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -59,6 +59,8 @@ static void test_ranges_named(void **state)
            "stagehand-sim: --compute-ms: expected a number in [0.001, 1e+06], got \"1e300\"");
     expect("--gen --hbm-gbps 0", 2,
            "stagehand-sim: --hbm-gbps: expected a number in [0.001, 1e+06], got \"0\"");
+    expect("--gen --prefilter-gbps x", 2,
+           "stagehand-sim: --prefilter-gbps: expected a number in [0.001, 1e+06], got \"x\"");
     expect("--gen --eval-every x", 2,
            "stagehand-sim: --eval-every: expected a whole number in [0, 10000], got \"x\"");
     expect("--gen --compute-ms 1000000 --blocks 1000 --steps 10000", 2,

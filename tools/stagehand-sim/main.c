@@ -43,6 +43,8 @@ static void usage(FILE *f)
           "  --hbm-gbps X (2000)  device memory bandwidth, GB/s: what a fingerprint of a\n"
           "                       region costs ([policy] clean_skip), and the generated\n"
           "                       optimizer's kernels\n"
+          "  --prefilter-gbps X (the --hbm-gbps rate)  what the pointer prefilter reads\n"
+          "                       each evicted region at, in its window\n"
           "  --config FILE        stagehand.ini for [budget] [transfer] [policy] [conductor]\n"
           "  --ignore-marks       the policy finds the steps itself, as for a program that marks\n"
           "                       none (the trace's marks still delimit the steps measured)\n"
@@ -60,6 +62,7 @@ struct opts {
     int gen, header, verbose, no_conductor, ignore_marks;
     struct gen_params g;
     double vram_gb, oversub, pcie_gbps, remap_us, map_us, default_us;
+    double prefilter_gbps; /* 0: hbm_gbps */
     int shared;
     int policy; /* -1 = all */
     long bench_writer;
@@ -97,6 +100,7 @@ enum {
     O_EVAL,
     O_NOMARKS,
     O_HBM,
+    O_PREFILTER,
     O_HELP
 };
 
@@ -132,6 +136,7 @@ static const struct option longopts[] = {
     {"eval-every", required_argument, 0, O_EVAL},
     {"ignore-marks", no_argument, 0, O_NOMARKS},
     {"hbm-gbps", required_argument, 0, O_HBM},
+    {"prefilter-gbps", required_argument, 0, O_PREFILTER},
     {"help", no_argument, 0, O_HELP},
     {0, 0, 0, 0},
 };
@@ -172,6 +177,7 @@ static const struct numopt numopts[] = {
     {O_REMAP, 0, 1e6, 0, OFF(remap_us)},           {O_MAP, 0, 1e6, 0, OFF(map_us)},
     {O_DEFAULT, 0, 1e6, 0, OFF(default_us)},       {O_EVAL, 0, 10000, 1, OFF(g.eval_every)},
     {O_BENCHW, 1, 1e9, 1, OFF(bench_writer)},      {O_HBM, 0.001, 1e6, 0, OFF(g.hbm_gbps)},
+    {O_PREFILTER, 0.001, 1e6, 0, OFF(prefilter_gbps)},
 };
 
 /* One option with a numeric argument into the right field; the message names
@@ -394,6 +400,7 @@ static int run_policies(const struct opts *o, const struct sh_trace *t, const ch
         .map_ns = (uint64_t)(o->map_us * 1000),
         .default_ns = (uint64_t)(o->default_us * 1000),
         .hbm_bytes_per_s = o->g.hbm_gbps * 1e9,
+        .prefilter_bytes_per_s = (o->prefilter_gbps > 0 ? o->prefilter_gbps : o->g.hbm_gbps) * 1e9,
         .verbose = o->verbose,
         .ignore_marks = o->ignore_marks,
     };

@@ -158,6 +158,8 @@ static uint64_t commit_one(struct run *r, struct copy *cp)
         s->res = SH_RES_DEVICE;
         cost += keep_copy(r, s);
     } else {
+        /* the prefilter reads the bytes about to leave, copied or clean */
+        cost += (uint64_t)((double)s->bytes / r->sp->prefilter_bytes_per_s * 1e9 + 0.5);
         s->res = SH_RES_HOST;
         r->used -= s->bytes;
         r->evicting -= s->bytes;

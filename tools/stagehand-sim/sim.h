@@ -58,6 +58,9 @@ struct sim_params {
      * remap window. */
     int clean_skip;
     double hbm_bytes_per_s;
+    /* Every eviction's bytes are read once more in its window by the
+     * library's pointer prefilter (a kernel; pool/ptrscan.c), at this rate. */
+    double prefilter_bytes_per_s;
     int verbose;
     int ignore_marks; /* the policy is told no mark: it finds the steps itself */
 };
