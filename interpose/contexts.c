@@ -99,7 +99,7 @@ static CUresult destroy(destroy_fn f, CUcontext ctx)
     if (r == CUDA_SUCCESS) {
         sh_peers_forget(ctx);
         if (sh_managed())
-            sh_launch_forget_context(ctx);
+            sh_slots_forget_context(ctx);
     }
     sh_peers_destroying(0);
     return r;

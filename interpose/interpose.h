@@ -112,6 +112,20 @@ void sh_room_init(void);
 uint64_t sh_stream_key(CUstream s);
 CUstream sh_stream_ptsz(CUstream s);
 int sh_stream_capturing(CUstream s);
+/* drain_mode = tracked (slots.c): each stream that uses regions has a slot
+ * and an event. sh_slots_tracked: the mode is on. sh_slots_record: records
+ * s's slot's event behind the work just issued on s and returns its bit
+ * (SH_SLOTS_ANY when s has none: a drain waits for the whole device).
+ * sh_slots_tracked_drain: the drain that waits for given slots and the poll
+ * that says whether they are idle; NULL otherwise. sh_slots_forget_context:
+ * the program destroyed ctx, whose work had ended: a tracked drain no
+ * longer waits for the events made there (their handles are gone), and its
+ * streams' slots are not used again. */
+#define SH_SLOTS_ANY (1ull << 63)
+int sh_slots_tracked(void);
+uint64_t sh_slots_record(CUstream s);
+void sh_slots_tracked_drain(int (**drain)(void *, uint64_t), int (**idle)(void *, uint64_t));
+void sh_slots_forget_context(CUcontext ctx);
 /* With several devices: sh_stream_device, the device whose memory a
  * stream-ordered allocation on s comes from (s's; the current one for the
  * special handles), -1 when the driver cannot say (the real call answers);
@@ -163,13 +177,6 @@ void sh_launch_mark_upload(const void *dst, const void *src, size_t n);
  * apart at src (a 2D copy, or one slice of a 3D one). */
 void sh_launch_mark_upload_rows(const void *dst, size_t dpitch, const void *src, size_t spitch,
                                 size_t width, size_t rows);
-/* With drain_mode = tracked, the drain that waits for given stream slots
- * and the poll that says whether they are idle; NULL otherwise. */
-void sh_launch_tracked_drain(int (**drain)(void *, uint64_t), int (**idle)(void *, uint64_t));
-/* The program destroyed ctx, whose work had ended: a tracked drain no longer
- * waits for the events it made there (their handles are gone), and its
- * streams' slots are not used again. */
-void sh_launch_forget_context(CUcontext ctx);
 /* The region addresses a launch's parameters point into (at most max). */
 /* What a graph keeps of its kernel nodes' scans: every candidate value (a
  * table recorded later may hold one), and whether a launch of them counts

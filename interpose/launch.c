@@ -13,10 +13,8 @@
  * gate's read side until it has been issued.
  *
  * Locking: layout_mu guards the layout cache; ranges_mu the pointer-table
- * ranges (ranges_min/max are read without it); slots_mu the tracked
- * drain's stream slots (a slot's event is read without it by the launch
- * that records it, whose stream's context cannot be destroyed meanwhile).
- * The depth counter is thread-local.
+ * ranges (ranges_min/max are read without it). The depth counter is
+ * thread-local. The tracked drain's per-stream events are slots.c's.
  */
 #include "interpose/dl.h"
 #include "interpose/cubin.h"
@@ -420,57 +418,6 @@ static void report_residency(const uintptr_t *bases, size_t nb, const uintptr_t 
     sh_sched_announce(on, in_state(was, nwas, SH_RS_RESIDENT, on), SH_TM_EV_RESTORE);
 }
 
-/* ---- drain_mode = tracked: the streams that used each region ---- */
-
-#define STREAM_SLOTS 63 /* bit 63: a stream without a slot; drain the device */
-
-static pthread_mutex_t slots_mu = PTHREAD_MUTEX_INITIALIZER;
-static uint64_t slot_key[STREAM_SLOTS];  /* sh_stream_key of the slot's stream */
-static CUevent slot_event[STREAM_SLOTS]; /* NULL once its context is destroyed */
-static CUcontext slot_ctx[STREAM_SLOTS]; /* the context the event was made in */
-static int nslots;
-#define DEAD_KEY UINT64_MAX /* a slot of a destroyed context: no stream matches */
-
-static int tracked(void)
-{
-    return sh_rt.cfg.transfer.drain_mode == SH_CONFIG_DRAIN_TRACKED;
-}
-
-/* An event for stream s: made in s's context, or recording it there fails
- * (and the drain falls back to waiting for the whole device). */
-static CUresult slot_event_create(CUstream s, CUevent *ev, CUcontext *made_in)
-{
-    const struct sh_driver *d = &sh_rt.drv;
-    CUcontext c = NULL, popped;
-    if (!d->several || d->cuStreamGetCtx(s, &c) != CUDA_SUCCESS || !c ||
-        d->cuCtxPushCurrent(c) != CUDA_SUCCESS) {
-        if (d->cuCtxGetCurrent(made_in) != CUDA_SUCCESS)
-            *made_in = NULL;
-        return d->cuEventCreate(ev, CU_EVENT_DISABLE_TIMING);
-    }
-    *made_in = c;
-    CUresult r = d->cuEventCreate(ev, CU_EVENT_DISABLE_TIMING);
-    d->cuCtxPopCurrent(&popped);
-    return r;
-}
-
-/* The slot of a stream, made on first sight; 63 when they are all taken.
- * Keyed by identity: every thread's per-thread stream has its own slot, or
- * one thread's launch would re-record the event another's work is behind. */
-static int stream_slot(CUstream s)
-{
-    uint64_t key = sh_stream_key(s);
-    pthread_mutex_lock(&slots_mu);
-    int i = 0;
-    while (i < nslots && slot_key[i] != key)
-        i++;
-    if (i == nslots && nslots < STREAM_SLOTS &&
-        slot_event_create(s, &slot_event[i], &slot_ctx[i]) == CUDA_SUCCESS)
-        slot_key[nslots++] = key;
-    pthread_mutex_unlock(&slots_mu);
-    return i < nslots ? i : STREAM_SLOTS;
-}
-
 /* A copy or graph on another device's stream can use regions with no peer
  * access: drains wait for its context from now on. A kernel on another
  * device reaches them only through peer access (peers.c), so a kernel
@@ -493,23 +440,19 @@ static void mark_issued(void)
     __typeof__(pending) *pd = &pending; /* one thread-local lookup */
     if (pd->quiet) {
         /* the next move's drain waits for the whole device */
-        sh_pool_issued_any(sh_rt.pool, tracked() ? 1ull << STREAM_SLOTS : 0);
+        sh_pool_issued_any(sh_rt.pool, sh_slots_tracked() ? SH_SLOTS_ANY : 0);
         pd->quiet = 0;
         return;
     }
     if (pd->n == 0 && !pd->opaque)
         return;
     uint64_t streams = 0;
-    if (tracked()) {
+    if (sh_slots_tracked()) {
         if (sh_stream_capturing(pd->stream)) {
             pd->n = 0;
             return;
         }
-        int slot = pd->any ? STREAM_SLOTS : stream_slot(pd->stream);
-        if (slot < STREAM_SLOTS &&
-            sh_rt.drv.cuEventRecord(slot_event[slot], pd->stream) != CUDA_SUCCESS)
-            slot = STREAM_SLOTS;
-        streams = 1ull << slot;
+        streams = pd->any ? SH_SLOTS_ANY : sh_slots_record(pd->stream);
     }
     /* nothing moves: no region needs its own stamp; else the regions the
      * scan found, not looked up twice */
@@ -574,47 +517,6 @@ void sh_launch_mark_upload_rows(const void *dst, size_t dpitch, const void *src,
 void sh_launch_mark_upload(const void *dst, const void *src, size_t n)
 {
     sh_launch_mark_upload_rows(dst, 0, src, 0, n, 1);
-}
-
-void sh_launch_forget_context(CUcontext ctx)
-{
-    pthread_mutex_lock(&slots_mu);
-    for (int i = 0; i < nslots; i++)
-        if (slot_ctx[i] == ctx) {
-            slot_key[i] = DEAD_KEY;
-            slot_event[i] = NULL;
-        }
-    pthread_mutex_unlock(&slots_mu);
-}
-
-/* The events of the slots in mask, NULL for those whose context is gone
- * (its work ended before it was destroyed). */
-static void slot_events(uint64_t mask, CUevent *ev)
-{
-    pthread_mutex_lock(&slots_mu);
-    for (int i = 0; i < STREAM_SLOTS; i++)
-        ev[i] = mask >> i & 1 ? slot_event[i] : NULL;
-    pthread_mutex_unlock(&slots_mu);
-}
-
-static int drain_streams(void *ctx, uint64_t mask)
-{
-    (void)ctx;
-    CUevent ev[STREAM_SLOTS];
-    if (mask >> STREAM_SLOTS) {
-        if (sh_driver_sync(&sh_rt.drv) != CUDA_SUCCESS)
-            return -1;
-        /* with several devices a slot's stream may be in a context the
-         * device-wide wait did not reach */
-        if (!sh_rt.drv.several)
-            return 0;
-        mask &= ~(1ull << STREAM_SLOTS);
-    }
-    slot_events(mask, ev);
-    for (int i = 0; i < STREAM_SLOTS; i++)
-        if (ev[i] && sh_rt.drv.cuEventSynchronize(ev[i]) != CUDA_SUCCESS)
-            return -1;
-    return 0;
 }
 
 /* Makes the launch's regions resident: prefetches in flight are committed
@@ -711,26 +613,6 @@ static void prepare(const void *key, int kind, void **args)
 {
     uintptr_t vals[MAX_ADDRS];
     launch_prepare((uint64_t)(uintptr_t)key, vals, scan_launch(key, kind, args, vals, 0));
-}
-
-/* 1 when every launch issued so far on the streams in mask has finished. */
-static int streams_idle(void *ctx, uint64_t mask)
-{
-    (void)ctx;
-    CUevent ev[STREAM_SLOTS];
-    if (mask >> STREAM_SLOTS)
-        return 0;
-    slot_events(mask, ev);
-    for (int i = 0; i < STREAM_SLOTS; i++)
-        if (ev[i] && sh_rt.drv.cuEventQuery(ev[i]) != CUDA_SUCCESS)
-            return 0;
-    return 1;
-}
-
-void sh_launch_tracked_drain(int (**drain)(void *, uint64_t), int (**idle)(void *, uint64_t))
-{
-    *drain = tracked() ? drain_streams : NULL;
-    *idle = tracked() ? streams_idle : NULL;
 }
 
 /* A launch while no region is off the device or moving, launches are not

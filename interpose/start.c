@@ -205,7 +205,7 @@ static void open_mover(void)
                               .fingerprint_take = sh_fingerprint_take,
                               .ptr_candidates = sh_fingerprint_ptrs,
                               .clean_skip = c->policy.clean_skip};
-    sh_launch_tracked_drain(&m.drain_streams, &m.streams_idle);
+    sh_slots_tracked_drain(&m.drain_streams, &m.streams_idle);
     sh_pool_set_mover(sh_rt.pool, &m);
 }
 

@@ -346,8 +346,8 @@ static void test_prefilter_cost(void **state)
     assert_int_equal(
         sim("--trace " CLEAN " --policy learned --hbm-gbps 100000 --prefilter-gbps 100000"), 0);
     assert_true(field("learned", "step_s") == fast); /* the default is the device's rate */
-    assert_int_equal(
-        sim("--trace " CLEAN " --policy learned --hbm-gbps 100000 --prefilter-gbps 1"), 0);
+    assert_int_equal(sim("--trace " CLEAN " --policy learned --hbm-gbps 100000 --prefilter-gbps 1"),
+                     0);
     double slow = field("learned", "step_s");
     /* per steady step at least one eviction (a clean one among them) */
     assert_true(slow >= fast + RO / 1e9);

@@ -168,15 +168,24 @@ struct numopt {
 
 #define OFF(f) offsetof(struct opts, f)
 static const struct numopt numopts[] = {
-    {O_BLOCKS, 1, 100000, 1, OFF(g.blocks)},       {O_STEPS, 1, 10000, 1, OFF(g.steps)},
-    {O_WEIGHT, 0.001, 1e7, 0, OFF(g.weight_mb)},   {O_ACT, 0.001, 1e7, 0, OFF(g.act_mb)},
-    {O_GRAD, 0.001, 1e7, 0, OFF(g.grad_mb)},       {O_OPTIM, 0, 1e7, 0, OFF(g.optim_mb)},
-    {O_COMPUTE, 0.001, 1e6, 0, OFF(g.compute_ms)}, {O_LORA_MB, 0, 1e7, 0, OFF(g.lora_mb)},
-    {O_CKPT_MB, 0, 1e7, 0, OFF(g.ckpt_mb)},        {O_VRAM, 0.001, 1e6, 0, OFF(vram_gb)},
-    {O_OVERSUB, 0.01, 1000, 0, OFF(oversub)},      {O_PCIE, 0.001, 1e5, 0, OFF(pcie_gbps)},
-    {O_REMAP, 0, 1e6, 0, OFF(remap_us)},           {O_MAP, 0, 1e6, 0, OFF(map_us)},
-    {O_DEFAULT, 0, 1e6, 0, OFF(default_us)},       {O_EVAL, 0, 10000, 1, OFF(g.eval_every)},
-    {O_BENCHW, 1, 1e9, 1, OFF(bench_writer)},      {O_HBM, 0.001, 1e6, 0, OFF(g.hbm_gbps)},
+    {O_BLOCKS, 1, 100000, 1, OFF(g.blocks)},
+    {O_STEPS, 1, 10000, 1, OFF(g.steps)},
+    {O_WEIGHT, 0.001, 1e7, 0, OFF(g.weight_mb)},
+    {O_ACT, 0.001, 1e7, 0, OFF(g.act_mb)},
+    {O_GRAD, 0.001, 1e7, 0, OFF(g.grad_mb)},
+    {O_OPTIM, 0, 1e7, 0, OFF(g.optim_mb)},
+    {O_COMPUTE, 0.001, 1e6, 0, OFF(g.compute_ms)},
+    {O_LORA_MB, 0, 1e7, 0, OFF(g.lora_mb)},
+    {O_CKPT_MB, 0, 1e7, 0, OFF(g.ckpt_mb)},
+    {O_VRAM, 0.001, 1e6, 0, OFF(vram_gb)},
+    {O_OVERSUB, 0.01, 1000, 0, OFF(oversub)},
+    {O_PCIE, 0.001, 1e5, 0, OFF(pcie_gbps)},
+    {O_REMAP, 0, 1e6, 0, OFF(remap_us)},
+    {O_MAP, 0, 1e6, 0, OFF(map_us)},
+    {O_DEFAULT, 0, 1e6, 0, OFF(default_us)},
+    {O_EVAL, 0, 10000, 1, OFF(g.eval_every)},
+    {O_BENCHW, 1, 1e9, 1, OFF(bench_writer)},
+    {O_HBM, 0.001, 1e6, 0, OFF(g.hbm_gbps)},
     {O_PREFILTER, 0.001, 1e6, 0, OFF(prefilter_gbps)},
 };
 
