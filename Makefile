@@ -22,7 +22,7 @@ CFLAGS_ALL := -std=c11 -D_GNU_SOURCE $(OPT) -g -fPIC -pthread $(WARN) \
               $(CFLAGS)
 LDFLAGS_ALL := -pthread $(if $(SAN),-fsanitize=$(SAN)) $(LDFLAGS)
 
-MODULES  := interpose engine pool transfer policy config telemetry node clean
+MODULES  := interpose engine pool transfer policy config telemetry node clean map
 LIB_SRCS := $(foreach m,$(MODULES),$(wildcard $(m)/*.c))
 # The interception table's wrappers, generated from the CUDA headers; they
 # and the lookup hooks (dlsym above all) go into the shared library only,

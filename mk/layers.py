@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 
-MODULES = ("interpose", "engine", "pool", "transfer", "policy", "config", "telemetry", "node", "clean")
+MODULES = ("interpose", "engine", "pool", "transfer", "policy", "config", "telemetry", "node", "clean", "map")
 LAYERED = "interpose"  # whose files, one by one, must form layers
 
 

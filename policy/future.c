@@ -27,7 +27,7 @@ void pol_future_free(struct future *f)
     free(f->use_pos);
     free(f->use_off);
     free(f->use_n);
-    pol_map_free(&f->pre);
+    sh_map_free(&f->pre);
     memset(f, 0, sizeof *f);
 }
 
@@ -84,7 +84,7 @@ static int future_alloc(struct future *f, size_t nids, size_t na, size_t nf)
  * region that existed before the future (numbered on first sight). cur
  * maps an id to its slot in last[]. */
 struct naming {
-    struct u64map cur;
+    struct sh_map cur;
     uint32_t *last;
     uint32_t n;
 };
@@ -92,12 +92,12 @@ struct naming {
 static int name_now(struct future *f, struct naming *nm, uint64_t id, uint32_t *out)
 {
     uint32_t slot;
-    if (pol_map_put(&nm->cur, id, nm->n, &slot))
+    if (sh_map_add(&nm->cur, id, nm->n, &slot))
         return SH_ENOMEM;
     if (slot == nm->n) { /* first sight, and not allocated: a region of before */
         nm->n++;
         uint32_t got;
-        if (pol_map_put(&f->pre, id, f->ninc, &got))
+        if (sh_map_add(&f->pre, id, f->ninc, &got))
             return SH_ENOMEM;
         f->inc_id[f->ninc] = id;
         nm->last[slot] = f->ninc++;
@@ -109,7 +109,7 @@ static int name_now(struct future *f, struct naming *nm, uint64_t id, uint32_t *
 static int name_alloc(struct future *f, struct naming *nm, uint64_t id, uint32_t a)
 {
     uint32_t slot;
-    if (pol_map_put(&nm->cur, id, nm->n, &slot))
+    if (sh_map_add(&nm->cur, id, nm->n, &slot))
         return SH_ENOMEM;
     if (slot == nm->n)
         nm->n++;
@@ -215,7 +215,7 @@ static int set_future(struct future *f, const struct sh_policy_future *ev, size_
         err = future_fill(f, &nm, ev, n);
     if (!err)
         future_uses(f);
-    pol_map_free(&nm.cur);
+    sh_map_free(&nm.cur);
     free(nm.last);
     return err;
 }
@@ -237,7 +237,7 @@ int sh_policy_set_future(struct sh_policy *p, const struct sh_policy_future *ev,
     for (size_t i = 0; i < p->cap; i++) {
         struct region *r = &p->tab[i];
         if (r->state == 1)
-            take_place(p, r, map_get(&p->fut.pre, r->id));
+            take_place(p, r, sh_map_get(&p->fut.pre, r->id));
     }
     return 0;
 }

@@ -110,8 +110,8 @@ static void recording_free(struct recording *rc)
     free(rc->arec);
     free(rc->foff);
     free(rc->fkey);
-    pol_map_free(&rc->ids);
-    pol_map_free(&rc->pos);
+    sh_map_free(&rc->ids);
+    sh_map_free(&rc->pos);
 }
 
 void sh_policy_destroy(struct sh_policy *p)
@@ -133,7 +133,7 @@ void sh_policy_destroy(struct sh_policy *p)
         recording_free(&p->recs[i]);
     free(p->cur_pos);
     free(p->prev_pos);
-    pol_map_free(&p->posidx);
+    sh_map_free(&p->posidx);
     pol_future_free(&p->fut);
     free(p->vic);
     free(p->dset);

@@ -17,6 +17,7 @@
 #ifndef SH_POLICY_INT_H
 #define SH_POLICY_INT_H
 
+#include "map/map.h"
 #include "policy/policy.h"
 
 #include <stddef.h>
@@ -34,12 +35,6 @@ typedef unsigned __int128 u128;
 
 /* ---------------------------------------------------------------------- */
 /* u64 -> u32 map without deletion (recordings, future), cleared per build */
-
-struct u64map {
-    uint64_t *k;
-    uint32_t *v; /* NONE32 = empty */
-    size_t cap, n;
-};
 
 /* ---------------------------------------------------------------------- */
 /* regions */
@@ -119,7 +114,7 @@ struct recording {
     uint32_t *arec;                /* of those, how many (first) are freed within the step */
     uint32_t *foff, *fkey;         /* frees at position q */
     uint32_t bwd_start, opt_start; /* detected phases: launch positions */
-    struct u64map ids, pos;        /* allocation number -> key; pos_key() -> key */
+    struct sh_map ids, pos;        /* allocation number -> key; pos_key() -> key */
     size_t cap_kernel, cap_loff, cap_lkey, cap_keys, cap_uses, cap_aoff, cap_akey, cap_arec,
         cap_foff, cap_fkey;
 };
@@ -170,7 +165,7 @@ struct future {
     uint64_t *inc_id;          /* the id of each incarnation */
     uint32_t ninc, nalloc;     /* incarnations; of them, allocations */
     uint32_t allocs_seen;      /* allocations the policy was told since */
-    struct u64map pre;         /* id -> incarnation of a region that existed before */
+    struct sh_map pre;         /* id -> incarnation of a region that existed before */
     uint64_t *use_pos;         /* launch positions, grouped by incarnation */
     uint32_t *use_off, *use_n; /* per incarnation */
 };
@@ -236,7 +231,7 @@ struct sh_policy {
 
     struct posent *cur_pos, *prev_pos;
     size_t ncur_pos, nprev_pos, cap_cur_pos, cap_prev_pos;
-    struct u64map posidx; /* pos_key(gpos, ridx) -> index: bit 31 = previous list */
+    struct sh_map posidx; /* pos_key(gpos, ridx) -> index: bit 31 = previous list */
 
     struct future fut;
 
@@ -279,10 +274,6 @@ struct sh_policy {
 /* ---------------------------------------------------------------------- */
 /* table.c */
 
-void pol_map_clear(struct u64map *m);
-void pol_map_free(struct u64map *m);
-void pol_map_reset(struct u64map *m, size_t want);
-int pol_map_put(struct u64map *m, uint64_t key, uint32_t v, uint32_t *out);
 int pol_reserve(void **arr, size_t *cap, size_t need, size_t elem);
 /* The test inline: every launch reserves, and almost never grows. */
 #define RESERVE(arr, cap, need)                                                                    \
@@ -326,34 +317,12 @@ struct region *pol_future_region(const struct sh_policy *p, uint32_t inc);
  * that every launch and every plan take */
 
 /* The lookups every launch makes, inline in each file that makes them. */
-static inline uint64_t mix(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    return x ^ (x >> 33);
-}
-
-static inline uint32_t map_get(const struct u64map *m, uint64_t key)
-{
-    if (!m->cap)
-        return NONE32;
-    size_t mask = m->cap - 1;
-    for (size_t i = mix(key) & mask;; i = (i + 1) & mask) {
-        if (m->v[i] == NONE32)
-            return NONE32;
-        if (m->k[i] == key)
-            return m->v[i];
-    }
-}
-
 static inline struct region *find(const struct sh_policy *p, uint64_t id)
 {
     if (!p->cap)
         return NULL;
     size_t mask = p->cap - 1;
-    for (size_t i = mix(id) & mask;; i = (i + 1) & mask) {
+    for (size_t i = sh_map_mix(id) & mask;; i = (i + 1) & mask) {
         const struct region *r = &p->tab[i];
         if (r->state == 0)
             return NULL;

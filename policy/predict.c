@@ -21,12 +21,12 @@ uint32_t pol_key_in(const struct sh_policy *p, const struct recording *rc, const
     if (positional_region(p, r)) {
         int64_t rel = (int64_t)(r->gpos - p->step_start);
         if (rel > -POS_LIMIT && rel < POS_LIMIT) {
-            uint32_t k = map_get(&rc->pos, pos_key(rel, r->ridx));
+            uint32_t k = sh_map_get(&rc->pos, pos_key(rel, r->ridx));
             if (k != NONE32)
                 return k;
         }
     }
-    return map_get(&rc->ids, r->aseq);
+    return sh_map_get(&rc->ids, r->aseq);
 }
 
 /* The key r plays in the active recording. */
@@ -38,7 +38,7 @@ static uint32_t key_of(struct sh_policy *p, struct region *r)
 /* The region allocated at (gpos, ridx) in this step or the last one. */
 static struct region *region_at(const struct sh_policy *p, uint64_t gpos, uint32_t ridx)
 {
-    uint32_t v = map_get(&p->posidx, pos_key((int64_t)gpos - POS_LIMIT, ridx));
+    uint32_t v = sh_map_get(&p->posidx, pos_key((int64_t)gpos - POS_LIMIT, ridx));
     if (v == NONE32)
         return NULL;
     const struct posent *e = (v & 0x80000000u) ? &p->prev_pos[v & 0x7fffffffu] : &p->cur_pos[v];
@@ -100,7 +100,7 @@ static uint64_t key_next(const struct recording *rc, uint32_t k, uint32_t c, uin
     /* Alive at the end: its role in the next step. */
     uint32_t k2 = NONE32;
     if (key->positional && key->relpos - (int64_t)rc->nl > -POS_LIMIT)
-        k2 = map_get(&rc->pos, pos_key(key->relpos - (int64_t)rc->nl, key->ridx));
+        k2 = sh_map_get(&rc->pos, pos_key(key->relpos - (int64_t)rc->nl, key->ridx));
     if (k2 == NONE32)
         k2 = k;
     return rc->keys[k2].nuse ? (uint64_t)rc->nl + pol_key_uses(rc, k2)[0] : FAR;

@@ -18,7 +18,7 @@
 static int rec_key(struct sh_policy *p, struct recording *rc, const struct ident *w, uint32_t *out)
 {
     uint32_t k;
-    int rc2 = pol_map_put(&rc->ids, w->aseq, rc->nkeys, &k);
+    int rc2 = sh_map_add(&rc->ids, w->aseq, rc->nkeys, &k);
     if (rc2)
         return rc2;
     *out = k;
@@ -40,7 +40,7 @@ static int rec_key(struct sh_policy *p, struct recording *rc, const struct ident
     key->bytes = r && r->aseq == w->aseq ? r->bytes : 0;
     if (key->positional) {
         uint32_t got;
-        if (pol_map_put(&rc->pos, pos_key(key->relpos, key->ridx), k, &got))
+        if (sh_map_add(&rc->pos, pos_key(key->relpos, key->ridx), k, &got))
             return SH_ENOMEM;
         if (got != k)
             key->positional = 0; /* two regions claim one position: trust ids */
@@ -152,8 +152,8 @@ static int build_recording(struct sh_policy *p, struct recording *rc)
     rc->used = 0;
     rc->nl = (uint32_t)r->nl;
     rc->nkeys = 0;
-    pol_map_clear(&rc->ids);
-    pol_map_clear(&rc->pos);
+    sh_map_clear(&rc->ids);
+    sh_map_clear(&rc->pos);
     size_t nr = r->nr;
     /* scratch: launch position of each reference, then alloc/free positions */
     if (RESERVE(p->scratch, p->cap_scratch, nr + 2 * (r->na + r->nf) + 1) ||
@@ -233,8 +233,8 @@ static int close_position(struct sh_policy *p)
         e->aseq = a->who.aseq;
         uint32_t got;
         if (e->ridx < RIDX_LIMIT &&
-            pol_map_put(&p->posidx, pos_key((int64_t)e->gpos - POS_LIMIT, e->ridx),
-                        (uint32_t)p->ncur_pos, &got))
+            sh_map_add(&p->posidx, pos_key((int64_t)e->gpos - POS_LIMIT, e->ridx),
+                       (uint32_t)p->ncur_pos, &got))
             return SH_ENOMEM;
         p->ncur_pos++;
     }
@@ -263,13 +263,13 @@ static int rotate_positions(struct sh_policy *p)
     p->cur_pos = t;
     p->cap_cur_pos = tc;
     p->ncur_pos = 0;
-    pol_map_reset(&p->posidx, p->nprev_pos);
+    sh_map_reset(&p->posidx, p->nprev_pos);
     for (size_t i = 0; i < p->nprev_pos; i++) {
         const struct posent *e = &p->prev_pos[i];
         uint32_t got;
         if (e->ridx < RIDX_LIMIT &&
-            pol_map_put(&p->posidx, pos_key((int64_t)e->gpos - POS_LIMIT, e->ridx),
-                        (uint32_t)i | 0x80000000u, &got))
+            sh_map_add(&p->posidx, pos_key((int64_t)e->gpos - POS_LIMIT, e->ridx),
+                       (uint32_t)i | 0x80000000u, &got))
             return SH_ENOMEM;
     }
     return 0;

@@ -1,5 +1,4 @@
-/* table.c — the scheduler's tables: a u64 -> u32 map (recordings, the
- * future, allocation positions), arrays that grow by doubling, and the
+/* table.c — the scheduler's tables: arrays that grow by doubling, and the
  * region table with the per-class counters it keeps.
  *
  * Not thread-safe: the caller serialises every call (the library's lock).
@@ -10,79 +9,6 @@
 
 #include <stdlib.h>
 #include <string.h>
-
-/* ---------------------------------------------------------------------- */
-/* u64 -> u32 map without deletion (recordings, future), cleared per build */
-
-void pol_map_clear(struct u64map *m)
-{
-    for (size_t i = 0; i < m->cap; i++)
-        m->v[i] = NONE32;
-    m->n = 0;
-}
-
-void pol_map_free(struct u64map *m)
-{
-    free(m->k);
-    free(m->v);
-    memset(m, 0, sizeof *m);
-}
-
-/* Empties m for about `want` keys. Clearing costs the capacity, so a map
- * that one large step grew (a model's initialisation) shrinks back rather
- * than costing every later step its size. */
-void pol_map_reset(struct u64map *m, size_t want)
-{
-    if (m->cap > 64 && m->cap > 8 * want)
-        pol_map_free(m); /* map_put allocates again on first use */
-    else
-        pol_map_clear(m);
-}
-
-static int map_rehash(struct u64map *m, size_t cap)
-{
-    struct u64map n = {.cap = cap};
-    n.k = malloc(cap * sizeof *n.k);
-    n.v = malloc(cap * sizeof *n.v);
-    if (!n.k || !n.v) {
-        pol_map_free(&n);
-        return SH_ENOMEM;
-    }
-    pol_map_clear(&n);
-    for (size_t i = 0; i < m->cap; i++) {
-        if (m->v[i] == NONE32)
-            continue;
-        size_t j = mix(m->k[i]) & (cap - 1);
-        while (n.v[j] != NONE32)
-            j = (j + 1) & (cap - 1);
-        n.k[j] = m->k[i];
-        n.v[j] = m->v[i];
-        n.n++;
-    }
-    pol_map_free(m);
-    *m = n;
-    return 0;
-}
-
-/* Inserts key -> v unless key is present; returns the value in the map. */
-int pol_map_put(struct u64map *m, uint64_t key, uint32_t v, uint32_t *out)
-{
-    if ((m->n + 1) * 4 > m->cap * 3 && map_rehash(m, m->cap ? m->cap * 2 : 64))
-        return SH_ENOMEM;
-    size_t mask = m->cap - 1, i = mix(key) & mask;
-    while (m->v[i] != NONE32) {
-        if (m->k[i] == key) {
-            *out = m->v[i];
-            return 0;
-        }
-        i = (i + 1) & mask;
-    }
-    m->k[i] = key;
-    m->v[i] = v;
-    m->n++;
-    *out = v;
-    return 0;
-}
 
 /* Grows *arr to hold need elements (doubling); no-op when it does. */
 int pol_reserve(void **arr, size_t *cap, size_t need, size_t elem)
@@ -164,7 +90,7 @@ int pol_table_resize(struct sh_policy *p, size_t cap)
     for (size_t i = 0; i < p->cap; i++) {
         if (p->tab[i].state != 1)
             continue;
-        size_t j = mix(p->tab[i].id) & (cap - 1);
+        size_t j = sh_map_mix(p->tab[i].id) & (cap - 1);
         while (n[j].state)
             j = (j + 1) & (cap - 1);
         n[j] = p->tab[i];
@@ -190,7 +116,7 @@ struct region *pol_table_insert(struct sh_policy *p, uint64_t id)
         if (pol_table_resize(p, cap))
             return NULL;
     }
-    size_t mask = p->cap - 1, i = mix(id) & mask;
+    size_t mask = p->cap - 1, i = sh_map_mix(id) & mask;
     while (p->tab[i].state == 1)
         i = (i + 1) & mask;
     if (p->tab[i].state == 0)

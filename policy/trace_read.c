@@ -6,6 +6,7 @@
  *
  * No shared state: a writer or a trace belongs to one caller at a time.
  */
+#include "map/map.h"
 #include "policy/trace_int.h"
 
 #include "sh_err.h"
@@ -17,109 +18,7 @@
 #include <string.h>
 #include <zlib.h>
 
-/* A set of live region ids (open addressing), for reference checks. */
-struct idset {
-    uint64_t *keys; /* 0 = empty, 1 = deleted; ids are stored + 2 */
-    size_t cap, used;
-};
-
-static uint64_t mix(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    return x ^ (x >> 33);
-}
-
-/* Ids are stored shifted by 2 so that 0 and 1 can mark empty and deleted;
- * the two ids that would wrap are kept aside. */
-struct live {
-    struct idset s;
-    int top[2]; /* ids UINT64_MAX-1 and UINT64_MAX */
-};
-
-static size_t idset_find(const struct idset *s, uint64_t k, int *found)
-{
-    size_t mask = s->cap - 1, i = mix(k) & mask, tomb = SIZE_MAX;
-    for (;;) {
-        uint64_t v = s->keys[i];
-        if (v == 0) {
-            *found = 0;
-            return tomb != SIZE_MAX ? tomb : i;
-        }
-        if (v == 1) {
-            if (tomb == SIZE_MAX)
-                tomb = i;
-        } else if (v == k) {
-            *found = 1;
-            return i;
-        }
-        i = (i + 1) & mask;
-    }
-}
-
-static int idset_rehash(struct idset *s, size_t cap)
-{
-    uint64_t *old = s->keys;
-    size_t oldcap = s->cap;
-    s->keys = calloc(cap, sizeof *s->keys);
-    if (!s->keys) {
-        s->keys = old;
-        return SH_ENOMEM;
-    }
-    s->cap = cap;
-    s->used = 0;
-    for (size_t i = 0; i < oldcap; i++) {
-        if (old[i] > 1) {
-            int f;
-            s->keys[idset_find(s, old[i], &f)] = old[i];
-            s->used++;
-        }
-    }
-    free(old);
-    return 0;
-}
-
-static int live_has(const struct live *l, uint64_t id)
-{
-    if (id >= UINT64_MAX - 1)
-        return l->top[id - (UINT64_MAX - 1)];
-    if (!l->s.cap)
-        return 0;
-    int f;
-    idset_find(&l->s, id + 2, &f);
-    return f;
-}
-
-static int live_add(struct live *l, uint64_t id)
-{
-    if (id >= UINT64_MAX - 1) {
-        l->top[id - (UINT64_MAX - 1)] = 1;
-        return 0;
-    }
-    /* used counts tombstones too, so probing always finds an empty slot */
-    if ((l->s.used + 1) * 4 >= l->s.cap * 3 && idset_rehash(&l->s, l->s.cap ? l->s.cap * 2 : 64))
-        return SH_ENOMEM;
-    int f;
-    size_t i = idset_find(&l->s, id + 2, &f);
-    if (l->s.keys[i] == 0)
-        l->s.used++;
-    l->s.keys[i] = id + 2;
-    return 0;
-}
-
-static void live_del(struct live *l, uint64_t id)
-{
-    if (id >= UINT64_MAX - 1) {
-        l->top[id - (UINT64_MAX - 1)] = 0;
-        return;
-    }
-    int f;
-    size_t i = idset_find(&l->s, id + 2, &f);
-    if (f)
-        l->s.keys[i] = 1;
-}
+/* The live region ids (values unused), for reference checks: ps->live. */
 
 struct parser {
     const char *name;
@@ -128,7 +27,7 @@ struct parser {
     uint32_t line;
     const char *cur, *end; /* the rest of the current line */
     struct sh_trace *t;
-    struct live live;
+    struct sh_map live;
     uint64_t last_t;
     size_t *launch_ev; /* event index of each launch, for 'd' */
     size_t nlaunch, caplaunch;
@@ -297,9 +196,9 @@ static int rec_alloc(struct parser *ps)
         return rc;
     if (ev.bytes == 0)
         return fail(ps, "region %llu has 0 bytes", (unsigned long long)ev.id);
-    if (live_has(&ps->live, ev.id))
+    if (sh_map_get(&ps->live, ev.id) != SH_MAP_NONE)
         return fail(ps, "region %llu allocated while live", (unsigned long long)ev.id);
-    if (live_add(&ps->live, ev.id))
+    if (sh_map_set(&ps->live, ev.id, 1))
         return fail(ps, "out of memory");
     return append(ps, &ev);
 }
@@ -311,9 +210,9 @@ static int rec_free(struct parser *ps)
     if ((rc = field_time(ps, &ev.t_us)) || (rc = field_u64(ps, "region id", &ev.id)) ||
         (rc = field_word(ps, "class", class_words, 3, &ev.cls)) || (rc = line_done(ps)))
         return rc;
-    if (!live_has(&ps->live, ev.id))
+    if (sh_map_get(&ps->live, ev.id) == SH_MAP_NONE)
         return fail(ps, "free of region %llu, which is not live", (unsigned long long)ev.id);
-    live_del(&ps->live, ev.id);
+    sh_map_del(&ps->live, ev.id);
     return append(ps, &ev);
 }
 
@@ -352,7 +251,7 @@ static int rec_launch(struct parser *ps)
             return fail(ps, "region %zu of %llu: not a number: \"%s\"", i + 1,
                         (unsigned long long)n, s);
         }
-        if (!live_has(&ps->live, ps->ids[i]))
+        if (sh_map_get(&ps->live, ps->ids[i]) == SH_MAP_NONE)
             return fail(ps, "launch references region %llu, which is not live",
                         (unsigned long long)ps->ids[i]);
     }
@@ -581,7 +480,7 @@ int sh_trace_parse(const char *name, const char *text, size_t len, struct sh_tra
     if (rc)
         return rc;
     rc = parse_all(&ps, text, len);
-    free(ps.live.s.keys);
+    sh_map_free(&ps.live);
     free(ps.launch_ev);
     free(ps.ids);
     if (rc) {

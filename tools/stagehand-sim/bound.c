@@ -96,7 +96,7 @@ int sim_step_starts(const struct sh_trace *t, size_t **starts, size_t *n)
  * One the program keeps but never touches again (the optimizer state of a run
  * that only evaluates) can stay on the host for nothing. */
 static int steady_used(const struct sh_trace *t, const size_t *starts, size_t nst,
-                       struct idmap *used)
+                       struct sh_map *used)
 {
     size_t k = 0, first = nst > 2 ? 2 : nst - 1;
     int rc = 0;
@@ -117,7 +117,7 @@ int sim_shape_of(const struct sh_trace *t, uint64_t default_ns, struct sim_shape
     int rc = sim_step_starts(t, &starts, &nst);
     if (rc)
         return rc;
-    struct idmap sizes = {0}, used = {0};
+    struct sh_map sizes = {0}, used = {0};
     uint64_t live = 0, peak = 0, live_used = 0, peak_used = 0;
     double steady_us = 0;
     size_t k = 0;
@@ -127,23 +127,24 @@ int sim_shape_of(const struct sh_trace *t, uint64_t default_ns, struct sim_shape
             k++;
         const struct sh_trace_event *e = sh_trace_at(t, i);
         if (e->type == SH_TRACE_ALLOC) {
-            rc = idmap_put(&sizes, e->id, (size_t)e->bytes);
+            rc = idmap_put(&sizes, e->id, i); /* where its size is */
             live += e->bytes;
             peak = live > peak ? live : peak;
             live_used += idmap_get(&used, e->id) == SIZE_MAX ? 0 : e->bytes;
             peak_used = live_used > peak_used ? live_used : peak_used;
         } else if (e->type == SH_TRACE_FREE) {
-            size_t b = idmap_get(&sizes, e->id);
-            live -= b == SIZE_MAX ? 0 : (uint64_t)b;
-            if (b != SIZE_MAX && idmap_get(&used, e->id) != SIZE_MAX)
-                live_used -= (uint64_t)b;
+            size_t a = idmap_get(&sizes, e->id);
+            uint64_t b = a == SIZE_MAX ? 0 : sh_trace_at(t, a)->bytes;
+            live -= b;
+            if (idmap_get(&used, e->id) != SIZE_MAX)
+                live_used -= b;
         } else if (e->type == SH_TRACE_LAUNCH && k >= (nst > 2 ? 2 : nst - 1)) {
             steady_us +=
                 e->dur_us == SH_TRACE_NO_DUR ? (double)default_ns / 1000 : (double)e->dur_us;
         }
     }
-    idmap_free(&sizes);
-    idmap_free(&used);
+    sh_map_free(&sizes);
+    sh_map_free(&used);
     if (rc) {
         free(starts);
         return rc;
@@ -321,7 +322,7 @@ static double segment_dp(const struct seg_in *in, const struct sim_params *sp, u
  * before launch k; k = nl after the last), the regions allocated and freed
  * there. Lists are offset lists: item k is list[off[k]] .. list[off[k + 1]]. */
 struct seg_index {
-    struct idmap ids;
+    struct sh_map ids;
     size_t nreg, nl, nlreg;
     uint64_t *born, *died, *bytes;
     size_t *launch, *loff, *lreg, *aoff, *alist, *foff, *flist;
@@ -330,7 +331,7 @@ struct seg_index {
 
 static void seg_index_free(struct seg_index *x)
 {
-    idmap_free(&x->ids);
+    sh_map_free(&x->ids);
     free(x->born);
     free(x->died);
     free(x->bytes);

@@ -622,7 +622,7 @@ static void cleanup(struct run *r)
 {
     room_destroy(r);
     sh_policy_destroy(r->pol);
-    idmap_free(&r->ids);
+    sh_map_free(&r->ids);
     free(r->reg);
     free(r->cp);
     for (int d = 0; d < 2; d++) {

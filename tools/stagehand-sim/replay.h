@@ -53,7 +53,7 @@ struct run {
     struct sh_policy *pol;
     struct sh_engine eng; /* the library's watermarks, hints and room chain (room.c) */
     int kind;
-    struct idmap ids;
+    struct sh_map ids;
     struct sreg *reg;
     size_t nreg;
     struct copy *cp;

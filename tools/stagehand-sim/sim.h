@@ -4,6 +4,9 @@
 #ifndef SH_SIM_H
 #define SH_SIM_H
 
+#include "map/map.h"
+#include "sh_err.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -12,15 +15,17 @@ struct sh_trace;
 #define SIM_MIB (1024.0 * 1024.0)
 #define SIM_GIB (1024.0 * 1024.0 * 1024.0)
 
-/* ---- id -> index (idmap.c); ids are kept, not deleted ---- */
-struct idmap {
-    uint64_t *k;
-    size_t *v; /* SIZE_MAX = empty */
-    size_t cap, n;
-};
-int idmap_put(struct idmap *m, uint64_t id, size_t v);
-size_t idmap_get(const struct idmap *m, uint64_t id); /* SIZE_MAX when absent */
-void idmap_free(struct idmap *m);
+/* ---- id -> dense index, in the project's map (map/map.h) ---- */
+static inline size_t idmap_get(const struct sh_map *m, uint64_t id) /* SIZE_MAX when absent */
+{
+    uint32_t v = sh_map_get(m, id);
+    return v == SH_MAP_NONE ? SIZE_MAX : v;
+}
+
+static inline int idmap_put(struct sh_map *m, uint64_t id, size_t v)
+{
+    return v >= SH_MAP_NONE ? SH_ENOMEM : sh_map_set(m, id, (uint32_t)v);
+}
 
 /* ---- synthetic transformer training (gen.c) ---- */
 struct gen_params {
