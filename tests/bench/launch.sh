@@ -9,11 +9,12 @@
 #                   step is in between its moves);
 #   moving          the working set is twice the budget: every launch moves.
 # The simulated copies' own instructions (copy_run) are left out: they stand
-# for the copy engine, not for the CPU; so are the fingerprint kernel's
-# (sh_clean_kernel_host: the simulated card runs it on the CPU, a card on
-# its SMs at memory speed), and the simulated driver's VMM
-# calls' (its map is a sorted array, linear in the mappings: a stand-in for
-# the real driver's cost, not the library's). Neither is the simulated
+# for the copy engine, not for the CPU; so are the fingerprint kernel's and
+# the pointer prefilter's (sh_clean_kernel_host, sh_clean_ptrs_host: the
+# simulated card runs them on the CPU, a card on its SMs at memory speed),
+# and the simulated driver's VMM calls' (its map is a sorted array, linear
+# in the mappings: a stand-in for the real driver's cost, not the
+# library's). Neither is the simulated
 # CUPTI's dispatch of its callbacks (a mutex and a table per callback, four
 # per launch): it stands for the real CUPTI's, which only a GPU can measure;
 # shown on its own. The scan of evicted bytes for pointers is CPU work per
@@ -39,7 +40,7 @@ count() {
     callgrind_annotate --inclusive=yes "$out" 2>/dev/null | awk '
         /PROGRAM TOTALS/ { gsub(",", "", $1); total = $1 }
         / tests\/sim\/drv_(exec|copy).c:copy_run / { gsub(",", "", $1); copy += $1 }
-        / clean\/hash.c:sh_clean_kernel_host / { gsub(",", "", $1); copy += $1 }
+        / clean\/hash.c:sh_clean_(kernel|ptrs)_host / { gsub(",", "", $1); copy += $1 }
         / tests\/sim\/drv_(mem|vmm).c:cuMem(Map|Unmap|SetAccess|Create|Release)(_v2)? / {
             gsub(",", "", $1); copy += $1 }
         / pool\/ptrscan.c:(sh_pool_scan_landed|scanner_main|sh_pool_scan_settle) / {
