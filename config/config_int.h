@@ -17,6 +17,7 @@
 #define SH_CONFIG_CONFIG_INT_H
 
 #include "config/config.h"
+#include "sh_err.h"
 
 #define KB       (UINT64_C(1) << 10)
 #define MB       (UINT64_C(1) << 20)
@@ -87,7 +88,7 @@ sh_cfg_blame(const struct sh_config *cfg, int k, char *err, size_t errlen, const
 
 /* values.c */
 /* Formats a message into buf and returns SH_EINVAL. */
-__attribute__((format(printf, 3, 4))) int sh_cfg_say(char *buf, size_t len, const char *fmt, ...);
+#define sh_cfg_say(buf, len, ...) sh_err_say(SH_EINVAL, (buf), (len), __VA_ARGS__)
 void sh_cfg_copy(char *dst, size_t len, const char *src);
 /* Sets key k from text (blanks around it ignored); 0, or SH_EINVAL with msg. */
 int sh_cfg_apply(struct sh_config *cfg, int k, const char *value, char *msg, size_t len);

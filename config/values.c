@@ -16,17 +16,6 @@
 #include <string.h>
 #include <strings.h>
 
-int sh_cfg_say(char *buf, size_t len, const char *fmt, ...)
-{
-    if (buf && len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(buf, len, fmt, ap);
-        va_end(ap);
-    }
-    return SH_EINVAL;
-}
-
 void sh_cfg_copy(char *dst, size_t len, const char *src)
 {
     if (dst && len)

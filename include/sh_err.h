@@ -6,6 +6,8 @@
 #ifndef SH_ERR_H
 #define SH_ERR_H
 
+#include <stddef.h>
+
 enum {
     SH_OK = 0,
     SH_ENOMEM = -1,    /* out of memory (device, host or bookkeeping) */
@@ -20,5 +22,10 @@ enum {
 
 /* A short, static description of an SH_E* code. */
 const char *sh_strerror(int err);
+
+/* Writes the message into err (when err and errlen are given) and returns
+ * rc: for functions that explain a refusal in the caller's buffer. */
+int sh_err_say(int rc, char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 #endif

@@ -18,7 +18,7 @@ FUZZ_NAMES   := $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c)
 # What each target links besides its harness.
 FUZZ_SRCS_config := $(wildcard config/*.c) node/segment.c $(wildcard telemetry/*.c)
 FUZZ_LIBS_config := -linih -lpthread -lm
-FUZZ_SRCS_trace  := policy/trace_mem.c policy/trace_read.c policy/trace_write.c telemetry/log.c
+FUZZ_SRCS_trace  := policy/trace_mem.c policy/trace_read.c policy/trace_write.c map/map.c telemetry/log.c
 FUZZ_LIBS_trace  := -lz
 FUZZ_SRCS_cubin  := interpose/cubin.c telemetry/log.c
 FUZZ_LIBS_cubin  := -lelf -lpthread

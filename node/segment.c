@@ -26,20 +26,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int fail(int rc, char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int fail(int rc, char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
-
 static int name_char(char c)
 {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
@@ -88,24 +74,27 @@ static int check_header(const struct sh_node_hdr *h, uint64_t fsize, const char 
                         size_t errlen)
 {
     if (memcmp(h->magic, SH_NODE_MAGIC, 8) != 0)
-        return fail(SH_EINVAL, err, errlen, "%s: not a stagehand node-budget segment (bad magic)",
-                    path);
+        return sh_err_say(SH_EINVAL, err, errlen,
+                          "%s: not a stagehand node-budget segment (bad magic)", path);
     if (h->major != SH_NODE_MAJOR)
-        return fail(SH_EINVAL, err, errlen, "%s: segment version %u.%u; this library uses %d.x",
-                    path, h->major, h->minor, SH_NODE_MAJOR);
+        return sh_err_say(SH_EINVAL, err, errlen,
+                          "%s: segment version %u.%u; this library uses %d.x", path, h->major,
+                          h->minor, SH_NODE_MAJOR);
     if (h->hdr_size != SH_NODE_HDR_SIZE || h->slot_size != SH_NODE_SLOT_SIZE ||
         h->mutex_size != sizeof(pthread_mutex_t))
-        return fail(SH_EINVAL, err, errlen,
-                    "%s: corrupt, or made by a build with another layout (header %u, slot %u, "
-                    "mutex %u bytes)",
-                    path, h->hdr_size, h->slot_size, h->mutex_size);
+        return sh_err_say(
+            SH_EINVAL, err, errlen,
+            "%s: corrupt, or made by a build with another layout (header %u, slot %u, "
+            "mutex %u bytes)",
+            path, h->hdr_size, h->slot_size, h->mutex_size);
     if (h->nslots == 0 || h->nslots > SH_NODE_MAX_SLOTS || h->total_size != seg_size(h->nslots) ||
         h->total_size != fsize)
-        return fail(SH_EINVAL, err, errlen,
-                    "%s: truncated or corrupt: %u slots, header says %llu bytes, file has %llu",
-                    path, h->nslots, (unsigned long long)h->total_size, (unsigned long long)fsize);
+        return sh_err_say(
+            SH_EINVAL, err, errlen,
+            "%s: truncated or corrupt: %u slots, header says %llu bytes, file has %llu", path,
+            h->nslots, (unsigned long long)h->total_size, (unsigned long long)fsize);
     if (h->budget == 0)
-        return fail(SH_EINVAL, err, errlen, "%s: corrupt: a node budget of 0", path);
+        return sh_err_say(SH_EINVAL, err, errlen, "%s: corrupt: a node budget of 0", path);
     return SH_OK;
 }
 
@@ -118,14 +107,14 @@ static int open_existing(const char *path, uint64_t *fsize, int *absent, char *e
     int fd = sh_tm_open_own(path, O_RDWR, 0, &st, &why);
     *absent = fd < 0 && errno == ENOENT;
     if (fd < 0 && strcmp(why, "owned by another user") == 0)
-        return fail(-1, err, errlen, "%s: owned by uid %u, not this user (uid %u)", path,
-                    (unsigned)st.st_uid, (unsigned)geteuid());
+        return sh_err_say(-1, err, errlen, "%s: owned by uid %u, not this user (uid %u)", path,
+                          (unsigned)st.st_uid, (unsigned)geteuid());
     if (fd < 0)
-        return fail(-1, err, errlen, "%s: %s", path, why);
+        return sh_err_say(-1, err, errlen, "%s: %s", path, why);
     if (st.st_mode & (S_IWGRP | S_IWOTH)) {
         close(fd);
-        return fail(-1, err, errlen, "%s: writable by group or others (mode %04o)", path,
-                    (unsigned)(st.st_mode & 07777));
+        return sh_err_say(-1, err, errlen, "%s: writable by group or others (mode %04o)", path,
+                          (unsigned)(st.st_mode & 07777));
     }
     *fsize = (uint64_t)st.st_size;
     return fd;
@@ -135,14 +124,14 @@ static int map_checked(struct sh_node *n, int fd, uint64_t fsize, char *err, siz
 {
     struct sh_node_hdr h;
     if (fsize < sizeof h || pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h)
-        return fail(SH_EINVAL, err, errlen, "%s: truncated: %llu bytes, a header alone is %d",
-                    n->path, (unsigned long long)fsize, SH_NODE_HDR_SIZE);
+        return sh_err_say(SH_EINVAL, err, errlen, "%s: truncated: %llu bytes, a header alone is %d",
+                          n->path, (unsigned long long)fsize, SH_NODE_HDR_SIZE);
     int rc = check_header(&h, fsize, n->path, err, errlen);
     if (rc)
         return rc;
     void *m = mmap(NULL, (size_t)fsize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (m == MAP_FAILED)
-        return fail(SH_ENOMEM, err, errlen, "%s: cannot map: %s", n->path, strerror(errno));
+        return sh_err_say(SH_ENOMEM, err, errlen, "%s: cannot map: %s", n->path, strerror(errno));
     n->fd = fd;
     n->hdr = m;
     n->slots = (struct sh_node_slot *)((char *)m + SH_NODE_HDR_SIZE);
@@ -198,14 +187,14 @@ static int create(const char *dir, const char *name, const char *path, uint64_t 
     unlink(tmp); /* one of ours left by a process of this pid that died building it */
     int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0)
-        return fail(-1, err, errlen, "cannot create %s: %s", tmp, strerror(errno));
+        return sh_err_say(-1, err, errlen, "cannot create %s: %s", tmp, strerror(errno));
     int rc = build(fd, budget) == 0 ? 0 : -1;
     if (rc)
-        fail(-1, err, errlen, "cannot build %s: %s", tmp, strerror(errno));
+        sh_err_say(-1, err, errlen, "cannot build %s: %s", tmp, strerror(errno));
     else if (link(tmp, path) != 0) {
         rc = errno == EEXIST ? 1 : -1;
         if (rc < 0)
-            fail(-1, err, errlen, "cannot create %s: %s", path, strerror(errno));
+            sh_err_say(-1, err, errlen, "cannot create %s: %s", path, strerror(errno));
     }
     unlink(tmp);
     close(fd);
@@ -218,7 +207,7 @@ int sh_node_seg_open(struct sh_node *n, const char *dir, const char *name, uint6
     dir = dir ? dir : SH_NODE_DIR;
     int w = snprintf(n->path, sizeof n->path, "%s/%s", dir, name);
     if (w < 0 || (size_t)w >= sizeof n->path)
-        return fail(SH_EINVAL, err, errlen, "%s/%s: path too long", dir, name);
+        return sh_err_say(SH_EINVAL, err, errlen, "%s/%s: path too long", dir, name);
     for (int attempt = 0; attempt < 3; attempt++) {
         uint64_t fsize = 0;
         int absent = 0;
@@ -236,7 +225,8 @@ int sh_node_seg_open(struct sh_node *n, const char *dir, const char *name, uint6
             return SH_ENOTFOUND;
         /* Made (c == 0) or lost the race (c == 1): open what is there now. */
     }
-    return fail(SH_ENOTFOUND, err, errlen, "%s: appears and disappears; not using it", n->path);
+    return sh_err_say(SH_ENOTFOUND, err, errlen, "%s: appears and disappears; not using it",
+                      n->path);
 }
 
 void sh_node_seg_close(struct sh_node *n)

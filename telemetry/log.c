@@ -57,6 +57,17 @@ void sh_log_once(int *once, int level, const char *fmt, ...)
     va_end(ap);
 }
 
+int sh_err_say(int rc, char *err, size_t errlen, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return rc;
+}
+
 const char *sh_strerror(int err)
 {
     switch (err) {

@@ -33,20 +33,6 @@ struct sh_tm_reader {
     char path[PATH_MAX];
 };
 
-static int fail(int rc, char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int fail(int rc, char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
-
 /* Checks the header copy against the file size; 0 or SH_EINVAL/SH_ERANGE. */
 static int check_header(const struct sh_tm_shm_hdr *h, uint64_t fsize, const char *path, char *err,
                         size_t errlen)
@@ -54,31 +40,32 @@ static int check_header(const struct sh_tm_shm_hdr *h, uint64_t fsize, const cha
     if (memcmp(h->magic, SH_TM_MAGIC, 8) != 0) {
         for (int i = 0; i < 8; i++)
             if (h->magic[i])
-                return fail(SH_EINVAL, err, errlen, "%s: not a stagehand segment (bad magic)",
-                            path);
-        return fail(SH_EINVAL, err, errlen, "%s: segment not initialised (still being created?)",
-                    path);
+                return sh_err_say(SH_EINVAL, err, errlen, "%s: not a stagehand segment (bad magic)",
+                                  path);
+        return sh_err_say(SH_EINVAL, err, errlen,
+                          "%s: segment not initialised (still being created?)", path);
     }
     if (h->major != SH_TM_MAJOR)
-        return fail(SH_ERANGE, err, errlen,
-                    "%s: segment version %u.%u; this reader understands %d.x", path, h->major,
-                    h->minor, SH_TM_MAJOR);
+        return sh_err_say(SH_ERANGE, err, errlen,
+                          "%s: segment version %u.%u; this reader understands %d.x", path, h->major,
+                          h->minor, SH_TM_MAJOR);
     if (h->total_size != fsize)
-        return fail(SH_EINVAL, err, errlen,
-                    "%s: truncated or corrupt: header says %llu bytes, file has %llu", path,
-                    (unsigned long long)h->total_size, (unsigned long long)fsize);
+        return sh_err_say(SH_EINVAL, err, errlen,
+                          "%s: truncated or corrupt: header says %llu bytes, file has %llu", path,
+                          (unsigned long long)h->total_size, (unsigned long long)fsize);
     if (h->hdr_size < SH_TM_HDR_SIZE || h->hdr_size > h->total_size)
-        return fail(SH_EINVAL, err, errlen, "%s: corrupt: header size %u", path, h->hdr_size);
+        return sh_err_say(SH_EINVAL, err, errlen, "%s: corrupt: header size %u", path, h->hdr_size);
     if (h->snap_offset < h->hdr_size || h->snap_offset % 8 || h->snap_size % 8 ||
         h->snap_size == 0 || h->snap_size > SH_TM_MAX_SNAP || h->snap_offset > h->total_size ||
         h->snap_size > h->total_size - h->snap_offset)
-        return fail(SH_EINVAL, err, errlen, "%s: corrupt: snapshot at %llu, %llu bytes, in %llu",
-                    path, (unsigned long long)h->snap_offset, (unsigned long long)h->snap_size,
-                    (unsigned long long)h->total_size);
+        return sh_err_say(SH_EINVAL, err, errlen,
+                          "%s: corrupt: snapshot at %llu, %llu bytes, in %llu", path,
+                          (unsigned long long)h->snap_offset, (unsigned long long)h->snap_size,
+                          (unsigned long long)h->total_size);
     if (h->pid <= 0)
-        return fail(SH_EINVAL, err, errlen, "%s: corrupt: pid %d", path, (int)h->pid);
+        return sh_err_say(SH_EINVAL, err, errlen, "%s: corrupt: pid %d", path, (int)h->pid);
     if (h->start_ticks == 0) /* a forger's way round the reused-pid check */
-        return fail(SH_EINVAL, err, errlen, "%s: corrupt: start time 0", path);
+        return sh_err_say(SH_EINVAL, err, errlen, "%s: corrupt: start time 0", path);
     return SH_OK;
 }
 
@@ -86,19 +73,19 @@ static int open_fd(const char *path, int *fd, uint64_t *fsize, char *err, size_t
 {
     *fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK); /* a FIFO must not block */
     if (*fd < 0)
-        return fail(errno == ENOENT ? SH_ENOTFOUND : SH_EINVAL, err, errlen, "%s: %s", path,
-                    strerror(errno));
+        return sh_err_say(errno == ENOENT ? SH_ENOTFOUND : SH_EINVAL, err, errlen, "%s: %s", path,
+                          strerror(errno));
     struct stat st;
     if (fstat(*fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(*fd);
-        return fail(SH_EINVAL, err, errlen, "%s: not a regular file", path);
+        return sh_err_say(SH_EINVAL, err, errlen, "%s: not a regular file", path);
     }
     *fsize = (uint64_t)st.st_size;
     if (*fsize < SH_TM_HDR_SIZE) {
         close(*fd);
-        return fail(SH_EINVAL, err, errlen,
-                    "%s: truncated: %llu bytes, a segment header alone is %d", path,
-                    (unsigned long long)*fsize, SH_TM_HDR_SIZE);
+        return sh_err_say(SH_EINVAL, err, errlen,
+                          "%s: truncated: %llu bytes, a segment header alone is %d", path,
+                          (unsigned long long)*fsize, SH_TM_HDR_SIZE);
     }
     return SH_OK;
 }
@@ -109,13 +96,13 @@ int sh_tm_open_path(const char *path, struct sh_tm_reader **out, char *err, size
     uint64_t fsize = 0;
     struct sh_tm_shm_hdr h;
     if (!path || !out || strlen(path) >= PATH_MAX)
-        return fail(SH_EINVAL, err, errlen, "bad segment path");
+        return sh_err_say(SH_EINVAL, err, errlen, "bad segment path");
     int rc = open_fd(path, &fd, &fsize, err, errlen);
     if (rc)
         return rc;
     if (pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h) {
         close(fd);
-        return fail(SH_EINVAL, err, errlen, "%s: cannot read the header", path);
+        return sh_err_say(SH_EINVAL, err, errlen, "%s: cannot read the header", path);
     }
     if ((rc = check_header(&h, fsize, path, err, errlen)) != SH_OK) {
         close(fd);
@@ -124,7 +111,7 @@ int sh_tm_open_path(const char *path, struct sh_tm_reader **out, char *err, size
     struct sh_tm_reader *r = calloc(1, sizeof *r);
     if (!r) {
         close(fd);
-        return fail(SH_ENOMEM, err, errlen, "%s: out of memory", path);
+        return sh_err_say(SH_ENOMEM, err, errlen, "%s: out of memory", path);
     }
     *r = (struct sh_tm_reader){.fd = fd, .hdr = h};
     sh_tm_strcpy(r->path, sizeof r->path, path);
@@ -141,22 +128,22 @@ static int check_owner(const struct sh_tm_reader *r, int pid, char *err, size_t 
     snprintf(p, sizeof p, "/proc/%d", pid);
     if (fstat(r->fd, &seg) != 0 || stat(p, &proc) != 0 || seg.st_uid == proc.st_uid)
         return SH_OK;
-    return fail(SH_EINVAL, err, errlen,
-                "%s: owned by uid %u, but process %d runs as uid %u: not its segment", r->path,
-                (unsigned)seg.st_uid, pid, (unsigned)proc.st_uid);
+    return sh_err_say(SH_EINVAL, err, errlen,
+                      "%s: owned by uid %u, but process %d runs as uid %u: not its segment",
+                      r->path, (unsigned)seg.st_uid, pid, (unsigned)proc.st_uid);
 }
 
 int sh_tm_open(const char *dir, int pid, struct sh_tm_reader **out, char *err, size_t errlen)
 {
     char path[PATH_MAX];
     if (pid <= 0 || sh_tm_seg_path(path, sizeof path, dir, pid) != SH_OK)
-        return fail(SH_EINVAL, err, errlen, "bad pid %d", pid);
+        return sh_err_say(SH_EINVAL, err, errlen, "bad pid %d", pid);
     int rc = sh_tm_open_path(path, out, err, errlen);
     if (rc == SH_OK && (*out)->hdr.pid != pid) {
         int hp = (*out)->hdr.pid;
         sh_tm_close(*out);
         *out = NULL;
-        return fail(SH_EINVAL, err, errlen, "%s: corrupt: written by pid %d", path, hp);
+        return sh_err_say(SH_EINVAL, err, errlen, "%s: corrupt: written by pid %d", path, hp);
     }
     if (rc == SH_OK && (rc = check_owner(*out, pid, err, errlen)) != SH_OK) {
         sh_tm_close(*out);
