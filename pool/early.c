@@ -244,6 +244,32 @@ void sh_pool_unseen_write(struct sh_pool *pool, const struct region *r, const ch
                r->id, r->va, when);
 }
 
+/* Moves the regions that ok[k] marks 2 to their slabs (gate held), their
+ * device bytes read by one prefilter first; ok[k] becomes 1 or 0. */
+static void ev_switch_all(struct sh_pool *pool, struct region **v, size_t n, char *ok)
+{
+    struct region **go = malloc(n * sizeof *go);
+    size_t m = 0;
+    for (size_t k = 0; k < n; k++)
+        if (ok[k] == 2) {
+            v[k]->no_ptrs = 0; /* without the prefilter the CPU scans the landing whole */
+            if (go)
+                go[m++] = v[k];
+        }
+    sh_pool_scan_prefilter(pool, go, m); /* the device bytes, before they leave */
+    free(go);
+    uint64_t now = __atomic_load_n(&pool->clock, __ATOMIC_RELAXED);
+    for (size_t k = 0; k < n; k++) {
+        if (ok[k] != 2)
+            continue;
+        ok[k] = ev_switch(pool, v[k]) == 0;
+        if (ok[k])
+            v[k]->evict_clock = now; /* work issued from here on runs on the slabs */
+        else
+            v[k]->no_ptrs = 0; /* it stays: no landing to skip */
+    }
+}
+
 /* The commit window (gate held): ok[k] is 1 for each region of v now on
  * its slabs, 0 for those left on their device chunks. */
 static void ev_window(struct sh_pool *pool, struct region **v, size_t n, char *ok)
@@ -253,7 +279,6 @@ static void ev_window(struct sh_pool *pool, struct region **v, size_t n, char *o
     if (sh_pool_drain(pool, v, n) != 0)
         return;
     ev_compare(pool, v, n, ok); /* ok[k] says "failed" until the loop below */
-    uint64_t now = __atomic_load_n(&pool->clock, __ATOMIC_RELAXED);
     for (size_t k = 0; k < n; k++) {
         struct region *r = v[k];
         /* Drained: the copies are done. Work issued since they began may
@@ -262,20 +287,13 @@ static void ev_window(struct sh_pool *pool, struct region **v, size_t n, char *o
         int copied = !ok[k] && sh_xfer_wait_seq(x, SH_D2H, r->mv_first, r->mv_last) == 0;
         int unused = sh_pool_issued_at(pool, r) == r->ev_issued || pool->mover.plant_lost_write;
         int verdict = copied && unused ? ev_unchanged(pool, r) : -1, same = verdict == 1;
-        ok[k] = 0;
+        ok[k] = same ? 2 : 0; /* 2: to move */
         if (verdict == 0)
             sh_pool_unseen_write(pool, r, "under an early eviction (which stays resident)");
-        if (!same)
-            continue;
-        sh_pool_check_move(pool, r, r->va, "early eviction");
-        sh_pool_scan_prefilter(pool, &r, 1); /* the device bytes, before they leave */
-        if (ev_switch(pool, r) == 0) {
-            r->evict_clock = now; /* work issued from here on runs on the slabs */
-            ok[k] = 1;
-        } else {
-            r->no_ptrs = 0; /* it stays: no landing to skip */
-        }
+        if (same)
+            sh_pool_check_move(pool, r, r->va, "early eviction");
     }
+    ev_switch_all(pool, v, n, ok);
 }
 
 static void ev_committed(struct sh_pool *pool, struct region *r, void *released)

@@ -93,14 +93,16 @@ static int fake_fp_take(void *ctx, uint64_t ticket, size_t n, struct sh_clean_fp
 }
 
 /* The pointer prefilter on the CPU over the "device" bytes (host memory
- * here), as the kernel computes it; prefilter_fails makes it fail. */
-static int prefilter_fails;
+ * here), as the kernel computes it; prefilter_fails makes it fail;
+ * prefilter_calls counts its launches. */
+static int prefilter_fails, prefilter_calls;
 
 static int fake_ptr_candidates(void *ctx, const uintptr_t *addr, const size_t *len, size_t n,
                                uintptr_t lo, uintptr_t hi, unsigned char *found, uint64_t bus[2])
 {
     (void)ctx;
     (void)bus;
+    prefilter_calls++;
     if (prefilter_fails || hi <= lo)
         return SH_EDRIVER;
     uint32_t top = (uint32_t)((uint64_t)lo >> 32);

@@ -180,6 +180,34 @@ static void test_prefilter(void **state)
     stop();
 }
 
+/* Early evictions committed in one window are prefiltered in one launch
+ * (a round trip to the device each would hold the window that much
+ * longer), and each is still judged on its own bytes. */
+static void test_prefilter_once_per_window(void **state)
+{
+    (void)state;
+    struct opts o = std_opts;
+    o.prefilter = 1;
+    start(&o);
+    uintptr_t a = alloc(RSIZE), b = alloc(RSIZE), c = alloc(RSIZE), inside = a + 64;
+    fill(a, RSIZE, 5);
+    fill(b, RSIZE, 6);
+    fill(c, RSIZE, 7);
+    memcpy((void *)(c + 4), &inside, sizeof inside);
+    assert_int_equal(start_early(a), 1);
+    assert_int_equal(start_early(b), 1);
+    assert_int_equal(start_early(c), 1);
+    int calls = prefilter_calls;
+    size_t back = 0;
+    assert_int_equal(commit_early(1, &back), 3);
+    assert_int_equal(back, 0);
+    assert_int_equal(prefilter_calls, calls + 1);
+    assert_int_equal(pstats().scans_skipped, 2); /* a and b: nothing to read */
+    assert_true(holds_ptrs(c));
+    assert_false(holds_ptrs(a) || holds_ptrs(b));
+    stop();
+}
+
 /* An evicted region's bytes go to the pool's scanner thread, not scanned
  * by the evicting thread; held here, so that each region is needed before
  * its scan. A launch naming it scans it first (its answer is needed); a
@@ -422,6 +450,7 @@ int main(void)
         cmocka_unit_test_teardown(test_pointer_found_anywhere, teardown),
         cmocka_unit_test_teardown(test_pointer_table_prefetch, teardown),
         cmocka_unit_test_teardown(test_pointer_table_early_tracked, teardown),
+        cmocka_unit_test_teardown(test_prefilter_once_per_window, teardown),
         cmocka_unit_test_teardown(test_landed_bytes_mark_pointer_tables, teardown),
         cmocka_unit_test_teardown(test_prefilter, teardown),
         cmocka_unit_test_teardown(test_scan_waits_for_no_eviction, teardown),
