@@ -215,23 +215,42 @@ static void ev_compare(struct sh_pool *pool, struct region **v, size_t n, char *
     free(sel);
 }
 
-/* In r's window (drained): 1 when its device bytes are those its copy
- * ahead read, by fingerprint; chunks found clean keep their kept copy and
- * need no match. A region whose copies were all made in the window (kept
- * copies, nothing copied ahead) needs none. 0: they changed; -1: they
- * could not be fingerprinted (the region stays, and nothing is proved). */
-static int ev_unchanged(struct sh_pool *pool, struct region *r)
+/* In the window (drained), for each region of v that cand[k] names (its
+ * copies done, no work issued on it since its start): whether its device
+ * bytes are those its copy ahead read, by fingerprint, into verdict[k]: 1
+ * yes, 0 they changed, -1 they could not be fingerprinted (the region
+ * stays, nothing is proved); -1 too for the others. Chunks found clean keep
+ * their kept copy and need no match; a region whose copies were all made
+ * in the window (kept copies, nothing copied ahead) needs none. One call
+ * to the device for all. */
+static void ev_unchanged(struct sh_pool *pool, struct region **v, size_t n, const char *cand,
+                         signed char *verdict)
 {
-    if ((r->from_kept && !r->ahead) || pool->mover.plant_lost_write)
-        return 1;
-    if (ev_fp_take(pool, r, 1) != 0)
-        return -1;
-    struct sh_clean_fp *now = malloc(r->nchunks * sizeof *now);
-    int same = now && sh_pool_fingerprint(pool, r, r->va, now) == 0 ? 1 : -1;
-    for (unsigned i = 0; i < r->nchunks && same == 1; i++)
-        same = r->chunks[i].clean || sh_clean_fp_equal(now[i], r->chunks[i].ev_fp);
+    struct region **sel = malloc((n ? n : 1) * (sizeof *sel + sizeof(size_t)));
+    size_t *idx = sel ? (size_t *)(sel + (n ? n : 1)) : NULL, m = 0;
+    for (size_t k = 0; k < n; k++) {
+        struct region *r = v[k];
+        verdict[k] = -1;
+        if (!cand[k])
+            continue;
+        if ((r->from_kept && !r->ahead) || pool->mover.plant_lost_write) {
+            verdict[k] = 1;
+        } else if (ev_fp_take(pool, r, 1) == 0 && sel) {
+            sel[m] = r;
+            idx[m++] = k;
+        }
+    }
+    struct sh_clean_fp *now = NULL;
+    if (m && sh_pool_fingerprint_all(pool, sel, NULL, m, &now) == 0)
+        for (size_t s = 0, j = 0; s < m; s++) {
+            struct region *r = sel[s];
+            int same = 1;
+            for (unsigned i = 0; i < r->nchunks; i++, j++)
+                same &= r->chunks[i].clean || sh_clean_fp_equal(now[j], r->chunks[i].ev_fp);
+            verdict[idx[s]] = (signed char)same;
+        }
     free(now);
-    return same;
+    free(sel);
 }
 
 void sh_pool_unseen_write(struct sh_pool *pool, const struct region *r, const char *when)
@@ -279,6 +298,8 @@ static void ev_window(struct sh_pool *pool, struct region **v, size_t n, char *o
     if (sh_pool_drain(pool, v, n) != 0)
         return;
     ev_compare(pool, v, n, ok); /* ok[k] says "failed" until the loop below */
+    char *cand = malloc((n ? n : 1) * 2);
+    signed char *verdict = cand ? (signed char *)cand + n : NULL;
     for (size_t k = 0; k < n; k++) {
         struct region *r = v[k];
         /* Drained: the copies are done. Work issued since they began may
@@ -286,13 +307,21 @@ static void ev_window(struct sh_pool *pool, struct region **v, size_t n, char *o
          * does one whose bytes changed with no work naming it. */
         int copied = !ok[k] && sh_xfer_wait_seq(x, SH_D2H, r->mv_first, r->mv_last) == 0;
         int unused = sh_pool_issued_at(pool, r) == r->ev_issued || pool->mover.plant_lost_write;
-        int verdict = copied && unused ? ev_unchanged(pool, r) : -1, same = verdict == 1;
-        ok[k] = same ? 2 : 0; /* 2: to move */
-        if (verdict == 0)
-            sh_pool_unseen_write(pool, r, "under an early eviction (which stays resident)");
-        if (same)
-            sh_pool_check_move(pool, r, r->va, "early eviction");
+        ok[k] = 0;
+        if (cand)
+            cand[k] = (char)(copied && unused);
     }
+    if (!cand)
+        return; /* they all stay */
+    ev_unchanged(pool, v, n, cand, verdict);
+    for (size_t k = 0; k < n; k++) {
+        ok[k] = verdict[k] == 1 ? 2 : 0; /* 2: to move */
+        if (verdict[k] == 0)
+            sh_pool_unseen_write(pool, v[k], "under an early eviction (which stays resident)");
+        if (verdict[k] == 1)
+            sh_pool_check_move(pool, v[k], v[k]->va, "early eviction");
+    }
+    free(cand);
     ev_switch_all(pool, v, n, ok);
 }
 

@@ -30,6 +30,7 @@
 #include "sh_log.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 /* ---- the kept list (mu held) ---- */
 
@@ -150,44 +151,73 @@ size_t sh_pool_kept_reclaim(struct sh_pool *pool)
 
 /* ---- fingerprints (in windows) ---- */
 
-/* r's chunks as ranges at base: addr[] then len[] in one allocation. */
-static uintptr_t *ranges_of(const struct region *r, uintptr_t base, size_t **len)
+/* The chunks of v[0..n) as ranges, v[k]'s at base[k] (its own address when
+ * base is NULL): addr[] then len[] in one allocation, *total of them. */
+static uintptr_t *ranges_of(struct region *const *v, const uintptr_t *base, size_t n, size_t **len,
+                            size_t *total)
 {
-    uintptr_t *addr = malloc(r->nchunks * (sizeof *addr + sizeof(size_t)));
+    size_t m = 0;
+    for (size_t k = 0; k < n; k++)
+        m += v[k]->nchunks;
+    uintptr_t *addr = malloc((m ? m : 1) * (sizeof *addr + sizeof(size_t)));
     if (!addr)
         return NULL;
-    *len = (size_t *)(addr + r->nchunks);
-    for (unsigned i = 0; i < r->nchunks; i++) {
-        addr[i] = base + r->chunks[i].off;
-        (*len)[i] = r->chunks[i].size;
-    }
+    *len = (size_t *)(addr + m);
+    *total = m;
+    for (size_t k = 0, j = 0; k < n; k++)
+        for (unsigned i = 0; i < v[k]->nchunks; i++, j++) {
+            addr[j] = (base ? base[k] : v[k]->va) + v[k]->chunks[i].off;
+            (*len)[j] = v[k]->chunks[i].size;
+        }
     return addr;
 }
 
-static void count_fingerprints(struct sh_pool *pool, const struct region *r, int rc,
+static void count_fingerprints(struct sh_pool *pool, struct region *const *v, size_t n, int rc,
                                const uint64_t bus[2])
 {
     pthread_mutex_lock(&pool->mu);
-    pool->st.fingerprints += r->nchunks;
-    pool->st.fingerprinted_bytes += rc == 0 ? r->mapped : 0;
+    for (size_t k = 0; k < n; k++) {
+        pool->st.fingerprints += v[k]->nchunks;
+        pool->st.fingerprinted_bytes += rc == 0 ? v[k]->mapped : 0;
+    }
     pool->st.evicted_bytes += bus[SH_D2H]; /* every byte that crosses the bus */
     pool->st.restored_bytes += bus[SH_H2D];
     pthread_mutex_unlock(&pool->mu);
 }
 
+int sh_pool_fingerprint_all(struct sh_pool *pool, struct region *const *v, const uintptr_t *base,
+                            size_t n, struct sh_clean_fp **out)
+{
+    *out = NULL;
+    if (!pool->mover.fingerprint)
+        return SH_EDRIVER;
+    size_t *len, total = 0;
+    uintptr_t *addr = ranges_of(v, base, n, &len, &total);
+    struct sh_clean_fp *fp = addr ? malloc((total ? total : 1) * sizeof *fp) : NULL;
+    if (!fp) {
+        free(addr);
+        return SH_ENOMEM;
+    }
+    uint64_t bus[2] = {0, 0};
+    int rc = total ? pool->mover.fingerprint(pool->mover.fp_ctx, addr, len, total, fp, bus) : 0;
+    free(addr);
+    count_fingerprints(pool, v, n, rc, bus);
+    if (rc)
+        free(fp);
+    else
+        *out = fp;
+    return rc;
+}
+
 int sh_pool_fingerprint(struct sh_pool *pool, const struct region *r, uintptr_t base,
                         struct sh_clean_fp *out)
 {
-    if (!pool->mover.fingerprint)
-        return SH_EDRIVER;
-    size_t *len;
-    uintptr_t *addr = ranges_of(r, base, &len);
-    if (!addr)
-        return SH_ENOMEM;
-    uint64_t bus[2] = {0, 0};
-    int rc = pool->mover.fingerprint(pool->mover.fp_ctx, addr, len, r->nchunks, out, bus);
-    free(addr);
-    count_fingerprints(pool, r, rc, bus);
+    struct region *one = (struct region *)r;
+    struct sh_clean_fp *fp;
+    int rc = sh_pool_fingerprint_all(pool, &one, &base, 1, &fp);
+    if (rc == 0)
+        memcpy(out, fp, r->nchunks * sizeof *fp);
+    free(fp);
     return rc;
 }
 
@@ -196,16 +226,16 @@ int sh_pool_fingerprint_queue(struct sh_pool *pool, const struct region *r, int 
 {
     if (!pool->mover.fingerprint_queue || !pool->mover.fingerprint_take)
         return SH_EDRIVER;
-    size_t *len;
-    uintptr_t *addr = ranges_of(r, r->va, &len);
+    struct region *one = (struct region *)r;
+    size_t *len, total;
+    uintptr_t *addr = ranges_of(&one, NULL, 1, &len, &total);
     if (!addr)
         return SH_ENOMEM;
     uint64_t bus[2] = {0, 0};
-    int rc =
-        pool->mover.fingerprint_queue(pool->mover.fp_ctx, addr, len, r->nchunks, dir, ticket, bus);
+    int rc = pool->mover.fingerprint_queue(pool->mover.fp_ctx, addr, len, total, dir, ticket, bus);
     free(addr);
     if (rc == 0) /* one that was not queued is taken at once, and counted then */
-        count_fingerprints(pool, r, 0, bus);
+        count_fingerprints(pool, &one, 1, 0, bus);
     return rc;
 }
 
@@ -231,47 +261,56 @@ static int drain_all(struct sh_pool *pool)
 
 void sh_pool_kept_compare(struct sh_pool *pool, struct region **v, size_t n)
 {
-    int any = 0;
-    for (size_t k = 0; k < n; k++)
-        any |= v[k]->from_kept;
-    if (!any || drain_all(pool) != 0)
-        return; /* no copy to compare, or the device cannot be waited for: copy all */
-    for (size_t k = 0; k < n; k++) {
-        struct region *r = v[k];
-        if (!r->from_kept)
-            continue;
-        struct sh_clean_fp *now = malloc(r->nchunks * sizeof *now);
-        int dirty = 0;
-        if (now && sh_pool_fingerprint(pool, r, r->va, now) == 0)
-            for (unsigned i = 0; i < r->nchunks; i++) {
-                r->chunks[i].clean = sh_clean_fp_equal(now[i], r->chunks[i].fp);
+    struct region **sel = malloc((n ? n : 1) * sizeof *sel);
+    size_t m = 0;
+    for (size_t k = 0; sel && k < n; k++)
+        if (v[k]->from_kept)
+            sel[m++] = v[k];
+    struct sh_clean_fp *now = NULL;
+    /* none to compare, or the device cannot be waited for: copy all */
+    if (m && drain_all(pool) == 0 && sh_pool_fingerprint_all(pool, sel, NULL, m, &now) == 0)
+        for (size_t k = 0, j = 0; k < m; k++) {
+            struct region *r = sel[k];
+            int dirty = 0;
+            for (unsigned i = 0; i < r->nchunks; i++, j++) {
+                r->chunks[i].clean = sh_clean_fp_equal(now[j], r->chunks[i].fp);
                 dirty |= !r->chunks[i].clean;
             }
-        free(now);
-        /* Changed, and no work named it since its restore: copied in this
-         * window all the same, but something writes through pointers the
-         * library cannot see. */
-        if (dirty && sh_pool_issued_at(pool, r) == r->kept_issued)
-            sh_pool_unseen_write(pool, r, "since its restore");
-    }
+            /* Changed, and no work named it since its restore: copied in
+             * this window all the same, but something writes through
+             * pointers the library cannot see. */
+            if (dirty && sh_pool_issued_at(pool, r) == r->kept_issued)
+                sh_pool_unseen_write(pool, r, "since its restore");
+        }
+    free(now);
+    free(sel);
 }
 
 void sh_pool_kept_mark(struct sh_pool *pool, struct region **v, const uintptr_t *base, size_t n)
 {
+    struct region **sel = malloc((n ? n : 1) * (sizeof *sel + sizeof *base));
+    uintptr_t *at = sel ? (uintptr_t *)(sel + (n ? n : 1)) : NULL;
+    size_t m = 0;
     for (size_t k = 0; k < n; k++) {
         struct region *r = v[k];
         r->keep_next = 0;
-        if (!pool->mover.clean_skip || r->pinned || r->stuck || !sh_clean_learn_keep(&r->learn))
-            continue;
-        struct sh_clean_fp *fp = malloc(r->nchunks * sizeof *fp);
-        if (fp && sh_pool_fingerprint(pool, r, base[k], fp) == 0) {
-            for (unsigned i = 0; i < r->nchunks; i++)
-                r->chunks[i].fp = fp[i];
+        if (sel && pool->mover.clean_skip && !r->pinned && !r->stuck &&
+            sh_clean_learn_keep(&r->learn)) {
+            sel[m] = r;
+            at[m++] = base[k];
+        }
+    }
+    struct sh_clean_fp *fp = NULL;
+    if (m && sh_pool_fingerprint_all(pool, sel, at, m, &fp) == 0)
+        for (size_t k = 0, j = 0; k < m; k++) {
+            struct region *r = sel[k];
+            for (unsigned i = 0; i < r->nchunks; i++, j++)
+                r->chunks[i].fp = fp[j];
             r->keep_next = 1;
             r->kept_issued = sh_pool_issued_at(pool, r); /* in the window: nothing is issued */
         }
-        free(fp);
-    }
+    free(fp);
+    free(sel);
 }
 
 /* ---- after the window ---- */

@@ -309,6 +309,12 @@ void sh_pool_unseen_write(struct sh_pool *pool, const struct region *r, const ch
  * in the stats); 0 or an error. */
 int sh_pool_fingerprint(struct sh_pool *pool, const struct region *r, uintptr_t base,
                         struct sh_clean_fp *out);
+/* The same for the chunks of v[0..n) in one call to the device (a round
+ * trip each would hold a window that much longer), v[k]'s at base[k] (its
+ * own address when base is NULL): *out gets them in order, to be freed;
+ * NULL on an error. */
+int sh_pool_fingerprint_all(struct sh_pool *pool, struct region *const *v, const uintptr_t *base,
+                            size_t n, struct sh_clean_fp **out);
 /* The same at r's address, queued on dir's copy stream ahead of what is
  * queued there next (mover's fingerprint_queue); the results are taken
  * with sh_pool_fingerprint_take (out NULL: given up), once each. */

@@ -294,6 +294,40 @@ static void test_fingerprint_failure_copies(void **state)
 
 /* ---- early eviction ---- */
 
+/* A window fingerprints all of its regions in one call to the device (a
+ * round trip each would hold the window open that much longer): the
+ * restore that keeps their copies, and the eviction that compares them,
+ * which still tells each region's chunks apart. */
+static void test_one_fingerprint_call_per_window(void **state)
+{
+    (void)state;
+    sys_start_ops(&clean_opts);
+    uintptr_t v[3], out[3];
+    for (int i = 0; i < 3; i++) {
+        v[i] = alloc(RSIZE);
+        fill(v[i], RSIZE, i + 1);
+    }
+    size_t released = 0, n = 0;
+    assert_int_equal(sh_pool_evict_these(sys.pool, v, 3, &released, out, &n), 0);
+    assert_int_equal(n, 3);
+    int calls = fpk.calls;
+    assert_int_equal(sh_pool_restore(sys.pool, v, 3), 0);
+    assert_int_equal(fpk.calls, calls + 1);
+    assert_int_equal(pstats().kept_bytes, 3 * RSIZE);
+    issue(v[1]);
+    ((uint8_t *)v[1])[RSIZE - 1] ^= 0xff; /* its last chunk changes */
+    size_t before = d2h();
+    calls = fpk.calls;
+    assert_int_equal(sh_pool_evict_these(sys.pool, v, 3, &released, out, &n), 0);
+    assert_int_equal(n, 3);
+    assert_int_equal(fpk.calls, calls + 1);
+    assert_int_equal(d2h() - before, 2 * G); /* that chunk (the 128K one) alone was copied */
+    for (int i = 0; i < 3; i++) {
+        restore_one(v[i]);
+        assert_int_equal(bad_words(v[i], RSIZE, (uint32_t)i + 1), i == 1); /* the changed word */
+    }
+}
+
 static size_t start_early(uintptr_t va)
 {
     uintptr_t out[1];
@@ -456,6 +490,7 @@ int main(void)
         cmocka_unit_test_teardown(test_copies_given_up_first, teardown),
         cmocka_unit_test_teardown(test_free_and_pin_drop_copies, teardown),
         cmocka_unit_test_teardown(test_fingerprint_failure_copies, teardown),
+        cmocka_unit_test_teardown(test_one_fingerprint_call_per_window, teardown),
         cmocka_unit_test_teardown(test_early_eviction_of_kept, teardown),
         cmocka_unit_test_teardown(test_early_eviction_copies_ahead, teardown),
         cmocka_unit_test_teardown(test_prefetch_keeps, teardown),

@@ -180,9 +180,10 @@ static void test_prefilter(void **state)
     stop();
 }
 
-/* Early evictions committed in one window are prefiltered in one launch
- * (a round trip to the device each would hold the window that much
- * longer), and each is still judged on its own bytes. */
+/* Early evictions committed in one window are fingerprinted in one call
+ * and prefiltered in one launch (a round trip to the device each would
+ * hold the window that much longer), and each is still judged on its own
+ * bytes. */
 static void test_prefilter_once_per_window(void **state)
 {
     (void)state;
@@ -197,11 +198,12 @@ static void test_prefilter_once_per_window(void **state)
     assert_int_equal(start_early(a), 1);
     assert_int_equal(start_early(b), 1);
     assert_int_equal(start_early(c), 1);
-    int calls = prefilter_calls;
+    int calls = prefilter_calls, fingerprints = fpk.calls;
     size_t back = 0;
     assert_int_equal(commit_early(1, &back), 3);
     assert_int_equal(back, 0);
     assert_int_equal(prefilter_calls, calls + 1);
+    assert_int_equal(fpk.calls, fingerprints + 1);
     assert_int_equal(pstats().scans_skipped, 2); /* a and b: nothing to read */
     assert_true(holds_ptrs(c));
     assert_false(holds_ptrs(a) || holds_ptrs(b));
