@@ -137,6 +137,11 @@ typedef struct stagehand_stats {
     int64_t steps_found;
     uint64_t steps_followed; /* completed steps that matched a recorded one */
     uint64_t steps_departed; /* completed steps that matched none */
+    /* The device's own reads of the regions a window moves, waited for,
+     * microseconds: fingerprints (clean regions, early evictions; also at
+     * an early eviction's start) and the pointer prefilter. */
+    uint64_t fingerprint_us;
+    uint64_t prefilter_us;
 } stagehand_stats_t;
 
 /* Fills *out (at most size bytes of it); 0, or -1 if out is NULL. */

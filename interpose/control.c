@@ -95,6 +95,8 @@ EXPORT int stagehand_get_stats(stagehand_stats_t *out, size_t size)
         s.remap_us = st.remap_ns / 1000u;
         s.scan_us = st.scan_ns / 1000u;
         s.scan_wait_us = st.scan_wait_ns / 1000u;
+        s.fingerprint_us = st.fingerprint_ns / 1000u;
+        s.prefilter_us = st.prefilter_ns / 1000u;
         s.scanned_bytes = st.scanned_bytes;
         s.prefilters = st.prefilters;
         s.scans_skipped = st.scans_skipped;

@@ -26,6 +26,7 @@
  */
 #include "pool/region_int.h"
 
+#include "sh_clock.h"
 #include "sh_err.h"
 #include "sh_log.h"
 
@@ -198,8 +199,9 @@ int sh_pool_fingerprint_all(struct sh_pool *pool, struct region *const *v, const
         free(addr);
         return SH_ENOMEM;
     }
-    uint64_t bus[2] = {0, 0};
+    uint64_t bus[2] = {0, 0}, t0 = sh_clock_ns();
     int rc = total ? pool->mover.fingerprint(pool->mover.fp_ctx, addr, len, total, fp, bus) : 0;
+    __atomic_add_fetch(&pool->st.fingerprint_ns, sh_clock_ns() - t0, __ATOMIC_RELAXED);
     free(addr);
     count_fingerprints(pool, v, n, rc, bus);
     if (rc)
@@ -242,7 +244,10 @@ int sh_pool_fingerprint_queue(struct sh_pool *pool, const struct region *r, int 
 int sh_pool_fingerprint_take(struct sh_pool *pool, const struct region *r, uint64_t ticket,
                              struct sh_clean_fp *out)
 {
-    return pool->mover.fingerprint_take(pool->mover.fp_ctx, ticket, r->nchunks, out);
+    uint64_t t0 = sh_clock_ns();
+    int rc = pool->mover.fingerprint_take(pool->mover.fp_ctx, ticket, r->nchunks, out);
+    __atomic_add_fetch(&pool->st.fingerprint_ns, sh_clock_ns() - t0, __ATOMIC_RELAXED);
+    return rc;
 }
 
 /* A drain of the whole device, where the window's own drain may have

@@ -242,7 +242,9 @@ void sh_pool_scan_prefilter(struct sh_pool *pool, struct region **v, size_t n)
     }
     unsigned char *found = m && pool->mover.ptr_candidates ? malloc(m) : NULL;
     uint64_t bus[2] = {0, 0};
+    uint64_t t0 = sh_clock_ns();
     int rc = found ? candidates(pool, v, n, look, m, found, bus) : SH_ENOMEM;
+    __atomic_add_fetch(&pool->st.prefilter_ns, sh_clock_ns() - t0, __ATOMIC_RELAXED);
     if (found) {
         pthread_mutex_lock(&pool->scan.mu);
         pool->scan.prefilters += rc == 0 ? m : 0;

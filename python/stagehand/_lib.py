@@ -44,6 +44,7 @@ STATS_FIELDS = (
     ("prefetches", False), ("prefetch_commits", False),
     ("early_evictions", False), ("early_commits", False),
     ("steps_found", True), ("steps_followed", False), ("steps_departed", False),
+    ("fingerprint_us", False), ("prefilter_us", False),
 )
 
 

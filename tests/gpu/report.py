@@ -303,8 +303,8 @@ class Report:
                 continue
             per = {k: sh_per_step(r["steps"], k) for k in
                    ("window_us", "drain_us", "copy_wait_us", "remap_us", "stalls", "stall_us",
-                    "scan_us", "scan_wait_us", "scanned_bytes",
-                    "launches", "opaque_work", "prefetches", "early_evictions")}
+                    "scan_us", "scan_wait_us", "scanned_bytes", "fingerprint_us",
+                    "prefilter_us", "launches", "opaque_work", "prefetches", "early_evictions")}
             if per["window_us"] is None:
                 continue  # a library older than these figures
             ms = lambda k: fnum(None if per[k] is None else per[k] / 1e3, "%.0f ms")  # noqa: E731
@@ -316,6 +316,7 @@ class Report:
                          "%s (%s)" % (fnum(per["stalls"], "%.0f"), ms("stall_us")),
                          "%s, %s (%s waited)" % (gb(per["scanned_bytes"]), ms("scan_us"),
                                                  ms("scan_wait_us")),
+                         "%s, %s" % (ms("fingerprint_us"), ms("prefilter_us")),
                          opaque, fnum(per["prefetches"], "%.0f"),
                          fnum(per["early_evictions"], "%.0f"), found))
         if not rows:
@@ -324,12 +325,13 @@ class Report:
                  "step): remap windows open (no work issued), of which waiting for the work "
                  "in flight, for the copies and for the driver's remaps; launches held for "
                  "residency; evicted bytes read on the CPU for pointers (and the program's "
-                 "wait for that); opaque launches; moves ahead of need; steps the scheduler "
+                 "wait for that); the device's fingerprints and pointer prefilter, waited "
+                 "for; opaque launches; moves ahead of need; steps the scheduler "
                  "found.")
         self.out()
         self.table(("allocator", "step", "windows", "drain", "copies", "remap",
-                    "stalls (time)", "pointer scan", "opaque", "prefetches", "early evictions",
-                    "steps found"), rows)
+                    "stalls (time)", "pointer scan", "fingerprints, prefilter", "opaque",
+                    "prefetches", "early evictions", "steps found"), rows)
 
     @staticmethod
     def ratio(x, ref):
@@ -716,7 +718,8 @@ def self_test():
                                  "copy_wait_us": 400000, "remap_us": 50000, "stalls": 12,
                                  "stall_us": 550000, "launches": 1000, "opaque_work": 400,
                                  "scan_us": 300000, "scan_wait_us": 200000,
-                                 "scanned_bytes": 3 * GB,
+                                 "scanned_bytes": 3 * GB, "fingerprint_us": 20000,
+                                 "prefilter_us": 7000,
                                  "prefetches": 3, "early_evictions": 0}
                 recs.append(json.dumps(rec))
             s = {"steps": len(losses), "params": 1.3e9, "max_allocated": 30 * GB,
@@ -757,7 +760,7 @@ def self_test():
                   "equal", "above its 12.0 GB budget", "against 0.3000 s without: **+2.00%**", "| 64 MB | 812.5 | 640.0 | 9000.0 / 8000.0 | 3.10 | 11.50 |", "**cupti** before and **hooks** during",
                   "77 device events", "reference for oversub-cudnn", "within 0.005",
                   "cut by the deadline (`run.sh --short`): train/profiler-window, measure/save-on-cpu",
-                  "| default | 0.900 s | 600 ms | 100 ms | 400 ms | 50 ms | 12 (550 ms) | 3.0 GB, 300 ms (200 ms waited) | 40% | 3 | 0 |"]
+                  "| default | 0.900 s | 600 ms | 100 ms | 400 ms | 50 ms | 12 (550 ms) | 3.0 GB, 300 ms (200 ms waited) | 20 ms, 7 ms | 40% | 3 | 0 |"]
         missing = [e for e in expect if e not in text]
         want_failures = 2  # the async run's losses and its device peak
         if missing or len(rep.failures) != want_failures:

@@ -73,6 +73,7 @@ STATS_DELTAS = ("evictions", "restores", "d2h_bytes", "h2d_bytes",
                 "launches", "remap_windows", "allocs", "frees", "opaque_work",
                 "window_us", "drain_us", "copy_wait_us", "remap_us", "scan_us",
                 "scan_wait_us", "scanned_bytes", "stalls", "stall_us",
+                "fingerprint_us", "prefilter_us",
                 "prefetches", "early_evictions", "steps_found")
 
 EXIT_OOM, EXIT_NONDETERMINISTIC, EXIT_PROFILER = 3, 4, 5
