@@ -381,6 +381,9 @@ static int always_dirty_child(void)
          * pointer prefilter's launches. */
         if (sim.launches - launched != b.fingerprints + b.prefilters)
             return 6;
+        /* ... and was waited for: the time the statistics give them. */
+        if (fps && b.fingerprint_us == a.fingerprint_us)
+            return 7;
     }
     return failures ? 8 : 0;
 }
