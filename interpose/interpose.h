@@ -122,7 +122,10 @@ int sh_stream_capturing(CUstream s);
  * longer waits for the events made there (their handles are gone), and its
  * streams' slots are not used again. */
 #define SH_SLOTS_ANY (1ull << 63)
-int sh_slots_tracked(void);
+static inline int sh_slots_tracked(void) /* inline: every launch asks */
+{
+    return sh_rt.cfg.transfer.drain_mode == SH_CONFIG_DRAIN_TRACKED;
+}
 uint64_t sh_slots_record(CUstream s);
 void sh_slots_tracked_drain(int (**drain)(void *, uint64_t), int (**idle)(void *, uint64_t));
 void sh_slots_forget_context(CUcontext ctx);

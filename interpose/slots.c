@@ -23,11 +23,6 @@ static CUevent slot_event[STREAM_SLOTS]; /* NULL once its context is destroyed *
 static CUcontext slot_ctx[STREAM_SLOTS]; /* the context the event was made in */
 static int nslots;
 
-int sh_slots_tracked(void)
-{
-    return sh_rt.cfg.transfer.drain_mode == SH_CONFIG_DRAIN_TRACKED;
-}
-
 /* An event for stream s: made in s's context, or recording it there fails
  * (and the drain falls back to waiting for the whole device). */
 static CUresult slot_event_create(CUstream s, CUevent *ev, CUcontext *made_in)

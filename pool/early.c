@@ -33,8 +33,8 @@ static void ev_abandon(struct sh_pool *pool, struct region *r)
  * and its window compares again. 0, or r could not be fingerprinted. */
 static int ev_snapshot(struct sh_pool *pool, struct region *r)
 {
-    struct sh_clean_fp *fp = malloc(r->nchunks * sizeof *fp);
-    int rc = fp ? sh_pool_fingerprint(pool, r, r->va, fp) : SH_ENOMEM;
+    struct sh_clean_fp *fp;
+    int rc = sh_pool_fingerprint_all(pool, &r, NULL, 1, &fp);
     for (unsigned i = 0; i < r->nchunks && rc == 0; i++)
         r->chunks[i].ev_fp = fp[i];
     free(fp);

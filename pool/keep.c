@@ -31,7 +31,6 @@
 #include "sh_log.h"
 
 #include <stdlib.h>
-#include <string.h>
 
 /* ---- the kept list (mu held) ---- */
 
@@ -211,33 +210,19 @@ int sh_pool_fingerprint_all(struct sh_pool *pool, struct region *const *v, const
     return rc;
 }
 
-int sh_pool_fingerprint(struct sh_pool *pool, const struct region *r, uintptr_t base,
-                        struct sh_clean_fp *out)
-{
-    struct region *one = (struct region *)r;
-    struct sh_clean_fp *fp;
-    int rc = sh_pool_fingerprint_all(pool, &one, &base, 1, &fp);
-    if (rc == 0)
-        memcpy(out, fp, r->nchunks * sizeof *fp);
-    free(fp);
-    return rc;
-}
-
-int sh_pool_fingerprint_queue(struct sh_pool *pool, const struct region *r, int dir,
-                              uint64_t *ticket)
+int sh_pool_fingerprint_queue(struct sh_pool *pool, struct region *r, int dir, uint64_t *ticket)
 {
     if (!pool->mover.fingerprint_queue || !pool->mover.fingerprint_take)
         return SH_EDRIVER;
-    struct region *one = (struct region *)r;
     size_t *len, total;
-    uintptr_t *addr = ranges_of(&one, NULL, 1, &len, &total);
+    uintptr_t *addr = ranges_of(&r, NULL, 1, &len, &total);
     if (!addr)
         return SH_ENOMEM;
     uint64_t bus[2] = {0, 0};
     int rc = pool->mover.fingerprint_queue(pool->mover.fp_ctx, addr, len, total, dir, ticket, bus);
     free(addr);
     if (rc == 0) /* one that was not queued is taken at once, and counted then */
-        count_fingerprints(pool, &one, 1, 0, bus);
+        count_fingerprints(pool, &r, 1, 0, bus);
     return rc;
 }
 

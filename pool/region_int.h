@@ -305,21 +305,17 @@ int sh_pool_kept_changed(const struct region *r);
  * no prefetch starts from then on (a prefetch's source is host memory,
  * which only a second pass over the bus could compare). move.c. */
 void sh_pool_unseen_write(struct sh_pool *pool, const struct region *r, const char *when);
-/* The fingerprints of r's chunks as mapped at base (pool->mover's, counted
- * in the stats); 0 or an error. */
-int sh_pool_fingerprint(struct sh_pool *pool, const struct region *r, uintptr_t base,
-                        struct sh_clean_fp *out);
-/* The same for the chunks of v[0..n) in one call to the device (a round
- * trip each would hold a window that much longer), v[k]'s at base[k] (its
- * own address when base is NULL): *out gets them in order, to be freed;
- * NULL on an error. */
+/* The fingerprints of the chunks of v[0..n) (pool->mover's, counted in the
+ * stats), in one call to the device (a round trip each would hold a window
+ * that much longer), v[k]'s as mapped at base[k] (at its own address when
+ * base is NULL): *out gets them in order, to be freed; 0, or an error and
+ * *out NULL. */
 int sh_pool_fingerprint_all(struct sh_pool *pool, struct region *const *v, const uintptr_t *base,
                             size_t n, struct sh_clean_fp **out);
-/* The same at r's address, queued on dir's copy stream ahead of what is
- * queued there next (mover's fingerprint_queue); the results are taken
- * with sh_pool_fingerprint_take (out NULL: given up), once each. */
-int sh_pool_fingerprint_queue(struct sh_pool *pool, const struct region *r, int dir,
-                              uint64_t *ticket);
+/* The same for r at its address, queued on dir's copy stream ahead of
+ * what is queued there next (mover's fingerprint_queue); the results are
+ * taken with sh_pool_fingerprint_take (out NULL: given up), once each. */
+int sh_pool_fingerprint_queue(struct sh_pool *pool, struct region *r, int dir, uint64_t *ticket);
 int sh_pool_fingerprint_take(struct sh_pool *pool, const struct region *r, uint64_t ticket,
                              struct sh_clean_fp *out);
 /* An early eviction that does not copy ahead: its kept copies become its

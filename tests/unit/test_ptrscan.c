@@ -210,6 +210,33 @@ static void test_prefilter_once_per_window(void **state)
     stop();
 }
 
+/* When that one call fails, no region of the window can be judged: all
+ * stay resident with their bytes, none is lost. */
+static void test_failed_window_call_keeps_all(void **state)
+{
+    (void)state;
+    struct opts o = std_opts;
+    o.prefilter = 1;
+    start(&o);
+    uintptr_t v[3];
+    for (int i = 0; i < 3; i++) {
+        v[i] = alloc(RSIZE);
+        fill(v[i], RSIZE, (uint32_t)i + 11);
+        assert_int_equal(start_early(v[i]), 1);
+    }
+    fpk.fail = 1;
+    size_t back = 0;
+    assert_int_equal(commit_early(1, &back), 0);
+    assert_int_equal(back, 3);
+    fpk.fail = 0;
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(state_of(v[i]), SH_RS_RESIDENT);
+        assert_int_equal(bad_words(v[i], RSIZE, (uint32_t)i + 11), 0);
+    }
+    assert_int_equal(lost_writes(), 0);
+    stop();
+}
+
 /* An evicted region's bytes go to the pool's scanner thread, not scanned
  * by the evicting thread; held here, so that each region is needed before
  * its scan. A launch naming it scans it first (its answer is needed); a
@@ -453,6 +480,7 @@ int main(void)
         cmocka_unit_test_teardown(test_pointer_table_prefetch, teardown),
         cmocka_unit_test_teardown(test_pointer_table_early_tracked, teardown),
         cmocka_unit_test_teardown(test_prefilter_once_per_window, teardown),
+        cmocka_unit_test_teardown(test_failed_window_call_keeps_all, teardown),
         cmocka_unit_test_teardown(test_landed_bytes_mark_pointer_tables, teardown),
         cmocka_unit_test_teardown(test_prefilter, teardown),
         cmocka_unit_test_teardown(test_scan_waits_for_no_eviction, teardown),
