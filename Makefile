@@ -211,12 +211,6 @@ $(BUILD)/tests/e2e/test_e2e_lazydriver: $(BUILD)/obj/tests/e2e/test_e2e_lazydriv
 	@mkdir -p $(@D)
 	$(CC) -o $@ $(filter %.o,$^) $(LDFLAGS_ALL) -lcmocka -ldl
 
-# test_e2e_learned times the simulated card's fingerprint (the CPU's).
-$(BUILD)/tests/e2e/test_e2e_learned: $(BUILD)/obj/tests/e2e/test_e2e_learned.o \
-        $(BUILD)/obj/clean/hash.o $(SIM_LIBS)
-	@mkdir -p $(@D)
-	$(CC) -o $@ $(filter %.o,$^) $(LDFLAGS_ALL) $(SIM_LINK) -lcmocka -ldl -ljson-c
-
 # ---- tools ---------------------------------------------------------------
 # Each tools/NAME/ folder is one program, build/NAME, from all its .c files.
 define tool_rule

@@ -27,7 +27,11 @@ awk -v line="$out" 'BEGIN {
     for (i = 1; i <= n; i++) { split(kv[i], p, "="); v[p[1]] = p[2] }
     printf "reactive %.4f  lru %.4f  learned %.4f  learned/reactive %.3f\n",
         v["reactive_step_s"], v["lru_step_s"], v["learned_step_s"], v["ratio"];
-    printf "stagehand-sim predicts learned %.4f (%s off)\n", v["sim_learned_step_s"], v["sim_error"] }'
+    printf "stagehand-sim predicts reactive %.4f (%s off)  lru %.4f (%s off)  learned %.4f (%s off)\n",
+        v["sim_reactive_step_s"], v["sim_reactive_error"], v["sim_lru_step_s"], v["sim_lru_error"],
+        v["sim_learned_step_s"], v["sim_error"];
+    printf "and, with a GPU'"'"'s memory reads and remaps, reactive %.4f  learned %.4f  learned/reactive %.3f\n",
+        v["gpu_reactive_step_s"], v["gpu_learned_step_s"], v["gpu_ratio"] }'
 echo
 # A program that fits must run as if the library were not there: the demo's
 # training program on a card it fills to about 93%, with and without it.

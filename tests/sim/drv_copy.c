@@ -2,13 +2,12 @@
  * peer copies, and the node parameters of copy and memset graph nodes.
  * Copies run on stream workers, like kernels, inside the fault guard.
  *
- * Shared state: the learned cost of moving a byte (an atomic).
+ * Shared state: the learned cost of moving a byte, per direction (atomics).
  */
 #include "sim.h"
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 static void op_free(struct sim_op *op)
 {
@@ -24,20 +23,15 @@ struct copy_op {
     const void *src;
     size_t n;
     double us;
+    int to_device;
     uint64_t dst_serial, src_serial; /* the VMM mappings at each end when issued */
 };
 
 /* What moving a byte costs this process (page faults included), learned
- * from the copies so far: a copy's own work is part of its modelled time,
- * not added to it, so a transfer takes max(modelled, real). */
-static _Atomic double move_us_per_byte;
-
-static double mono_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
+ * from the copies so far, per direction: a restore writes pages mapped
+ * afresh and faults more than an eviction. A copy's own work is part of
+ * its modelled time, not added to it (sim_paced). */
+static struct sim_pace move_pace[2]; /* [to_device] */
 
 /* A copy engine's reads and writes race the kernels by the hardware's
  * design: the library copies regions that kernels may still touch and
@@ -88,23 +82,23 @@ static uintptr_t copy_remapped(const struct copy_op *c)
     return 0;
 }
 
-static void copy_run(struct sim_op *op)
+/* The bytes land at (about) the end of the transfer. */
+static bool copy_land(void *arg)
 {
-    struct copy_op *c = (struct copy_op *)op;
-    double start = mono_us();
-    /* The bytes land at (about) the end of the transfer. */
-    sim_sleep_us(c->us - (double)c->n * move_us_per_byte);
+    struct copy_op *c = arg;
     uintptr_t moved = copy_remapped(c);
     if (moved) {
         sim_fault(moved, "a copy whose memory was remapped before it ended");
-        return;
+        return false;
     }
-    double t0 = mono_us();
     dma(c->dst, c->src, c->n);
-    double t1 = mono_us();
-    if (c->us > 0 && c->n >= 4096)
-        move_us_per_byte = (move_us_per_byte * 3 + (t1 - t0) / (double)c->n) / 4;
-    sim_sleep_us(c->us - (t1 - start)); /* never shorter than the link allows */
+    return true;
+}
+
+static void copy_run(struct sim_op *op)
+{
+    struct copy_op *c = (struct copy_op *)op;
+    sim_paced(&move_pace[c->to_device], c->us, c->n, copy_land, c);
 }
 
 /* Counts a copy and returns the time it takes on the modelled link. */
@@ -159,6 +153,7 @@ static CUresult copy_submit(void *dst, const void *src, size_t n, CUstream hs, b
                            .src = src,
                            .n = n};
     op->us = account_copy(dst, src, n);
+    op->to_device = sim_mem_kind((uintptr_t)dst) == SIM_MEM_DEVICE;
     copy_watch(&op->op);
     return submit_and_maybe_wait(s, &op->op, sync);
 }

@@ -154,6 +154,7 @@ static bool read_config(void)
     }
     /* GB/s = 1e9 B/s = 1e3 B/us */
     sim_cfg.pcie_bytes_per_us = env_double("SIMCUDA_PCIE_GBPS") * 1e3;
+    sim_cfg.hbm_bytes_per_us = env_double("SIMCUDA_HBM_GBPS") * 1e3;
     sim_cfg.kernel_us = (unsigned)env_double("SIMCUDA_KERNEL_US");
     const char *nh = getenv("SIMCUDA_NO_HOST_VMM");
     sim_cfg.no_host_vmm = nh && *nh && strcmp(nh, "0") != 0;
@@ -391,6 +392,30 @@ void sim_sleep_us(double us)
                           (long)((us - (double)(time_t)(us / 1e6) * 1e6) * 1e3)};
     while (nanosleep(&ts, &ts) == -1 && errno == EINTR)
         ;
+}
+
+double sim_mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+/* How much longer than the last ones a paced work may run and still end
+ * on time. */
+#define PACE_MARGIN 3
+
+void sim_paced(struct sim_pace *p, double us, size_t bytes, bool (*work)(void *), void *arg)
+{
+    double start = sim_mono_us();
+    sim_sleep_us(us - (double)bytes * p->us_per_byte * PACE_MARGIN);
+    double t0 = sim_mono_us();
+    if (!work(arg))
+        return;
+    double t1 = sim_mono_us();
+    if (us > 0 && bytes >= 4096)
+        p->us_per_byte = (p->us_per_byte * 3 + (t1 - t0) / (double)bytes) / 4;
+    sim_sleep_us(us - (t1 - start)); /* never shorter than modelled */
 }
 
 /* ---- versions ---- */

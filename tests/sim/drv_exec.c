@@ -41,7 +41,9 @@ struct sim_kernel {
     int nparams;
     size_t sizes[MAX_PARAMS], offsets[MAX_PARAMS], total;
     unsigned duration_us;
-    bool builtin; /* a kernel of a module (drv_module.c): takes the time its work takes */
+    bool builtin;        /* a kernel of a module (drv_module.c): paced by SIMCUDA_HBM_GBPS */
+    int bytes_param;     /* a builtin's: the parameter saying how much it reads */
+    unsigned bytes_unit; /* ... in units of this many bytes */
 };
 
 static pthread_mutex_t kern_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -196,13 +198,15 @@ SIM_EXPORT int simcuda_register_kernel(simcuda_kernel_fn fn, const char *name, i
 }
 
 CUfunction sim_builtin_kernel(simcuda_kernel_fn fn, const char *name, int nparams,
-                              const size_t *param_sizes)
+                              const size_t *param_sizes, int bytes_param, unsigned bytes_unit)
 {
     if (simcuda_register_kernel(fn, name, nparams, param_sizes, 0) != 0)
         return NULL;
     struct sim_kernel *k = (struct sim_kernel *)simcuda_function(fn);
     pthread_mutex_lock(&kern_mu);
     k->builtin = true;
+    k->bytes_param = bytes_param;
+    k->bytes_unit = bytes_unit;
     pthread_mutex_unlock(&kern_mu);
     return (CUfunction)k;
 }
@@ -306,6 +310,7 @@ struct launch_op {
     struct sim_op op;
     struct sim_kernel *k;
     double us;
+    size_t bytes; /* a builtin's reads, paced at SIMCUDA_HBM_GBPS (us) */
     void *args[MAX_PARAMS];
     /* the parameter values, copied at launch as a GPU does */
     _Alignas(SIM_MAX_PARAM_ALIGN) unsigned char buf[];
@@ -355,6 +360,29 @@ static bool launch_reaches(const struct launch_op *l)
     return true;
 }
 
+/* A GPU kernel reads and writes all the while it runs: memory remapped
+ * under it faults (or, between two chunks, loses writes). Here results
+ * appear when it ends, so a remap meanwhile is caught at the end. */
+struct watched {
+    struct launch_op *l;
+    uint64_t serials[MAX_PARAMS];
+};
+
+static bool launch_land(void *arg)
+{
+    struct watched *w = arg;
+    uintptr_t moved = remapped(w->l, w->serials);
+    if (moved) {
+        sim_fault(moved, "a kernel whose memory was remapped while it ran");
+        return false;
+    }
+    w->l->k->fn(w->l->args);
+    return true;
+}
+
+/* The library's kernels read device memory at the card's rate. */
+static struct sim_pace hbm_pace;
+
 static void launch_run(struct sim_op *op)
 {
     struct launch_op *l = (struct launch_op *)op;
@@ -364,17 +392,14 @@ static void launch_run(struct sim_op *op)
         l->k->fn(l->args);
         return;
     }
-    /* A GPU kernel reads and writes all the while it runs: memory remapped
-     * under it faults (or, between two chunks, loses writes). Here results
-     * appear when it ends, so a remap meanwhile is caught at the end. */
-    uint64_t serials[MAX_PARAMS];
-    watch(l, serials);
-    sim_sleep_us(l->us);
-    uintptr_t moved = remapped(l, serials);
-    if (moved)
-        sim_fault(moved, "a kernel whose memory was remapped while it ran");
-    else
-        l->k->fn(l->args);
+    struct watched w = {.l = l};
+    watch(l, w.serials);
+    if (l->k->builtin) {
+        sim_paced(&hbm_pace, l->us, l->bytes, launch_land, &w);
+        return;
+    }
+    sim_sleep_us(l->us); /* then its work, which the program's kernels add */
+    launch_land(&w);
 }
 
 /* A copied launch must point its args at its own copy of the values. */
@@ -411,6 +436,12 @@ static struct launch_op *launch_op_new(struct sim_kernel *k, void **params)
     for (int i = 0; i < k->nparams; i++) {
         memcpy(op->buf + k->offsets[i], params[i], k->sizes[i]);
         op->args[i] = op->buf + k->offsets[i];
+    }
+    if (k->builtin && sim_cfg.hbm_bytes_per_us > 0) {
+        uint64_t units;
+        memcpy(&units, op->args[k->bytes_param], sizeof units);
+        op->bytes = (size_t)units * k->bytes_unit;
+        op->us = (double)op->bytes / sim_cfg.hbm_bytes_per_us;
     }
     return op;
 }

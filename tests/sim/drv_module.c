@@ -59,8 +59,9 @@ SIM_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
     m->magic = MODULE_MAGIC;
     static const size_t ptrs_sizes[] = {sizeof(void *), sizeof(uint64_t), sizeof(uint32_t),
                                         sizeof(uint32_t), sizeof(void *)};
-    m->fn = sim_builtin_kernel(sh_clean_kernel_host, SH_CLEAN_KERNEL, 4, sizes);
-    m->ptrs = sim_builtin_kernel(sh_clean_ptrs_host, SH_PTRS_KERNEL, 5, ptrs_sizes);
+    /* The fingerprint reads its bytes, the prefilter its 32-bit words. */
+    m->fn = sim_builtin_kernel(sh_clean_kernel_host, SH_CLEAN_KERNEL, 4, sizes, 1, 1);
+    m->ptrs = sim_builtin_kernel(sh_clean_ptrs_host, SH_PTRS_KERNEL, 5, ptrs_sizes, 1, 4);
     if (!m->fn || !m->ptrs) {
         free(m);
         return CUDA_ERROR_OUT_OF_MEMORY;

@@ -26,6 +26,7 @@
 #include "sim.h"
 
 #include <pthread.h>
+#include <sys/prctl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,6 +79,7 @@ static void *worker(void *arg)
 {
     struct sim_stream *s = arg;
     sim_set_running_device(s->dev); /* a fault here is this device's */
+    prctl(PR_SET_TIMERSLACK, 1UL);  /* modelled times are slept: to the microsecond, not 50 */
     for (;;) {
         pthread_mutex_lock(&s->mu);
         while (!s->head && !s->stop)

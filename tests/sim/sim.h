@@ -38,6 +38,7 @@ struct sim_cfg {
     size_t vram_bytes[SIM_MAX_DEVICES]; /* SIMCUDA_VRAM_MB, per device */
     size_t vram_total, host_bytes, gran;
     double pcie_bytes_per_us; /* 0: copies take no modelled time */
+    double hbm_bytes_per_us;  /* 0: the library's kernels take their CPU time */
     unsigned kernel_us;
     bool no_host_vmm;
 };
@@ -81,6 +82,18 @@ bool sim_device_faulted(int dev);
 uint64_t sim_map_serial(uintptr_t va);
 int sim_refuse_driver(const char *name, int code);
 void sim_sleep_us(double us);
+double sim_mono_us(void);
+
+/* Work with a modelled time, as a copy over the bus: it takes max(us, its
+ * own time), and its effect lands near the end. The work starts when us
+ * less what it is expected to take (learned per byte, with a margin) has
+ * passed, so that it ends on time even when it runs slower than the last
+ * ones; the rest is slept out. work returns false when it faulted
+ * instead: nothing is learned from it. */
+struct sim_pace {
+    _Atomic double us_per_byte;
+};
+void sim_paced(struct sim_pace *p, double us, size_t bytes, bool (*work)(void *), void *arg);
 
 /* Name/value tables of the error enums, generated from the headers by
  * gen_errors.sh: sim_cu_errors (CUresult, in libcuda) and sim_rt_errors
@@ -250,11 +263,12 @@ struct sim_op *sim_kernel_op(const CUDA_KERNEL_NODE_PARAMS *p, CUresult *r);
 CUresult sim_op_add_wait(struct sim_op *op, struct sim_stream *s, uint64_t ticket);
 
 /* ---- execution ---- */
-/* Registers fn as the kernel of a module (drv_module.c): it runs in the
- * time its work takes, whatever SIMCUDA_KERNEL_US says. NULL when the
- * table is full. */
+/* Registers fn as the kernel of a module (drv_module.c), whatever
+ * SIMCUDA_KERNEL_US says: it reads bytes_unit times the 64-bit parameter
+ * bytes_param of device memory, which takes that over SIMCUDA_HBM_GBPS (or,
+ * unset, the time its work takes). NULL when the table is full. */
 CUfunction sim_builtin_kernel(simcuda_kernel_fn fn, const char *name, int nparams,
-                              const size_t *param_sizes);
+                              const size_t *param_sizes, int bytes_param, unsigned bytes_unit);
 /* Runs fn(arg) on the calling worker; returns false and records the fault
  * if it touched an address with no mapping or no access. */
 bool sim_guarded(void (*fn)(void *), void *arg, const char *what);

@@ -3,7 +3,8 @@
  * from device memory, with any grid; any other image, a changed copy of
  * the PTX included, is refused loudly; handles are checked.
  *
- * main() sets SIMCUDA_KERNEL_US, which the library's kernel must ignore.
+ * main() sets SIMCUDA_KERNEL_US, which the library's kernels must ignore,
+ * and SIMCUDA_HBM_GBPS, the rate at which they read device memory.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -83,7 +84,8 @@ static void test_kernel_matches_cpu(void **state)
         run_kernel(f, p, n, grids[g], &k, x);
         clock_gettime(CLOCK_MONOTONIC, &b);
         assert_memory_equal(x, want, sizeof want);
-        /* SIMCUDA_KERNEL_US (2 s) is not this kernel's time. */
+        /* SIMCUDA_KERNEL_US (2 s) is not this kernel's time; its bytes
+         * at SIMCUDA_HBM_GBPS are (12 KB at 50 MB/s: a quarter of a ms). */
         assert_true(b.tv_sec - a.tv_sec < 2);
     }
     free(p);
@@ -144,6 +146,47 @@ static void test_ptrs_kernel(void **state)
     assert_int_equal(cuModuleUnload(m), CUDA_SUCCESS);
 }
 
+static double seconds_since(const struct timespec *a)
+{
+    struct timespec b;
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    return (double)(b.tv_sec - a->tv_sec) + (double)(b.tv_nsec - a->tv_nsec) / 1e9;
+}
+
+/* Both kernels take at least their bytes over SIMCUDA_HBM_GBPS (HBM_GBPS
+ * here), the fingerprint reading its length in bytes, the prefilter its
+ * words, and still compute what they compute. */
+#define HBM_GBPS "0.05"
+static void test_kernels_read_at_hbm_rate(void **state)
+{
+    (void)state;
+    need_ctx();
+    CUmodule m;
+    CUfunction fp, ptrs;
+    assert_int_equal(cuModuleLoadData(&m, sh_clean_ptx), CUDA_SUCCESS);
+    assert_int_equal(cuModuleGetFunction(&fp, m, SH_CLEAN_KERNEL), CUDA_SUCCESS);
+    assert_int_equal(cuModuleGetFunction(&ptrs, m, SH_PTRS_KERNEL), CUDA_SUCCESS);
+    const double rate = atof(HBM_GBPS) * 1e9;
+    enum { NW = 1 << 20 }; /* 4 MB: 84 ms at 50 MB/s */
+    uint32_t *w = calloc(NW, 4);
+    assert_non_null(w);
+    w[NW / 2] = 0x7f04;
+    struct timespec a;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    assert_int_equal(run_ptrs(ptrs, w, NW, 0x7f00, 0x10), 1);
+    assert_true(seconds_since(&a) >= NW * 4.0 / rate);
+    struct sh_clean_key k;
+    assert_int_equal(sh_clean_key_random(&k), 0);
+    uint64_t want[2] = {0, 0}, got[2];
+    sh_clean_blocks(&k, w, NW * 4ull, want);
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    run_kernel(fp, (const unsigned char *)w, NW * 4ull, 64, &k, got);
+    assert_true(seconds_since(&a) >= NW * 4.0 / rate);
+    assert_memory_equal(got, want, sizeof want);
+    free(w);
+    assert_int_equal(cuModuleUnload(m), CUDA_SUCCESS);
+}
+
 static void test_other_images_refused(void **state)
 {
     (void)state;
@@ -187,9 +230,11 @@ static void test_other_images_refused(void **state)
 int main(void)
 {
     setenv("SIMCUDA_KERNEL_US", "2000000", 1);
+    setenv("SIMCUDA_HBM_GBPS", HBM_GBPS, 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kernel_matches_cpu),
         cmocka_unit_test(test_ptrs_kernel),
+        cmocka_unit_test(test_kernels_read_at_hbm_rate),
         cmocka_unit_test(test_other_images_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
