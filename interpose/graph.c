@@ -134,15 +134,17 @@ static size_t scan_node(CUgraphNode node, uintptr_t *addrs, size_t max, struct s
     }
     case CU_GRAPH_NODE_TYPE_MEMSET: {
         CUDA_MEMSET_NODE_PARAMS p;
-        return sh_rt.drv.cuGraphMemsetNodeGetParams(node, &p) == CUDA_SUCCESS
-                   ? sh_graph_memset_addrs(&p, addrs, max)
-                   : 0;
+        if (sh_rt.drv.cuGraphMemsetNodeGetParams(node, &p) == CUDA_SUCCESS)
+            return sh_graph_memset_addrs(&p, addrs, max);
+        ns->opaque = 1;
+        return 0;
     }
     case CU_GRAPH_NODE_TYPE_MEMCPY: {
         CUDA_MEMCPY3D p;
-        return sh_rt.drv.cuGraphMemcpyNodeGetParams(node, &p) == CUDA_SUCCESS
-                   ? sh_graph_memcpy_addrs(&p, addrs, max)
-                   : 0;
+        if (sh_rt.drv.cuGraphMemcpyNodeGetParams(node, &p) == CUDA_SUCCESS)
+            return sh_graph_memcpy_addrs(&p, addrs, max);
+        ns->opaque = 1;
+        return 0;
     }
     case CU_GRAPH_NODE_TYPE_HOST:
     case CU_GRAPH_NODE_TYPE_EMPTY:

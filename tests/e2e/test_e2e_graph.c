@@ -4,6 +4,7 @@
  * drain may happen while a stream captures); a graph launch brings the
  * regions its kernel nodes point into back first; the graph's results are
  * exact. The scenario runs once with CUPTI tracking and once with hooks.
+ * A graph whose memset node the library cannot read is opaque work.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -136,6 +137,77 @@ static void test_graph_cupti(void **state)
     scenario();
 }
 
+/* A graph of one memset into a region (or with copy, one copy into it of
+ * another region set to 7), launched while others are evicted (with none
+ * off the device, every launch counts as touching everything,
+ * unexamined): 1 when the launch counted as opaque work. */
+static int graph_is_opaque(int copy)
+{
+    void *r, *more[NREG];
+    for (int i = 0; i < NREG; i++) {
+        assert_int_equal(cudaMalloc(&more[i], REGION), cudaSuccess);
+        assert_int_equal(cudaMemset(more[i], 0, REGION), cudaSuccess);
+    }
+    assert_int_equal(cudaMalloc(&r, REGION), cudaSuccess);
+    cudaStream_t s;
+    assert_int_equal(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    assert_int_equal(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    if (copy) {
+        assert_int_equal(cudaMemsetAsync(more[0], 7, REGION, s), cudaSuccess);
+        assert_int_equal(cudaMemcpyAsync(r, more[0], REGION, cudaMemcpyDeviceToDevice, s),
+                         cudaSuccess);
+    } else {
+        assert_int_equal(cudaMemsetAsync(r, 7, REGION, s), cudaSuccess);
+    }
+    cudaGraph_t g;
+    assert_int_equal(cudaStreamEndCapture(s, &g), cudaSuccess);
+    cudaGraphExec_t e;
+    assert_int_equal(cudaGraphInstantiate(&e, g, 0), cudaSuccess);
+    stagehand_stats_t before, after;
+    stats(&before);
+    assert_int_equal(cudaGraphLaunch(e, s), cudaSuccess);
+    assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+    stats(&after);
+    unsigned char b[2] = {0, 0};
+    assert_int_equal(cudaMemcpy(&b[0], r, 1, cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_int_equal(cudaMemcpy(&b[1], (char *)r + REGION - 1, 1, cudaMemcpyDeviceToHost),
+                     cudaSuccess);
+    assert_int_equal(b[0], 7);
+    assert_int_equal(b[1], 7);
+    cudaGraphExecDestroy(e);
+    cudaGraphDestroy(g);
+    cudaStreamDestroy(s);
+    cudaFree(r);
+    for (int i = 0; i < NREG; i++)
+        cudaFree(more[i]);
+    assert_true(before.host_bytes > 0); /* the launch was examined */
+    return after.opaque_work > before.opaque_work;
+}
+
+/* Read, a memset or copy node's ranges are what the launch touches; when
+ * the driver will not give a node's parameters, the launch may touch
+ * anything (children, with cuGraphMemsetNodeGetParams or
+ * cuGraphMemcpyNodeGetParams failing). */
+static void test_graph_unread_node(void **state)
+{
+    (void)state;
+    if (!preloaded)
+        skip();
+    const char *unread = getenv("E2E_GRAPH_UNREAD");
+    if (unread) {
+        assert_true(graph_is_opaque(strcmp(unread, "copy") == 0));
+        return;
+    }
+    assert_false(graph_is_opaque(0));
+    assert_false(graph_is_opaque(1));
+    static const char *const set[] = {"SIMCUDA_FAIL=cuGraphMemsetNodeGetParams:1+",
+                                      "E2E_GRAPH_UNREAD=set", NULL};
+    static const char *const copy[] = {"SIMCUDA_FAIL=cuGraphMemcpyNodeGetParams:1+",
+                                       "E2E_GRAPH_UNREAD=copy", NULL};
+    assert_int_equal(e2e_rerun(saved_argv, set), 0);
+    assert_int_equal(e2e_rerun(saved_argv, copy), 0);
+}
+
 static void test_graph_hooks(void **state)
 {
     (void)state;
@@ -172,9 +244,12 @@ int main(int argc, char **argv)
     const struct CMUnitTest all[] = {
         cmocka_unit_test(test_graph_cupti),
         cmocka_unit_test(test_graph_hooks),
+        cmocka_unit_test(test_graph_unread_node),
     };
+    if (getenv("E2E_GRAPH_UNREAD"))
+        return _cmocka_run_group_tests("e2e_graph (node unread)", all + 2, 1, setup, NULL);
     const char *name = !preloaded                 ? "e2e_graph (disabled)"
                        : getenv("E2E_GRAPH_ONLY") ? "e2e_graph (hooks)"
                                                   : "e2e_graph (preloaded)";
-    return _cmocka_run_group_tests(name, all, getenv("E2E_GRAPH_ONLY") ? 1 : 2, setup, NULL);
+    return _cmocka_run_group_tests(name, all, getenv("E2E_GRAPH_ONLY") ? 1 : 3, setup, NULL);
 }
