@@ -113,7 +113,7 @@ typedef struct stagehand_stats {
      * regions it moves, then for its copies, and remaps their chunks. */
     uint64_t window_us;    /* remap windows open */
     uint64_t drain_us;     /* ... waiting for that work */
-    uint64_t copy_wait_us; /* ... waiting for copies */
+    uint64_t copy_wait_us; /* ... waiting for copies (and copy slots) */
     uint64_t remap_us;     /* ... remapping (the driver's unmap, map and access) */
     /* Evicted bytes are read on the CPU for pointers into regions (work
      * using a region that holds some counts as using every region). */

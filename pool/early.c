@@ -190,7 +190,6 @@ static int ev_switch(struct sh_pool *pool, struct region *r)
  * now. Those whose copies fail are marked in bad[]. */
 static void ev_compare(struct sh_pool *pool, struct region **v, size_t n, char *bad)
 {
-    struct sh_xfer *x = pool->mover.xfer;
     struct region **sel = malloc(n * sizeof *sel);
     size_t m = 0;
     for (size_t k = 0; sel && k < n; k++)
@@ -207,9 +206,10 @@ static void ev_compare(struct sh_pool *pool, struct region **v, size_t n, char *
             if (c->clean)
                 continue;
             sel[j]->spoiled = 1;
-            failed = sh_xfer_copy(x, SH_D2H, c->slab->staging, sel[j]->va + c->off, c->size) != 0;
+            failed = sh_pool_window_copy(pool, SH_D2H, c->slab->staging, sel[j]->va + c->off,
+                                         c->size) != 0;
         }
-    failed |= m && sh_xfer_flush(x, SH_D2H) != 0; /* which copy failed is unknown */
+    failed |= m && sh_pool_flush(pool, SH_D2H) != 0; /* which copy failed is unknown */
     for (size_t k = 0; k < n; k++)
         bad[k] = !sel || (failed && v[k]->from_kept);
     free(sel);

@@ -227,10 +227,20 @@ int sh_pool_drain(struct sh_pool *pool, struct region **v, size_t n)
 }
 
 /* sh_xfer_flush, timed: a window's copies, waited for. */
-static int flush(struct sh_pool *pool, int dir)
+int sh_pool_flush(struct sh_pool *pool, int dir)
 {
     uint64_t t0 = sh_clock_ns();
     int rc = sh_xfer_flush(pool->mover.xfer, dir);
+    __atomic_add_fetch(&pool->st.copy_wait_ns, sh_clock_ns() - t0, __ATOMIC_RELAXED);
+    return rc;
+}
+
+/* sh_xfer_copy in a window, timed: with its direction full it first waits
+ * for the oldest copy, which is waiting for the window's copies too. */
+int sh_pool_window_copy(struct sh_pool *pool, int dir, uintptr_t dst, uintptr_t src, size_t n)
+{
+    uint64_t t0 = sh_clock_ns();
+    int rc = sh_xfer_copy(pool->mover.xfer, dir, dst, src, n);
     __atomic_add_fetch(&pool->st.copy_wait_ns, sh_clock_ns() - t0, __ATOMIC_RELAXED);
     return rc;
 }
@@ -259,12 +269,13 @@ static size_t evict_window(struct sh_pool *pool, struct region **v, size_t n)
             if (c->clean)
                 continue;
             v[k]->spoiled = 1;
-            if (sh_xfer_copy(x, SH_D2H, c->slab->staging, v[k]->va + c->off, c->size) != 0) {
+            if (sh_pool_window_copy(pool, SH_D2H, c->slab->staging, v[k]->va + c->off, c->size) !=
+                0) {
                 sh_xfer_flush(x, SH_D2H); /* nothing lands in a slab after it went back */
                 return 0;
             }
         }
-    if (flush(pool, SH_D2H) != 0)
+    if (sh_pool_flush(pool, SH_D2H) != 0)
         return 0;
     for (size_t k = 0; k < n; k++) /* verify_moves: what clean chunks left uncopied matches */
         if (v[k]->from_kept)
@@ -531,7 +542,6 @@ void sh_pool_unrestore(struct sh_pool *pool, struct region *r, unsigned n)
  * whole, on their slabs. */
 static size_t restore_window(struct sh_pool *pool, struct region **v, size_t n)
 {
-    struct sh_xfer *x = pool->mover.xfer;
     if (sh_pool_drain(pool, v, n) != 0)
         return 0;
     size_t k = 0;
@@ -545,7 +555,8 @@ static size_t restore_window(struct sh_pool *pool, struct region **v, size_t n)
                 failed = 1;
                 break;
             }
-            if (sh_xfer_copy(x, SH_H2D, v[k]->va + c->off, c->slab->staging, c->size) != 0) {
+            if (sh_pool_window_copy(pool, SH_H2D, v[k]->va + c->off, c->slab->staging, c->size) !=
+                0) {
                 failed = 1;
                 moved++; /* mapped, not filled */
                 break;
@@ -554,7 +565,7 @@ static size_t restore_window(struct sh_pool *pool, struct region **v, size_t n)
         k += !failed;
     }
     /* Copies land before anything they write to is unmapped. */
-    int flushed = flush(pool, SH_H2D) == 0;
+    int flushed = sh_pool_flush(pool, SH_H2D) == 0;
     if (failed)
         sh_pool_unrestore(pool, v[k], moved);
     if (!flushed) { /* which copy failed is unknown: the whole batch stays */

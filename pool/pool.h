@@ -100,7 +100,7 @@ struct sh_pool_stats {
     uint64_t prefilters;    /* ranges the device looked at (kernel launches) */
     /* where moves spend their time, in nanoseconds */
     uint64_t drain_ns;       /* waiting for the work that may use the regions moved */
-    uint64_t copy_wait_ns;   /* a window's copies, waited for in the window */
+    uint64_t copy_wait_ns;   /* a window's copies (and slots), waited for in the window */
     uint64_t remap_ns;       /* remapping chunks (unmap, map, access) */
     uint64_t scan_ns;        /* reading evicted bytes for pointers (ptrscan.c), any thread */
     uint64_t scan_wait_ns;   /* ... waited for by whoever needed the answer */

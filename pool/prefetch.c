@@ -161,7 +161,6 @@ enum { PF_FAIL = 0, PF_OK = 1, PF_REDO = 2 };
  * redone are marked PF_FAIL. Nothing runs meanwhile (drained, gate held). */
 static void pf_redo(struct sh_pool *pool, struct region **v, size_t n, char *st)
 {
-    struct sh_xfer *x = pool->mover.xfer;
     int any = 0;
     for (size_t k = 0; k < n; k++) {
         if (st[k] != PF_REDO)
@@ -172,7 +171,7 @@ static void pf_redo(struct sh_pool *pool, struct region **v, size_t n, char *st)
     }
     if (!any)
         return;
-    int flushed = sh_xfer_flush(x, SH_H2D) == 0;
+    int flushed = sh_pool_flush(pool, SH_H2D) == 0;
     for (size_t k = 0; k < n; k++) {
         if (st[k] != PF_REDO)
             continue;

@@ -264,6 +264,9 @@ void sh_pool_finish_state(struct sh_pool *pool, struct region *r, int to);
 uint32_t sh_pool_crc_of(const struct chunk *c);
 void sh_pool_make_stuck(struct sh_pool *pool, struct region *r, const char *what);
 int sh_pool_drain(struct sh_pool *pool, struct region **v, size_t n);
+/* A window's copies: issued, and waited for, counted as its copy wait. */
+int sh_pool_window_copy(struct sh_pool *pool, int dir, uintptr_t dst, uintptr_t src, size_t n);
+int sh_pool_flush(struct sh_pool *pool, int dir);
 uint64_t sh_pool_issued_at(const struct sh_pool *pool, const struct region *r);
 void sh_pool_evicted_one(struct sh_pool *pool, struct region *r, size_t *released);
 int sh_pool_can_move(struct sh_pool *pool);

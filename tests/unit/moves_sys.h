@@ -42,6 +42,7 @@ static int nqueued;
 static uint64_t completed; /* tokens up to this one are done */
 static long copy_calls, fail_copy_at;
 static int fail_wait;
+static unsigned wait_sleep_us; /* what waiting for queued copies takes: their transfer */
 
 /* Runs the queued H2D copies, in order; fk.mu held. */
 static inline void run_queued(void)
@@ -96,9 +97,12 @@ static inline int c_wait(void *ctx, uint64_t token)
 {
     (void)ctx;
     pthread_mutex_lock(&fk.mu);
-    if (token > completed)
+    int ran = token > completed;
+    if (ran)
         run_queued();
     pthread_mutex_unlock(&fk.mu);
+    if (ran && wait_sleep_us)
+        usleep(wait_sleep_us);
     return fail_wait ? SH_EDRIVER : 0;
 }
 
@@ -148,6 +152,7 @@ static inline void start(const struct opts *o)
     completed = 0;
     copy_calls = fail_copy_at = 0;
     fail_wait = 0;
+    wait_sleep_us = 0;
     busy_mask = drained_mask = 0;
     sys_start(o, &copy_ops);
 }

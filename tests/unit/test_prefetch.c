@@ -69,6 +69,33 @@ static void test_prefetch_commit_exact(void **state)
     stop();
 }
 
+/* A window that issues more copies than may be in flight (two a
+ * direction here) waits for the oldest first: that wait is the window's
+ * copy wait too, beside the one for its last copies. Restoring two
+ * regions of two chunks in one window waits twice, once for a slot and
+ * once at the end, each for a transfer of 20 ms. */
+static void test_slot_waits_are_copy_waits(void **state)
+{
+    (void)state;
+    start(&std_opts);
+    uintptr_t v[2] = {alloc(RSIZE), alloc(RSIZE)};
+    fill(v[0], RSIZE, 1);
+    fill(v[1], RSIZE, 2);
+    evict_one(v[0]);
+    evict_one(v[1]);
+    wait_sleep_us = 20000;
+    struct sh_pool_stats st;
+    sh_pool_stats(sys.pool, &st);
+    uint64_t before = st.copy_wait_ns, h2d = fk.copies[SH_H2D];
+    assert_int_equal(sh_pool_restore(sys.pool, v, 2), 0);
+    sh_pool_stats(sys.pool, &st);
+    assert_int_equal(fk.copies[SH_H2D] - h2d, 4);
+    assert_true(st.copy_wait_ns - before >= 2 * 20000 * 1000ull);
+    assert_int_equal(bad_words(v[0], RSIZE, 1), 0);
+    assert_int_equal(bad_words(v[1], RSIZE, 2), 0);
+    stop();
+}
+
 /* A launch writes the slab through the host mapping while the copy is in
  * flight: the commit redoes the copy in the window; the new bytes win. */
 static void test_prefetch_redo_after_launch(void **state)
@@ -780,6 +807,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_prefetch_commit_exact, teardown),
+        cmocka_unit_test_teardown(test_slot_waits_are_copy_waits, teardown),
         cmocka_unit_test_teardown(test_prefetch_redo_after_launch, teardown),
         cmocka_unit_test_teardown(test_prefetch_redo_in_flight, teardown),
         cmocka_unit_test_teardown(test_prefetch_redo_issued_late, teardown),
