@@ -106,6 +106,10 @@ size_t sh_graph_memcpy_addrs(const CUDA_MEMCPY3D *p, uintptr_t *addrs, size_t ma
 size_t sh_graph_kernel_addrs(const CUDA_KERNEL_NODE_PARAMS *p, uintptr_t *addrs, size_t max,
                              struct sh_node_scan *ns)
 {
+    if (!p->kernelParams && p->extra) {
+        ns->opaque = 1; /* a packed parameter buffer, as at a launch: not read */
+        return 0;
+    }
     if (p->func)
         return sh_launch_scan(p->func, SH_KEY_FUNCTION, p->kernelParams, addrs, max, ns);
     return sh_launch_scan(p->kern, SH_KEY_KERNEL, p->kernelParams, addrs, max, ns);

@@ -157,7 +157,10 @@ static int fill_layout(struct layout *l, const void *key)
         f = (CUfunction)(uintptr_t)key;
     /* Neither a stub nor a kernel seen loaded: its arguments cannot be read. */
     int known = l->from != SH_KEY_HOST_FN || f;
-    for (int i = 0; i < MAX_PARAMS; i++) {
+    /* The driver says "invalid value" past the last parameter; any other
+     * answer, or more parameters than a layout holds, leaves some unread. */
+    int cut = 0;
+    for (int i = 0; i <= MAX_PARAMS; i++) {
         size_t off = 0, size = 0;
         CUresult r = CUDA_ERROR_INVALID_VALUE;
         if (l->from == SH_KEY_KERNEL && kernel_param_info)
@@ -169,13 +172,17 @@ static int fill_layout(struct layout *l, const void *key)
             known = fill_from_images(l, key, f);
             break;
         }
-        if (r != CUDA_SUCCESS || off > UINT16_MAX || size > UINT16_MAX)
+        if (r == CUDA_ERROR_INVALID_VALUE)
             break;
+        if (r != CUDA_SUCCESS || off > UINT16_MAX || size > UINT16_MAX || i == MAX_PARAMS) {
+            cut = 1;
+            break;
+        }
         l->off[i] = (uint16_t)off;
         l->size[i] = (uint16_t)size;
         l->nparams = i + 1;
     }
-    l->opaque = !known || keeps_pointers(kernel_name(l, key, f));
+    l->opaque = !known || cut || keeps_pointers(kernel_name(l, key, f));
     sh_log(SH_LOG_DEBUG, "layout of %p (kind %d, read as %d): %d parameters%s", key, l->kind,
            l->from, l->nparams, l->opaque ? ", opaque" : "");
     return 1;

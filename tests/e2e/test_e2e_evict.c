@@ -471,6 +471,51 @@ static void test_tracked_never_drains_the_device(void **state)
     assert_int_equal(st.device_drains, 0);
 }
 
+/* A kernel whose parameters the driver will not describe (it answers
+ * something other than "past the last one") may touch any region: its
+ * launch is opaque work. Both cases in children: with the parameter
+ * queries failing, and without. */
+static void layout_child(int failing)
+{
+    void *r[NREGIONS];
+    for (int i = 0; i < NREGIONS; i++) {
+        assert_int_equal(cudaMalloc(&r[i], (size_t)REGION_MB << 20), cudaSuccess);
+        assert_int_equal(fill(r[i], WORDS, (uint32_t)i + 1, NULL), cudaSuccess);
+    }
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    stagehand_stats_t before, after;
+    stats(&before);
+    assert_true(before.host_bytes > 0); /* the launch below is examined */
+    assert_int_equal(bump(r[NREGIONS - 1], WORDS, NULL), cudaSuccess);
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    stats(&after);
+    assert_int_equal(after.opaque_work > before.opaque_work, failing);
+    for (int i = 0; i < NREGIONS; i++)
+        assert_int_equal(mismatches(r[i], WORDS, (uint32_t)i + 1, i == NREGIONS - 1, NULL), 0);
+    for (int i = 0; i < NREGIONS; i++)
+        cudaFree(r[i]);
+}
+
+static void test_unreadable_layout(void **state)
+{
+    (void)state;
+    const char *child = getenv("E2E_EVICT_LAYOUT");
+    if (child) {
+        layout_child(strcmp(child, "failing") == 0);
+        return;
+    }
+    if (!preloaded || getenv("E2E_EVICT_TRACKED"))
+        skip();
+    static const char *const failing[] = {
+        "E2E_EVICT_LAYOUT=failing",
+        "SIMCUDA_FAIL=cuFuncGetParamInfo:1+:CUDA_ERROR_INVALID_HANDLE,"
+        "cuKernelGetParamInfo:1+:CUDA_ERROR_INVALID_HANDLE",
+        NULL};
+    static const char *const reading[] = {"E2E_EVICT_LAYOUT=reading", NULL};
+    assert_int_equal(e2e_rerun(saved_argv, reading), 0);
+    assert_int_equal(e2e_rerun(saved_argv, failing), 0);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -515,7 +560,10 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_stress),
         cmocka_unit_test(test_tracked_never_drains_the_device),
         cmocka_unit_test(test_tracked_drain),
+        cmocka_unit_test(test_unreadable_layout),
     };
+    if (getenv("E2E_EVICT_LAYOUT"))
+        return _cmocka_run_group_tests("e2e_evict (layout)", tests + 8, 1, setup, NULL);
     return cmocka_run_group_tests_name(preloaded ? "e2e_evict (preloaded)" : "e2e_evict (disabled)",
                                        tests, setup, NULL);
 }
