@@ -163,11 +163,15 @@ static int fill_layout(struct layout *l, const void *key)
     for (int i = 0; i <= MAX_PARAMS; i++) {
         size_t off = 0, size = 0;
         CUresult r = CUDA_ERROR_INVALID_VALUE;
+        int asked = 1;
         if (l->from == SH_KEY_KERNEL && kernel_param_info)
             r = kernel_param_info((CUkernel)(uintptr_t)key, (size_t)i, &off, &size);
-        else if (f && func_param_info)
+        else if (l->from != SH_KEY_KERNEL && f && func_param_info)
             r = func_param_info(f, (size_t)i, &off, &size);
-        if (i == 0 && (r == CUDA_ERROR_NOT_SUPPORTED || (!func_param_info && !kernel_param_info))) {
+        else
+            asked = 0; /* no entry point for this kind: the images say, or nothing */
+        if (i == 0 && (r == CUDA_ERROR_NOT_SUPPORTED ||
+                       (!asked && (known || (!func_param_info && !kernel_param_info))))) {
             sh_modules_keep_images(1); /* from now on */
             known = fill_from_images(l, key, f);
             break;

@@ -4,7 +4,7 @@
  * drain may happen while a stream captures); a graph launch brings the
  * regions its kernel nodes point into back first; the graph's results are
  * exact. The scenario runs once with CUPTI tracking and once with hooks.
- * A graph whose memset node the library cannot read is opaque work.
+ * A graph whose memset or copy node the library cannot read is opaque work.
  */
 #include <stdarg.h>
 #include <stddef.h>

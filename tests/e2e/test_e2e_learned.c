@@ -296,7 +296,6 @@ static struct run run_child(const char *config, const char *policy, int prefetch
     return r;
 }
 
-/* stagehand-sim's steady step time for the trace, or -1. */
 /* What the model is told of a card beside its link: the rate it reads its
  * memory at (GB/s), a chunk's remap and a window's own cost (us). */
 struct card {

@@ -394,7 +394,7 @@ void sim_sleep_us(double us)
         ;
 }
 
-double sim_mono_us(void)
+static double sim_mono_us(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -82,7 +82,6 @@ bool sim_device_faulted(int dev);
 uint64_t sim_map_serial(uintptr_t va);
 int sim_refuse_driver(const char *name, int code);
 void sim_sleep_us(double us);
-double sim_mono_us(void);
 
 /* Work with a modelled time, as a copy over the bus: it takes max(us, its
  * own time), and its effect lands near the end. The work starts when us
