@@ -137,6 +137,8 @@ static int ev_idle(struct sh_pool *pool, const struct region *r, uint64_t issued
         return 0;
     uint64_t mask = __atomic_load_n(&r->use_streams, __ATOMIC_RELAXED) |
                     __atomic_load_n(&pool->opaque_streams, __ATOMIC_RELAXED);
+    if (spans(r))
+        mask |= __atomic_load_n(&pool->spanned_streams, __ATOMIC_RELAXED);
     return mask == 0 || pool->mover.streams_idle(pool->mover.drain_ctx, mask);
 }
 

@@ -211,11 +211,20 @@ static int drain(struct sh_pool *pool, struct region **v, size_t n)
             __atomic_store_n(&pool->drained, now, __ATOMIC_RELAXED);
         return rc;
     }
-    /* Opaque work may use any region: its streams are drained too. */
+    /* Opaque work may use any region: its streams are drained too; so are
+     * those of work on a neighbour that may reach into the window's. */
     uint64_t mask = __atomic_exchange_n(&pool->opaque_streams, 0, __ATOMIC_RELAXED);
-    for (size_t k = 0; k < n; k++)
+    int near = 0;
+    for (size_t k = 0; k < n; k++) {
         mask |= __atomic_exchange_n(&v[k]->use_streams, 0, __ATOMIC_RELAXED);
-    return mask ? pool->mover.drain_streams(pool->mover.drain_ctx, mask) : 0;
+        near |= spans(v[k]);
+    }
+    if (near)
+        mask |= __atomic_exchange_n(&pool->spanned_streams, 0, __ATOMIC_RELAXED);
+    int rc = mask ? pool->mover.drain_streams(pool->mover.drain_ctx, mask) : 0;
+    if (rc) /* not waited for: the next window waits for them all */
+        __atomic_or_fetch(&pool->opaque_streams, mask, __ATOMIC_RELAXED);
+    return rc;
 }
 
 int sh_pool_drain(struct sh_pool *pool, struct region **v, size_t n)
@@ -245,12 +254,17 @@ int sh_pool_window_copy(struct sh_pool *pool, int dir, uintptr_t dst, uintptr_t 
     return rc;
 }
 
-/* The latest issue stamp of work that may have used r: its own, or that of
- * opaque work, which may use any region. */
+/* The latest issue stamp of work that may have used r: its own, that of
+ * opaque work, which may use any region, and for a region work may reach
+ * from a neighbour, that of work on any such region. */
 uint64_t sh_pool_issued_at(const struct sh_pool *pool, const struct region *r)
 {
     uint64_t own = __atomic_load_n(&r->issued, __ATOMIC_ACQUIRE);
     uint64_t any = __atomic_load_n(&pool->opaque, __ATOMIC_ACQUIRE);
+    if (spans(r)) {
+        uint64_t near = __atomic_load_n(&pool->spanned, __ATOMIC_ACQUIRE);
+        any = near > any ? near : any;
+    }
     return own > any ? own : any;
 }
 

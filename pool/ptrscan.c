@@ -125,12 +125,20 @@ static int holds_pointer(struct sh_pool *pool, const unsigned char *p, size_t n)
     return 0;
 }
 
+/* r holds pointers: so may a tensor work on its neighbours reaches. */
+static void found(struct sh_pool *pool, struct region *r)
+{
+    __atomic_fetch_or(&r->holds_ptrs, PTRS_FOUND, __ATOMIC_RELAXED);
+    if (spans(r))
+        __atomic_fetch_or(&pool->spanned_ptrs, PTRS_FOUND, __ATOMIC_RELAXED);
+}
+
 static void mark(struct sh_pool *pool, uintptr_t into)
 {
     sh_rw_rdlock(&pool->index_lock);
     struct region *dst = sh_rindex_lookup(pool->index, into);
     if (dst)
-        __atomic_fetch_or(&dst->holds_ptrs, PTRS_FOUND, __ATOMIC_RELAXED);
+        found(pool, dst);
     sh_rw_unlock(&pool->index_lock);
 }
 
@@ -151,7 +159,7 @@ static void scan_slabs(struct sh_pool *pool, struct region *r)
         const struct chunk *c = &r->chunks[i];
         bytes += c->slab ? c->size : 0;
         if (c->slab && holds_pointer(pool, (const unsigned char *)c->slab->staging, c->size))
-            __atomic_fetch_or(&r->holds_ptrs, PTRS_FOUND, __ATOMIC_RELAXED);
+            found(pool, r);
     }
     __atomic_add_fetch(&pool->st.scan_ns, sh_clock_ns() - t0, __ATOMIC_RELAXED);
     __atomic_add_fetch(&pool->st.scanned_bytes, bytes, __ATOMIC_RELAXED);

@@ -142,6 +142,13 @@ struct sh_pool {
     /* Opaque work (accesses unbounded) counts as using every region: the
      * clock when it was last issued, and (tracked drain) its streams. */
     uint64_t opaque, opaque_streams;
+    /* Memory the program maps itself lies handle after handle in one
+     * reservation, and a tensor may span several regions: work that uses
+     * one such region counts as using all of them (see spans()). The
+     * clock when it was last issued, its streams, and PTRS_FOUND once a
+     * table was seen in any of them (atomics). */
+    uint64_t spanned, spanned_streams;
+    int spanned_ptrs;
     /* Every region ever indexed lies in [lo, hi) (atomic): a value outside
      * is no pointer into one, without a lookup. */
     uintptr_t lo, hi;
@@ -268,6 +275,14 @@ int sh_pool_drain(struct sh_pool *pool, struct region **v, size_t n);
 int sh_pool_window_copy(struct sh_pool *pool, int dir, uintptr_t dst, uintptr_t src, size_t n);
 int sh_pool_flush(struct sh_pool *pool, int dir);
 uint64_t sh_pool_issued_at(const struct sh_pool *pool, const struct region *r);
+
+/* r may be reached by work whose pointer lands in another region: the
+ * program's own mappings, which it places side by side (PyTorch's
+ * expandable segments map a handle per region under one tensor). */
+static inline int spans(const struct region *r)
+{
+    return r->path == SH_PATH_VMM;
+}
 void sh_pool_evicted_one(struct sh_pool *pool, struct region *r, size_t *released);
 int sh_pool_can_move(struct sh_pool *pool);
 void sh_pool_put_chunks(struct sh_pool *pool, struct region *r, unsigned n);

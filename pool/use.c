@@ -7,7 +7,7 @@
  * and looks each address up once.
  *
  * Locking: index_lock (read) around lookups; last_use, issue stamps,
- * use_streams, pool->opaque and pool->opaque_streams are atomics.
+ * use_streams, pool->opaque, pool->spanned and their streams are atomics.
  */
 #include "pool/region_int.h"
 
@@ -83,6 +83,8 @@ size_t sh_pool_use(struct sh_pool *pool, uintptr_t *vals, size_t n, uint64_t now
             continue;
         /* sub-allocator slabs too: small pointer tables live there */
         u->ptrs |= __atomic_load_n(&r->holds_ptrs, __ATOMIC_RELAXED);
+        if (spans(r)) /* a table in a neighbour it may reach */
+            u->ptrs |= __atomic_load_n(&pool->spanned_ptrs, __ATOMIC_RELAXED);
         __atomic_store_n(&r->last_use, now, __ATOMIC_RELAXED);
         __atomic_store_n(&r->last_use_us, now_us, __ATOMIC_RELAXED);
         size_t k = u->nbases;
@@ -118,7 +120,8 @@ size_t sh_pool_bases_ptrs(struct sh_pool *pool, const uintptr_t *addrs, size_t n
     for (size_t i = 0; i < n; i++) {
         struct region *r = lookup(pool, addrs[i]);
         if (r) /* sub-allocator slabs too: small tables live there */
-            h |= __atomic_load_n(&r->holds_ptrs, __ATOMIC_RELAXED);
+            h |= __atomic_load_n(&r->holds_ptrs, __ATOMIC_RELAXED) |
+                 (spans(r) ? __atomic_load_n(&pool->spanned_ptrs, __ATOMIC_RELAXED) : 0);
         if (!r || r->path == SH_PATH_SLAB)
             continue;
         size_t k = 0;
@@ -163,12 +166,17 @@ static void raise_stamp(uint64_t *stamp, uint64_t now)
         ;
 }
 
-static void stamp(struct region *r, uint64_t now, uint64_t streams)
+static void stamp(struct sh_pool *pool, struct region *r, uint64_t now, uint64_t streams)
 {
     /* The streams first: whoever sees the stamp sees them (ev_idle). */
     if (streams)
         __atomic_or_fetch(&r->use_streams, streams, __ATOMIC_RELAXED);
     raise_stamp(&r->issued, now);
+    if (spans(r)) { /* its neighbours too, in one stamp */
+        if (streams)
+            __atomic_or_fetch(&pool->spanned_streams, streams, __ATOMIC_RELAXED);
+        raise_stamp(&pool->spanned, now);
+    }
 }
 
 void sh_pool_issued(struct sh_pool *pool, const uintptr_t *bases, size_t n, uint64_t streams)
@@ -189,12 +197,12 @@ void sh_pool_issued_found(struct sh_pool *pool, const uintptr_t *bases, void *co
     sh_rw_rdlock(&pool->index_lock);
     if (regions && gen == sh_rindex_gen(pool->index)) {
         for (size_t i = 0; i < n; i++)
-            stamp(regions[i], now, streams);
+            stamp(pool, regions[i], now, streams);
     } else {
         for (size_t i = 0; i < n; i++) {
             struct region *r = lookup(pool, bases[i]);
             if (r)
-                stamp(r, now, streams);
+                stamp(pool, r, now, streams);
         }
     }
     sh_rw_unlock(&pool->index_lock);

@@ -227,6 +227,98 @@ static void test_backing_unmap_during_prefetch(void **state)
     stop();
 }
 
+/* Two backings the program maps side by side in one reservation, as
+ * PyTorch's expandable segments do (at[0], at[1]); filled with 1 and 2. */
+static void map_pair(uintptr_t *va, struct sh_backing **b, uintptr_t at[2])
+{
+    assert_int_equal(vmm.reserve(vmm.ctx, 2 * RSIZE, 0, va), 0);
+    for (int i = 0; i < 2; i++) {
+        at[i] = *va + (uintptr_t)i * RSIZE;
+        assert_int_equal(sh_pool_backing_create(sys.pool, RSIZE, &b[i]), 0);
+        assert_int_equal(sh_pool_backing_map(sys.pool, b[i], at[i]), 0);
+        fill(at[i], RSIZE, (uint32_t)i + 1);
+    }
+}
+
+static void unmap_pair(uintptr_t va, struct sh_backing **b, const uintptr_t at[2])
+{
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(sh_pool_backing_release(sys.pool, b[i]), 1);
+        assert_int_equal(sh_pool_backing_unmap(sys.pool, at[i]), 0);
+    }
+    assert_int_equal(vmm.unreserve(vmm.ctx, va, 2 * RSIZE), 0);
+}
+
+/* A tensor spanning two of the program's mappings: the kernel's pointer
+ * lands in the first, and it writes the second, on the host, while that
+ * one's prefetch is in flight. The commit redoes the copy. */
+static void test_prefetch_redo_spanned(void **state)
+{
+    (void)state;
+    start(&std_opts);
+    uintptr_t va, at[2];
+    struct sh_backing *b[2];
+    map_pair(&va, b, at);
+    evict_one(at[1]);
+    assert_int_equal(start_prefetch(at[1]), 1);
+    complete_copies();
+    issue(at[0]);          /* the launch names the first ... */
+    fill(at[1], RSIZE, 7); /* ... and writes past its end */
+    assert_int_equal(commit(0), 1);
+    assert_int_equal(bad_words(at[1], RSIZE, 7), 0);
+    struct sh_pool_stats st;
+    sh_pool_stats(sys.pool, &st);
+    assert_int_equal(st.prefetch_redos, 1);
+    unmap_pair(va, b, at);
+    stop();
+}
+
+/* The pool's own regions are whole allocations: work on one does not
+ * redo the prefetch of the next, wherever it lies. */
+static void test_prefetch_not_spanned(void **state)
+{
+    (void)state;
+    start(&std_opts);
+    uintptr_t a = alloc(RSIZE), c = alloc(RSIZE);
+    fill(c, RSIZE, 3);
+    evict_one(c);
+    assert_int_equal(start_prefetch(c), 1);
+    complete_copies();
+    issue(a);
+    assert_int_equal(commit(0), 1);
+    assert_int_equal(bad_words(c, RSIZE, 3), 0);
+    struct sh_pool_stats st;
+    sh_pool_stats(sys.pool, &st);
+    assert_int_equal(st.prefetch_redos, 0);
+    stop();
+}
+
+/* With a tracked drain, the streams of work on a neighbour count for the
+ * program's mappings: the second waits for a launch that named the first. */
+static void test_early_eviction_tracked_spanned(void **state)
+{
+    (void)state;
+    const struct opts o = {.device_cache = 4 * M,
+                           .slabs = {8, 8, 8},
+                           .drain_streams = t_drain,
+                           .streams_idle = t_idle};
+    start(&o);
+    uintptr_t va, at[2];
+    struct sh_backing *b[2];
+    map_pair(&va, b, at);
+    sh_pool_issued(sys.pool, &at[0], 1, 1u << 3); /* a launch on stream slot 3 */
+    busy_mask = 1u << 3;
+    assert_int_equal(start_early(at[1]), 0);
+    busy_mask = 0;
+    assert_int_equal(start_early(at[1]), 1);
+    assert_int_equal(commit_early(0, NULL), 1);
+    assert_int_equal(state_of(at[1]), SH_RS_HOST);
+    assert_int_equal(bad_words(at[1], RSIZE, 2), 0);
+    assert_true(drained_mask & 1u << 3);
+    unmap_pair(va, b, at);
+    stop();
+}
+
 /* Teardown with a prefetch in flight leaves nothing mapped. */
 static void test_destroy_during_prefetch(void **state)
 {
@@ -820,6 +912,9 @@ int main(void)
         cmocka_unit_test_teardown(test_free_during_early_eviction, teardown),
         cmocka_unit_test_teardown(test_free_during_prefetch, teardown),
         cmocka_unit_test_teardown(test_backing_unmap_during_prefetch, teardown),
+        cmocka_unit_test_teardown(test_prefetch_redo_spanned, teardown),
+        cmocka_unit_test_teardown(test_prefetch_not_spanned, teardown),
+        cmocka_unit_test_teardown(test_early_eviction_tracked_spanned, teardown),
         cmocka_unit_test_teardown(test_destroy_during_prefetch, teardown),
         cmocka_unit_test_teardown(test_evict_skips_prefetching, teardown),
         cmocka_unit_test_teardown(test_fail_scratch_map, teardown),

@@ -314,6 +314,33 @@ static void test_scan_settled_by_launch(void **state)
     stop();
 }
 
+/* A table uploaded into one of the program's mappings (side by side in
+ * one reservation): a launch naming the next one may read it, through a
+ * tensor that spans both; a launch naming a pool region may not. */
+static void test_table_in_spanned_neighbour(void **state)
+{
+    (void)state;
+    start(&std_opts);
+    uintptr_t a = alloc(RSIZE), va = 0;
+    assert_int_equal(vmm.reserve(vmm.ctx, 2 * RSIZE, 0, &va), 0);
+    struct sh_backing *b[2];
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(sh_pool_backing_create(sys.pool, RSIZE, &b[i]), 0);
+        assert_int_equal(sh_pool_backing_map(sys.pool, b[i], va + (uintptr_t)i * RSIZE), 0);
+    }
+    assert_int_equal(use_ptrs(va + RSIZE), 0);
+    uintptr_t table[4] = {a, a + 64, 0, 0};
+    assert_int_equal(sh_pool_find_pointers(sys.pool, table, sizeof table, va), 1);
+    assert_int_equal(use_ptrs(va + RSIZE), 1);
+    assert_int_equal(use_ptrs(a), 0);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(sh_pool_backing_release(sys.pool, b[i]), 1);
+        assert_int_equal(sh_pool_backing_unmap(sys.pool, va + (uintptr_t)i * RSIZE), 0);
+    }
+    assert_int_equal(vmm.unreserve(vmm.ctx, va, 2 * RSIZE), 0);
+    stop();
+}
+
 static void test_scan_settled_by_prefetch(void **state)
 {
     (void)state;
@@ -486,6 +513,7 @@ int main(void)
         cmocka_unit_test_teardown(test_scan_waits_for_no_eviction, teardown),
         cmocka_unit_test_teardown(test_scan_settled_by_launch, teardown),
         cmocka_unit_test_teardown(test_scan_settled_by_prefetch, teardown),
+        cmocka_unit_test_teardown(test_table_in_spanned_neighbour, teardown),
         cmocka_unit_test_teardown(test_scan_dropped_by_free, teardown),
         cmocka_unit_test_teardown(test_scan_threads, teardown),
     };
