@@ -177,6 +177,11 @@ $(BUILD)/tests/unit/test_intercept: $(BUILD)/obj/tests/unit/test_intercept.o \
 	$(CC) -o $@ $(filter %.o,$^) $(BUILD)/libstagehand.a $(LDFLAGS_ALL) -Wl,--no-as-needed $(SIM_LINK) $(LIB_LIBS) \
 	    -lcmocka -ljson-c
 
+# test_hostmem fails the module's realloc.
+$(BUILD)/tests/unit/test_hostmem: $(BUILD)/obj/tests/unit/test_hostmem.o $(BUILD)/libstagehand.a
+	@mkdir -p $(@D)
+	$(CC) -o $@ $< $(BUILD)/libstagehand.a $(LDFLAGS_ALL) -Wl,--wrap=realloc $(LIB_LIBS) -lcmocka -ljson-c
+
 $(BUILD)/tests/unit/%: $(BUILD)/obj/tests/unit/%.o $(BUILD)/libstagehand.a
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< $(BUILD)/libstagehand.a $(LDFLAGS_ALL) $(LIB_LIBS) -lcmocka -ljson-c

@@ -32,6 +32,10 @@ static size_t count; /* nranges, read without the lock */
 static uint64_t gen; /* ranges added so far (atomic) */
 /* Atomics: every range ever added lies between them. */
 static uintptr_t min_lo = UINTPTR_MAX, max_hi;
+/* Atomic: a range could not be recorded (out of memory); from then on
+ * everything between min_lo and max_hi counts: more launches are opaque,
+ * none fewer. */
+static int spilled;
 
 /* The index of the first range starting at or after p; lock held. */
 static size_t first_from(uintptr_t p)
@@ -80,11 +84,14 @@ void sh_hostmem_add(const void *p, size_t n)
         ranges[i] = (struct range){lo, lo + n};
         __atomic_store_n(&count, ++nranges, __ATOMIC_RELEASE);
         __atomic_add_fetch(&gen, 1, __ATOMIC_RELEASE);
-    } else {
-        sh_log(SH_LOG_ERROR,
-               "out of memory recording pinned host memory at %p: a launch "
-               "that reads a pointer table there is not known as opaque",
+    } else if (!__atomic_exchange_n(&spilled, 1, __ATOMIC_RELEASE)) {
+        __atomic_add_fetch(&gen, 1, __ATOMIC_RELEASE);
+        sh_log(SH_LOG_WARN,
+               "out of memory recording pinned host memory at %p: from now on a launch "
+               "pointing anywhere between the first and last such memory counts as opaque",
                p);
+    } else {
+        __atomic_add_fetch(&gen, 1, __ATOMIC_RELEASE); /* the bounds may have grown */
     }
     pthread_rwlock_unlock(&lock);
 }
@@ -102,8 +109,21 @@ void sh_hostmem_del(const void *p)
     pthread_rwlock_unlock(&lock);
 }
 
+/* Whether a value lies between the first and last range ever added. */
+static int in_bounds(const uintptr_t *v, size_t n)
+{
+    uintptr_t lo = __atomic_load_n(&min_lo, __ATOMIC_RELAXED);
+    uintptr_t hi = __atomic_load_n(&max_hi, __ATOMIC_RELAXED);
+    for (size_t k = 0; k < n; k++)
+        if (v[k] >= lo && v[k] < hi)
+            return 1;
+    return 0;
+}
+
 int sh_hostmem_hit(const uintptr_t *v, size_t n)
 {
+    if (n && __atomic_load_n(&spilled, __ATOMIC_ACQUIRE))
+        return in_bounds(v, n);
     if (!n || !__atomic_load_n(&count, __ATOMIC_ACQUIRE))
         return 0;
     int hit = 0;

@@ -1,6 +1,8 @@
 /* test_hostmem.c — the host memory kernels can read (interpose/hostmem.c):
  * which values point into it, as allocations and registrations come and
- * go. The module's state is the process's: each test removes what it adds.
+ * go. The module's state is the process's: each test removes what it adds,
+ * but the last, whose failure to record a range lasts (the module's realloc
+ * is wrapped at link time: -Wl,--wrap=realloc).
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,6 +11,15 @@
 #include <cmocka.h>
 
 #include "interpose/interpose.h"
+
+void *__real_realloc(void *p, size_t n);
+void *__wrap_realloc(void *p, size_t n);
+static int fail_realloc;
+
+void *__wrap_realloc(void *p, size_t n)
+{
+    return fail_realloc ? NULL : __real_realloc(p, n);
+}
 
 static int hit(uintptr_t v)
 {
@@ -67,12 +78,30 @@ static void test_many(void **state)
         assert_false(hit(0x100000 + i * 0x10000));
 }
 
+/* Out of memory to record a range: from then on every value between the
+ * first and the last range added hits (a table there may be unrecorded),
+ * and tables are said to have changed; values outside still miss. */
+static void test_out_of_memory(void **state)
+{
+    (void)state;
+    enum { N = 1200 }; /* past what test_many's growth left room for */
+    uint64_t gen = sh_hostmem_gen();
+    fail_realloc = 1;
+    for (uintptr_t i = 0; i < N; i++)
+        sh_hostmem_add((void *)(0x1000000 + i * 0x10000), 0x100);
+    fail_realloc = 0;
+    assert_true(sh_hostmem_gen() > gen + 1);
+    assert_true(hit(0x1000000 + (N - 1) * 0x10000)); /* not recorded */
+    assert_true(hit(0x1000000 + 0x200));             /* between ranges */
+    assert_false(hit(0xffff));                       /* below test_bounds' range, the first */
+    assert_false(hit(0x1000000 + N * 0x10000));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_empty),
-        cmocka_unit_test(test_bounds),
-        cmocka_unit_test(test_many),
+        cmocka_unit_test(test_empty), cmocka_unit_test(test_bounds), cmocka_unit_test(test_many),
+        cmocka_unit_test(test_out_of_memory), /* last: it lasts */
     };
     return cmocka_run_group_tests_name("hostmem", tests, NULL, NULL);
 }
