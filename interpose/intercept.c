@@ -169,8 +169,8 @@ int sh_work_issue(struct sh_work *w)
          * the wrapper makes it resident itself (the callback then stays
          * out), so that a remap failing for good under it, which leaves a
          * hole, refuses it here instead of letting it fault. */
-        if (sh_sched_quiet() && (w->pass = sh_cupti_pass_begin()))
-            return 0;
+        if (!w->opaque && sh_sched_quiet() && (w->pass = sh_cupti_pass_begin()))
+            return 0; /* (CUPTI is not told what the wrapper knows: "opaque") */
         sh_cupti_poll();
         sh_launch_begin(w->key, w->key_kind, w->params, w->stream);
         if (w->opaque)

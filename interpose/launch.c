@@ -313,9 +313,14 @@ static inline int plausible(const struct plausible *pl, uintptr_t v)
 static size_t scan(const struct layout *l, void **args, uintptr_t *vals, const struct plausible *pl)
 {
     size_t n = 0;
-    for (int i = 0; i < l->nparams && args; i++) {
-        const unsigned char *p = args[i];
-        for (size_t off = 0; p && off + 8 <= l->size[i]; off += 4) {
+    for (int i = 0; i < l->nparams; i++) {
+        const unsigned char *p = args ? args[i] : NULL;
+        if (!p) { /* packed in `extra` (as CUPTI reports such a launch), or missing */
+            opaque_because("parameters not passed one by one", i);
+            pending.opaque = 1;
+            break;
+        }
+        for (size_t off = 0; off + 8 <= l->size[i]; off += 4) {
             uintptr_t v;
             memcpy(&v, p + off, sizeof v);
             if (!v || (pl && !plausible(pl, v)))
@@ -588,20 +593,23 @@ static inline __attribute__((always_inline)) void launch_prepare(uint64_t kernel
     struct sh_pool_use u = {.bases = bases, .regions = pending.regions};
     uint64_t t0 = sh_clock_us();
     n = sh_pool_use(sh_rt.pool, vals, n < MAX_ADDRS ? n : MAX_ADDRS, t0, &u);
-    if (n > 0 && sh_capturing()) {
-        /* A remap would drain the device and break the capture: the
-         * captured launch will find the region where it is when it runs. */
-        if (u.host_bytes)
-            atomic_fetch_add(&sh_rt.engine.deferred, 1);
-        sh_sched_launch(kernel, 0, bases, u.nbases);
-        return;
-    }
     pending.n = u.nbases;
     pending.found = 1;
     pending.gen = u.gen;
     if (u.ptrs) { /* a region of pointers: the kernel may follow them anywhere */
         opaque_because("a region that holds pointers", (int)u.nbases);
         pending.opaque = 1;
+    }
+    if (n > 0 && sh_capturing()) {
+        /* A remap would drain the device and break the capture: the
+         * captured launch will find the region where it is when it runs.
+         * A launch on a stream that does not capture (another thread
+         * captures) runs now, on the host mappings: it keeps the stamps
+         * set above, so no move in flight misses it. */
+        if (u.host_bytes)
+            atomic_fetch_add(&sh_rt.engine.deferred, 1);
+        sh_sched_launch(kernel, 0, bases, u.nbases);
+        return;
     }
     uint64_t waited = n > 0 ? make_resident(vals, n, &u, t0) : 0;
     if (waited) {

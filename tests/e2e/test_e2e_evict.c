@@ -516,6 +516,48 @@ static void test_unreadable_layout(void **state)
     assert_int_equal(e2e_rerun(saved_argv, failing), 0);
 }
 
+/* A launch no wrapper sees (only CUPTI's callback does), with its
+ * parameters packed in `extra`: the callback cannot read them, so the
+ * launch is opaque work; the same launch with kernelParams is not, and
+ * brings its region back. */
+static void test_packed_unhooked(void **state)
+{
+    (void)state;
+    if (!preloaded) /* three times the card */
+        skip();
+    void *r[NREGIONS];
+    for (int i = 0; i < NREGIONS; i++) {
+        assert_int_equal(cudaMalloc(&r[i], (size_t)REGION_MB << 20), cudaSuccess);
+        assert_int_equal(fill(r[i], WORDS, (uint32_t)i + 1, NULL), cudaSuccess);
+    }
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    struct {
+        void *p;
+        size_t n;
+    } buf = {r[0], WORDS};
+    size_t size = sizeof buf;
+    void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, &buf, CU_LAUNCH_PARAM_BUFFER_SIZE, &size,
+                     CU_LAUNCH_PARAM_END};
+    void *args[] = {&buf.p, &buf.n};
+    CUfunction f = simcuda_function(k_bump);
+    stagehand_stats_t s0, s1, s2;
+    stats(&s0);
+    assert_true(s0.host_bytes > 0); /* the launches below are examined */
+    assert_int_equal(simcuda_launch_unhooked(f, 1, 1, NULL, NULL, extra), CUDA_SUCCESS);
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    stats(&s1);
+    assert_int_equal(simcuda_launch_unhooked(f, 1, 1, NULL, args, NULL), CUDA_SUCCESS);
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    stats(&s2);
+    assert_true(s1.opaque_work > s0.opaque_work);
+    assert_int_equal(s2.opaque_work, s1.opaque_work);
+    assert_int_equal(mismatches(r[0], WORDS, 1, 2, NULL), 0);
+    for (int i = 1; i < NREGIONS; i++)
+        assert_int_equal(mismatches(r[i], WORDS, (uint32_t)i + 1, 0, NULL), 0);
+    for (int i = 0; i < NREGIONS; i++)
+        cudaFree(r[i]);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -561,6 +603,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_tracked_never_drains_the_device),
         cmocka_unit_test(test_tracked_drain),
         cmocka_unit_test(test_unreadable_layout),
+        cmocka_unit_test(test_packed_unhooked),
     };
     if (getenv("E2E_EVICT_LAYOUT"))
         return _cmocka_run_group_tests("e2e_evict (layout)", tests + 8, 1, setup, NULL);

@@ -446,12 +446,38 @@ static struct launch_op *launch_op_new(struct sim_kernel *k, void **params)
     return op;
 }
 
+/* The parameters of a packed buffer (`extra`: CU_LAUNCH_PARAM_BUFFER_POINTER
+ * and CU_LAUNCH_PARAM_BUFFER_SIZE, then CU_LAUNCH_PARAM_END), each at its
+ * offset in k's layout, into args. Both kernelParams and extra, another
+ * key, or a buffer smaller than the layout are invalid values. */
+static CUresult unpack_extra(const struct sim_kernel *k, void **params, void **extra, void **args)
+{
+    void *buf = NULL;
+    const size_t *size = NULL;
+    for (int i = 0; i < 8 && extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+        if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER)
+            buf = extra[i + 1];
+        else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE)
+            size = extra[i + 1];
+        else
+            return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (params || !buf || !size || *size < k->total)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (int i = 0; i < k->nparams; i++)
+        args[i] = (char *)buf + k->offsets[i];
+    return CUDA_SUCCESS;
+}
+
 static CUresult launch(struct sim_kernel *k, CUstream hs, void **params, void **extra, unsigned gx,
                        unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz)
 {
+    void *unpacked[MAX_PARAMS];
     if (extra) {
-        fprintf(stderr, "simcuda: cuLaunchKernel: the 'extra' parameter buffer is not supported\n");
-        return CUDA_ERROR_NOT_SUPPORTED;
+        CUresult r = unpack_extra(k, params, extra, unpacked);
+        if (r)
+            return r;
+        params = unpacked;
     }
     if (!gx || !gy || !gz || !bx || !by || !bz || (unsigned long long)bx * by * bz > 1024)
         return CUDA_ERROR_INVALID_VALUE;
@@ -469,11 +495,10 @@ static CUresult launch(struct sim_kernel *k, CUstream hs, void **params, void **
     return sim_stream_submit(s, &op->op, NULL);
 }
 
-SIM_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
-                                   unsigned int gridDimZ, unsigned int blockDimX,
-                                   unsigned int blockDimY, unsigned int blockDimZ,
-                                   unsigned int sharedMemBytes, CUstream hStream,
-                                   void **kernelParams, void **extra)
+static CUresult launch_kernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                              unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                              unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                              void **kernelParams, void **extra)
 {
     cuLaunchKernel_params p = {f,         gridDimX,     gridDimY,  gridDimZ,
                                blockDimX, blockDimY,    blockDimZ, sharedMemBytes,
@@ -482,13 +507,29 @@ SIM_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned
     struct sim_api_call call;
     sim_api_enter(&call, CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,
                   "cuLaunchKernel", k ? k->name : NULL, &p);
-    CUresult r = sim_enter(__func__, true);
+    CUresult r = sim_enter("cuLaunchKernel", true);
     if (r == CUDA_SUCCESS)
         r = k ? launch(k, hStream, kernelParams, extra, gridDimX, gridDimY, gridDimZ, blockDimX,
                        blockDimY, blockDimZ)
               : CUDA_ERROR_INVALID_HANDLE;
     sim_api_exit(&call, &r);
     return r;
+}
+
+SIM_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                   unsigned int gridDimZ, unsigned int blockDimX,
+                                   unsigned int blockDimY, unsigned int blockDimZ,
+                                   unsigned int sharedMemBytes, CUstream hStream,
+                                   void **kernelParams, void **extra)
+{
+    return launch_kernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
+                         sharedMemBytes, hStream, kernelParams, extra);
+}
+
+SIM_EXPORT CUresult simcuda_launch_unhooked(CUfunction f, unsigned int grid, unsigned int block,
+                                            CUstream hStream, void **kernelParams, void **extra)
+{
+    return launch_kernel(f, grid, 1, 1, block, 1, 1, 0, hStream, kernelParams, extra);
 }
 
 SIM_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f,
@@ -536,13 +577,19 @@ SIM_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDim
 struct sim_op *sim_kernel_op(const CUDA_KERNEL_NODE_PARAMS *p, CUresult *r)
 {
     *r = CUDA_ERROR_INVALID_VALUE;
-    if (!p || p->extra || !p->gridDimX || !p->gridDimY || !p->gridDimZ || !p->blockDimX ||
-        !p->blockDimY || !p->blockDimZ)
+    if (!p || !p->gridDimX || !p->gridDimY || !p->gridDimZ || !p->blockDimX || !p->blockDimY ||
+        !p->blockDimZ)
         return NULL;
     struct sim_kernel *k = kernel_get(p->func ? (const void *)p->func : (const void *)p->kern);
-    if (!k || (k->nparams > 0 && !p->kernelParams))
+    void *unpacked[MAX_PARAMS], **params = p->kernelParams;
+    if (k && p->extra) {
+        if ((*r = unpack_extra(k, params, p->extra, unpacked)) != CUDA_SUCCESS)
+            return NULL;
+        params = unpacked;
+    }
+    if (!k || (k->nparams > 0 && !params))
         return NULL;
-    struct launch_op *op = launch_op_new(k, p->kernelParams);
+    struct launch_op *op = launch_op_new(k, params);
     *r = op ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
     return op ? &op->op : NULL;
 }

@@ -46,6 +46,13 @@ int simcuda_register_kernel_aligned(simcuda_kernel_fn fn, const char *name, int 
 /* The CUfunction for a registered kernel, or NULL. */
 CUfunction simcuda_function(simcuda_kernel_fn fn);
 
+/* cuLaunchKernel (grid and block in x only), reached as a library that
+ * resolved the driver before anything could interpose does: no exported
+ * symbol in between, only the driver's CUPTI callbacks see it. kernelParams
+ * or extra (CU_LAUNCH_PARAM_BUFFER_POINTER/SIZE) as cuLaunchKernel takes. */
+CUresult simcuda_launch_unhooked(CUfunction f, unsigned int grid, unsigned int block,
+                                 CUstream hStream, void **kernelParams, void **extra);
+
 typedef struct {
     size_t device_bytes_in_use, device_bytes_peak, host_bytes_in_use;
     unsigned long long copies_h2d, copies_d2h, bytes_h2d, bytes_d2h, launches, faults;
