@@ -172,6 +172,13 @@ int sh_hostmem_hit(const uintptr_t *v, size_t n);
 uint64_t sh_hostmem_gen(void);
 /* Every range ever added lies in [*lo, *hi) (empty when *hi <= *lo). */
 void sh_hostmem_bounds(uintptr_t *lo, uintptr_t *hi);
+/* globals.c: module globals whose device address the program took
+ * (cudaGetSymbolAddress, cuModuleGetGlobal, cuLibraryGetGlobal). Kernels
+ * read them without naming them, so region pointers copied into one are
+ * hidden from every scan (sh_launch_hide_pointers). sh_globals_add
+ * records [p, p + n); sh_globals_meet: 1 when [p, p + n) meets one. */
+void sh_globals_add(uintptr_t p, size_t n);
+int sh_globals_meet(uintptr_t p, size_t n);
 /* A host-to-device copy of n bytes from src to dst is being issued: if the
  * bytes hold pointers into regions, dst's region becomes a pointer table
  * and work using it is opaque. */
@@ -225,7 +232,8 @@ void sh_cupti_counts(uint64_t *handovers, uint64_t *returns);
 
 /* Module images (modules.c), for drivers that cannot report parameter
  * layouts: the kernel name of a runtime launch stub, and a kernel's
- * parameters read from the images seen. */
+ * parameters read from the images seen (SH_EINVAL when two images give
+ * one name two layouts). */
 struct sh_cubin_param;
 const char *sh_modules_stub_name(const void *stub);
 /* Whether handle is a kernel the driver handed out (cuLibraryGetKernel,

@@ -234,12 +234,30 @@ const char *sh_modules_stub_name(const void *stub)
     return name;
 }
 
+/* Whether image im describes kernel name as params[0..n) does (or not at
+ * all). Two modules may each have a kernel of one name (static kernels of
+ * two files); the name alone then cannot say which layout a launch has. */
+static int agrees(const struct image *im, const char *name, const struct sh_cubin_param *params,
+                  size_t n)
+{
+    struct sh_cubin_param other[128];
+    size_t m = 0;
+    int rc = sh_cubin_kernel_params(im->data, im->size, name, other, 128, &m, NULL);
+    if (rc == SH_ENOTFOUND)
+        return 1;
+    return rc == 0 && m == n && memcmp(other, params, n * sizeof *params) == 0;
+}
+
 int sh_modules_layout(const char *name, struct sh_cubin_param *params, size_t cap, size_t *count)
 {
     int rc = SH_ENOTFOUND;
     pthread_mutex_lock(&mod_mu);
-    for (struct image *im = images; im && rc != 0 && rc != SH_ERANGE; im = im->next)
+    struct image *im = images;
+    for (; im && rc != 0 && rc != SH_ERANGE; im = im->next)
         rc = sh_cubin_kernel_params(im->data, im->size, name, params, cap, count, NULL);
+    for (; rc == 0 && im; im = im->next)
+        if (!agrees(im, name, params, *count))
+            rc = SH_EINVAL;
     pthread_mutex_unlock(&mod_mu);
     return rc;
 }

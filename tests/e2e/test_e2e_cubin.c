@@ -5,7 +5,8 @@
  * and its kernel as nvcc-generated code would, and a launch of the kernel it
  * describes must still bring an evicted region back before it runs. A
  * kernel no image describes cannot be scanned: its launch counts as opaque
- * work (it may use any region).
+ * work (it may use any region); so does one whose name two images give
+ * two layouts.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -49,15 +50,39 @@ static void k_unknown(void **args)
     a[0] += 1;
 }
 
-static unsigned long long *load_fixture(void)
+/* The same kernel, launched through a stub registered in another module
+ * whose k_ptrs has another layout. */
+static void k_ptrs_again(void **args)
 {
-    FILE *f = fopen("tests/unit/cubin/kparams.fatbin", "rb");
+    k_ptrs(args);
+}
+
+static unsigned long long *load_fixture(const char *path)
+{
+    FILE *f = fopen(path, "rb");
     assert_non_null(f);
-    static unsigned long long buf[64 << 10];
-    size_t n = fread(buf, 1, sizeof buf, f);
+    unsigned long long *buf = calloc(64 << 10, sizeof *buf); /* lives as a fatbin does */
+    assert_non_null(buf);
+    size_t n = fread(buf, 1, (64 << 10) * sizeof *buf, f);
     fclose(f);
     assert_true(n > 1000);
     return buf;
+}
+
+/* As a program's static constructor would, for the fatbin at path and its
+ * kernel named "k_ptrs" behind stub; the simulated runtime loads no modules
+ * itself, so only the library (when preloaded) sees it. */
+static void register_module(const char *path, void (*stub)(void **))
+{
+    __fatBinC_Wrapper_t *wrapper = malloc(sizeof *wrapper);
+    assert_non_null(wrapper);
+    *wrapper = (__fatBinC_Wrapper_t){FATBINC_MAGIC, 1, load_fixture(path), NULL};
+    void **(*register_fatbin)(void *) =
+        (void **(*)(void *))dlsym(RTLD_DEFAULT, "__cudaRegisterFatBinary");
+    register_fn_t register_fn = (register_fn_t)dlsym(RTLD_DEFAULT, "__cudaRegisterFunction");
+    if (register_fatbin && register_fn) /* the kernel's name, before cuFuncGetName (12.3) */
+        register_fn(register_fatbin(wrapper), (const char *)stub, "k_ptrs", "k_ptrs", -1, NULL,
+                    NULL, NULL, NULL, NULL);
 }
 
 static stagehand_stats_t stats(void)
@@ -73,16 +98,7 @@ static stagehand_stats_t stats(void)
 static void test_layout_from_fatbin(void **state)
 {
     (void)state;
-    static __fatBinC_Wrapper_t wrapper;
-    wrapper = (__fatBinC_Wrapper_t){FATBINC_MAGIC, 1, load_fixture(), NULL};
-    /* As a program's static constructor would; the simulated runtime loads
-     * no modules itself, so only the library (when preloaded) sees it. */
-    void **(*register_fatbin)(void *) =
-        (void **(*)(void *))dlsym(RTLD_DEFAULT, "__cudaRegisterFatBinary");
-    register_fn_t register_fn = (register_fn_t)dlsym(RTLD_DEFAULT, "__cudaRegisterFunction");
-    if (register_fatbin && register_fn) /* the kernel's name, before cuFuncGetName (12.3) */
-        register_fn(register_fatbin(&wrapper), (const char *)k_ptrs, "k_ptrs", "k_ptrs", -1, NULL,
-                    NULL, NULL, NULL, NULL);
+    register_module("tests/unit/cubin/kparams.fatbin", k_ptrs);
 
     void *r[NREG];
     for (int i = 0; i < NREG; i++) {
@@ -107,10 +123,19 @@ static void test_layout_from_fatbin(void **state)
     assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
     if (preloaded)
         assert_int_equal(stats().opaque_work, after.opaque_work + 1);
+    /* Another module with its own k_ptrs: the name no longer tells the
+     * layout, and a stub not launched before cannot be read. */
+    register_module("tests/unit/cubin/kclash.fatbin", k_ptrs_again);
+    after = stats();
+    assert_int_equal(cudaLaunchKernel((const void *)k_ptrs_again, one, one, args, 0, NULL),
+                     cudaSuccess);
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    if (preloaded)
+        assert_int_equal(stats().opaque_work, after.opaque_work + 1);
     uint8_t *h = malloc(REGION);
     assert_int_equal(cudaMemcpy(h, r[0], REGION, cudaMemcpyDeviceToHost), cudaSuccess);
     for (size_t i = 0; i < REGION; i += 4)
-        if (h[i] != 7 || h[i + 1] != 0)
+        if (h[i] != 14 || h[i + 1] != 0)
             fail_msg("wrong bytes at %zu", i);
     free(h);
     for (int i = 0; i < NREG; i++)
@@ -131,6 +156,7 @@ int main(int argc, char **argv)
     preloaded = dlsym(RTLD_DEFAULT, "stagehand_get_stats") && !getenv("STAGEHAND_DISABLE");
     size_t sizes[] = {sizeof(void *), sizeof(void *), sizeof(void *)};
     if (simcuda_register_kernel(k_ptrs, "k_ptrs", 3, sizes, 0) != 0 ||
+        simcuda_register_kernel(k_ptrs_again, "k_ptrs_again", 3, sizes, 0) != 0 ||
         simcuda_register_kernel(k_unknown, "k_unknown", 1, sizes, 0) != 0)
         return 1;
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_layout_from_fatbin)};
