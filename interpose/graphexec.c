@@ -1,8 +1,9 @@
 /* graphexec.c — the program's executable graphs as it makes, changes and
  * destroys them: cudaGraphInstantiate, cuGraphInstantiateWithFlags, the
- * ExecDestroy calls, the Exec*NodeSetParams calls and ExecUpdate, in their
- * runtime and driver forms. Each passes through, and what it made or
- * changed is learned, or forgotten, in graph.c.
+ * ExecDestroy calls, the Exec*NodeSetParams calls (the generic
+ * ExecNodeSetParams of CUDA 12.2 too) and ExecUpdate, in their runtime and
+ * driver forms. Each passes through, and what it made or changed is
+ * learned, or forgotten, in graph.c.
  *
  * Shared state: the real functions, resolved once. The hooks nest per
  * thread (a runtime call reaching a hooked driver call counts once).
@@ -27,12 +28,14 @@ static struct {
     __typeof__(cudaGraphExecMemsetNodeSetParams) *cudaGraphExecMemsetNodeSetParams;
     __typeof__(cudaGraphExecMemcpyNodeSetParams) *cudaGraphExecMemcpyNodeSetParams;
     __typeof__(cudaGraphExecUpdate) *cudaGraphExecUpdate;
+    __typeof__(cudaGraphExecNodeSetParams) *cudaGraphExecNodeSetParams;
     __typeof__(cuGraphExecKernelNodeSetParams_v2) *cuGraphExecKernelNodeSetParams;
     CUresult (*cuGraphExecKernelNodeSetParams_v1)(CUgraphExec, CUgraphNode,
                                                   const CUDA_KERNEL_NODE_PARAMS_v1 *);
     __typeof__(cuGraphExecMemsetNodeSetParams) *cuGraphExecMemsetNodeSetParams;
     __typeof__(cuGraphExecMemcpyNodeSetParams) *cuGraphExecMemcpyNodeSetParams;
     __typeof__(cuGraphExecUpdate_v2) *cuGraphExecUpdate;
+    __typeof__(cuGraphExecNodeSetParams) *cuGraphExecNodeSetParams;
     CUresult (*cuGraphExecUpdate_v1)(CUgraphExec, CUgraph, CUgraphNode *,
                                      CUgraphExecUpdateResult *);
 } real;
@@ -50,12 +53,14 @@ static void resolve(void)
     R(cudaGraphExecMemsetNodeSetParams, "cudaGraphExecMemsetNodeSetParams");
     R(cudaGraphExecMemcpyNodeSetParams, "cudaGraphExecMemcpyNodeSetParams");
     R(cudaGraphExecUpdate, "cudaGraphExecUpdate");
+    R(cudaGraphExecNodeSetParams, "cudaGraphExecNodeSetParams");
     R(cuGraphExecKernelNodeSetParams, "cuGraphExecKernelNodeSetParams_v2");
     R(cuGraphExecKernelNodeSetParams_v1, "cuGraphExecKernelNodeSetParams");
     R(cuGraphExecMemsetNodeSetParams, "cuGraphExecMemsetNodeSetParams");
     R(cuGraphExecMemcpyNodeSetParams, "cuGraphExecMemcpyNodeSetParams");
     R(cuGraphExecUpdate, "cuGraphExecUpdate_v2");
     R(cuGraphExecUpdate_v1, "cuGraphExecUpdate");
+    R(cuGraphExecNodeSetParams, "cuGraphExecNodeSetParams");
 #undef R
 }
 
@@ -141,10 +146,16 @@ static void node_changed(int ok, int outer, CUgraphExec exec, const uintptr_t *a
 }
 
 /* The driver's view of runtime kernel node parameters, for the scan. */
-static size_t rt_kernel_addrs(const struct cudaKernelNodeParams *p, uintptr_t *addrs, size_t max)
+static size_t rt_kernel_addrs(const void *func, void **params, uintptr_t *addrs)
 {
-    return p && p->func ? sh_launch_scan(p->func, SH_KEY_HOST_FN, p->kernelParams, addrs, max, NULL)
-                        : 0;
+    return func ? sh_launch_scan(func, SH_KEY_HOST_FN, params, addrs, SH_GRAPH_NODE_ADDRS, NULL)
+                : 0;
+}
+
+static size_t rt_memset_addrs(const void *dst, size_t pitch, unsigned elem, size_t width,
+                              size_t height, uintptr_t *addrs)
+{
+    return sh_graph_span((uintptr_t)dst, 0, pitch, 1, (size_t)elem * width, height, 1, addrs);
 }
 
 static size_t rt_memcpy_addrs(const struct cudaMemcpy3DParms *p, uintptr_t *addrs)
@@ -166,12 +177,21 @@ static size_t rt_memcpy_addrs(const struct cudaMemcpy3DParms *p, uintptr_t *addr
                                             p->extent.depth, addrs + k));
 }
 
+/* A packed parameter buffer (extra only) is not read: the update makes the
+ * exec opaque anyway (sh_graph_learn_more). */
+static size_t drv_kernel_addrs(const CUDA_KERNEL_NODE_PARAMS *p, uintptr_t *addrs)
+{
+    return p && (p->kernelParams || !p->extra)
+               ? sh_graph_kernel_addrs(p, addrs, SH_GRAPH_NODE_ADDRS, NULL)
+               : 0;
+}
+
 EXPORT cudaError_t cudaGraphExecKernelNodeSetParams(cudaGraphExec_t exec, cudaGraphNode_t node,
                                                     const struct cudaKernelNodeParams *p)
 {
     int outer = updating();
     uintptr_t addrs[SH_GRAPH_NODE_ADDRS];
-    size_t n = outer ? rt_kernel_addrs(p, addrs, SH_GRAPH_NODE_ADDRS) : 0;
+    size_t n = outer && p ? rt_kernel_addrs(p->func, p->kernelParams, addrs) : 0;
     cudaError_t e = real.cudaGraphExecKernelNodeSetParams(exec, node, p);
     node_changed(e == cudaSuccess, outer, (CUgraphExec)exec, addrs, n);
     return e;
@@ -182,9 +202,9 @@ EXPORT cudaError_t cudaGraphExecMemsetNodeSetParams(cudaGraphExec_t exec, cudaGr
 {
     int outer = updating();
     uintptr_t addrs[2];
-    size_t n = outer && p ? sh_graph_span((uintptr_t)p->dst, 0, p->pitch, 1,
-                                          (size_t)p->elementSize * p->width, p->height, 1, addrs)
-                          : 0;
+    size_t n = outer && p
+                   ? rt_memset_addrs(p->dst, p->pitch, p->elementSize, p->width, p->height, addrs)
+                   : 0;
     cudaError_t e = real.cudaGraphExecMemsetNodeSetParams(exec, node, p);
     node_changed(e == cudaSuccess, outer, (CUgraphExec)exec, addrs, n);
     return e;
@@ -206,7 +226,7 @@ EXPORT CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec exec, CUgraphNode 
 {
     int outer = updating();
     uintptr_t addrs[SH_GRAPH_NODE_ADDRS];
-    size_t n = outer && p ? sh_graph_kernel_addrs(p, addrs, SH_GRAPH_NODE_ADDRS, NULL) : 0;
+    size_t n = outer ? drv_kernel_addrs(p, addrs) : 0;
     CUresult r = real.cuGraphExecKernelNodeSetParams(exec, node, p);
     node_changed(r == CUDA_SUCCESS, outer, exec, addrs, n);
     return r;
@@ -250,6 +270,77 @@ EXPORT CUresult cuGraphExecMemcpyNodeSetParams(CUgraphExec exec, CUgraphNode nod
     uintptr_t addrs[4];
     size_t n = outer && p ? sh_graph_memcpy_addrs(p, addrs, 4) : 0;
     CUresult r = real.cuGraphExecMemcpyNodeSetParams(exec, node, p, ctx);
+    node_changed(r == CUDA_SUCCESS, outer, exec, addrs, n);
+    return r;
+}
+
+/* The generic calls (CUDA 12.2): what kernel, memset and memcpy
+ * parameters touch, read as the typed calls read them; any other type
+ * touches nothing here (the update makes the exec opaque whatever it is). */
+static size_t rt_node_addrs(const struct cudaGraphNodeParams *p, uintptr_t *addrs)
+{
+    if (!p)
+        return 0;
+    switch (p->type) {
+    case cudaGraphNodeTypeKernel:
+        return rt_kernel_addrs(p->kernel.func, p->kernel.kernelParams, addrs);
+    case cudaGraphNodeTypeMemset: {
+        const struct cudaMemsetParamsV2 *m = &p->memset;
+        return rt_memset_addrs(m->dst, m->pitch, m->elementSize, m->width, m->height, addrs);
+    }
+    case cudaGraphNodeTypeMemcpy:
+        return rt_memcpy_addrs(&p->memcpy.copyParams, addrs);
+    default:
+        return 0;
+    }
+}
+
+static size_t drv_node_addrs(const CUgraphNodeParams *p, uintptr_t *addrs)
+{
+    if (!p)
+        return 0;
+    switch (p->type) {
+    case CU_GRAPH_NODE_TYPE_KERNEL: { /* _v3 has the fields of the typed call's _v2 */
+        const CUDA_KERNEL_NODE_PARAMS_v3 *k = &p->kernel;
+        CUDA_KERNEL_NODE_PARAMS v2 = {.func = k->func,
+                                      .kernelParams = k->kernelParams,
+                                      .extra = k->extra,
+                                      .kern = k->kern,
+                                      .ctx = k->ctx};
+        return drv_kernel_addrs(&v2, addrs);
+    }
+    case CU_GRAPH_NODE_TYPE_MEMSET: {
+        const CUDA_MEMSET_NODE_PARAMS_v2 *m = &p->memset;
+        CUDA_MEMSET_NODE_PARAMS v1 = {m->dst,         m->pitch, m->value,
+                                      m->elementSize, m->width, m->height};
+        return sh_graph_memset_addrs(&v1, addrs, 2);
+    }
+    case CU_GRAPH_NODE_TYPE_MEMCPY:
+        return sh_graph_memcpy_addrs(&p->memcpy.copyParams, addrs, 4);
+    default:
+        return 0;
+    }
+}
+
+EXPORT cudaError_t cudaGraphExecNodeSetParams(cudaGraphExec_t exec, cudaGraphNode_t node,
+                                              struct cudaGraphNodeParams *p)
+{
+    int outer = updating();
+    uintptr_t addrs[SH_GRAPH_NODE_ADDRS];
+    size_t n = outer ? rt_node_addrs(p, addrs) : 0;
+    cudaError_t e = real.cudaGraphExecNodeSetParams ? real.cudaGraphExecNodeSetParams(exec, node, p)
+                                                    : cudaErrorNotSupported;
+    node_changed(e == cudaSuccess, outer, (CUgraphExec)exec, addrs, n);
+    return e;
+}
+
+EXPORT CUresult cuGraphExecNodeSetParams(CUgraphExec exec, CUgraphNode node, CUgraphNodeParams *p)
+{
+    int outer = updating();
+    uintptr_t addrs[SH_GRAPH_NODE_ADDRS];
+    size_t n = outer ? drv_node_addrs(p, addrs) : 0;
+    CUresult r = real.cuGraphExecNodeSetParams ? real.cuGraphExecNodeSetParams(exec, node, p)
+                                               : CUDA_ERROR_NOT_SUPPORTED;
     node_changed(r == CUDA_SUCCESS, outer, exec, addrs, n);
     return r;
 }

@@ -16,8 +16,13 @@
  *
  * Graphs: a graph's memset and memcpy nodes touch regions as its kernels
  * do, and an executable graph pointed at other regions after it was
- * instantiated (new node parameters, cudaGraphExecUpdate) touches those:
- * every launch finds them on the device, and the bytes are exact.
+ * instantiated (new node parameters, typed or generic, cudaGraphExecUpdate)
+ * touches those: every launch finds them on the device, and the bytes are
+ * exact.
+ *
+ * A launch on a stream that does not capture, while another thread
+ * captures, still counts as using its regions: a move of one of them while
+ * the kernel runs waits for it.
  *
  * Each runs in the default configuration, with drain_mode = tracked, and
  * with the learned scheduler's prefetch on; every result is compared byte
@@ -97,6 +102,24 @@ static void k_slow_set(void **a) /* (uint32_t *p, size_t n, uint32_t v) */
         clock_gettime(CLOCK_MONOTONIC, &t);
     while (!atomic_load(&release) && t.tv_sec - t0.tv_sec < 5);
     k_set(a);
+}
+
+/* The same, taking TIMED_US as a GPU kernel does: the simulated GPU faults
+ * it if its memory is remapped before it ends. */
+#define TIMED_US 300000
+
+static void k_timed_set(void **a)
+{
+    k_set(a);
+}
+
+/* Meets the test at this barrier: the stream's next kernel starts now. */
+static pthread_barrier_t reached;
+
+static void k_reach(void **a)
+{
+    (void)a;
+    pthread_barrier_wait(&reached);
 }
 
 static void launch(void (*k)(void **), void **args, cudaStream_t s)
@@ -555,6 +578,180 @@ static void test_graph_exec_pointed_elsewhere(void **state)
     free_all(r);
 }
 
+static CUDA_KERNEL_NODE_PARAMS_v3 drv_bump(void **args)
+{
+    return (CUDA_KERNEL_NODE_PARAMS_v3){.func = simcuda_function(k_bump),
+                                        .gridDimX = 1,
+                                        .gridDimY = 1,
+                                        .gridDimZ = 1,
+                                        .blockDimX = 1,
+                                        .blockDimY = 1,
+                                        .blockDimZ = 1,
+                                        .kernelParams = args};
+}
+
+/* The same through the generic node updates of CUDA 12.2: a graph that
+ * bumps the last region (on the device) is pointed at r[1] (runtime), then
+ * at r[2] (driver); a graph that sets it is pointed at r[0]. Each target
+ * is evicted, and used by no launch before, so only the update names it. */
+static void test_graph_exec_generic_node_update(void **state)
+{
+    (void)state;
+    uint64_t faults = faults_now();
+    void *r[NREG], *last;
+    int out = cold_start(r, 3);
+    if (preloaded)
+        assert_int_equal(out, 3);
+    last = r[NREG - 1];
+    cudaStream_t s;
+    cudaGraphExec_t e;
+    assert_int_equal(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    cudaGraph_t g = capture_bump(last, s);
+    assert_int_equal(cudaGraphInstantiate(&e, g, 0), cudaSuccess);
+    cudaGraphNode_t node;
+    size_t n = 1;
+    assert_int_equal(cudaGraphGetNodes(g, &node, &n), cudaSuccess);
+    size_t words = WORDS;
+    void *args1[] = {&r[1], &words};
+    struct cudaGraphNodeParams kp = {.type = cudaGraphNodeTypeKernel,
+                                     .kernel = {(void *)k_bump, one, one, 0, args1, NULL}};
+    assert_int_equal(cudaGraphExecNodeSetParams(e, node, &kp), cudaSuccess);
+    assert_int_equal(cudaGraphLaunch(e, s), cudaSuccess);
+    if (preloaded)
+        assert_int_equal(resident(r[1]), 1);
+    assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+    push_out(r, 3);
+
+    if (preloaded)
+        assert_int_equal(resident(r[2]), 0);
+    void *args2[] = {&r[2], &words};
+    CUgraphNodeParams dp = {.type = CU_GRAPH_NODE_TYPE_KERNEL, .kernel = drv_bump(args2)};
+    assert_int_equal(cuGraphExecNodeSetParams((CUgraphExec)e, (CUgraphNode)node, &dp),
+                     CUDA_SUCCESS);
+    assert_int_equal(cuGraphLaunch((CUgraphExec)e, (CUstream)s), CUDA_SUCCESS);
+    if (preloaded)
+        assert_int_equal(resident(r[2]), 1);
+    assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+    push_out(r, 3);
+
+    /* A memset node pointed at r[0] (0x02 bytes). */
+    if (preloaded)
+        assert_int_equal(resident(r[0]), 0);
+    cudaGraph_t g2;
+    cudaGraphExec_t e2;
+    assert_int_equal(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    assert_int_equal(cudaMemsetAsync(last, 1, REGION, s), cudaSuccess);
+    assert_int_equal(cudaStreamEndCapture(s, &g2), cudaSuccess);
+    assert_int_equal(cudaGraphInstantiate(&e2, g2, 0), cudaSuccess);
+    n = 1;
+    assert_int_equal(cudaGraphGetNodes(g2, &node, &n), cudaSuccess);
+    struct cudaGraphNodeParams mp = {.type = cudaGraphNodeTypeMemset,
+                                     .memset = {r[0], 0, 0x02, 1, REGION, 1}};
+    assert_int_equal(cudaGraphExecNodeSetParams(e2, node, &mp), cudaSuccess);
+    assert_int_equal(cudaGraphLaunch(e2, s), cudaSuccess);
+    if (preloaded)
+        assert_int_equal(resident(r[0]), 1);
+    assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+
+    assert_int_equal(wrong_words(r[0], WORDS, 0x02020202u, 0), 0);
+    assert_int_equal(wrong_bumped(r[1], 1), 0);
+    assert_int_equal(wrong_bumped(r[2], 1), 0);
+    for (int i = 3; i < NREG; i++) /* the last one too: its graphs never ran on it */
+        assert_int_equal(wrong_bumped(r[i], 3), 0);
+    assert_int_equal(faults_now(), faults);
+    cudaGraphExecDestroy(e);
+    cudaGraphExecDestroy(e2);
+    cudaGraphDestroy(g);
+    cudaGraphDestroy(g2);
+    cudaStreamDestroy(s);
+    free_all(r);
+}
+
+/* ---- a launch beside another thread's capture ---- */
+
+struct capturer {
+    cudaStream_t s;
+    pthread_barrier_t began, launched;
+};
+
+/* Captures on its own stream until the main thread has launched. */
+static void *capture_beside(void *arg)
+{
+    struct capturer *c = arg;
+    cudaGraph_t g = NULL;
+    assert_int_equal(cudaStreamBeginCapture(c->s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    pthread_barrier_wait(&c->began);
+    pthread_barrier_wait(&c->launched);
+    assert_int_equal(cudaStreamEndCapture(c->s, &g), cudaSuccess);
+    assert_int_equal(cudaGraphDestroy(g), cudaSuccess);
+    return NULL;
+}
+
+/* While thread T captures, a kernel on stream b writes the evicted r[0]
+ * for TIMED_US (it is not moved meanwhile: that would break T's capture);
+ * k_reach, before it on b, tells the test when it starts. Once T is done,
+ * a launch on stream c (after b's kernel, by an event) reads r[0] into
+ * r[1], so r[0] comes back while b's kernel still runs: that move must
+ * wait for it, whatever the drain mode. Half the regions are freed first,
+ * so the move needs no eviction (whose window may wait for the whole
+ * device, hiding a missed wait). */
+static void test_launch_beside_capture(void **state)
+{
+    (void)state;
+    uint64_t faults = faults_now();
+    void *r[NREG];
+    int out = cold_start(r, 2);
+    if (preloaded)
+        assert_int_equal(out, 2);
+    for (int i = NREG / 2; i < NREG; i++) {
+        assert_int_equal(cudaFree(r[i]), cudaSuccess);
+        r[i] = NULL;
+    }
+    struct capturer cap;
+    cudaStream_t b, c;
+    cudaEvent_t ev;
+    assert_int_equal(cudaStreamCreateWithFlags(&cap.s, cudaStreamNonBlocking), cudaSuccess);
+    assert_int_equal(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking), cudaSuccess);
+    assert_int_equal(cudaStreamCreateWithFlags(&c, cudaStreamNonBlocking), cudaSuccess);
+    assert_int_equal(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaSuccess);
+    assert_int_equal(pthread_barrier_init(&cap.began, NULL, 2), 0);
+    assert_int_equal(pthread_barrier_init(&cap.launched, NULL, 2), 0);
+    assert_int_equal(pthread_barrier_init(&reached, NULL, 2), 0);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, capture_beside, &cap), 0);
+    pthread_barrier_wait(&cap.began);
+    size_t n = WORDS;
+    uint32_t v = 0x5e70000;
+    void *set[] = {&r[0], &n, &v};
+    launch(k_reach, NULL, b);
+    launch(k_timed_set, set, b);
+    assert_int_equal(cudaEventRecord(ev, b), cudaSuccess);
+    pthread_barrier_wait(&reached);
+    pthread_barrier_wait(&cap.launched);
+    assert_int_equal(pthread_join(t, NULL), 0);
+
+    if (preloaded)
+        assert_int_equal(resident(r[0]), 0);
+    assert_int_equal(cudaStreamWaitEvent(c, ev, 0), cudaSuccess);
+    void *acc[] = {&r[1], &r[0], &n};
+    launch(k_acc, acc, c);
+    if (preloaded)
+        assert_int_equal(resident(r[0]), 1);
+    assert_int_equal(cudaStreamSynchronize(c), cudaSuccess);
+    assert_int_equal(cudaStreamSynchronize(b), cudaSuccess);
+    assert_int_equal(faults_now(), faults);
+    assert_int_equal(wrong_set(r[0], WORDS, v), 0);
+    assert_int_equal(wrong_set(r[1], WORDS, v), 0);
+    pthread_barrier_destroy(&cap.began);
+    pthread_barrier_destroy(&cap.launched);
+    pthread_barrier_destroy(&reached);
+    cudaEventDestroy(ev);
+    cudaStreamDestroy(cap.s);
+    cudaStreamDestroy(b);
+    cudaStreamDestroy(c);
+    free_all(r);
+}
+
 /* ---- the other configurations ---- */
 
 static void test_tracked(void **state)
@@ -588,6 +785,8 @@ static int setup(void **state)
     assert_int_equal(simcuda_register_kernel(k_acc, "acc", 3, acc_sizes, 0), 0);
     assert_int_equal(simcuda_register_kernel(k_set, "set", 3, set_sizes, 0), 0);
     assert_int_equal(simcuda_register_kernel(k_slow_set, "slow_set", 3, set_sizes, 0), 0);
+    assert_int_equal(simcuda_register_kernel(k_timed_set, "timed_set", 3, set_sizes, TIMED_US), 0);
+    assert_int_equal(simcuda_register_kernel(k_reach, "reach", 0, NULL, 0), 0);
     return 0;
 }
 
@@ -614,6 +813,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ptsz_region),
         cmocka_unit_test(test_graph_memset_memcpy_nodes),
         cmocka_unit_test(test_graph_exec_pointed_elsewhere),
+        cmocka_unit_test(test_graph_exec_generic_node_update),
+        cmocka_unit_test(test_launch_beside_capture),
         cmocka_unit_test(test_tracked),
         cmocka_unit_test(test_learned_prefetch),
     };

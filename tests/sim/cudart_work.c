@@ -203,16 +203,11 @@ SIM_EXPORT cudaError_t cudaGraphExecMemsetNodeSetParams(cudaGraphExec_t exec, cu
         cuGraphExecMemsetNodeSetParams((CUgraphExec)exec, (CUgraphNode)node, &m, NULL));
 }
 
-SIM_EXPORT cudaError_t cudaGraphExecMemcpyNodeSetParams(cudaGraphExec_t exec, cudaGraphNode_t node,
-                                                        const struct cudaMemcpy3DParms *p)
+/* The driver's form of a runtime 3D copy: pointers of either kind, which
+ * the driver tells apart (unified). */
+static CUDA_MEMCPY3D rt_copy3d(const struct cudaMemcpy3DParms *p)
 {
-    ENTER();
-    if (!p)
-        return rt_ret(cudaErrorInvalidValue);
-    if (p->srcArray || p->dstArray)
-        return rt_ret(cudaErrorNotSupported); /* no arrays on the simulated GPU */
-    /* Pointers of either kind: the driver tells them apart (unified). */
-    CUDA_MEMCPY3D c = {
+    return (CUDA_MEMCPY3D){
         .srcXInBytes = p->srcPos.x,
         .srcY = p->srcPos.y,
         .srcZ = p->srcPos.z,
@@ -231,8 +226,78 @@ SIM_EXPORT cudaError_t cudaGraphExecMemcpyNodeSetParams(cudaGraphExec_t exec, cu
         .Height = p->extent.height,
         .Depth = p->extent.depth,
     };
+}
+
+SIM_EXPORT cudaError_t cudaGraphExecMemcpyNodeSetParams(cudaGraphExec_t exec, cudaGraphNode_t node,
+                                                        const struct cudaMemcpy3DParms *p)
+{
+    ENTER();
+    if (!p)
+        return rt_ret(cudaErrorInvalidValue);
+    if (p->srcArray || p->dstArray)
+        return rt_ret(cudaErrorNotSupported); /* no arrays on the simulated GPU */
+    CUDA_MEMCPY3D c = rt_copy3d(p);
     return rt_ret_cu(
         cuGraphExecMemcpyNodeSetParams((CUgraphExec)exec, (CUgraphNode)node, &c, NULL));
+}
+
+/* The driver's form of generic kernel, memset and memcpy parameters; other
+ * types go as they are (by type alone), for the driver to refuse. */
+static cudaError_t rt_node_params(const struct cudaGraphNodeParams *p, CUgraphNodeParams *d)
+{
+    *d = (CUgraphNodeParams){.type = (CUgraphNodeType)p->type};
+    switch (p->type) {
+    case cudaGraphNodeTypeKernel: {
+        const struct cudaKernelNodeParamsV2 *k = &p->kernel;
+        d->kernel = (CUDA_KERNEL_NODE_PARAMS_v3){
+            .func = simcuda_function((simcuda_kernel_fn)k->func),
+            .gridDimX = k->gridDim.x,
+            .gridDimY = k->gridDim.y,
+            .gridDimZ = k->gridDim.z,
+            .blockDimX = k->blockDim.x,
+            .blockDimY = k->blockDim.y,
+            .blockDimZ = k->blockDim.z,
+            .sharedMemBytes = k->sharedMemBytes,
+            .kernelParams = k->kernelParams,
+            .extra = k->extra,
+        };
+        return d->kernel.func ? cudaSuccess : cudaErrorInvalidDeviceFunction;
+    }
+    case cudaGraphNodeTypeMemset: {
+        const struct cudaMemsetParamsV2 *m = &p->memset;
+        d->memset = (CUDA_MEMSET_NODE_PARAMS_v2){.dst = (CUdeviceptr)(uintptr_t)m->dst,
+                                                 .pitch = m->pitch,
+                                                 .value = m->value,
+                                                 .elementSize = m->elementSize,
+                                                 .width = m->width,
+                                                 .height = m->height};
+        return cudaSuccess;
+    }
+    case cudaGraphNodeTypeMemcpy: {
+        const struct cudaMemcpyNodeParams *c = &p->memcpy;
+        if (c->flags || c->reserved[0] || c->reserved[1] || c->reserved[2])
+            return cudaErrorInvalidValue;
+        if (c->copyParams.srcArray || c->copyParams.dstArray)
+            return cudaErrorNotSupported; /* no arrays on the simulated GPU */
+        d->memcpy.copyParams = rt_copy3d(&c->copyParams);
+        return cudaSuccess;
+    }
+    default:
+        return cudaSuccess;
+    }
+}
+
+SIM_EXPORT cudaError_t cudaGraphExecNodeSetParams(cudaGraphExec_t exec, cudaGraphNode_t node,
+                                                  struct cudaGraphNodeParams *p)
+{
+    ENTER();
+    if (!p || p->reserved0[0] || p->reserved0[1] || p->reserved0[2] || p->reserved2)
+        return rt_ret(cudaErrorInvalidValue);
+    CUgraphNodeParams d;
+    cudaError_t e = rt_node_params(p, &d);
+    if (e != cudaSuccess)
+        return rt_ret(e);
+    return rt_ret_cu(cuGraphExecNodeSetParams((CUgraphExec)exec, (CUgraphNode)node, &d));
 }
 
 SIM_EXPORT cudaError_t cudaGraphExecUpdate(cudaGraphExec_t exec, cudaGraph_t graph,

@@ -392,6 +392,60 @@ SIM_EXPORT CUresult cuGraphExecMemcpyNodeSetParams(CUgraphExec h, CUgraphNode no
     return op ? exec_set(h, node, op) : r;
 }
 
+/* The generic update (CUDA 12.2): kernel, memset and memcpy nodes as the
+ * typed calls update them. CUDA refuses it for memory nodes; the simulated
+ * GPU makes no node of any other type, so no exec node can match one. */
+static struct sim_op *node_op(const CUgraphNodeParams *p, CUresult *r)
+{
+    switch (p->type) {
+    case CU_GRAPH_NODE_TYPE_KERNEL: {
+        const CUDA_KERNEL_NODE_PARAMS_v3 *k = &p->kernel;
+        CUDA_KERNEL_NODE_PARAMS v2 = {.func = k->func,
+                                      .gridDimX = k->gridDimX,
+                                      .gridDimY = k->gridDimY,
+                                      .gridDimZ = k->gridDimZ,
+                                      .blockDimX = k->blockDimX,
+                                      .blockDimY = k->blockDimY,
+                                      .blockDimZ = k->blockDimZ,
+                                      .sharedMemBytes = k->sharedMemBytes,
+                                      .kernelParams = k->kernelParams,
+                                      .extra = k->extra,
+                                      .kern = k->kern,
+                                      .ctx = k->ctx};
+        return sim_kernel_op(&v2, r);
+    }
+    case CU_GRAPH_NODE_TYPE_MEMSET: {
+        const CUDA_MEMSET_NODE_PARAMS_v2 *m = &p->memset;
+        CUDA_MEMSET_NODE_PARAMS v1 = {m->dst,         m->pitch, m->value,
+                                      m->elementSize, m->width, m->height};
+        return sim_fill_op(&v1, r);
+    }
+    case CU_GRAPH_NODE_TYPE_MEMCPY:
+        *r = CUDA_ERROR_INVALID_VALUE;
+        if (p->memcpy.flags || p->memcpy.reserved)
+            return NULL;
+        return sim_copy_op(&p->memcpy.copyParams, r);
+    case CU_GRAPH_NODE_TYPE_MEM_ALLOC:
+    case CU_GRAPH_NODE_TYPE_MEM_FREE:
+        *r = CUDA_ERROR_NOT_SUPPORTED;
+        return NULL;
+    default:
+        *r = CUDA_ERROR_INVALID_VALUE;
+        return NULL;
+    }
+}
+
+SIM_EXPORT CUresult cuGraphExecNodeSetParams(CUgraphExec h, CUgraphNode node, CUgraphNodeParams *p)
+{
+    CUresult r = sim_enter(__func__, false);
+    if (r)
+        return r;
+    if (!p || p->reserved0[0] || p->reserved0[1] || p->reserved0[2] || p->reserved2)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct sim_op *op = node_op(p, &r);
+    return op ? exec_set(h, node, op) : r;
+}
+
 /* Why g cannot replace e's nodes: CU_GRAPH_EXEC_UPDATE_SUCCESS if it can
  * (same nodes, in order, of the same types, kernels of the same function,
  * memory nodes the same allocations). graph_mu held. */

@@ -10,7 +10,8 @@
  * capture status during another stream's capture is an error. Memset and
  * memcpy nodes report what they touch; an executable graph's nodes can be
  * given new parameters, or all be replaced from a graph of the same shape
- * (cudaGraphExecUpdate), and a launch then does the new work.
+ * (cudaGraphExecUpdate), and a launch then does the new work; the same
+ * through the generic cudaGraphExecNodeSetParams/cuGraphExecNodeSetParams.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -339,6 +340,88 @@ static void test_node_params_and_exec_updates(void **state)
     cudaFree(c);
 }
 
+/* The generic update (CUDA 12.2), runtime then driver: the memset, kernel
+ * and memcpy nodes get new parameters and the launch does the new work;
+ * parameters of another type than the node's, or none, are refused. */
+static void test_generic_exec_node_updates(void **state)
+{
+    (void)state;
+    int *a, *b, *c;
+    assert_int_equal(cudaMalloc((void **)&a, 1024), cudaSuccess);
+    assert_int_equal(cudaMalloc((void **)&b, 1024), cudaSuccess);
+    assert_int_equal(cudaMalloc((void **)&c, 1024), cudaSuccess);
+    assert_int_equal(cudaMemset(counter, 0, 4), cudaSuccess);
+    cudaGraph_t g = capture_set_add_copy(a, b, 7);
+    cudaGraphNode_t nodes[3];
+    size_t n = 3;
+    assert_int_equal(cudaGraphGetNodes(g, nodes, &n), cudaSuccess);
+    cudaGraphExec_t e;
+    assert_int_equal(cudaGraphInstantiate(&e, g, 0), cudaSuccess);
+
+    /* Runtime: memset c to 9, add 5, copy c -> a. */
+    struct cudaGraphNodeParams ms = {.type = cudaGraphNodeTypeMemset,
+                                     .memset = {c, 0, 9, 4, 256, 1}};
+    assert_int_equal(cudaGraphExecNodeSetParams(e, nodes[0], &ms), cudaSuccess);
+    assert_int_equal(cudaGraphExecNodeSetParams(e, nodes[1], &ms), cudaErrorInvalidValue);
+    assert_int_equal(cudaGraphExecNodeSetParams(e, nodes[0], NULL), cudaErrorInvalidValue);
+    int five = 5;
+    void *args[] = {&counter, &five};
+    struct cudaGraphNodeParams kp = {.type = cudaGraphNodeTypeKernel,
+                                     .kernel = {(void *)k_add, one, one, 0, args, NULL}};
+    assert_int_equal(cudaGraphExecNodeSetParams(e, nodes[1], &kp), cudaSuccess);
+    struct cudaGraphNodeParams cp = {.type = cudaGraphNodeTypeMemcpy};
+    cp.memcpy.copyParams = (struct cudaMemcpy3DParms){.srcPtr = {c, 1024, 1024, 1},
+                                                      .dstPtr = {a, 1024, 1024, 1},
+                                                      .extent = {1024, 1, 1},
+                                                      .kind = cudaMemcpyDeviceToDevice};
+    assert_int_equal(cudaGraphExecNodeSetParams(e, nodes[2], &cp), cudaSuccess);
+    assert_int_equal(cudaMemset(a, 0, 1024), cudaSuccess);
+    assert_int_equal(cudaMemset(b, 0, 1024), cudaSuccess);
+    assert_int_equal(cudaGraphLaunch(e, stream), cudaSuccess);
+    assert_int_equal(cudaStreamSynchronize(stream), cudaSuccess);
+    assert_int_equal(word(c, 255), 9);
+    assert_int_equal(word(a, 255), 9);
+    assert_int_equal(word(b, 0), 0); /* the old targets are left alone */
+    assert_int_equal(read_counter(), 5);
+
+    /* Driver: memset b to 4, add 2; memory nodes' updates are refused. */
+    CUgraphNodeParams dm = {.type = CU_GRAPH_NODE_TYPE_MEMSET,
+                            .memset = {.dst = (CUdeviceptr)(uintptr_t)b,
+                                       .value = 4,
+                                       .elementSize = 4,
+                                       .width = 256,
+                                       .height = 1}};
+    assert_int_equal(cuGraphExecNodeSetParams((CUgraphExec)e, (CUgraphNode)nodes[0], &dm),
+                     CUDA_SUCCESS);
+    int two = 2;
+    void *args2[] = {&counter, &two};
+    CUgraphNodeParams dk = {.type = CU_GRAPH_NODE_TYPE_KERNEL,
+                            .kernel = {.func = simcuda_function(k_add),
+                                       .gridDimX = 1,
+                                       .gridDimY = 1,
+                                       .gridDimZ = 1,
+                                       .blockDimX = 1,
+                                       .blockDimY = 1,
+                                       .blockDimZ = 1,
+                                       .kernelParams = args2}};
+    assert_int_equal(cuGraphExecNodeSetParams((CUgraphExec)e, (CUgraphNode)nodes[1], &dk),
+                     CUDA_SUCCESS);
+    assert_int_equal(cuGraphExecNodeSetParams((CUgraphExec)e, (CUgraphNode)nodes[0], &dk),
+                     CUDA_ERROR_INVALID_VALUE);
+    CUgraphNodeParams free_node = {.type = CU_GRAPH_NODE_TYPE_MEM_FREE};
+    assert_int_equal(cuGraphExecNodeSetParams((CUgraphExec)e, (CUgraphNode)nodes[0], &free_node),
+                     CUDA_ERROR_NOT_SUPPORTED);
+    assert_int_equal(cudaGraphLaunch(e, stream), cudaSuccess);
+    assert_int_equal(cudaStreamSynchronize(stream), cudaSuccess);
+    assert_int_equal(word(b, 255), 4);
+    assert_int_equal(read_counter(), 7);
+    assert_int_equal(cudaGraphExecDestroy(e), cudaSuccess);
+    assert_int_equal(cudaGraphDestroy(g), cudaSuccess);
+    cudaFree(a);
+    cudaFree(b);
+    cudaFree(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -350,6 +433,7 @@ int main(void)
         cmocka_unit_test(test_alloc_in_capture_is_the_graphs),
         cmocka_unit_test(test_free_node_frees_graph_memory),
         cmocka_unit_test(test_node_params_and_exec_updates),
+        cmocka_unit_test(test_generic_exec_node_updates),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
