@@ -234,10 +234,50 @@ void sh_work_range(struct sh_work *w, uintptr_t p, size_t n)
     w->ends[w->n++] = p + n - 1;
 }
 
+/* An upload of rows rows of width bytes, dpitch apart at dst and spitch
+ * apart at src. Region pointers landing in a module global whose address
+ * the program took are hidden from every scan, as with cudaMemcpyToSymbol:
+ * kernels read the global without naming it (globals.c). */
+static void up_rows(uintptr_t dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                    size_t rows)
+{
+    sh_launch_mark_upload_rows((const void *)dst, dpitch, src, spitch, width, rows);
+    if (!src || !width || !rows || !sh_globals_meet(dst, dpitch * (rows - 1) + width))
+        return;
+    for (size_t y = 0; y < rows; y++)
+        if (sh_pool_find_pointers(sh_rt.pool, (const char *)src + y * spitch, width, 0)) {
+            sh_launch_hide_pointers();
+            return;
+        }
+}
+
+static void mark_up(uintptr_t dst, const void *src, size_t n)
+{
+    up_rows(dst, 0, src, 0, n, 1);
+}
+
+/* 1 when device memory at p is known to hold region pointers: a region
+ * marked so, or a table an upload filled. */
+static int holds_pointers(uintptr_t p)
+{
+    uintptr_t base;
+    int ptrs = 0;
+    sh_pool_bases_ptrs(sh_rt.pool, &p, 1, &base, &ptrs);
+    return ptrs || sh_launch_in_tables(&p, 1);
+}
+
+/* A device-to-device copy into a global: its bytes are not on the host to
+ * scan, but where they come from may be known to hold pointers. */
+static void dev_into_global(uintptr_t dst, uintptr_t src, size_t n)
+{
+    if (n && src && sh_globals_meet(dst, n) && holds_pointers(src))
+        sh_launch_hide_pointers();
+}
+
 void sh_work_up(struct sh_work *w, uintptr_t dst, const void *src, size_t n)
 {
     sh_work_range(w, dst, n);
-    sh_launch_mark_upload((const void *)dst, src, n);
+    mark_up(dst, src, n);
 }
 
 /* 1 when p is host memory the library may read (pageable, pinned or
@@ -256,7 +296,9 @@ void sh_work_copy(struct sh_work *w, uintptr_t dst, uintptr_t src, size_t n)
     sh_work_range(w, dst, n);
     sh_work_range(w, src, n);
     if (n && src && host_readable(src))
-        sh_launch_mark_upload((const void *)dst, (const void *)src, n);
+        mark_up(dst, (const void *)src, n);
+    else
+        dev_into_global(dst, src, n);
 }
 
 /* 1 when a copy of kind `kind` (cudaMemcpyKind) from src reads host memory. */
@@ -275,9 +317,8 @@ struct span {
 static void up_block(struct span d, struct span s, size_t width, size_t height, size_t slices)
 {
     for (size_t z = 0; z < slices; z++)
-        sh_launch_mark_upload_rows((const void *)(d.at + z * d.rows * d.pitch), d.pitch,
-                                   (const void *)(s.at + z * s.rows * s.pitch), s.pitch, width,
-                                   height);
+        up_rows(d.at + z * d.rows * d.pitch, d.pitch, (const void *)(s.at + z * s.rows * s.pitch),
+                s.pitch, width, height);
 }
 
 void sh_work_rcopy2d(struct sh_work *w, uintptr_t dst, size_t dpitch, uintptr_t src, size_t spitch,
@@ -303,6 +344,7 @@ void sh_work_rcopy(struct sh_work *w, uintptr_t dst, uintptr_t src, size_t n, in
     case cudaMemcpyDeviceToDevice:
         sh_work_range(w, dst, n);
         sh_work_range(w, src, n);
+        dev_into_global(dst, src, n);
         return;
     default:
         sh_work_copy(w, dst, src, n);
@@ -429,7 +471,9 @@ void sh_work_batch(struct sh_work *w, const void *dsts, const void *srcs, const 
         sh_work_range(w, d[i], sizes[i]);
         sh_work_range(w, s[i], sizes[i]);
         if (sizes[i] && s[i] && host_readable(s[i]))
-            sh_launch_mark_upload((const void *)d[i], (const void *)s[i], sizes[i]);
+            mark_up(d[i], (const void *)s[i], sizes[i]);
+        else
+            dev_into_global(d[i], s[i], sizes[i]);
     }
 }
 
@@ -466,6 +510,8 @@ void sh_work_symbol_up(struct sh_work *w, const void *src, size_t n, int kind)
         return;
     }
     sh_work_range(w, s, n);
+    if (n && s && holds_pointers(s)) /* from the device: where they come from */
+        sh_launch_hide_pointers();
 }
 
 void sh_work_launch(struct sh_work *w, const void *key, int kind, void **params)

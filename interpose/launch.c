@@ -460,6 +460,8 @@ static void mark_issued(void)
         pd->quiet = 0;
         return;
     }
+    /* region pointers in a module global: any launch may follow them */
+    pd->opaque |= atomic_load_explicit(&hidden_pointers, memory_order_relaxed);
     if (pd->n == 0 && !pd->opaque)
         return;
     uint64_t streams = 0;
@@ -477,7 +479,7 @@ static void mark_issued(void)
     else
         sh_pool_issued_found(sh_rt.pool, pd->bases, pd->found ? pd->regions : NULL, pd->n, pd->gen,
                              streams);
-    if (pd->opaque || atomic_load_explicit(&hidden_pointers, memory_order_relaxed))
+    if (pd->opaque)
         sh_pool_issued_opaque(sh_rt.pool, streams);
     pd->n = 0;
     pd->found = 0;

@@ -44,7 +44,14 @@
  *           a host array, invisible to the scan);
  *   memset  the optimizer sets the whole weight with the driver's
  *           cuMemsetD32Async on the launches' own stream (no kernel names
- *           it there).
+ *           it there);
+ *   global  the table is a module global (a __device__ array) that the
+ *           optimizer and devtable's bump read without naming it: the
+ *           program took its address with cudaGetSymbolAddress and filled
+ *           it with cudaMemcpy; global_d2d the same, filled by a
+ *           device-to-device copy from an uploaded table; symbol the same,
+ *           filled with cudaMemcpyToSymbol. Every launch must count as
+ *           opaque once region pointers are in the global.
  *
  * Each pattern runs in a child with the default configuration (eviction =
  * learned, prefetch on), with drain_mode = tracked, and with the move
@@ -149,6 +156,46 @@ static void k_opt_packed(void **a) /* (rec = {tag, weight}, grad, state) */
     touch(r.w, r.tag == 7 ? g[0] : 0); /* a wrong layout writes nothing */
 }
 
+/* A module global: each block's {weight, state}, read where device code
+ * reads it (no launch names it). */
+static void *gtable[BLOCKS][2];
+
+static uint32_t *const *global_row(int b)
+{
+    return (uint32_t *const *)simcuda_var_address(gtable) + 2 * b;
+}
+
+static void k_bump_global(void **a) /* (block) */
+{
+    touch(global_row(*(const int *)a[0])[0], 1);
+}
+
+static void k_opt_global(void **a) /* (block, grad) */
+{
+    uint32_t *const *t = global_row(*(const int *)a[0]);
+    const uint32_t *g = *(uint32_t **)a[1];
+    touch(t[1], 1);
+    touch(t[0], g[0]);
+}
+
+/* Block i's row of the global: through its address (a copy from host[]
+ * or, with d2d, from the device table tab uploaded first) or by
+ * cudaMemcpyToSymbol (by_symbol). */
+static int fill_global(int i, void *const host[2], void *tab, int by_symbol, int d2d)
+{
+    size_t row = 2 * sizeof(void *);
+    if (by_symbol)
+        return cudaMemcpyToSymbol(gtable, host, row, i * row, cudaMemcpyHostToDevice) !=
+               cudaSuccess;
+    char *at = NULL;
+    if (cudaGetSymbolAddress((void **)&at, gtable) != cudaSuccess)
+        return 1;
+    if (!d2d)
+        return cudaMemcpy(at + i * row, host, row, cudaMemcpyHostToDevice) != cudaSuccess;
+    return cudaMemcpy(tab, host, row, cudaMemcpyHostToDevice) != cudaSuccess ||
+           cudaMemcpy(at + i * row, tab, row, cudaMemcpyDeviceToDevice) != cudaSuccess;
+}
+
 /* The "work queue": weight, gradient and state of each block. */
 static uint32_t *queue[BLOCKS][3];
 
@@ -243,7 +290,9 @@ static int child_main(const char *pattern)
     int registered = strcmp(pattern, "registered") == 0, managed = strcmp(pattern, "managed") == 0;
     int in_host = pinned || registered || managed;
     int table2d = strcmp(pattern, "table2d") == 0, graph = strcmp(pattern, "graph") == 0;
-    int bumped = devtable || in_host || table2d || graph;
+    int symbol = strcmp(pattern, "symbol") == 0, d2d = strcmp(pattern, "global_d2d") == 0;
+    int in_global = symbol || d2d || strcmp(pattern, "global") == 0;
+    int bumped = devtable || in_host || table2d || graph || in_global;
     int table = bumped || strcmp(pattern, "table") == 0;
     int nccl = strcmp(pattern, "nccl") == 0, list = strcmp(pattern, "list") == 0;
     int mset = strcmp(pattern, "memset") == 0;
@@ -258,7 +307,10 @@ static int child_main(const char *pattern)
         void *bargs[] = {&tab[i], &w[i], &s[i]};
         if (in_host && host_table(pinned ? 'p' : managed ? 'm' : 'r', &tab[i]) != 0)
             return 2;
-        if (devtable)
+        if (in_global) {
+            if (fill_global(i, host, tab[i], symbol, d2d) != 0)
+                return 2;
+        } else if (devtable)
             launch(k_build, bargs);
         else if (graph)
             continue; /* uploaded once the graphs exist */
@@ -286,9 +338,11 @@ static int child_main(const char *pattern)
     for (int step = 0; step < STEPS; step++) {
         mark_step();
         for (int i = 0; i < BLOCKS; i++) {
-            void *args[] = {&w[i], &x}, *targs[] = {&tab[i]};
+            void *args[] = {&w[i], &x}, *targs[] = {&tab[i]}, *gargs[] = {&i};
             launch(k_fwd, args);
-            if (graph)
+            if (in_global)
+                launch(k_bump_global, gargs);
+            else if (graph)
                 failures += cudaGraphLaunch(bump[i], NULL) != cudaSuccess;
             else if (bumped) /* the weight, long before its next named use */
                 launch(k_bump, targs);
@@ -301,7 +355,7 @@ static int child_main(const char *pattern)
             struct rec r = {7, w[i]};
             void *targs[] = {&tab[i], &g[i]};
             void *pargs[] = {&r, &g[i], &s[i]};
-            void *nargs[] = {&g[i], &i};
+            void *nargs[] = {&g[i], &i}, *gargs[] = {&i, &g[i]};
             void *sargs[] = {&s[i]};
             uint32_t sum = (uint32_t)((step + 1) * (step + 2) / 2); /* 1 + ... + step + 1 */
             if (mset) {
@@ -310,6 +364,8 @@ static int child_main(const char *pattern)
                             CUDA_SUCCESS;
             } else if (nccl) {
                 launch(k_nccl, nargs);
+            } else if (in_global) {
+                launch(k_opt_global, gargs);
             } else if (list) {
                 static struct list l;
                 for (int k = 0; k < 600; k++)
@@ -354,6 +410,8 @@ static int child_main(const char *pattern)
         return 6; /* the verifier saw a loss the bytes checked here missed */
     if (bumped && !devtable && st.unseen_writes)
         return 8; /* a bump through the table went unseen: not taken as opaque */
+    if (in_global && st.active && !st.opaque_work)
+        return 10; /* the launches reading the global were bounded by their parameters */
     /* The list's pointers were not found, or not all. (Below 12.4 the
      * driver gives no layouts: every launch is opaque there.) */
     int version = 0;
@@ -465,6 +523,24 @@ static void test_memset(void **state)
     run(args, "memset", verified);
 }
 
+/* Before globals.c, "global" and "global_d2d" counted no opaque work and
+ * the bumps through the global went unseen (exit 8). Before launches with
+ * no region in their parameters counted as opaque once pointers were
+ * hidden, every pattern here lost bumps (exit 8, and 4 with tracked
+ * drains). */
+static void test_global(void **state)
+{
+    (void)state;
+    run(args, "global", NULL);
+    run(args, "global", tracked);
+    run(args, "global", verified);
+    run(args, "global_d2d", NULL);
+    run(args, "global_d2d", tracked_verified);
+    run(args, "symbol", NULL);
+    run(args, "symbol", tracked);
+    run(args, "symbol", verified);
+}
+
 static int register_kernels(void)
 {
     size_t block[] = {sizeof(void *), sizeof(int)};
@@ -474,7 +550,11 @@ static int register_kernels(void)
     size_t ptr[] = {sizeof(void *)};
     size_t three[] = {sizeof(void *), sizeof(void *), sizeof(void *)};
     size_t list[] = {sizeof(struct list), sizeof(void *)};
-    return simcuda_register_kernel(k_fwd, "fwd", 2, two, KERNEL_US) ||
+    size_t idx[] = {sizeof(int)}, block_grad[] = {sizeof(int), sizeof(void *)};
+    return simcuda_register_var(gtable, "gtable", sizeof gtable) ||
+           simcuda_register_kernel(k_bump_global, "bump_global", 1, idx, KERNEL_US) ||
+           simcuda_register_kernel(k_opt_global, "opt_global", 2, block_grad, KERNEL_US) ||
+           simcuda_register_kernel(k_fwd, "fwd", 2, two, KERNEL_US) ||
            simcuda_register_kernel(k_state, "state", 1, ptr, KERNEL_US) ||
            simcuda_register_kernel(k_bwd, "bwd", 2, two, KERNEL_US) ||
            simcuda_register_kernel(k_opt_table, "opt_table", 2, two, KERNEL_US) ||
@@ -511,7 +591,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_pinned), cmocka_unit_test(test_table2d),
         cmocka_unit_test(test_graph),  cmocka_unit_test(test_list),
         cmocka_unit_test(test_packed), cmocka_unit_test(test_nccl),
-        cmocka_unit_test(test_memset),
+        cmocka_unit_test(test_memset), cmocka_unit_test(test_global),
     };
     return cmocka_run_group_tests_name("e2e_opaque", tests, NULL, NULL);
 }

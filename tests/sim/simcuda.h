@@ -75,6 +75,18 @@ void simcuda_cupti_probe(simcuda_cupti_probe_fn fn, void *arg);
  * failure has passed). */
 void simcuda_fail_clear(void);
 
+/* In the simulated runtime (libcudart.so.13): symbol, the host shadow of a
+ * __device__ variable of size bytes, becomes known to cudaGetSymbolAddress,
+ * cudaGetSymbolSize and cudaMemcpy{To,From}Symbol[Async] (unknown symbols
+ * get cudaErrorInvalidSymbol). Its device memory comes from the driver at
+ * its first use there and reads zero until written. 0, or -1 for a NULL
+ * symbol, size 0, a full table, or symbol registered with another size. */
+int simcuda_register_var(const void *symbol, const char *name, size_t size);
+
+/* The device address kernels reach symbol's variable at (what compiled
+ * device code refers to), without an API call; NULL before its first use. */
+void *simcuda_var_address(const void *symbol);
+
 #ifdef __cplusplus
 }
 #endif
