@@ -163,18 +163,19 @@ static size_t rt_memcpy_addrs(const struct cudaMemcpy3DParms *p, uintptr_t *addr
     if (!p)
         return 0;
     const struct cudaPitchedPtr *s = &p->srcPtr, *d = &p->dstPtr;
-    size_t k = p->srcArray ? 0
-                           : sh_graph_span((uintptr_t)s->ptr,
-                                           p->srcPos.x + p->srcPos.y * s->pitch +
-                                               p->srcPos.z * s->pitch * s->ysize,
-                                           s->pitch, s->ysize, p->extent.width, p->extent.height,
-                                           p->extent.depth, addrs);
-    return k + (p->dstArray ? 0
-                            : sh_graph_span((uintptr_t)d->ptr,
-                                            p->dstPos.x + p->dstPos.y * d->pitch +
-                                                p->dstPos.z * d->pitch * d->ysize,
-                                            d->pitch, d->ysize, p->extent.width, p->extent.height,
-                                            p->extent.depth, addrs + k));
+    size_t row = sh_copy3d_row_bytes(p->extent.width, p->srcArray || p->dstArray);
+    size_t k = p->srcArray
+                   ? 0
+                   : sh_graph_span(
+                         (uintptr_t)s->ptr,
+                         p->srcPos.x + p->srcPos.y * s->pitch + p->srcPos.z * s->pitch * s->ysize,
+                         s->pitch, s->ysize, row, p->extent.height, p->extent.depth, addrs);
+    return k + (p->dstArray
+                    ? 0
+                    : sh_graph_span(
+                          (uintptr_t)d->ptr,
+                          p->dstPos.x + p->dstPos.y * d->pitch + p->dstPos.z * d->pitch * d->ysize,
+                          d->pitch, d->ysize, row, p->extent.height, p->extent.depth, addrs + k));
 }
 
 /* A packed parameter buffer (extra only) is not read: the update makes the

@@ -429,13 +429,14 @@ void sh_work_copy3dpeer(struct sh_work *w, const CUDA_MEMCPY3D_PEER *p)
 
 #define RCOPY3D(w, p)                                                                              \
     do {                                                                                           \
+        size_t row_ = sh_copy3d_row_bytes((p)->extent.width, (p)->srcArray || (p)->dstArray);      \
         if (!(p)->srcArray)                                                                        \
             side(w, (uintptr_t)(p)->srcPtr.ptr, (p)->srcPos.x, (p)->srcPos.y, (p)->srcPos.z,       \
-                 (p)->srcPtr.pitch, (p)->srcPtr.ysize, (p)->extent.width, (p)->extent.height,      \
+                 (p)->srcPtr.pitch, (p)->srcPtr.ysize, row_, (p)->extent.height,                   \
                  (p)->extent.depth);                                                               \
         if (!(p)->dstArray)                                                                        \
             side(w, (uintptr_t)(p)->dstPtr.ptr, (p)->dstPos.x, (p)->dstPos.y, (p)->dstPos.z,       \
-                 (p)->dstPtr.pitch, (p)->dstPtr.ysize, (p)->extent.width, (p)->extent.height,      \
+                 (p)->dstPtr.pitch, (p)->dstPtr.ysize, row_, (p)->extent.height,                   \
                  (p)->extent.depth);                                                               \
     } while (0)
 

@@ -112,6 +112,14 @@ void sh_room_init(void);
 uint64_t sh_stream_key(CUstream s);
 CUstream sh_stream_ptsz(CUstream s);
 int sh_stream_capturing(CUstream s);
+
+/* The bytes a row of a runtime 3D copy (cudaMemcpy3DParms) may span on its
+ * linear side: extent.width counts the CUDA array's elements when one takes
+ * part, of up to 16 bytes (four 32-bit channels), else bytes. */
+static inline size_t sh_copy3d_row_bytes(size_t width, int array)
+{
+    return array ? width * 16 : width;
+}
 /* drain_mode = tracked (slots.c): each stream that uses regions has a slot
  * and an event. sh_slots_tracked: the mode is on. sh_slots_record: records
  * s's slot's event behind the work just issued on s and returns its bit

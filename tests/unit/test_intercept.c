@@ -84,6 +84,30 @@ static void test_table_names_the_variants(void **state)
     }
 }
 
+/* A runtime 3D copy between a CUDA array and linear memory counts its
+ * width in the array's elements: the linear side's range covers the widest
+ * element (16 bytes) per element, not one byte. Without an array, bytes. */
+static void test_array_copy_width(void **state)
+{
+    (void)state;
+    static char dst[4 * 4096];
+    struct cudaMemcpy3DParms p = {.srcArray = (cudaArray_t)(uintptr_t)0x1000,
+                                  .dstPtr = (struct cudaPitchedPtr){dst, 4096, 1024, 4},
+                                  .extent = {256, 4, 1},
+                                  .kind = cudaMemcpyDeviceToDevice};
+    struct sh_work w = {0};
+    sh_work_rcopy3d(&w, &p);
+    assert_int_equal(w.n, 2);
+    assert_int_equal(w.ends[0], (uintptr_t)dst);
+    assert_int_equal(w.ends[1], (uintptr_t)dst + 3 * 4096 + 256 * 16 - 1);
+    p.srcArray = NULL;
+    p.srcPtr = (struct cudaPitchedPtr){dst, 4096, 1024, 4};
+    struct sh_work bytes = {0};
+    sh_work_rcopy3d(&bytes, &p);
+    assert_int_equal(bytes.n, 4);
+    assert_int_equal(bytes.ends[3], (uintptr_t)dst + 3 * 4096 + 256 - 1);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -97,6 +121,7 @@ int main(int argc, char **argv)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table_names_the_variants),
+        cmocka_unit_test(test_array_copy_width),
         cmocka_unit_test(test_every_entry_waits_out_a_window),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
