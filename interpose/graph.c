@@ -9,6 +9,10 @@
  * old ones touched stays: it costs a restore, never a byte); an
  * executable graph updated from another graph is learned again from it.
  *
+ * A copy node from the host reads the host's bytes when the graph runs,
+ * not when it was captured: they are read for pointers at each launch, as
+ * a host-to-device copy's are when it is issued.
+ *
  * This file keeps what is learned, and counts captures; graphexec.c holds
  * the hooks that see graphs made, changed and destroyed.
  *
@@ -24,10 +28,19 @@
 
 #define GRAPH_MAX_ADDRS 4096
 
+/* A copy node from host memory to the device. */
+struct upload {
+    uintptr_t dst;
+    const void *src;
+    size_t dpitch, drows, spitch, srows, width, height, depth;
+};
+
 struct learned {
     CUgraphExec exec;
     uintptr_t *addrs;
     size_t n;
+    struct upload *ups;
+    size_t nups;
     /* Its kernel nodes' candidates, checked again against the pointer
      * tables whenever one is recorded (gen): hit, the last answer. */
     struct sh_node_scan ns;
@@ -115,14 +128,45 @@ size_t sh_graph_kernel_addrs(const CUDA_KERNEL_NODE_PARAMS *p, uintptr_t *addrs,
     return sh_launch_scan(p->kern, SH_KEY_KERNEL, p->kernelParams, addrs, max, ns);
 }
 
+/* A copy node from the host: kept in l, to be read at each launch. A node
+ * that cannot be kept makes the graph opaque. */
+static void keep_upload(struct learned *l, const CUDA_MEMCPY3D *p)
+{
+    int from_host =
+        p->srcMemoryType == CU_MEMORYTYPE_HOST || (p->srcMemoryType == CU_MEMORYTYPE_UNIFIED &&
+                                                   p->srcDevice && sh_host_readable(p->srcDevice));
+    if (!from_host || p->dstMemoryType == CU_MEMORYTYPE_HOST ||
+        p->dstMemoryType == CU_MEMORYTYPE_ARRAY || !p->WidthInBytes)
+        return;
+    struct upload *u = realloc(l->ups, (l->nups + 1) * sizeof *u);
+    if (!u) {
+        l->ns.opaque = 1;
+        return;
+    }
+    l->ups = u;
+    const char *src =
+        p->srcMemoryType == CU_MEMORYTYPE_HOST ? p->srcHost : (const void *)p->srcDevice;
+    u[l->nups++] = (struct upload){
+        .dst = p->dstDevice + p->dstXInBytes + (p->dstZ * p->dstHeight + p->dstY) * p->dstPitch,
+        .src = src + p->srcXInBytes + (p->srcZ * p->srcHeight + p->srcY) * p->srcPitch,
+        .dpitch = p->dstPitch,
+        .drows = p->dstHeight,
+        .spitch = p->srcPitch,
+        .srows = p->srcHeight,
+        .width = p->WidthInBytes,
+        .height = p->Height ? p->Height : 1,
+        .depth = p->Depth ? p->Depth : 1};
+}
+
 /* What a node reads or writes: kernels' pointer parameters, memset and
  * memcpy ranges. Nodes that run nothing on the device, or only the
  * graph's own memory, touch no region's bytes; any other node (a child
  * graph, a conditional, a batch of memory operations, a type this build
  * does not know) or one whose parameters cannot be read makes the graph
  * opaque. */
-static size_t scan_node(CUgraphNode node, uintptr_t *addrs, size_t max, struct sh_node_scan *ns)
+static size_t scan_node(CUgraphNode node, uintptr_t *addrs, size_t max, struct learned *l)
 {
+    struct sh_node_scan *ns = &l->ns;
     CUgraphNodeType type;
     if (sh_rt.drv.cuGraphNodeGetType(node, &type) != CUDA_SUCCESS) {
         ns->opaque = 1;
@@ -145,8 +189,10 @@ static size_t scan_node(CUgraphNode node, uintptr_t *addrs, size_t max, struct s
     }
     case CU_GRAPH_NODE_TYPE_MEMCPY: {
         CUDA_MEMCPY3D p;
-        if (sh_rt.drv.cuGraphMemcpyNodeGetParams(node, &p) == CUDA_SUCCESS)
+        if (sh_rt.drv.cuGraphMemcpyNodeGetParams(node, &p) == CUDA_SUCCESS) {
+            keep_upload(l, &p);
             return sh_graph_memcpy_addrs(&p, addrs, max);
+        }
         ns->opaque = 1;
         return 0;
     }
@@ -181,7 +227,7 @@ void sh_graph_learn(CUgraphExec exec, CUgraph graph)
     }
     size_t k = 0, i = 0;
     for (; i < n && k < GRAPH_MAX_ADDRS; i++)
-        k += scan_node(nodes[i], addrs + k, GRAPH_MAX_ADDRS - k, &l->ns);
+        k += scan_node(nodes[i], addrs + k, GRAPH_MAX_ADDRS - k, l);
     free(nodes);
     l->ns.opaque |= i < n; /* nodes left unread */
     l->exec = exec;
@@ -201,6 +247,7 @@ void sh_graph_forget(CUgraphExec exec)
             struct learned *l = *pp;
             *pp = l->next;
             free(l->addrs);
+            free(l->ups);
             free(l->ns.cands);
             free(l);
             break;
@@ -227,6 +274,17 @@ void sh_graph_learn_more(CUgraphExec exec, const uintptr_t *addrs, size_t n)
 
 /* ---- launches ---- */
 
+/* The bytes l's copy nodes from the host upload now. graphs_mu held (it
+ * is taken before the pool's and the tables' locks). */
+static void read_uploads(const struct learned *l)
+{
+    for (size_t i = 0; i < l->nups; i++) {
+        const struct upload *u = &l->ups[i];
+        sh_launch_mark_upload_slices(u->dst, u->dpitch, u->drows, u->src, u->spitch, u->srows,
+                                     u->width, u->height, u->depth);
+    }
+}
+
 /* Whether a launch of l is opaque: what its nodes were, or a candidate of
  * its kernels in a pointer table (checked again when tables change).
  * graphs_mu held. */
@@ -248,6 +306,7 @@ void sh_graph_launch_begin(CUgraphExec exec, CUstream stream)
     pthread_mutex_lock(&graphs_mu);
     for (struct learned *l = graphs; l; l = l->next)
         if (l->exec == exec && (addrs = malloc(l->n * sizeof *addrs + 1))) {
+            read_uploads(l); /* first: a table they fill counts for this launch */
             memcpy(addrs, l->addrs, l->n * sizeof *addrs);
             n = l->n;
             opaque = launch_opaque(l);

@@ -234,26 +234,9 @@ void sh_work_range(struct sh_work *w, uintptr_t p, size_t n)
     w->ends[w->n++] = p + n - 1;
 }
 
-/* An upload of rows rows of width bytes, dpitch apart at dst and spitch
- * apart at src. Region pointers landing in a module global whose address
- * the program took are hidden from every scan, as with cudaMemcpyToSymbol:
- * kernels read the global without naming it (globals.c). */
-static void up_rows(uintptr_t dst, size_t dpitch, const void *src, size_t spitch, size_t width,
-                    size_t rows)
-{
-    sh_launch_mark_upload_rows((const void *)dst, dpitch, src, spitch, width, rows);
-    if (!src || !width || !rows || !sh_globals_meet(dst, dpitch * (rows - 1) + width))
-        return;
-    for (size_t y = 0; y < rows; y++)
-        if (sh_pool_find_pointers(sh_rt.pool, (const char *)src + y * spitch, width, 0)) {
-            sh_launch_hide_pointers();
-            return;
-        }
-}
-
 static void mark_up(uintptr_t dst, const void *src, size_t n)
 {
-    up_rows(dst, 0, src, 0, n, 1);
+    sh_launch_mark_upload((const void *)dst, src, n);
 }
 
 /* 1 when device memory at p is known to hold region pointers: a region
@@ -280,9 +263,7 @@ void sh_work_up(struct sh_work *w, uintptr_t dst, const void *src, size_t n)
     mark_up(dst, src, n);
 }
 
-/* 1 when p is host memory the library may read (pageable, pinned or
- * managed), not device memory. */
-static int host_readable(uintptr_t p)
+int sh_host_readable(uintptr_t p)
 {
     if (sh_pool_lookup(sh_rt.pool, p, NULL) != 0)
         return 0;
@@ -295,7 +276,7 @@ void sh_work_copy(struct sh_work *w, uintptr_t dst, uintptr_t src, size_t n)
 {
     sh_work_range(w, dst, n);
     sh_work_range(w, src, n);
-    if (n && src && host_readable(src))
+    if (n && src && sh_host_readable(src))
         mark_up(dst, (const void *)src, n);
     else
         dev_into_global(dst, src, n);
@@ -304,7 +285,7 @@ void sh_work_copy(struct sh_work *w, uintptr_t dst, uintptr_t src, size_t n)
 /* 1 when a copy of kind `kind` (cudaMemcpyKind) from src reads host memory. */
 static int from_host(int kind, uintptr_t src)
 {
-    return kind == cudaMemcpyHostToDevice || (kind == cudaMemcpyDefault && host_readable(src));
+    return kind == cudaMemcpyHostToDevice || (kind == cudaMemcpyDefault && sh_host_readable(src));
 }
 
 /* One side of a pitched copy: its first byte, its pitch, its rows per slice. */
@@ -316,9 +297,8 @@ struct span {
 /* A pitched upload: depth slices of height rows of width bytes. */
 static void up_block(struct span d, struct span s, size_t width, size_t height, size_t slices)
 {
-    for (size_t z = 0; z < slices; z++)
-        up_rows(d.at + z * d.rows * d.pitch, d.pitch, (const void *)(s.at + z * s.rows * s.pitch),
-                s.pitch, width, height);
+    sh_launch_mark_upload_slices(d.at, d.pitch, d.rows, (const void *)s.at, s.pitch, s.rows, width,
+                                 height, slices);
 }
 
 void sh_work_rcopy2d(struct sh_work *w, uintptr_t dst, size_t dpitch, uintptr_t src, size_t spitch,
@@ -375,7 +355,7 @@ static uintptr_t host_of(CUmemorytype t, const void *host, CUdeviceptr dev)
 {
     if (t == CU_MEMORYTYPE_HOST)
         return (uintptr_t)host;
-    return t == CU_MEMORYTYPE_UNIFIED && dev && host_readable(dev) ? dev : 0;
+    return t == CU_MEMORYTYPE_UNIFIED && dev && sh_host_readable(dev) ? dev : 0;
 }
 
 void sh_work_copy2d(struct sh_work *w, const CUDA_MEMCPY2D *p)
@@ -471,7 +451,7 @@ void sh_work_batch(struct sh_work *w, const void *dsts, const void *srcs, const 
     for (size_t i = 0; d && s && sizes && i < count && !w->opaque; i++) {
         sh_work_range(w, d[i], sizes[i]);
         sh_work_range(w, s[i], sizes[i]);
-        if (sizes[i] && s[i] && host_readable(s[i]))
+        if (sizes[i] && s[i] && sh_host_readable(s[i]))
             mark_up(d[i], (const void *)s[i], sizes[i]);
         else
             dev_into_global(d[i], s[i], sizes[i]);
@@ -505,7 +485,7 @@ void sh_work_memops(struct sh_work *w, const CUstreamBatchMemOpParams *ops, unsi
 void sh_work_symbol_up(struct sh_work *w, const void *src, size_t n, int kind)
 {
     uintptr_t s = (uintptr_t)src;
-    if (kind == cudaMemcpyHostToDevice || (kind == cudaMemcpyDefault && host_readable(s))) {
+    if (kind == cudaMemcpyHostToDevice || (kind == cudaMemcpyDefault && sh_host_readable(s))) {
         if (n && src && sh_pool_find_pointers(sh_rt.pool, src, n, 0))
             sh_launch_hide_pointers();
         return;

@@ -189,12 +189,19 @@ void sh_globals_add(uintptr_t p, size_t n);
 int sh_globals_meet(uintptr_t p, size_t n);
 /* A host-to-device copy of n bytes from src to dst is being issued: if the
  * bytes hold pointers into regions, dst's region becomes a pointer table
- * and work using it is opaque. */
+ * and work using it is opaque (into a module global: every launch is). */
 void sh_launch_mark_upload(const void *dst, const void *src, size_t n);
 /* The same for rows rows of width bytes, dpitch apart at dst and spitch
- * apart at src (a 2D copy, or one slice of a 3D one). */
+ * apart at src (a 2D copy, or one slice of a 3D one), and for depth slices
+ * of such rows, drows and srows rows apart. */
 void sh_launch_mark_upload_rows(const void *dst, size_t dpitch, const void *src, size_t spitch,
                                 size_t width, size_t rows);
+/* 1 when p is host memory the library may read (pageable, pinned or
+ * managed), not device memory (intercept.c). */
+int sh_host_readable(uintptr_t p);
+void sh_launch_mark_upload_slices(uintptr_t dst, size_t dpitch, size_t drows, const void *src,
+                                  size_t spitch, size_t srows, size_t width, size_t height,
+                                  size_t depth);
 /* The region addresses a launch's parameters point into (at most max). */
 /* What a graph keeps of its kernel nodes' scans: every candidate value (a
  * table recorded later may hold one), and whether a launch of them counts

@@ -528,8 +528,24 @@ void sh_launch_mark_upload_rows(const void *dst, size_t dpitch, const void *src,
     size_t y = 0;
     while (y < rows && !sh_pool_find_pointers(sh_rt.pool, s + y * spitch, width, d + y * dpitch))
         y++;
-    if (y < rows && sh_pool_lookup(sh_rt.pool, d, NULL) != 0)
-        add_ptr_range(d, d + dpitch * (rows - 1) + width);
+    if (y == rows)
+        return;
+    size_t span = dpitch * (rows - 1) + width;
+    if (sh_pool_lookup(sh_rt.pool, d, NULL) != 0)
+        add_ptr_range(d, d + span);
+    /* A module global whose address the program took: kernels read it
+     * without naming it (globals.c), as after cudaMemcpyToSymbol. */
+    if (sh_globals_meet(d, span))
+        sh_launch_hide_pointers();
+}
+
+void sh_launch_mark_upload_slices(uintptr_t dst, size_t dpitch, size_t drows, const void *src,
+                                  size_t spitch, size_t srows, size_t width, size_t height,
+                                  size_t depth)
+{
+    for (size_t z = 0; z < depth; z++)
+        sh_launch_mark_upload_rows((const void *)(dst + z * drows * dpitch), dpitch,
+                                   (const char *)src + z * srows * spitch, spitch, width, height);
 }
 
 void sh_launch_mark_upload(const void *dst, const void *src, size_t n)

@@ -31,6 +31,10 @@
  *           table is uploaded (by cudaMemcpy): the replays must count as
  *           opaque once the upload shows the table, so no unseen write is
  *           left for the early evictions' fingerprints to catch;
+ *   graph_upload  the same bump, in a graph whose copy node uploads the
+ *           table from the host before it: the host bytes are zeros when
+ *           the graph is captured and hold the pointers from the first
+ *           replay on (the optimizer reads the table too);
  *   list    the optimizer gets its weight and state at the end of a 2.4 KB
  *           struct passed by value, after 600 words of sizes (as a fused
  *           optimizer's tensor list): more positions than the scan keeps,
@@ -272,6 +276,29 @@ static int capture_bumps(void **tab, cudaGraphExec_t *exec)
     return 0;
 }
 
+/* One graph per block: upload the block's table from host[i], then bump
+ * through it; host[] is filled after the capture. */
+static void *graph_host[BLOCKS][2];
+
+static int capture_upload_bumps(void **tab, cudaGraphExec_t *exec)
+{
+    cudaStream_t cs;
+    if (cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking) != cudaSuccess)
+        return 1;
+    for (int i = 0; i < BLOCKS; i++) {
+        cudaGraph_t g;
+        void *targs[] = {&tab[i]};
+        if (cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal) != cudaSuccess ||
+            cudaMemcpyAsync(tab[i], graph_host[i], sizeof graph_host[i], cudaMemcpyHostToDevice,
+                            cs) != cudaSuccess ||
+            cudaLaunchKernel((const void *)k_bump, one, one, targs, 0, cs) != cudaSuccess ||
+            cudaStreamEndCapture(cs, &g) != cudaSuccess ||
+            cudaGraphInstantiate(&exec[i], g, 0) != cudaSuccess)
+            return 1;
+    }
+    return 0;
+}
+
 static int upload_tables(void **w, void **s, void **tab)
 {
     for (int i = 0; i < BLOCKS; i++) {
@@ -290,9 +317,10 @@ static int child_main(const char *pattern)
     int registered = strcmp(pattern, "registered") == 0, managed = strcmp(pattern, "managed") == 0;
     int in_host = pinned || registered || managed;
     int table2d = strcmp(pattern, "table2d") == 0, graph = strcmp(pattern, "graph") == 0;
+    int gupload = strcmp(pattern, "graph_upload") == 0;
     int symbol = strcmp(pattern, "symbol") == 0, d2d = strcmp(pattern, "global_d2d") == 0;
     int in_global = symbol || d2d || strcmp(pattern, "global") == 0;
-    int bumped = devtable || in_host || table2d || graph || in_global;
+    int bumped = devtable || in_host || table2d || graph || gupload || in_global;
     int table = bumped || strcmp(pattern, "table") == 0;
     int nccl = strcmp(pattern, "nccl") == 0, list = strcmp(pattern, "list") == 0;
     int mset = strcmp(pattern, "memset") == 0;
@@ -312,7 +340,7 @@ static int child_main(const char *pattern)
                 return 2;
         } else if (devtable)
             launch(k_build, bargs);
-        else if (graph)
+        else if (graph || gupload)
             continue; /* uploaded once the graphs exist */
         else if (in_host)
             memcpy(tab[i], host, sizeof host); /* the CPU writes it: nothing to see */
@@ -329,6 +357,12 @@ static int child_main(const char *pattern)
     cudaGraphExec_t bump[BLOCKS];
     if (graph && (capture_bumps(tab, bump) != 0 || upload_tables(w, s, tab) != 0))
         return 2;
+    if (gupload && capture_upload_bumps(tab, bump) != 0)
+        return 2;
+    for (int i = 0; gupload && i < BLOCKS; i++) { /* what the replays upload */
+        graph_host[i][0] = w[i];
+        graph_host[i][1] = s[i];
+    }
     for (int i = 0; i < BLOCKS; i++) {
         queue[i][0] = w[i];
         queue[i][1] = g[i];
@@ -342,7 +376,7 @@ static int child_main(const char *pattern)
             launch(k_fwd, args);
             if (in_global)
                 launch(k_bump_global, gargs);
-            else if (graph)
+            else if (graph || gupload)
                 failures += cudaGraphLaunch(bump[i], NULL) != cudaSuccess;
             else if (bumped) /* the weight, long before its next named use */
                 launch(k_bump, targs);
@@ -484,6 +518,14 @@ static void test_graph(void **state)
     run(args, "graph", tracked);
 }
 
+static void test_graph_upload(void **state)
+{
+    (void)state;
+    run(args, "graph_upload", NULL);
+    run(args, "graph_upload", verified);
+    run(args, "graph_upload", tracked);
+}
+
 static void test_table2d(void **state)
 {
     (void)state;
@@ -589,9 +631,10 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table),  cmocka_unit_test(test_devtable),
         cmocka_unit_test(test_pinned), cmocka_unit_test(test_table2d),
-        cmocka_unit_test(test_graph),  cmocka_unit_test(test_list),
-        cmocka_unit_test(test_packed), cmocka_unit_test(test_nccl),
-        cmocka_unit_test(test_memset), cmocka_unit_test(test_global),
+        cmocka_unit_test(test_graph),  cmocka_unit_test(test_graph_upload),
+        cmocka_unit_test(test_list),   cmocka_unit_test(test_packed),
+        cmocka_unit_test(test_nccl),   cmocka_unit_test(test_memset),
+        cmocka_unit_test(test_global),
     };
     return cmocka_run_group_tests_name("e2e_opaque", tests, NULL, NULL);
 }
