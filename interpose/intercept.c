@@ -257,6 +257,14 @@ static void dev_into_global(uintptr_t dst, uintptr_t src, size_t n)
         sh_launch_hide_pointers();
 }
 
+/* Device to device (or peer): both ranges, and a table into a global. */
+void sh_work_dcopy(struct sh_work *w, uintptr_t dst, uintptr_t src, size_t n)
+{
+    sh_work_range(w, dst, n);
+    sh_work_range(w, src, n);
+    dev_into_global(dst, src, n);
+}
+
 void sh_work_up(struct sh_work *w, uintptr_t dst, const void *src, size_t n)
 {
     sh_work_range(w, dst, n);

@@ -96,6 +96,7 @@ void sh_work_end(struct sh_work *w, int result);
 void sh_work_range(struct sh_work *w, uintptr_t p, size_t n);
 void sh_work_up(struct sh_work *w, uintptr_t dst, const void *src, size_t n);
 void sh_work_copy(struct sh_work *w, uintptr_t dst, uintptr_t src, size_t n);
+void sh_work_dcopy(struct sh_work *w, uintptr_t dst, uintptr_t src, size_t n);
 void sh_work_rcopy(struct sh_work *w, uintptr_t dst, uintptr_t src, size_t n, int kind);
 void sh_work_pitch(struct sh_work *w, uintptr_t p, size_t pitch, size_t width, size_t height);
 void sh_work_rcopy2d(struct sh_work *w, uintptr_t dst, size_t dpitch, uintptr_t src, size_t spitch,
@@ -122,6 +123,7 @@ void sh_work_opaque(struct sh_work *w);
 #define up(d, s, n)         sh_work_up(&w, (uintptr_t)(d), (const void *)(s), (size_t)(n))
 #define down(d, s, n)       sh_work_range(&w, (uintptr_t)(s), (size_t)(n))
 #define copy(d, s, n)       sh_work_copy(&w, (uintptr_t)(d), (uintptr_t)(s), (size_t)(n))
+#define dcopy(d, s, n)      sh_work_dcopy(&w, (uintptr_t)(d), (uintptr_t)(s), (size_t)(n))
 #define rcopy(d, s, n, k)   sh_work_rcopy(&w, (uintptr_t)(d), (uintptr_t)(s), (size_t)(n), (int)(k))
 #define pitch(p, pi, wd, h) sh_work_pitch(&w, (uintptr_t)(p), (pi), (wd), (h))
 #define set(p, n)           sh_work_range(&w, (uintptr_t)(p), (size_t)(n))

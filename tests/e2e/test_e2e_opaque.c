@@ -53,7 +53,8 @@
  *           optimizer and devtable's bump read without naming it: the
  *           program took its address with cudaGetSymbolAddress and filled
  *           it with cudaMemcpy; global_d2d the same, filled by a
- *           device-to-device copy from an uploaded table; symbol the same,
+ *           device-to-device copy from an uploaded table (global_dtod: by
+ *           the driver's cuMemcpyDtoD); symbol the same,
  *           filled with cudaMemcpyToSymbol. Every launch must count as
  *           opaque once region pointers are in the global.
  *
@@ -183,8 +184,8 @@ static void k_opt_global(void **a) /* (block, grad) */
 }
 
 /* Block i's row of the global: through its address (a copy from host[]
- * or, with d2d, from the device table tab uploaded first) or by
- * cudaMemcpyToSymbol (by_symbol). */
+ * or, with d2d, from the device table tab uploaded first: by cudaMemcpy,
+ * or with d2d 2 by cuMemcpyDtoD) or by cudaMemcpyToSymbol (by_symbol). */
 static int fill_global(int i, void *const host[2], void *tab, int by_symbol, int d2d)
 {
     size_t row = 2 * sizeof(void *);
@@ -196,8 +197,12 @@ static int fill_global(int i, void *const host[2], void *tab, int by_symbol, int
         return 1;
     if (!d2d)
         return cudaMemcpy(at + i * row, host, row, cudaMemcpyHostToDevice) != cudaSuccess;
-    return cudaMemcpy(tab, host, row, cudaMemcpyHostToDevice) != cudaSuccess ||
-           cudaMemcpy(at + i * row, tab, row, cudaMemcpyDeviceToDevice) != cudaSuccess;
+    if (cudaMemcpy(tab, host, row, cudaMemcpyHostToDevice) != cudaSuccess)
+        return 1;
+    if (d2d == 2)
+        return cuMemcpyDtoD((CUdeviceptr)(uintptr_t)(at + i * row), (CUdeviceptr)(uintptr_t)tab,
+                            row) != CUDA_SUCCESS;
+    return cudaMemcpy(at + i * row, tab, row, cudaMemcpyDeviceToDevice) != cudaSuccess;
 }
 
 /* The "work queue": weight, gradient and state of each block. */
@@ -318,7 +323,8 @@ static int child_main(const char *pattern)
     int in_host = pinned || registered || managed;
     int table2d = strcmp(pattern, "table2d") == 0, graph = strcmp(pattern, "graph") == 0;
     int gupload = strcmp(pattern, "graph_upload") == 0;
-    int symbol = strcmp(pattern, "symbol") == 0, d2d = strcmp(pattern, "global_d2d") == 0;
+    int symbol = strcmp(pattern, "symbol") == 0;
+    int d2d = strcmp(pattern, "global_d2d") == 0 ? 1 : strcmp(pattern, "global_dtod") == 0 ? 2 : 0;
     int in_global = symbol || d2d || strcmp(pattern, "global") == 0;
     int bumped = devtable || in_host || table2d || graph || gupload || in_global;
     int table = bumped || strcmp(pattern, "table") == 0;
@@ -566,10 +572,10 @@ static void test_memset(void **state)
 }
 
 /* Before globals.c, "global" and "global_d2d" counted no opaque work and
- * the bumps through the global went unseen (exit 8). Before launches with
- * no region in their parameters counted as opaque once pointers were
- * hidden, every pattern here lost bumps (exit 8, and 4 with tracked
- * drains). */
+ * the bumps through the global went unseen (exit 8); "global_dtod" did
+ * until cuMemcpyDtoD looked at where it copies. Before launches with no
+ * region in their parameters counted as opaque once pointers were hidden,
+ * every pattern here lost bumps (exit 8, and 4 with tracked drains). */
 static void test_global(void **state)
 {
     (void)state;
@@ -578,6 +584,7 @@ static void test_global(void **state)
     run(args, "global", verified);
     run(args, "global_d2d", NULL);
     run(args, "global_d2d", tracked_verified);
+    run(args, "global_dtod", NULL);
     run(args, "symbol", NULL);
     run(args, "symbol", tracked);
     run(args, "symbol", verified);
