@@ -117,10 +117,10 @@ static int fill_from_images(struct layout *l, const void *key, CUfunction f)
 }
 
 /* NCCL's kernels take their buffers from work queues in device memory:
- * no parameter names them. */
+ * no parameter names them. A kernel the driver will not name may be one. */
 static int keeps_pointers(const char *name)
 {
-    return name && (strstr(name, "ncclKernel") || strstr(name, "ncclDevKernel"));
+    return !name || strstr(name, "ncclKernel") || strstr(name, "ncclDevKernel");
 }
 
 /* The function of a launch stub into *f (NULL if it is none). 0 when it

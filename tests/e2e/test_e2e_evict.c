@@ -473,8 +473,9 @@ static void test_tracked_never_drains_the_device(void **state)
 
 /* A kernel whose parameters the driver will not describe (it answers
  * something other than "past the last one") may touch any region: its
- * launch is opaque work. Both cases in children: with the parameter
- * queries failing, and without. */
+ * launch is opaque work. So may one it will not name (NCCL's kernels find
+ * their buffers in work queues, and are known by name). The cases in
+ * children: with the parameter or the name queries failing, and without. */
 static void layout_child(int failing)
 {
     void *r[NREGIONS];
@@ -511,9 +512,14 @@ static void test_unreadable_layout(void **state)
         "SIMCUDA_FAIL=cuFuncGetParamInfo:1+:CUDA_ERROR_INVALID_HANDLE,"
         "cuKernelGetParamInfo:1+:CUDA_ERROR_INVALID_HANDLE",
         NULL};
+    static const char *const unnamed[] = {"E2E_EVICT_LAYOUT=failing",
+                                          "SIMCUDA_FAIL=cuFuncGetName:1+:CUDA_ERROR_INVALID_HANDLE,"
+                                          "cuKernelGetName:1+:CUDA_ERROR_INVALID_HANDLE",
+                                          NULL};
     static const char *const reading[] = {"E2E_EVICT_LAYOUT=reading", NULL};
     assert_int_equal(e2e_rerun(saved_argv, reading), 0);
     assert_int_equal(e2e_rerun(saved_argv, failing), 0);
+    assert_int_equal(e2e_rerun(saved_argv, unnamed), 0);
 }
 
 /* A launch no wrapper sees (only CUPTI's callback does), with its

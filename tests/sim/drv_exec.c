@@ -292,18 +292,29 @@ SIM_EXPORT CUresult cuKernelGetParamInfo(CUkernel kernel, size_t paramIndex, siz
     return param_info(__func__, (CUfunction)kernel, paramIndex, paramOffset, paramSize);
 }
 
-SIM_EXPORT CUresult cuFuncGetName(const char **name, CUfunction func)
+static CUresult get_name(const char *call, const char **name, const void *handle)
 {
-    CUresult r = sim_enter(__func__, false);
+    CUresult r = sim_enter(call, false);
     if (r)
         return r;
-    struct sim_kernel *k = kernel_get(func);
+    struct sim_kernel *k = kernel_get(handle);
     if (!k)
         return CUDA_ERROR_INVALID_HANDLE;
     if (!name)
         return CUDA_ERROR_INVALID_VALUE;
     *name = k->name;
     return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuFuncGetName(const char **name, CUfunction func)
+{
+    return get_name(__func__, name, func);
+}
+
+/* A kernel handle is its function here (cuLibraryGetKernel). */
+SIM_EXPORT CUresult cuKernelGetName(const char **name, CUkernel kernel)
+{
+    return get_name(__func__, name, kernel);
 }
 
 struct launch_op {

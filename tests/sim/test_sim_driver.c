@@ -604,6 +604,11 @@ static void param_info_follows_natural_alignment(void **state)
     const char *name = NULL;
     assert_int_equal(cuFuncGetName(&name, f), CUDA_SUCCESS);
     assert_string_equal(name, "k_layout");
+    name = NULL; /* the kernel handle of the same kernel names it too */
+    assert_int_equal(cuKernelGetName(&name, (CUkernel)f), CUDA_SUCCESS);
+    assert_string_equal(name, "k_layout");
+    assert_int_equal(cuKernelGetName(&name, NULL), CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(cuKernelGetName(NULL, (CUkernel)f), CUDA_ERROR_INVALID_VALUE);
 
     /* Registering again replaces the layout; the handle stays. */
     const size_t two[] = {4, 8};
