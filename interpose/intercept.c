@@ -309,6 +309,15 @@ static void up_block(struct span d, struct span s, size_t width, size_t height, 
                                  height, slices);
 }
 
+/* A pitched device-to-device copy into a global, from src (its start
+ * tells whether it holds pointers). */
+static void dev_block_into_global(struct span d, uintptr_t src, size_t width, size_t height,
+                                  size_t slices)
+{
+    if (width && height && slices)
+        dev_into_global(d.at, src, d.pitch * (d.rows * (slices - 1) + height - 1) + width);
+}
+
 void sh_work_rcopy2d(struct sh_work *w, uintptr_t dst, size_t dpitch, uintptr_t src, size_t spitch,
                      size_t width, size_t height, int kind)
 {
@@ -316,6 +325,8 @@ void sh_work_rcopy2d(struct sh_work *w, uintptr_t dst, size_t dpitch, uintptr_t 
     sh_work_pitch(w, src, spitch, width, height);
     if (width && height && src && from_host(kind, src))
         up_block((struct span){dst, dpitch, 0}, (struct span){src, spitch, 0}, width, height, 1);
+    else
+        dev_block_into_global((struct span){dst, dpitch, 0}, src, width, height, 1);
 }
 
 void sh_work_rcopy(struct sh_work *w, uintptr_t dst, uintptr_t src, size_t n, int kind)
@@ -377,11 +388,13 @@ void sh_work_copy2d(struct sh_work *w, const CUDA_MEMCPY2D *p)
         side(w, p->dstDevice, p->dstXInBytes, p->dstY, 0, p->dstPitch, 0, p->WidthInBytes,
              p->Height, 1);
     uintptr_t h = host_of(p->srcMemoryType, p->srcHost, p->srcDevice);
+    struct span d = {p->dstDevice + p->dstY * p->dstPitch + p->dstXInBytes, p->dstPitch, 0};
     if (h && DEVICE_SIDE(p->dstMemoryType))
-        up_block(
-            (struct span){p->dstDevice + p->dstY * p->dstPitch + p->dstXInBytes, p->dstPitch, 0},
-            (struct span){h + p->srcY * p->srcPitch + p->srcXInBytes, p->srcPitch, 0},
-            p->WidthInBytes, p->Height, 1);
+        up_block(d, (struct span){h + p->srcY * p->srcPitch + p->srcXInBytes, p->srcPitch, 0},
+                 p->WidthInBytes, p->Height, 1);
+    else if (DEVICE_SIDE(p->srcMemoryType) && DEVICE_SIDE(p->dstMemoryType))
+        dev_block_into_global(d, p->srcDevice + p->srcY * p->srcPitch + p->srcXInBytes,
+                              p->WidthInBytes, p->Height, 1);
 }
 
 /* Where a 3D descriptor's side starts: origin (x bytes, y rows, z slices). */
@@ -397,10 +410,13 @@ void sh_work_copy2d(struct sh_work *w, const CUDA_MEMCPY2D *p)
             side(w, (p)->dstDevice, (p)->dstXInBytes, (p)->dstY, (p)->dstZ, (p)->dstPitch,         \
                  (p)->dstHeight, (p)->WidthInBytes, (p)->Height, (p)->Depth);                      \
         uintptr_t h_ = host_of((p)->srcMemoryType, (p)->srcHost, (p)->srcDevice);                  \
+        struct span d_ = {AT3D((p)->dstDevice, p, dst), (p)->dstPitch, (p)->dstHeight};            \
         if (h_ && DEVICE_SIDE((p)->dstMemoryType))                                                 \
-            up_block((struct span){AT3D((p)->dstDevice, p, dst), (p)->dstPitch, (p)->dstHeight},   \
-                     (struct span){AT3D(h_, p, src), (p)->srcPitch, (p)->srcHeight},               \
+            up_block(d_, (struct span){AT3D(h_, p, src), (p)->srcPitch, (p)->srcHeight},           \
                      (p)->WidthInBytes, (p)->Height, (p)->Depth);                                  \
+        else if (DEVICE_SIDE((p)->srcMemoryType) && DEVICE_SIDE((p)->dstMemoryType))               \
+            dev_block_into_global(d_, AT3D((p)->srcDevice, p, src), (p)->WidthInBytes,             \
+                                  (p)->Height, (p)->Depth);                                        \
     } while (0)
 
 void sh_work_copy3d(struct sh_work *w, const CUDA_MEMCPY3D *p)
@@ -440,10 +456,15 @@ void sh_work_rcopy3d(struct sh_work *w, const struct cudaMemcpy3DParms *p)
         return;
     RCOPY3D(w, p);
     uintptr_t src = (uintptr_t)p->srcPtr.ptr;
-    if (!p->srcArray && !p->dstArray && src && from_host(p->kind, src))
-        up_block((struct span){rat3d(p->dstPtr, p->dstPos), p->dstPtr.pitch, p->dstPtr.ysize},
-                 (struct span){rat3d(p->srcPtr, p->srcPos), p->srcPtr.pitch, p->srcPtr.ysize},
+    struct span d = {rat3d(p->dstPtr, p->dstPos), p->dstPtr.pitch, p->dstPtr.ysize};
+    if (p->srcArray || p->dstArray || !src)
+        return;
+    if (from_host(p->kind, src))
+        up_block(d, (struct span){rat3d(p->srcPtr, p->srcPos), p->srcPtr.pitch, p->srcPtr.ysize},
                  p->extent.width, p->extent.height, p->extent.depth);
+    else
+        dev_block_into_global(d, rat3d(p->srcPtr, p->srcPos), p->extent.width, p->extent.height,
+                              p->extent.depth);
 }
 
 void sh_work_rcopy3dpeer(struct sh_work *w, const struct cudaMemcpy3DPeerParms *p)

@@ -54,7 +54,8 @@
  *           program took its address with cudaGetSymbolAddress and filled
  *           it with cudaMemcpy; global_d2d the same, filled by a
  *           device-to-device copy from an uploaded table (global_dtod: by
- *           the driver's cuMemcpyDtoD); symbol the same,
+ *           the driver's cuMemcpyDtoD; global_d2d2: by cudaMemcpy2D);
+ *           symbol the same,
  *           filled with cudaMemcpyToSymbol. Every launch must count as
  *           opaque once region pointers are in the global.
  *
@@ -185,7 +186,8 @@ static void k_opt_global(void **a) /* (block, grad) */
 
 /* Block i's row of the global: through its address (a copy from host[]
  * or, with d2d, from the device table tab uploaded first: by cudaMemcpy,
- * or with d2d 2 by cuMemcpyDtoD) or by cudaMemcpyToSymbol (by_symbol). */
+ * with d2d 2 by cuMemcpyDtoD, 3 by cudaMemcpy2D) or by cudaMemcpyToSymbol
+ * (by_symbol). */
 static int fill_global(int i, void *const host[2], void *tab, int by_symbol, int d2d)
 {
     size_t row = 2 * sizeof(void *);
@@ -202,6 +204,9 @@ static int fill_global(int i, void *const host[2], void *tab, int by_symbol, int
     if (d2d == 2)
         return cuMemcpyDtoD((CUdeviceptr)(uintptr_t)(at + i * row), (CUdeviceptr)(uintptr_t)tab,
                             row) != CUDA_SUCCESS;
+    if (d2d == 3) /* a row a pointer */
+        return cudaMemcpy2D(at + i * row, sizeof(void *), tab, sizeof(void *), sizeof(void *), 2,
+                            cudaMemcpyDeviceToDevice) != cudaSuccess;
     return cudaMemcpy(at + i * row, tab, row, cudaMemcpyDeviceToDevice) != cudaSuccess;
 }
 
@@ -324,7 +329,10 @@ static int child_main(const char *pattern)
     int table2d = strcmp(pattern, "table2d") == 0, graph = strcmp(pattern, "graph") == 0;
     int gupload = strcmp(pattern, "graph_upload") == 0;
     int symbol = strcmp(pattern, "symbol") == 0;
-    int d2d = strcmp(pattern, "global_d2d") == 0 ? 1 : strcmp(pattern, "global_dtod") == 0 ? 2 : 0;
+    int d2d = strcmp(pattern, "global_d2d") == 0    ? 1
+              : strcmp(pattern, "global_dtod") == 0 ? 2
+              : strcmp(pattern, "global_d2d2") == 0 ? 3
+                                                    : 0;
     int in_global = symbol || d2d || strcmp(pattern, "global") == 0;
     int bumped = devtable || in_host || table2d || graph || gupload || in_global;
     int table = bumped || strcmp(pattern, "table") == 0;
@@ -572,8 +580,9 @@ static void test_memset(void **state)
 }
 
 /* Before globals.c, "global" and "global_d2d" counted no opaque work and
- * the bumps through the global went unseen (exit 8); "global_dtod" did
- * until cuMemcpyDtoD looked at where it copies. Before launches with no
+ * the bumps through the global went unseen (exit 8); "global_dtod" and
+ * "global_d2d2" did until cuMemcpyDtoD and 2D copies looked at where they
+ * copy. Before launches with no
  * region in their parameters counted as opaque once pointers were hidden,
  * every pattern here lost bumps (exit 8, and 4 with tracked drains). */
 static void test_global(void **state)
@@ -585,6 +594,7 @@ static void test_global(void **state)
     run(args, "global_d2d", NULL);
     run(args, "global_d2d", tracked_verified);
     run(args, "global_dtod", NULL);
+    run(args, "global_d2d2", NULL);
     run(args, "symbol", NULL);
     run(args, "symbol", tracked);
     run(args, "symbol", verified);
