@@ -187,6 +187,12 @@ void sh_hostmem_bounds(uintptr_t *lo, uintptr_t *hi);
  * records [p, p + n); sh_globals_meet: 1 when [p, p + n) meets one. */
 void sh_globals_add(uintptr_t p, size_t n);
 int sh_globals_meet(uintptr_t p, size_t n);
+/* textures.c: texture objects over linear memory, which kernels read
+ * through a handle that is no pointer. sh_textures_any: 1 when one is
+ * alive. sh_textures_range: 1 when v is a live object's handle, with the
+ * memory under it in [*lo, *hi). */
+int sh_textures_any(void);
+int sh_textures_range(uint64_t v, uintptr_t *lo, uintptr_t *hi);
 /* A host-to-device copy of n bytes from src to dst is being issued: if the
  * bytes hold pointers into regions, dst's region becomes a pointer table
  * and work using it is opaque (into a module global: every launch is). */

@@ -310,9 +310,27 @@ static inline int plausible(const struct plausible *pl, uintptr_t v)
  * of tensors passed by value, as fused optimizers pass them, holds a few
  * hundred) make the launch opaque: the pointers past that are not
  * followed. */
+/* A texture object's handle at v: the ends of the memory under it join
+ * vals (1), or there is no room and the launch is opaque. 0: no handle. */
+static int texture_ends(uintptr_t v, uintptr_t *vals, size_t *n)
+{
+    uintptr_t lo, hi;
+    if (!sh_textures_range(v, &lo, &hi))
+        return 0;
+    if (*n + 2 > MAX_ADDRS) {
+        opaque_because("more pointers than are followed", (int)*n);
+        pending.opaque = 1;
+        return 1;
+    }
+    vals[(*n)++] = lo;
+    vals[(*n)++] = hi - 1;
+    return 1;
+}
+
 static size_t scan(const struct layout *l, void **args, uintptr_t *vals, const struct plausible *pl)
 {
     size_t n = 0;
+    int textures = sh_textures_any();
     for (int i = 0; i < l->nparams; i++) {
         const unsigned char *p = args ? args[i] : NULL;
         if (!p) { /* packed in `extra` (as CUPTI reports such a launch), or missing */
@@ -323,7 +341,7 @@ static size_t scan(const struct layout *l, void **args, uintptr_t *vals, const s
         for (size_t off = 0; off + 8 <= l->size[i]; off += 4) {
             uintptr_t v;
             memcpy(&v, p + off, sizeof v);
-            if (!v || (pl && !plausible(pl, v)))
+            if (!v || (textures && texture_ends(v, vals, &n)) || (pl && !plausible(pl, v)))
                 continue;
             if (n == MAX_ADDRS) {
                 opaque_because("more pointers than are followed", l->nparams);

@@ -564,6 +564,58 @@ static void test_packed_unhooked(void **state)
         cudaFree(r[i]);
 }
 
+/* tex_copy(tex, dst, n): dst[i] = the texture's i-th word, read through
+ * the object (as tex1Dfetch would), never through a pointer. */
+static void k_tex_copy(void **a)
+{
+    const uint32_t *src = simcuda_texture_address(*(unsigned long long *)a[0]);
+    uint32_t *dst = *(uint32_t **)a[1];
+    size_t n = *(size_t *)a[2];
+    for (size_t i = 0; i < n; i++)
+        dst[i] = src[i];
+}
+
+static int residency(const void *p)
+{
+    int (*get)(const void *) = (int (*)(const void *))dlsym(RTLD_DEFAULT, "stagehand_residency");
+    return get ? get(p) : -1;
+}
+
+/* A kernel that reads an evicted region through a texture object (its
+ * handle is no pointer) brings it back as a pointer to it would: the
+ * region is on the device when the launch is issued, and the copy exact. */
+static void test_texture(void **state)
+{
+    (void)state;
+    if (!preloaded) /* three times the card */
+        skip();
+    void *r[NREGIONS];
+    for (int i = 0; i < NREGIONS; i++) {
+        assert_int_equal(cudaMalloc(&r[i], (size_t)REGION_MB << 20), cudaSuccess);
+        assert_int_equal(fill(r[i], WORDS, (uint32_t)i + 1, NULL), cudaSuccess);
+    }
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    assert_int_equal(residency(r[0]), 0); /* the coldest: evicted */
+    struct cudaResourceDesc res = {.resType = cudaResourceTypeLinear};
+    res.res.linear.devPtr = r[0];
+    res.res.linear.desc =
+        (struct cudaChannelFormatDesc){32, 0, 0, 0, cudaChannelFormatKindUnsigned};
+    res.res.linear.sizeInBytes = (size_t)REGION_MB << 20;
+    struct cudaTextureDesc desc = {.readMode = cudaReadModeElementType};
+    cudaTextureObject_t tex = 0;
+    assert_int_equal(cudaCreateTextureObject(&tex, &res, &desc, NULL), cudaSuccess);
+    size_t n = WORDS;
+    void *dst = r[NREGIONS - 1], *args[] = {&tex, &dst, &n};
+    assert_int_equal(cudaLaunchKernel((const void *)k_tex_copy, one, one, args, 0, NULL),
+                     cudaSuccess);
+    assert_int_equal(residency(r[0]), 1);
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    assert_int_equal(mismatches(dst, WORDS, 1, 0, NULL), 0);
+    assert_int_equal(cudaDestroyTextureObject(tex), cudaSuccess);
+    for (int i = 0; i < NREGIONS; i++)
+        cudaFree(r[i]);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -576,6 +628,8 @@ static int setup(void **state)
     assert_int_equal(simcuda_register_kernel(k_table_bump, "table_bump", 3, table_sizes, 0), 0);
     size_t put_sizes[] = {sizeof(void *), sizeof(void *), sizeof(size_t)};
     assert_int_equal(simcuda_register_kernel(k_put, "put", 3, put_sizes, 0), 0);
+    size_t tex_sizes[] = {sizeof(unsigned long long), sizeof(void *), sizeof(size_t)};
+    assert_int_equal(simcuda_register_kernel(k_tex_copy, "tex_copy", 3, tex_sizes, 0), 0);
     stagehand_stats_t st;
     stats(&st);
     return 0;
@@ -610,6 +664,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_tracked_drain),
         cmocka_unit_test(test_unreadable_layout),
         cmocka_unit_test(test_packed_unhooked),
+        cmocka_unit_test(test_texture),
     };
     if (getenv("E2E_EVICT_LAYOUT"))
         return _cmocka_run_group_tests("e2e_evict (layout)", tests + 8, 1, setup, NULL);

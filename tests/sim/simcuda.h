@@ -75,6 +75,10 @@ void simcuda_cupti_probe(simcuda_cupti_probe_fn fn, void *arg);
  * failure has passed). */
 void simcuda_fail_clear(void);
 
+/* The address a texture object's linear (or pitched) memory starts at:
+ * how a kernel reads through the object here. NULL for no live object. */
+void *simcuda_texture_address(unsigned long long tex);
+
 /* In the simulated runtime (libcudart.so.13): symbol, the host shadow of a
  * __device__ variable of size bytes, becomes known to cudaGetSymbolAddress,
  * cudaGetSymbolSize and cudaMemcpy{To,From}Symbol[Async] (unknown symbols

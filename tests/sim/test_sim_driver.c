@@ -756,6 +756,43 @@ static void packed_parameters(void **state)
     assert_int_equal(cuMemFree(d), CUDA_SUCCESS);
 }
 
+/* Texture objects over linear and pitched memory: a kernel reads through
+ * one at simcuda_texture_address; arrays are refused, handles die once. */
+static void texture_objects(void **state)
+{
+    (void)state;
+    need_ctx();
+    CUdeviceptr d = 0;
+    assert_int_equal(cuMemAlloc(&d, 4096), CUDA_SUCCESS);
+    CUDA_RESOURCE_DESC res = {.resType = CU_RESOURCE_TYPE_LINEAR};
+    res.res.linear.devPtr = d;
+    res.res.linear.format = CU_AD_FORMAT_UNSIGNED_INT32;
+    res.res.linear.numChannels = 1;
+    res.res.linear.sizeInBytes = 4096;
+    CUDA_TEXTURE_DESC desc = {0};
+    CUtexObject lin = 0, pitched = 0, arr = 0;
+    assert_int_equal(cuTexObjectCreate(&lin, &res, &desc, NULL), CUDA_SUCCESS);
+    assert_ptr_equal(simcuda_texture_address(lin), (void *)(uintptr_t)d);
+    CUDA_RESOURCE_DESC res2 = {.resType = CU_RESOURCE_TYPE_PITCH2D};
+    res2.res.pitch2D.devPtr = d + 1024;
+    res2.res.pitch2D.width = 16;
+    res2.res.pitch2D.height = 4;
+    res2.res.pitch2D.pitchInBytes = 512;
+    assert_int_equal(cuTexObjectCreate(&pitched, &res2, &desc, NULL), CUDA_SUCCESS);
+    assert_true(pitched != lin);
+    assert_ptr_equal(simcuda_texture_address(pitched), (void *)(uintptr_t)(d + 1024));
+    CUDA_RESOURCE_DESC array = {.resType = CU_RESOURCE_TYPE_ARRAY};
+    assert_int_equal(cuTexObjectCreate(&arr, &array, &desc, NULL), CUDA_ERROR_NOT_SUPPORTED);
+    res.res.linear.sizeInBytes = 0;
+    assert_int_equal(cuTexObjectCreate(&arr, &res, &desc, NULL), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuTexObjectCreate(NULL, &res2, &desc, NULL), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuTexObjectDestroy(lin), CUDA_SUCCESS);
+    assert_null(simcuda_texture_address(lin));
+    assert_int_equal(cuTexObjectDestroy(lin), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuTexObjectDestroy(pitched), CUDA_SUCCESS);
+    assert_int_equal(cuMemFree(d), CUDA_SUCCESS);
+}
+
 static void launch_errors(void **state)
 {
     (void)state;
@@ -938,6 +975,7 @@ int main(void)
         cmocka_unit_test(kernel_runs_once_per_launch_on_a_worker_thread),
         cmocka_unit_test(launch_errors),
         cmocka_unit_test(packed_parameters),
+        cmocka_unit_test(texture_objects),
         cmocka_unit_test(managed_memory),
         cmocka_unit_test(unimplemented_calls_are_refused_loudly),
         cmocka_unit_test(deprecated_calls_are_refused_loudly_too),
