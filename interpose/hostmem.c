@@ -5,6 +5,8 @@
  * no call the library sees, so a pointer table kept there is invisible to
  * every scan: a launch whose parameters point into such memory is opaque
  * (launch.c asks sh_hostmem_hit), and so counts as using every region.
+ * sh_host_readable tells host memory from device memory for the copies
+ * whose bytes the library reads.
  *
  * The calls that make and free such memory are hostcalls.c's. A runtime
  * call that reaches the driver's through those hooks records the same
@@ -145,4 +147,15 @@ void sh_hostmem_bounds(uintptr_t *lo, uintptr_t *hi)
 {
     *lo = __atomic_load_n(&min_lo, __ATOMIC_RELAXED);
     *hi = __atomic_load_n(&max_hi, __ATOMIC_RELAXED);
+}
+
+/* Not a region, and not memory the driver calls device memory (pageable
+ * memory it does not know at all). */
+int sh_host_readable(uintptr_t p)
+{
+    if (sh_pool_lookup(sh_rt.pool, p, NULL) != 0)
+        return 0;
+    unsigned type = 0;
+    CUresult r = sh_rt.drv.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p);
+    return r != CUDA_SUCCESS || type == CU_MEMORYTYPE_HOST;
 }

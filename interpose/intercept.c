@@ -271,15 +271,6 @@ void sh_work_up(struct sh_work *w, uintptr_t dst, const void *src, size_t n)
     mark_up(dst, src, n);
 }
 
-int sh_host_readable(uintptr_t p)
-{
-    if (sh_pool_lookup(sh_rt.pool, p, NULL) != 0)
-        return 0;
-    unsigned type = 0;
-    CUresult r = sh_rt.drv.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p);
-    return r != CUDA_SUCCESS || type == CU_MEMORYTYPE_HOST;
-}
-
 void sh_work_copy(struct sh_work *w, uintptr_t dst, uintptr_t src, size_t n)
 {
     sh_work_range(w, dst, n);

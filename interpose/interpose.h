@@ -190,7 +190,8 @@ int sh_globals_meet(uintptr_t p, size_t n);
 /* textures.c: texture objects over linear memory, which kernels read
  * through a handle that is no pointer. sh_textures_any: 1 when one is
  * alive. sh_textures_range: 1 when v is a live object's handle, with the
- * memory under it in [*lo, *hi). */
+ * memory under it in [*lo, *hi); -1 when any value may be one (an object
+ * could not be kept). */
 int sh_textures_any(void);
 int sh_textures_range(uint64_t v, uintptr_t *lo, uintptr_t *hi);
 /* A host-to-device copy of n bytes from src to dst is being issued: if the
@@ -203,7 +204,7 @@ void sh_launch_mark_upload(const void *dst, const void *src, size_t n);
 void sh_launch_mark_upload_rows(const void *dst, size_t dpitch, const void *src, size_t spitch,
                                 size_t width, size_t rows);
 /* 1 when p is host memory the library may read (pageable, pinned or
- * managed), not device memory (intercept.c). */
+ * managed), not device memory (hostmem.c). */
 int sh_host_readable(uintptr_t p);
 void sh_launch_mark_upload_slices(uintptr_t dst, size_t dpitch, size_t drows, const void *src,
                                   size_t spitch, size_t srows, size_t width, size_t height,

@@ -311,14 +311,17 @@ static inline int plausible(const struct plausible *pl, uintptr_t v)
  * hundred) make the launch opaque: the pointers past that are not
  * followed. */
 /* A texture object's handle at v: the ends of the memory under it join
- * vals (1), or there is no room and the launch is opaque. 0: no handle. */
+ * vals (1), or there is no room, or handles were lost, and the launch is
+ * opaque. 0: no handle. */
 static int texture_ends(uintptr_t v, uintptr_t *vals, size_t *n)
 {
-    uintptr_t lo, hi;
-    if (!sh_textures_range(v, &lo, &hi))
+    uintptr_t lo = 0, hi = 0;
+    int r = sh_textures_range(v, &lo, &hi);
+    if (r == 0)
         return 0;
-    if (*n + 2 > MAX_ADDRS) {
-        opaque_because("more pointers than are followed", (int)*n);
+    if (r < 0 || *n + 2 > MAX_ADDRS) {
+        opaque_because(r < 0 ? "texture objects not kept" : "more pointers than are followed",
+                       (int)*n);
         pending.opaque = 1;
         return 1;
     }

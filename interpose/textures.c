@@ -6,8 +6,8 @@
  * move of that memory would not wait for the kernel. Each object over
  * linear or pitched memory is kept here by handle; a launch parameter
  * equal to a live handle counts as its range's two ends (launch.c). An
- * object over a CUDA array touches no region. One that cannot be kept (no
- * memory) hides pointers: every launch then counts as touching everything.
+ * object over a CUDA array touches no region. Once one could not be kept
+ * (no memory), every value may be a handle: launches are opaque.
  *
  * Shared state: the objects under an rwlock; their count is an atomic, so
  * a program that makes none pays one load per launch scan.
@@ -30,6 +30,7 @@ static pthread_rwlock_t lock = PTHREAD_RWLOCK_INITIALIZER;
 static struct tex *texs;
 static size_t ntex, cap;
 static size_t count; /* ntex, read without the lock */
+static int lost;     /* atomic: an object could not be kept */
 
 /* The slot of handle h, or ntex; lock held. */
 static size_t slot_of(uint64_t h)
@@ -60,8 +61,9 @@ static void add(uint64_t h, uintptr_t lo, size_t n)
         __atomic_store_n(&count, ntex, __ATOMIC_RELEASE);
     }
     pthread_rwlock_unlock(&lock);
-    if (i >= cap)
-        sh_launch_hide_pointers(); /* not kept: any launch may read it */
+    if (i >= cap && !__atomic_exchange_n(&lost, 1, __ATOMIC_RELEASE))
+        sh_log(SH_LOG_WARN, "out of memory keeping a texture object: from now on every launch "
+                            "counts as touching every region (slower, safe)");
 }
 
 static void del(uint64_t h)
@@ -77,11 +79,14 @@ static void del(uint64_t h)
 
 int sh_textures_any(void)
 {
-    return __atomic_load_n(&count, __ATOMIC_ACQUIRE) != 0;
+    return __atomic_load_n(&count, __ATOMIC_ACQUIRE) != 0 ||
+           __atomic_load_n(&lost, __ATOMIC_ACQUIRE);
 }
 
 int sh_textures_range(uint64_t v, uintptr_t *lo, uintptr_t *hi)
 {
+    if (__atomic_load_n(&lost, __ATOMIC_ACQUIRE))
+        return -1;
     pthread_rwlock_rdlock(&lock);
     size_t i = slot_of(v);
     int hit = i < ntex;
