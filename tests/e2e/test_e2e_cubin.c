@@ -57,13 +57,18 @@ static void k_ptrs_again(void **args)
     k_ptrs(args);
 }
 
-static unsigned long long *load_fixture(const char *path)
+/* Static, as a program's fatbins and their wrappers are: the runtime
+ * keeps pointers to them for the life of the process. */
+#define MODULES 2
+static unsigned long long images[MODULES][64 << 10];
+static __fatBinC_Wrapper_t wrappers[MODULES];
+static int nmodules;
+
+static unsigned long long *load_fixture(const char *path, unsigned long long *buf, size_t size)
 {
     FILE *f = fopen(path, "rb");
     assert_non_null(f);
-    unsigned long long *buf = calloc(64 << 10, sizeof *buf); /* lives as a fatbin does */
-    assert_non_null(buf);
-    size_t n = fread(buf, 1, (64 << 10) * sizeof *buf, f);
+    size_t n = fread(buf, 1, size, f);
     fclose(f);
     assert_true(n > 1000);
     return buf;
@@ -74,9 +79,11 @@ static unsigned long long *load_fixture(const char *path)
  * itself, so only the library (when preloaded) sees it. */
 static void register_module(const char *path, void (*stub)(void **))
 {
-    __fatBinC_Wrapper_t *wrapper = malloc(sizeof *wrapper);
-    assert_non_null(wrapper);
-    *wrapper = (__fatBinC_Wrapper_t){FATBINC_MAGIC, 1, load_fixture(path), NULL};
+    assert_true(nmodules < MODULES);
+    __fatBinC_Wrapper_t *wrapper = &wrappers[nmodules];
+    *wrapper = (__fatBinC_Wrapper_t){
+        FATBINC_MAGIC, 1, load_fixture(path, images[nmodules], sizeof images[nmodules]), NULL};
+    nmodules++;
     void **(*register_fatbin)(void *) =
         (void **(*)(void *))dlsym(RTLD_DEFAULT, "__cudaRegisterFatBinary");
     register_fn_t register_fn = (register_fn_t)dlsym(RTLD_DEFAULT, "__cudaRegisterFunction");
