@@ -119,14 +119,11 @@ CUresult cuModuleGetGlobal(unsigned int *dptr, unsigned int *bytes, CUmodule hmo
 {
     get_v1_fn f = REAL(0, 0, get_v1_fn, "cuModuleGetGlobal");
     unsigned int d = 0, n = 0; /* the size is asked for even where the caller does not */
-    CUresult r = f ? f(&d, &n, hmod, name) : CUDA_ERROR_NOT_FOUND;
-    if (r == CUDA_SUCCESS) {
-        sh_globals_add(d, n);
-        if (dptr)
-            *dptr = d;
-        if (bytes)
-            *bytes = n;
-    }
+    CUresult r = f ? got(f(&d, &n, hmod, name), d, n, NULL, NULL) : CUDA_ERROR_NOT_FOUND;
+    if (r == CUDA_SUCCESS && dptr)
+        *dptr = d;
+    if (r == CUDA_SUCCESS && bytes)
+        *bytes = n;
     return r;
 }
 

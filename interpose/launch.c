@@ -302,14 +302,6 @@ static inline int plausible(const struct plausible *pl, uintptr_t v)
            v - pl->lo[2] < pl->span[2];
 }
 
-/* Every 4-byte-aligned position of each parameter that can hold an 8-byte
- * pointer: a packed struct argument may keep one at offset 4. Returns the
- * candidates (non-zero values; with pl, only those that may point into a
- * region or a table now); the pool's index tells which are pointers into
- * regions (sh_pool_use), in one pass. More than MAX_ADDRS of them (a list
- * of tensors passed by value, as fused optimizers pass them, holds a few
- * hundred) make the launch opaque: the pointers past that are not
- * followed. */
 /* A texture object's handle at v: the ends of the memory under it join
  * vals (1), or there is no room, or handles were lost, and the launch is
  * opaque. 0: no handle. */
@@ -330,6 +322,14 @@ static int texture_ends(uintptr_t v, uintptr_t *vals, size_t *n)
     return 1;
 }
 
+/* Every 4-byte-aligned position of each parameter that can hold an 8-byte
+ * pointer: a packed struct argument may keep one at offset 4. Returns the
+ * candidates (non-zero values; with pl, only those that may point into a
+ * region or a table now); the pool's index tells which are pointers into
+ * regions (sh_pool_use), in one pass. More than MAX_ADDRS of them (a list
+ * of tensors passed by value, as fused optimizers pass them, holds a few
+ * hundred) make the launch opaque: the pointers past that are not
+ * followed. */
 static size_t scan(const struct layout *l, void **args, uintptr_t *vals, const struct plausible *pl)
 {
     size_t n = 0;

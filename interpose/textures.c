@@ -30,7 +30,10 @@ static pthread_rwlock_t lock = PTHREAD_RWLOCK_INITIALIZER;
 static struct tex *texs;
 static size_t ntex, cap;
 static size_t count; /* ntex, read without the lock */
-static int lost;     /* atomic: an object could not be kept */
+/* Atomics: every handle ever kept lies in [min_h, max_h], so the scan's
+ * other words (every one of every launch) are turned away unlocked. */
+static uint64_t min_h = UINT64_MAX, max_h;
+static int lost; /* atomic: an object could not be kept */
 
 /* The slot of handle h, or ntex; lock held. */
 static size_t slot_of(uint64_t h)
@@ -56,6 +59,10 @@ static void add(uint64_t h, uintptr_t lo, size_t n)
         }
     }
     if (i < cap) {
+        if (h < __atomic_load_n(&min_h, __ATOMIC_RELAXED))
+            __atomic_store_n(&min_h, h, __ATOMIC_RELAXED);
+        if (h > __atomic_load_n(&max_h, __ATOMIC_RELAXED))
+            __atomic_store_n(&max_h, h, __ATOMIC_RELAXED);
         texs[i] = (struct tex){h, lo, lo + n};
         ntex += i == ntex;
         __atomic_store_n(&count, ntex, __ATOMIC_RELEASE);
@@ -87,6 +94,9 @@ int sh_textures_range(uint64_t v, uintptr_t *lo, uintptr_t *hi)
 {
     if (__atomic_load_n(&lost, __ATOMIC_ACQUIRE))
         return -1;
+    if (v < __atomic_load_n(&min_h, __ATOMIC_RELAXED) ||
+        v > __atomic_load_n(&max_h, __ATOMIC_RELAXED))
+        return 0;
     pthread_rwlock_rdlock(&lock);
     size_t i = slot_of(v);
     int hit = i < ntex;

@@ -471,6 +471,17 @@ static void test_tracked_never_drains_the_device(void **state)
     assert_int_equal(st.device_drains, 0);
 }
 
+/* Three times the budget of regions, region i filled with seed i + 1:
+ * some are evicted by the time the fills end. */
+static void alloc_filled(void **r)
+{
+    for (int i = 0; i < NREGIONS; i++) {
+        assert_int_equal(cudaMalloc(&r[i], (size_t)REGION_MB << 20), cudaSuccess);
+        assert_int_equal(fill(r[i], WORDS, (uint32_t)i + 1, NULL), cudaSuccess);
+    }
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+}
+
 /* A kernel whose parameters the driver will not describe (it answers
  * something other than "past the last one") may touch any region: its
  * launch is opaque work. So may one it will not name (NCCL's kernels find
@@ -479,11 +490,7 @@ static void test_tracked_never_drains_the_device(void **state)
 static void layout_child(int failing)
 {
     void *r[NREGIONS];
-    for (int i = 0; i < NREGIONS; i++) {
-        assert_int_equal(cudaMalloc(&r[i], (size_t)REGION_MB << 20), cudaSuccess);
-        assert_int_equal(fill(r[i], WORDS, (uint32_t)i + 1, NULL), cudaSuccess);
-    }
-    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    alloc_filled(r);
     stagehand_stats_t before, after;
     stats(&before);
     assert_true(before.host_bytes > 0); /* the launch below is examined */
@@ -532,11 +539,7 @@ static void test_packed_unhooked(void **state)
     if (!preloaded) /* three times the card */
         skip();
     void *r[NREGIONS];
-    for (int i = 0; i < NREGIONS; i++) {
-        assert_int_equal(cudaMalloc(&r[i], (size_t)REGION_MB << 20), cudaSuccess);
-        assert_int_equal(fill(r[i], WORDS, (uint32_t)i + 1, NULL), cudaSuccess);
-    }
-    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    alloc_filled(r);
     struct {
         void *p;
         size_t n;
@@ -590,11 +593,7 @@ static void test_texture(void **state)
     if (!preloaded) /* three times the card */
         skip();
     void *r[NREGIONS];
-    for (int i = 0; i < NREGIONS; i++) {
-        assert_int_equal(cudaMalloc(&r[i], (size_t)REGION_MB << 20), cudaSuccess);
-        assert_int_equal(fill(r[i], WORDS, (uint32_t)i + 1, NULL), cudaSuccess);
-    }
-    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    alloc_filled(r);
     int k = 0; /* an evicted one (which, the policy decides) */
     while (k < NREGIONS - 1 && residency(r[k]) != 0)
         k++;
