@@ -357,13 +357,11 @@ static int load_params(const struct opts *o, uint64_t vram, struct sh_policy_par
         fprintf(stderr, "stagehand-sim: %s\n", err);
         return -1;
     }
-    /* The model has no memory outside the pool to size "auto" from, and its
-     * planner refills a card left without headroom until the next allocation
-     * cannot fit: it replays auto as the seeds' 80% / 60% of the budget. */
-    struct sh_size_opt *wm[2] = {&cfg.budget.vram_high_watermark, &cfg.budget.vram_low_watermark};
-    for (int i = 0; i < 2; i++)
-        if (wm[i]->is_auto)
-            *wm[i] = (struct sh_size_opt){.pct = i ? 60 : 80, .is_pct = 1};
+    /* Auto watermarks as the library runs them (engine/room.c): eviction
+     * only when the next allocation or restore would not fit, and only as
+     * much as it needs; the policy plans up to the budget. */
+    sp->high_auto = cfg.budget.vram_high_watermark.is_auto;
+    sp->low_auto = cfg.budget.vram_low_watermark.is_auto;
     if (sh_config_resolve(&cfg, vram, (uint64_t)1 << 40, err, sizeof err) ||
         sh_policy_params_from_config(&cfg, pp)) {
         /* The card's size comes from a flag or the trace: say so, or the key

@@ -117,6 +117,8 @@ void room_init(struct run *r, const struct sh_policy_params *pp)
         .budget = pp->budget_bytes < r->sp->vram_bytes ? pp->budget_bytes : r->sp->vram_bytes,
         .high = pp->high_watermark,
         .low = pp->low_watermark,
+        .high_auto = r->sp->high_auto,
+        .low_auto = r->sp->low_auto,
         .gran = r->sp->chunk_bytes,
         .record_pct = 0, /* a trace holds every launch: the library recording it records all */
         .max_d2h = (unsigned)pp->max_inflight_d2h,

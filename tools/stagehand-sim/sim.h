@@ -62,6 +62,10 @@ struct sim_params {
      * restore, one at the eviction) take bytes / hbm_bytes_per_s in the
      * remap window. */
     int clean_skip;
+    /* [budget] watermarks auto: eviction starts only when the next
+     * allocation or restore would not fit in the budget, and frees no more
+     * than it needs (engine/room.c), as in the library. */
+    int high_auto, low_auto;
     double hbm_bytes_per_s;
     /* Every eviction's bytes are read once more in its window by the
      * library's pointer prefilter (a kernel; pool/ptrscan.c), at this rate. */
