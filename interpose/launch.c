@@ -302,6 +302,13 @@ static inline int plausible(const struct plausible *pl, uintptr_t v)
            v - pl->lo[2] < pl->span[2];
 }
 
+/* v may point into a pointer table or pinned host memory: only then does
+ * sh_launch_in_tables have anything to find. */
+static inline int maybe_table(const struct plausible *pl, uintptr_t v)
+{
+    return v - pl->lo[1] < pl->span[1] || v - pl->lo[2] < pl->span[2];
+}
+
 /* A texture object's handle at v: the ends of the memory under it join
  * vals (1), or there is no room, or handles were lost, and the launch is
  * opaque. 0: no handle. */
@@ -333,7 +340,7 @@ static int texture_ends(uintptr_t v, uintptr_t *vals, size_t *n)
 static size_t scan(const struct layout *l, void **args, uintptr_t *vals, const struct plausible *pl)
 {
     size_t n = 0;
-    int textures = sh_textures_any();
+    int textures = sh_textures_any(), tables = !pl;
     for (int i = 0; i < l->nparams; i++) {
         const unsigned char *p = args ? args[i] : NULL;
         if (!p) { /* packed in `extra` (as CUPTI reports such a launch), or missing */
@@ -344,8 +351,15 @@ static size_t scan(const struct layout *l, void **args, uintptr_t *vals, const s
         for (size_t off = 0; off + 8 <= l->size[i]; off += 4) {
             uintptr_t v;
             memcpy(&v, p + off, sizeof v);
-            if (!v || (textures && texture_ends(v, vals, &n)) || (pl && !plausible(pl, v)))
+            if (!v)
                 continue;
+            if (textures && texture_ends(v, vals, &n)) {
+                tables = 1; /* the memory under a handle may hold a table too */
+                continue;
+            }
+            if (pl && !plausible(pl, v))
+                continue;
+            tables = tables || maybe_table(pl, v); /* pl is set when tables is 0 */
             if (n == MAX_ADDRS) {
                 opaque_because("more pointers than are followed", l->nparams);
                 pending.opaque = 1;
@@ -354,7 +368,7 @@ static size_t scan(const struct layout *l, void **args, uintptr_t *vals, const s
             vals[n++] = v;
         }
     }
-    if (sh_launch_in_tables(vals, n))
+    if (tables && sh_launch_in_tables(vals, n))
         pending.opaque = 1;
     return n;
 }
