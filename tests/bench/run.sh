@@ -31,7 +31,9 @@ awk -v line="$out" 'BEGIN {
         v["sim_reactive_step_s"], v["sim_reactive_error"], v["sim_lru_step_s"], v["sim_lru_error"],
         v["sim_learned_step_s"], v["sim_error"];
     printf "and, with a GPU'"'"'s memory reads and remaps, reactive %.4f  learned %.4f  learned/reactive %.3f\n",
-        v["gpu_reactive_step_s"], v["gpu_learned_step_s"], v["gpu_ratio"] }'
+        v["gpu_reactive_step_s"], v["gpu_learned_step_s"], v["gpu_ratio"];
+    printf "learned with the shipped stagehand.ini %.4f, stagehand-sim predicts %.4f (%s off)\n",
+        v["shipped_learned_step_s"], v["sim_shipped_step_s"], v["sim_shipped_error"] }'
 echo
 # A program that fits must run as if the library were not there: the demo's
 # training program on a card it fills to about 93%, with and without it.

@@ -9,13 +9,14 @@
  * loop runs in three children — reactive (eviction = lru, prefetch off),
  * lru with prefetch, and learned — each reporting its steady step time (the
  * mean of the steps after the first two) and recording a trace with
- * measured launch durations. The parent prints how learned compares, how
- * close stagehand-sim comes to each child's step replaying its trace under
- * its policy, told the same budget, link and card (the card's memory rate,
- * and the remap costs the child measured), and what the model makes of
- * the learned trace on a GPU, whose memory reads and remaps cost
- * microseconds. Every child also checks that the bytes it computed are
- * exact.
+ * measured launch durations, and in a fourth, learned with the shipped
+ * configuration. The parent prints how learned compares, how close
+ * stagehand-sim comes to each child's step replaying its trace under its
+ * policy and configuration, told the same budget, link and card (the
+ * card's memory rate, and the remap costs the child measured), and what
+ * the model makes of the learned trace on a GPU, whose memory reads and
+ * remaps cost microseconds. Every child also checks that the bytes it
+ * computed are exact.
  *
  * With STAGEHAND_DISABLE=1 the loop does not fit and there is nothing to
  * compare: the test skips.
@@ -66,6 +67,11 @@
     "[transfer]\nmax_inflight_d2h = 8\nmax_inflight_h2d = 8\n"                                     \
     "[budget]\nvram_high_watermark_mb = 80%\nvram_low_watermark_mb = 60%\n"                        \
     "[policy]\nclean_skip = false\n"
+/* The reactive child's: the library's least-recently-used policy without
+ * prefetch, which stagehand-sim replays as its lru told the same (its own
+ * "reactive" ranks freed regions without a recording, and moves other
+ * bytes). */
+#define CONFIG_NO_PREFETCH CONFIG "prefetch_enabled = false\n"
 
 /* ---- the kernels: each touches a few words of every region it is given
  * (the bytes stay checkable; the registered duration is the time). ---- */
@@ -339,6 +345,15 @@ static double simulate(const char *config, const char *trace, const char *policy
     return step;
 }
 
+/* Makes path (a mkstemps template ending in ".ini") a file holding text. */
+static void write_config(char *path, const char *text)
+{
+    int fd = mkstemps(path, 4);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+}
+
 /* How far the model's step is from the measured one, as a fraction. */
 static double off(double predicted, double measured)
 {
@@ -351,24 +366,34 @@ static void test_learned_beats_reactive(void **state)
     if (!dlsym(RTLD_DEFAULT, "stagehand_get_stats") || getenv("STAGEHAND_DISABLE"))
         skip(); /* disabled: the loop does not fit, there is nothing to compare */
     char traces[3][40], config[] = "/tmp/stagehand-e2e-XXXXXX.ini";
+    char config_np[] = "/tmp/stagehand-e2e-XXXXXX.ini", shipped[] = "/tmp/stagehand-e2e-XXXXXX.ini";
+    char shipped_trace[] = "/tmp/stagehand-e2e-s-XXXXXX";
+    int sfd = mkstemp(shipped_trace);
+    assert_true(sfd >= 0);
+    close(sfd);
     for (int i = 0; i < 3; i++) {
         snprintf(traces[i], sizeof traces[i], "/tmp/stagehand-e2e-%d-XXXXXX", i);
         int fd = mkstemp(traces[i]);
         assert_true(fd >= 0);
         close(fd);
     }
-    int fd = mkstemps(config, 4);
-    assert_true(fd >= 0);
-    assert_int_equal(write(fd, CONFIG, strlen(CONFIG)), (ssize_t)strlen(CONFIG));
-    close(fd);
+    write_config(config, CONFIG);
+    write_config(config_np, CONFIG_NO_PREFETCH);
+    write_config(shipped, ""); /* the defaults: what stagehand.ini ships */
     /* reactive: evict least recently used on demand, restore on a miss */
-    struct run reactive = run_child(config, "lru", 0, traces[0], "E2E_LEARNED_COSTS=1");
+    struct run reactive = run_child(config_np, "lru", 0, traces[0], "E2E_LEARNED_COSTS=1");
     struct run lru = run_child(config, "lru", 1, traces[1], "E2E_LEARNED_COSTS=1");
     struct run learned = run_child(config, "learned", 1, traces[2], "E2E_LEARNED_EXPECT=1");
-    double sim[3] = {simulate(config, traces[0], "reactive", simulated_card("reactive", &reactive)),
+    double sim[3] = {simulate(config_np, traces[0], "lru", simulated_card("reactive", &reactive)),
                      simulate(config, traces[1], "lru", simulated_card("lru", &lru)),
                      simulate(config, traces[2], "learned", simulated_card("learned", &learned))};
     double err = off(sim[2], learned.step);
+    /* learned again, with the shipped configuration: two copies in flight a
+     * direction, auto watermarks, clean regions (their fingerprints run at
+     * the card's modelled memory rate) */
+    struct run ship = run_child(shipped, "learned", 1, shipped_trace, "E2E_LEARNED_EXPECT=1");
+    double sim_ship =
+        simulate(shipped, shipped_trace, "learned", simulated_card("learned, shipped", &ship));
     /* The same program on a GPU, whose memory reads and remaps cost
      * microseconds: the learned trace under both policies. */
     double gpu_reactive = simulate(config, traces[2], "reactive", a_gpu);
@@ -376,19 +401,25 @@ static void test_learned_beats_reactive(void **state)
     printf("learned_step_s=%.4f reactive_step_s=%.4f lru_step_s=%.4f ratio=%.3f "
            "sim_learned_step_s=%.4f sim_error=%.1f%% sim_reactive_step_s=%.4f "
            "sim_reactive_error=%.1f%% sim_lru_step_s=%.4f sim_lru_error=%.1f%% "
-           "gpu_reactive_step_s=%.4f gpu_learned_step_s=%.4f gpu_ratio=%.3f\n",
+           "gpu_reactive_step_s=%.4f gpu_learned_step_s=%.4f gpu_ratio=%.3f "
+           "shipped_learned_step_s=%.4f sim_shipped_step_s=%.4f sim_shipped_error=%.1f%%\n",
            learned.step, reactive.step, lru.step, learned.step / reactive.step, sim[2], err * 100,
            sim[0], off(sim[0], reactive.step) * 100, sim[1], off(sim[1], lru.step) * 100,
-           gpu_reactive, gpu_learned, gpu_learned / gpu_reactive);
+           gpu_reactive, gpu_learned, gpu_learned / gpu_reactive, ship.step, sim_ship,
+           off(sim_ship, ship.step) * 100);
     fflush(stdout);
     if (!getenv("E2E_LEARNED_KEEP")) {
         for (int i = 0; i < 3; i++)
             unlink(traces[i]);
         unlink(config);
+        unlink(config_np);
+        unlink(shipped);
+        unlink(shipped_trace);
     }
     /* all completed, with exact bytes */
-    assert_true(reactive.step > 0 && lru.step > 0 && learned.step > 0);
-    assert_true(sim[0] > 0 && sim[1] > 0 && sim[2] > 0 && gpu_reactive > 0 && gpu_learned > 0);
+    assert_true(reactive.step > 0 && lru.step > 0 && learned.step > 0 && ship.step > 0);
+    assert_true(sim[0] > 0 && sim[1] > 0 && sim[2] > 0 && gpu_reactive > 0 && gpu_learned > 0 &&
+                sim_ship > 0);
     /* Times are printed, not asserted by default: timing belongs to the
      * benchmarks, and sanitizer builds run this too (docs/POLICY.md has
      * the figures). E2E_LEARNED_STRICT=1 asserts the model's. */
@@ -408,10 +439,7 @@ static void test_learned_finds_unmarked_steps(void **state)
     int fd = mkstemp(trace);
     assert_true(fd >= 0);
     close(fd);
-    fd = mkstemps(config, 4);
-    assert_true(fd >= 0);
-    assert_int_equal(write(fd, CONFIG, strlen(CONFIG)), (ssize_t)strlen(CONFIG));
-    close(fd);
+    write_config(config, CONFIG);
     struct run r =
         run_child(config, "learned", 1, trace, "E2E_LEARNED_EXPECT=1 E2E_LEARNED_NOMARKS=1");
     unlink(trace);
