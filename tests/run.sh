@@ -27,11 +27,13 @@ for d in ${E2E_DRIVERS:-}; do
 done
 export ASAN_OPTIONS="$ASAN_OPTIONS:verify_asan_link_order=0"
 
-passed=0 failed=0 broken=()
+passed=0 failed=0 broken=() took=()
 for t in "${runs[@]}"; do
+    start=$SECONDS
     # shellcheck disable=SC2086  # an entry may carry its environment
     out=$(timeout "$timeout_s" $t 2>&1)
     rc=$?
+    took+=("$((SECONDS - start)) s  $t")
     printf '%s\n' "$out"
     p=$(printf '%s\n' "$out" | sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' | awk '{s+=$1} END {print s+0}')
     f=$(printf '%s\n' "$out" | sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' | awk '{s+=$1} END {print s+0}')
@@ -49,5 +51,8 @@ done
 for b in "${broken[@]+"${broken[@]}"}"; do
     echo "failed: $b"
 done
+# The slowest programs, for whoever keeps CI's time in check.
+printf '%s\n' "${took[@]+"${took[@]}"}" | sort -rn | head -5 | sed 's/^/slowest: /'
+
 echo "tests: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
