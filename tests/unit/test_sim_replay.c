@@ -164,9 +164,9 @@ static void test_ignore_marks(void **state)
  * past the high one waits while it evicts down to the low one (the two
  * least recently used regions here); with the shipped auto ones, on a
  * card a little smaller, only when it would not fit, and only as much as it
- * needs (one region). The model
- * used to let it pass up to the card's size and evict later, and then to
- * replay auto as 80% / 60%, moving bytes the library does not. */
+ * needs (one region). The model used to let it pass up to the card's size
+ * and evict later, and then to replay auto as 80% / 60%, moving bytes the
+ * library does not. */
 static void test_alloc_evicts_to_the_low_watermark(void **state)
 {
     (void)state;
