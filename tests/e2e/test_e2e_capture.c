@@ -48,9 +48,9 @@
 #include <string.h>
 #include <time.h>
 
-#define REGION (16u << 20)
+#define REGION (4u << 20)
 #define WORDS  (REGION / 4)
-#define NREG   20 /* 320 MB against a 256 MB budget */
+#define NREG   20 /* 80 MB against a 64 MB budget */
 #define REPLAY 4
 
 static int preloaded;
@@ -800,8 +800,8 @@ int main(int argc, char **argv)
     saved_argv = argv;
     if (!getenv("E2E_CAPTURE_CONFIGURED")) {
         setenv("E2E_CAPTURE_CONFIGURED", "1", 1);
-        setenv("SIMCUDA_VRAM_MB", "768", 1);
-        setenv("STAGEHAND_BUDGET_VRAM_BUDGET_MB", "256", 1);
+        setenv("SIMCUDA_VRAM_MB", "192", 1);
+        setenv("STAGEHAND_BUDGET_VRAM_BUDGET_MB", "64", 1);
         e2e_reexec(argv);
         return 1;
     }

@@ -28,10 +28,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define VRAM_MB        512
-#define BUDGET_MB      256
-#define REGION_MB      16
-#define NREGIONS       48 /* 768 MB: 3x the budget */
+#define VRAM_MB        128
+#define BUDGET_MB      64
+#define REGION_MB      4
+#define NREGIONS       48 /* 192 MB: 3x the budget */
 #define STRESS_THREADS 8  /* x 2 streams each */
 #define WORDS          ((size_t)REGION_MB << 20) / 4
 
@@ -262,7 +262,7 @@ static void test_pointer_table(void **state)
     (void)state;
     if (!preloaded)
         skip();
-    enum { N = 24 }; /* 384 MB behind the table: more than the budget */
+    enum { N = 24 }; /* 96 MB behind the table: more than the budget */
     uint32_t *r[N];
     for (int i = 0; i < N; i++) {
         assert_int_equal(cudaMalloc((void **)&r[i], (size_t)REGION_MB << 20), cudaSuccess);
@@ -384,7 +384,7 @@ static void *stress_main(void *arg)
         cudaStream_t st = s[k & 1]; /* a slot's work stays ordered on one stream */
         unsigned what = next(&w->rng) % 10;
         if (!sl->p) {
-            sl->words = ((size_t)(2 + next(&w->rng) % 14) << 20) / 4;
+            sl->words = ((size_t)(2 + next(&w->rng) % 4) << 20) / 4;
             sl->seed = w->id * 100000u + (unsigned)op;
             sl->bumps = 0;
             if (cudaMallocAsync(&sl->p, sl->words * 4, st) != cudaSuccess ||
@@ -643,8 +643,8 @@ int main(int argc, char **argv)
     saved_argv = argv;
     if (!getenv("E2E_EVICT_CONFIGURED")) {
         setenv("E2E_EVICT_CONFIGURED", "1", 1);
-        setenv("SIMCUDA_VRAM_MB", "512", 1);
-        setenv("STAGEHAND_BUDGET_VRAM_BUDGET_MB", "256", 1);
+        setenv("SIMCUDA_VRAM_MB", "128", 1);
+        setenv("STAGEHAND_BUDGET_VRAM_BUDGET_MB", "64", 1);
         setenv("STAGEHAND_POOL_SLABS_PER_CLASS", "0", 1);
         setenv("STAGEHAND_POOL_PREPIN_MB", "0", 1);
         /* Fixed watermarks, as these checks were written against: the

@@ -36,9 +36,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#define REGION (8u << 20)
+#define REGION (2u << 20)
 #define WORDS  (REGION / 4)
-#define NREG   20 /* 160 MB against a 96 MB budget */
+#define NREG   20 /* 40 MB against a 24 MB budget */
 
 enum {
     OK_RECOVERED = 0,
@@ -406,9 +406,9 @@ int main(int argc, char **argv)
         return workload();
     if (!getenv("E2E_FAULTS_CONFIGURED")) {
         setenv("E2E_FAULTS_CONFIGURED", "1", 1);
-        setenv("SIMCUDA_VRAM_MB", "256", 1);
-        setenv("STAGEHAND_BUDGET_VRAM_BUDGET_MB", "96", 1);
-        setenv("STAGEHAND_POOL_PREPIN_MB", "64", 1);
+        setenv("SIMCUDA_VRAM_MB", "64", 1);
+        setenv("STAGEHAND_BUDGET_VRAM_BUDGET_MB", "24", 1);
+        setenv("STAGEHAND_POOL_PREPIN_MB", "16", 1);
         e2e_reexec(argv);
         return 1;
     }
