@@ -129,6 +129,8 @@ uint64_t pol_distance(struct sh_policy *p, struct region *r)
     }
     if (!following(p))
         return FAR;
+    if (r->ridx == NONE32 && r->gpos == p->glaunches)
+        return 0; /* allocated since the last launch: for the next ones */
     uint32_t k = key_of(p, r);
     if (k == NONE32)
         return FAR;
