@@ -388,8 +388,15 @@ static void install_program_handler(void)
  * still be there until the program exits normally. */
 static int wait_for_term(const char *dir)
 {
+    /* SIGTERM blocked between the test of got_term and the wait: with
+     * pause(), a signal landing in that gap was waited for forever. */
+    sigset_t term, old;
+    sigemptyset(&term);
+    sigaddset(&term, SIGTERM);
+    sigprocmask(SIG_BLOCK, &term, &old);
     while (!got_term)
-        pause();
+        sigsuspend(&old);
+    sigprocmask(SIG_SETMASK, &old, NULL);
     char path[256];
     sh_tm_seg_path(path, sizeof path, dir, getpid());
     return exists(path) ? 0 : 7;
