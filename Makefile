@@ -235,7 +235,11 @@ E2E_12020 := $(addprefix $(BUILD)/tests/e2e/test_e2e_,alloc cubin dlsym driver o
 E2E_12040 := $(filter-out %/test_e2e_faults %/test_e2e_learned,$(E2E_BINS))
 E2E_DRIVERS := $(if $(SAN),,$(E2E_12020:%=12020:%) $(E2E_12040:%=12040:%))
 
-test: all $(TEST_BINS)
+# The test targets build with one job per core unless make was given -j.
+JOBS_FLAG = $$(case " $$MAKEFLAGS" in *" -j"* | *jobserver*) ;; *) echo -j$$(nproc) ;; esac)
+
+test:
+	@$(MAKE) --no-print-directory $(JOBS_FLAG) all test-bins
 	@BUILD=$(BUILD) SAN=$(SAN) E2E="$(E2E_BINS)" E2E_DRIVERS="$(E2E_DRIVERS)" \
 	    tests/run.sh $(SIM_TESTS) $(UNIT_TESTS) \
 	    "tests/tools/top_tmux.sh $(BUILD)" tests/tools/intercept_check.sh \
@@ -297,10 +301,10 @@ format:
 check:
 	@./mk/prereqs.sh build check
 	clang-format --dry-run --Werror $(FORMAT_SRCS)
-	cppcheck --quiet --error-exitcode=1 --enable=warning,portability,performance \
+	cppcheck -j$$(nproc) --quiet --error-exitcode=1 --enable=warning,portability,performance \
 	    --inline-suppr --suppress=missingIncludeSystem -D__GNUC__ -D__x86_64__ \
 	    -I include -I . $(MODULES) tools tests
-	$(MAKE) --no-print-directory BUILD=$(BUILD)/check CFLAGS='-Werror' all test-bins
+	$(MAKE) --no-print-directory $(JOBS_FLAG) BUILD=$(BUILD)/check CFLAGS='-Werror' all test-bins
 	python3 mk/layers.py $(BUILD)/check
 
 # Every test program, built where BUILD says (make check builds them apart).
