@@ -10,6 +10,7 @@
  */
 #include "pool/region_int.h"
 
+#include "sh_clock.h"
 #include "sh_err.h"
 #include "sh_log.h"
 
@@ -362,6 +363,16 @@ static int stream_ordered(int path)
     return path == SH_PATH_ASYNC || path == SH_PATH_PLUGGABLE;
 }
 
+/* A new allocation is for the launches about to come: as recent as the last
+ * use, not the oldest region in the pool (a built region's age was 0, a
+ * reused one's its old owner's), which the LRU would evict first. */
+static void fresh_use(struct sh_pool *pool, struct region *r)
+{
+    __atomic_store_n(&r->last_use, __atomic_load_n(&pool->clock, __ATOMIC_RELAXED),
+                     __ATOMIC_RELAXED);
+    __atomic_store_n(&r->last_use_us, sh_clock_us(), __ATOMIC_RELAXED);
+}
+
 static int region_alloc(struct sh_pool *pool, size_t size, int path, uint64_t stream, uintptr_t *va)
 {
     size_t mapped = round_up(size, pool->p.granularity);
@@ -377,6 +388,7 @@ static int region_alloc(struct sh_pool *pool, size_t size, int path, uint64_t st
         r->evictions_at_alloc = r->evictions;
         r->restores_at_alloc = r->restores;
         sh_rw_unlock(&pool->index_lock);
+        fresh_use(pool, r);
         /* The old owner's pointer tables are not the new one's. */
         __atomic_store_n(&r->holds_ptrs, 0, __ATOMIC_RELAXED);
         sh_state_move(&r->state, SH_RS_RESIDENT, r->id);
@@ -398,6 +410,7 @@ static int region_alloc(struct sh_pool *pool, size_t size, int path, uint64_t st
     pthread_mutex_lock(&pool->mu);
     r->id = pool->next_id++;
     r->state = SH_RS_RESIDENT;
+    fresh_use(pool, r);
     sh_rw_wrlock(&pool->index_lock);
     rc = sh_rindex_insert(pool->index, r->va, r->mapped, r);
     sh_rw_unlock(&pool->index_lock);

@@ -78,8 +78,11 @@ def fake_torch_metadata(tmp_path, version):
 
 def launcher(args, site=None, extra=None, no_site=False):
     """python -m stagehand ARGS in a child; no_site=True leaves out the
-    interpreter's site-packages (and the torch that may be installed there)."""
-    env = child_env(preload=False, extra=extra, pythonpath=[site] if site else [])
+    interpreter's site-packages (and the torch that may be installed there).
+    STAGEHAND_LIB names the library under test: with BUILD elsewhere than
+    build/, the one beside the package may be another build."""
+    env = child_env(preload=False, extra=dict({"STAGEHAND_LIB": LIB}, **(extra or {})),
+                    pythonpath=[site] if site else [])
     return subprocess.run([sys.executable] + (["-S"] if no_site else []) +
                           ["-m", "stagehand"] + args, env=env,
                           capture_output=True, text=True, timeout=120, check=False)

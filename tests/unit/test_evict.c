@@ -309,6 +309,29 @@ static void test_lru_order(void **state)
     stop();
 }
 
+/* A region just allocated, new or reused, is as recent as the last use:
+ * the LRU takes the region used before it, not the fresh one. */
+static void test_fresh_allocation_is_recent(void **state)
+{
+    (void)state;
+    start(&plain);
+    uintptr_t a = alloc(CH), b = alloc(CH);
+    fill(a, CH, 3);
+    touch(a);
+    touch(b);
+    assert_int_equal(sh_pool_free(sys.pool, b, ANY, 0), 0);
+    uintptr_t reused = alloc(CH), built = alloc(2 * CH);
+    assert_int_equal(reused, b); /* the freed region, and its old age */
+    size_t released;
+    assert_int_equal(evict(CH, NULL, 0, &released), 0);
+    assert_int_equal(released, CH);
+    assert_int_equal(state_of(a), SH_RS_HOST);
+    assert_int_equal(state_of(reused), SH_RS_RESIDENT);
+    assert_int_equal(state_of(built), SH_RS_RESIDENT);
+    assert_int_equal(bad_words(a, CH, 3), 0);
+    stop();
+}
+
 static void test_protected(void **state)
 {
     (void)state;
@@ -874,6 +897,7 @@ int main(void)
         cmocka_unit_test_teardown(test_evict_and_restore, teardown),
         cmocka_unit_test_teardown(test_mixed_chunks, teardown),
         cmocka_unit_test_teardown(test_lru_order, teardown),
+        cmocka_unit_test_teardown(test_fresh_allocation_is_recent, teardown),
         cmocka_unit_test_teardown(test_protected, teardown),
         cmocka_unit_test_teardown(test_freed_dropped_first, teardown),
         cmocka_unit_test_teardown(test_free_while_evicted, teardown),
