@@ -318,8 +318,10 @@ asan:
 ubsan:
 	TEST_TIMEOUT=$${TEST_TIMEOUT:-900} $(MAKE) --no-print-directory BUILD=build/ubsan \
 	    SAN=undefined OPT=-O1 CFLAGS='-fno-sanitize-recover=undefined' test
-tsan: # the stress and fault-matrix programs run about 10x slower under TSan
-	TEST_TIMEOUT=$${TEST_TIMEOUT:-1800} $(MAKE) --no-print-directory BUILD=build/tsan SAN=thread \
+# the stress and fault-matrix programs run about 10x slower under TSan, and
+# the matrix bounds each case at 20 s: one program at a time unless told
+tsan:
+	TEST_JOBS=$${TEST_JOBS:-1} TEST_TIMEOUT=$${TEST_TIMEOUT:-1800} $(MAKE) --no-print-directory BUILD=build/tsan SAN=thread \
 	    OPT=-O1 test
 
 # valgrind over the end-to-end programs, each under the library and without

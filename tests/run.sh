@@ -48,7 +48,8 @@ run_one() {
     timeout "$timeout_s" $t >"$outdir/$n.out" 2>&1
     rc=$?
     echo "$((SECONDS - start))" >"$outdir/$n.s"
-    echo "$rc" >"$outdir/$n.rc" # written last: its presence means done
+    # Renamed into place last: a collect running meanwhile sees it whole or not at all.
+    echo "$rc" >"$outdir/$n.rc.tmp" && mv "$outdir/$n.rc.tmp" "$outdir/$n.rc"
 }
 
 passed=0 failed=0 broken=() took=() shown=()
