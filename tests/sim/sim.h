@@ -109,7 +109,10 @@ struct sim_stats {
 };
 extern struct sim_stats sim_stats;
 
-/* API callbacks (CUPTI). `call` lives on the caller's stack between the two. */
+/* API callbacks (CUPTI). `call` lives on the caller's stack between the two.
+ * Never inlined: tests/bench/launch.sh counts what these two do (the
+ * simulated CUPTI's dispatch, callback record included) apart from the
+ * library's callback, by their names. */
 struct sim_api_call {
     CUpti_CallbackData data;
     CUpti_CallbackDomain domain;
@@ -117,9 +120,10 @@ struct sim_api_call {
     uint64_t corr_data;
     bool active;
 };
-void sim_api_enter(struct sim_api_call *call, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
-                   const char *fname, const char *symbol, const void *params);
-void sim_api_exit(struct sim_api_call *call, void *ret);
+__attribute__((noinline)) void sim_api_enter(struct sim_api_call *call, CUpti_CallbackDomain domain,
+                                             CUpti_CallbackId cbid, const char *fname,
+                                             const char *symbol, const void *params);
+__attribute__((noinline)) void sim_api_exit(struct sim_api_call *call, void *ret);
 
 /* ---- devices and contexts (drv_device.c) ---- */
 /* The calling thread's current context, or NULL. */
