@@ -52,7 +52,8 @@ static void usage(FILE *f)
           "  --policy all|reactive|lru|learned|belady (all)\n"
           "  --header             print a '#' line describing the trace and the bound\n"
           "  --verbose            per-step figures on stderr; repeat for the policy's state,\n"
-          "                       stalls, every copy, and consistency checks\n"
+          "                       stalls and allocation waits, every copy, and consistency\n"
+          "                       checks\n"
           "  --bench-writer N     time N launch records through the trace writer\n",
           f);
 }

@@ -298,8 +298,12 @@ static int on_alloc(struct run *r, const struct sh_trace_event *e)
     uint64_t t0 = r->now;
     if (room_make(r, e->bytes, NULL, 0))
         return SH_EINVAL;
-    if (r->now > t0)
+    if (r->now > t0) {
         tally(r)->alloc_waits++;
+        if (r->sp->verbose > 2)
+            fprintf(stderr, "    alloc wait %.3f ms at %.4f s: %llu bytes\n",
+                    (double)(r->now - t0) / 1e6, (double)t0 / 1e9, (unsigned long long)e->bytes);
+    }
     size_t g = r->nreg++;
     r->reg[g] = (struct sreg){.id = e->id, .bytes = e->bytes, .live = 1, .copy = -1};
     if (idmap_put(&r->ids, e->id, g))
