@@ -280,7 +280,8 @@ struct sh_sched_stats {
 int sh_sched_init(void);
 void sh_sched_alloc(uintptr_t va, size_t size, uint64_t stream);
 void sh_sched_free(uintptr_t va);
-/* Records a launch for the policy once sh_engine_armed() (engine/). */
+/* Records a launch for the policy once sh_engine_armed() (engine/); stream
+ * as sh_stream_key() names the launch's. */
 void sh_sched_launch(uint64_t kernel, uint64_t stream, const uintptr_t *bases, size_t n);
 /* A step mark (step != 0) or a phase mark. */
 void sh_sched_mark(int step, int phase);
@@ -312,7 +313,7 @@ size_t sh_sched_evict_commit(int all);
 void sh_sched_plan(const uintptr_t *bases, size_t nb);
 /* sh_sched_launch then sh_sched_plan, for a launch that did not wait: one
  * hold of the scheduler's lock where it can. */
-void sh_sched_launch_plan(uint64_t kernel, const uintptr_t *bases, size_t n);
+void sh_sched_launch_plan(uint64_t kernel, uint64_t stream, const uintptr_t *bases, size_t n);
 void sh_sched_stall(uintptr_t base, uint64_t wait_us);
 /* Steps and phases the policy finds by itself go to fn (the monitor's,
  * which sits above the scheduler: it reads its figures); none before. */

@@ -646,6 +646,7 @@ static inline __attribute__((always_inline)) void launch_prepare(uint64_t kernel
     struct sh_pool_use u = {.bases = bases, .regions = pending.regions};
     uint64_t t0 = sh_clock_us();
     n = sh_pool_use(sh_rt.pool, vals, n < MAX_ADDRS ? n : MAX_ADDRS, t0, &u);
+    uint64_t stream = sh_stream_key(pending.stream); /* as allocations name it */
     pending.n = u.nbases;
     pending.found = 1;
     pending.gen = u.gen;
@@ -661,16 +662,16 @@ static inline __attribute__((always_inline)) void launch_prepare(uint64_t kernel
          * set above, so no move in flight misses it. */
         if (u.host_bytes)
             atomic_fetch_add(&sh_rt.engine.deferred, 1);
-        sh_sched_launch(kernel, 0, bases, u.nbases);
+        sh_sched_launch(kernel, stream, bases, u.nbases);
         return;
     }
     uint64_t waited = n > 0 ? make_resident(vals, n, &u, t0) : 0;
     if (waited) {
-        sh_sched_launch(kernel, 0, bases, u.nbases);
+        sh_sched_launch(kernel, stream, bases, u.nbases);
         sh_sched_stall(bases[0], waited);
         sh_sched_plan(bases, u.nbases);
     } else {
-        sh_sched_launch_plan(kernel, bases, u.nbases);
+        sh_sched_launch_plan(kernel, stream, bases, u.nbases);
     }
     sh_sched_timing_issue();
 }

@@ -621,14 +621,14 @@ void sh_sched_plan(const uintptr_t *bases, size_t nb)
 /* A launch's recording and plan under one hold of sched_mu: the pool is
  * read first (recording a launch changes nothing there). With early
  * evictions to commit first, the two go one after the other as before. */
-void sh_sched_launch_plan(uint64_t kernel, const uintptr_t *bases, size_t n)
+void sh_sched_launch_plan(uint64_t kernel, uint64_t stream, const uintptr_t *bases, size_t n)
 {
     struct plan_in in = {0};
     uint64_t pressure = atomic_load_explicit(&sh_rt.engine.pressure, memory_order_acquire);
     int moving = 0;
     if (!planning() || ((moving = sh_pool_moving(sh_rt.pool)) &&
                         sh_pool_evict_ready(sh_rt.pool, &in.evicting) > 0)) {
-        sh_sched_launch(kernel, 0, bases, n);
+        sh_sched_launch(kernel, stream, bases, n);
         sh_sched_plan(bases, n);
         return;
     }
@@ -640,7 +640,7 @@ void sh_sched_launch_plan(uint64_t kernel, const uintptr_t *bases, size_t n)
     int phase = -1;
     pthread_mutex_lock(&sched_mu);
     if (armed) /* far below the limit: nothing to learn yet */
-        launch_locked(kernel, 0, bases, n, &step, &phase);
+        launch_locked(kernel, stream, bases, n, &step, &phase);
     int due = plan_locked(&in, bases, n, &plan);
     pthread_mutex_unlock(&sched_mu);
     show_where(step, phase);
