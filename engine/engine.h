@@ -11,7 +11,8 @@
  * which lower the watermarks that trigger eviction and the copies in flight
  * per direction, for the library and stagehand-sim alike. Recording:
  * whether launches are worth recording yet. Planning (plan.c): one
- * decision point of the planner, which both make the same way.
+ * decision point of the planner, which both make the same way; and what
+ * it chose, started through the same ops table (decide.c).
  *
  * Thread safety: sh_engine_lock() is held around making room and taking
  * it; the counters are atomics read without it.
@@ -39,6 +40,15 @@ struct sh_engine_cfg {
     unsigned max_d2h, max_h2d; /* copies in flight per direction, configured */
 };
 
+/* What a decision point reads: device bytes in use as the plan counts
+ * them, the copies in flight each way (slots busy), and the prefetches
+ * finished and waiting for their window. */
+struct sh_engine_plan_in {
+    size_t dev;
+    size_t fetching, evicting;
+    size_t fetched;
+};
+
 /* What the engine acts through. Each eviction op returns the device bytes
  * it released, at most about `bytes` more than asked; trim, commit_early,
  * evict_lru, pressure and set_caps may be NULL (nothing of the kind). */
@@ -54,6 +64,25 @@ struct sh_engine_ops {
     void (*pressure)(void *ctx, size_t device_bytes); /* an eviction begins */
     /* The copies allowed in flight per direction changed (sh_engine_hints). */
     void (*set_caps)(void *ctx, unsigned max_d2h, unsigned max_h2d);
+
+    /* What a decision point does (sh_engine_decide, decide.c); each is
+     * needed there, and only there. Early evictions whose copies have
+     * finished: commit_evicted commits them when evicted_ready counts any,
+     * so the room they free is the plan's. read: what the plan reads, now.
+     * policy_lock/unlock (may be NULL) are held around the policy only.
+     * The plan's copies start evictions first (the room they make is what
+     * fetches beyond the next launch wait for), then fetches; a due commit
+     * of the finished fetches follows. hints (may be NULL): the Conductor's
+     * hints changed. Returning nonzero stops the decision point. */
+    size_t (*evicted_ready)(void *ctx);
+    int (*commit_evicted)(void *ctx);
+    void (*read)(void *ctx, struct sh_engine_plan_in *in);
+    void (*policy_lock)(void *ctx);
+    void (*policy_unlock)(void *ctx);
+    int (*start_evictions)(void *ctx, const uint64_t *ids, size_t n);
+    int (*start_fetches)(void *ctx, const uint64_t *ids, size_t n);
+    int (*commit_fetched)(void *ctx);
+    void (*hints)(void *ctx, const struct sh_policy_hints *h);
 };
 
 struct sh_engine {
@@ -107,15 +136,6 @@ void sh_engine_hints(struct sh_engine *e, const struct sh_policy_hints *h);
 /* The copies allowed in flight per direction now. */
 void sh_engine_caps(const struct sh_engine *e, unsigned *max_d2h, unsigned *max_h2d);
 
-/* What a decision point reads: device bytes in use as the plan counts
- * them, the copies in flight each way (slots busy), and the prefetches
- * finished and waiting for their window. */
-struct sh_engine_plan_in {
-    size_t dev;
-    size_t fetching, evicting;
-    size_t fetched;
-};
-
 /* One decision point, under the caller's lock around the policy: tells
  * the policy the pressure and the busy slots, passes the Conductor's hints
  * on when they change (*hints gets them, *changed whether they changed;
@@ -139,6 +159,17 @@ static inline int sh_engine_plan(struct sh_engine *e, struct sh_policy *pol,
         return SH_EBUSY;
     return sh_engine_plan_now(e, pol, in, protect, np, plan, hints, changed);
 }
+
+/* One decision point whole, for callers with nothing to add under the
+ * policy's lock: commits the finished early evictions, reads, plans
+ * (sh_engine_plan, under ops.policy_lock) into plan (its arrays and their
+ * room given), and starts what it chose (sh_engine_start). 0, or the
+ * error of the plan or of an op. */
+int sh_engine_decide(struct sh_engine *e, struct sh_policy *pol, const uint64_t *protect, size_t np,
+                     struct sh_policy_plan *plan);
+/* Starts what a plan chose, through the ops: evictions, then fetches, then
+ * the commit of the finished fetches when due (sh_engine_plan's answer). */
+int sh_engine_start(struct sh_engine *e, const struct sh_policy_plan *plan, int due);
 
 /* 1 once launches are worth recording: the pool has held record_pct of
  * its limit (or sh_engine_arm() said so). Never goes back to 0. */

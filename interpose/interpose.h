@@ -311,6 +311,17 @@ int sh_sched_quiet(void);
 void sh_sched_announce(const uintptr_t *bases, size_t n, int kind);
 size_t sh_sched_evict_commit(int all);
 void sh_sched_plan(const uintptr_t *bases, size_t nb);
+/* A decision point's moves on the pool: the engine's ops (room.c's table,
+ * engine.h says what each does). */
+size_t sh_sched_evicted_ready(void *ctx);
+int sh_sched_commit_evicted(void *ctx);
+void sh_sched_read(void *ctx, struct sh_engine_plan_in *in);
+void sh_sched_lock(void *ctx);
+void sh_sched_unlock(void *ctx);
+int sh_sched_start_evictions(void *ctx, const uint64_t *ids, size_t n);
+int sh_sched_start_fetches(void *ctx, const uint64_t *ids, size_t n);
+int sh_sched_commit_fetched(void *ctx);
+void sh_sched_hints(void *ctx, const struct sh_policy_hints *h);
 /* sh_sched_launch then sh_sched_plan, for a launch that did not wait: one
  * hold of the scheduler's lock where it can. */
 void sh_sched_launch_plan(uint64_t kernel, uint64_t stream, const uintptr_t *bases, size_t n);

@@ -114,6 +114,15 @@ void sh_room_init(void)
         .evict_lru = room_evict_lru,
         .pressure = room_pressure,
         .set_caps = room_set_caps,
+        .evicted_ready = sh_sched_evicted_ready,
+        .commit_evicted = sh_sched_commit_evicted,
+        .read = sh_sched_read,
+        .policy_lock = sh_sched_lock,
+        .policy_unlock = sh_sched_unlock,
+        .start_evictions = sh_sched_start_evictions,
+        .start_fetches = sh_sched_start_fetches,
+        .commit_fetched = sh_sched_commit_fetched,
+        .hints = sh_sched_hints,
     };
     sh_engine_init(&sh_rt.engine, &cfg, &ops, NULL);
 }

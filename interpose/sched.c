@@ -569,53 +569,101 @@ static ALWAYS_INLINE int plan_locked(const struct plan_in *in, const uintptr_t *
     plan->fetch_max = plan->evict_max = MAX_PLAN;
     int due = sh_engine_plan(&sh_rt.engine, policy, &pin, (const uint64_t *)bases, nb, plan, &h,
                              &changed);
-    if (changed) /* stagehand-top shows the hints in force */
-        sh_tm_hints(h.prefetch_window, h.max_inflight_h2d, h.max_inflight_d2h,
-                    h.suppress_speculative, h.rules_fired);
+    if (changed)
+        sh_sched_hints(NULL, &h);
     return due;
 }
 
-/* Starts what the plan chose; commits the prefetches in flight if due. */
-static void plan_start(const struct sh_policy_plan *plan, int due)
+/* ---- a decision point's moves, on the pool (the engine's ops) ---- */
+
+size_t sh_sched_evicted_ready(void *ctx)
 {
+    (void)ctx;
+    size_t inflight = 0;
+    return sh_pool_evict_ready(sh_rt.pool, &inflight);
+}
+
+int sh_sched_commit_evicted(void *ctx)
+{
+    (void)ctx;
+    sh_sched_evict_commit(0);
+    return 0;
+}
+
+void sh_sched_read(void *ctx, struct sh_engine_plan_in *out)
+{
+    (void)ctx;
+    struct plan_in in = {0};
+    uint64_t pressure = atomic_load_explicit(&sh_rt.engine.pressure, memory_order_acquire);
+    sh_pool_evict_ready(sh_rt.pool, &in.evicting);
+    plan_read(&in, pressure, 1);
+    *out = (struct sh_engine_plan_in){
+        .dev = in.dev, .fetching = in.inflight, .evicting = in.evicting, .fetched = in.ready};
+}
+
+void sh_sched_lock(void *ctx)
+{
+    (void)ctx;
+    pthread_mutex_lock(&sched_mu);
+}
+
+void sh_sched_unlock(void *ctx)
+{
+    (void)ctx;
+    pthread_mutex_unlock(&sched_mu);
+}
+
+int sh_sched_start_evictions(void *ctx, const uint64_t *ids, size_t n)
+{
+    (void)ctx;
     uintptr_t moved[MAX_PLAN];
-    size_t n = 0;
-    if (plan->nevict && sh_pool_evict_start(sh_rt.pool, (const uintptr_t *)plan->evict,
-                                            plan->nevict, moved, &n) == SH_OK) {
+    size_t nm = 0;
+    n = n < MAX_PLAN ? n : MAX_PLAN;
+    if (sh_pool_evict_start(sh_rt.pool, (const uintptr_t *)ids, n, moved, &nm) == SH_OK) {
         atomic_fetch_add(&sh_rt.engine.pressure, 1); /* not quiet while they fly */
-        tell(moved, n, SH_RES_TO_HOST);
+        tell(moved, nm, SH_RES_TO_HOST);
     }
-    if (plan->nfetch) {
-        sh_engine_lock(&sh_rt.engine);
-        int started = sh_pool_prefetch_start(sh_rt.pool, (const uintptr_t *)plan->fetch,
-                                             plan->nfetch, moved, &n) == SH_OK;
-        sh_engine_unlock(&sh_rt.engine);
-        if (started)
-            tell(moved, n, SH_RES_TO_DEVICE);
-    }
-    if (due)
-        commit_all();
+    return 0; /* what could not start stays where it is: the next plan sees it */
+}
+
+int sh_sched_start_fetches(void *ctx, const uint64_t *ids, size_t n)
+{
+    (void)ctx;
+    uintptr_t moved[MAX_PLAN];
+    size_t nm = 0;
+    n = n < MAX_PLAN ? n : MAX_PLAN;
+    sh_engine_lock(&sh_rt.engine);
+    int started =
+        sh_pool_prefetch_start(sh_rt.pool, (const uintptr_t *)ids, n, moved, &nm) == SH_OK;
+    sh_engine_unlock(&sh_rt.engine);
+    if (started)
+        tell(moved, nm, SH_RES_TO_DEVICE);
+    return 0;
+}
+
+int sh_sched_commit_fetched(void *ctx)
+{
+    (void)ctx;
+    commit_all();
+    return 0;
+}
+
+/* stagehand-top shows the hints in force. */
+void sh_sched_hints(void *ctx, const struct sh_policy_hints *h)
+{
+    (void)ctx;
+    sh_tm_hints(h->prefetch_window, h->max_inflight_h2d, h->max_inflight_d2h,
+                h->suppress_speculative, h->rules_fired);
 }
 
 void sh_sched_plan(const uintptr_t *bases, size_t nb)
 {
     if (!planning())
         return;
-    struct plan_in in = {0};
-    uint64_t pressure = atomic_load_explicit(&sh_rt.engine.pressure, memory_order_acquire);
-    /* Finished early evictions first: the room they free is the plan's. */
-    if (sh_pool_evict_ready(sh_rt.pool, &in.evicting) > 0) {
-        sh_sched_evict_commit(0);
-        sh_pool_evict_ready(sh_rt.pool, &in.evicting);
-    }
-    plan_read(&in, pressure, 1);
     uint64_t fetch[MAX_PLAN], evict[MAX_PLAN];
-    struct sh_policy_plan plan = {.fetch = fetch, .evict = evict};
-    pthread_mutex_lock(&sched_mu);
-    int due = plan_locked(&in, bases, nb, &plan);
-    pthread_mutex_unlock(&sched_mu);
-    if (due >= 0)
-        plan_start(&plan, due);
+    struct sh_policy_plan plan = {
+        .fetch = fetch, .fetch_max = MAX_PLAN, .evict = evict, .evict_max = MAX_PLAN};
+    sh_engine_decide(&sh_rt.engine, policy, (const uint64_t *)bases, nb, &plan);
 }
 
 /* A launch's recording and plan under one hold of sched_mu: the pool is
@@ -645,5 +693,5 @@ void sh_sched_launch_plan(uint64_t kernel, uint64_t stream, const uintptr_t *bas
     pthread_mutex_unlock(&sched_mu);
     show_where(step, phase);
     if (due >= 0)
-        plan_start(&plan, due);
+        sh_engine_start(&sh_rt.engine, &plan, due);
 }

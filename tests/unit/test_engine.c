@@ -4,7 +4,8 @@
  * where it stops; what it refuses; a capture putting eviction off; the
  * pressure counter around evictions; when launches start being recorded;
  * the Conductor's hints (watermarks and copy caps, only ever lower); a
- * decision point of the planner (sh_engine_plan) over a real policy.
+ * decision point of the planner (sh_engine_plan) over a real policy, and
+ * carried out (sh_engine_decide, sh_engine_start): the order of its moves.
  *
  * The fake is a card of `total` bytes of which `outside` are held outside
  * the pool, and a pool holding `dev`, with so many bytes each link of the
@@ -33,7 +34,25 @@ static struct fake {
     char log[16]; /* the links called, in order: t c p l */
     size_t pressure_at;
     unsigned caps_set, caps[2]; /* set_caps calls; the last d2h, h2d */
+    /* a decision point's moves (decide.c): logged in order, as r (ready
+     * asked), C (commit evicted), R (read), L/U (policy lock, unlock), E/F
+     * (evictions, fetches started), P (fetched committed), H (hints) */
+    char moves[32];
+    size_t ready;                /* evicted_ready's answer */
+    struct sh_engine_plan_in in; /* read's */
+    char fail;                   /* the move that fails, or 0 */
+    int locked;                  /* the policy lock is held */
+    size_t started_evict, started_fetch;
 } f;
+
+/* Logs move m; nonzero when it is the one that fails. */
+static int moved(char m)
+{
+    size_t n = strlen(f.moves);
+    if (n + 1 < sizeof f.moves)
+        f.moves[n] = m;
+    return f.fail == m;
+}
 
 static void called(int link, size_t asked)
 {
@@ -121,6 +140,75 @@ static void set_caps(void *ctx, unsigned max_d2h, unsigned max_h2d)
     f.caps[1] = max_h2d;
 }
 
+static size_t evicted_ready(void *ctx)
+{
+    (void)ctx;
+    moved('r');
+    return f.ready;
+}
+
+static int commit_evicted(void *ctx)
+{
+    (void)ctx;
+    f.ready = 0;
+    return moved('C');
+}
+
+static void read_in(void *ctx, struct sh_engine_plan_in *in)
+{
+    (void)ctx;
+    assert_false(f.locked); /* the pool is read outside the policy's lock */
+    moved('R');
+    *in = f.in;
+}
+
+static void policy_lock(void *ctx)
+{
+    (void)ctx;
+    assert_false(f.locked);
+    f.locked = 1;
+    moved('L');
+}
+
+static void policy_unlock(void *ctx)
+{
+    (void)ctx;
+    assert_true(f.locked);
+    f.locked = 0;
+    moved('U');
+}
+
+static int start_evictions(void *ctx, const uint64_t *ids, size_t n)
+{
+    (void)ctx;
+    (void)ids;
+    assert_false(f.locked); /* copies start outside it */
+    f.started_evict += n;
+    return moved('E');
+}
+
+static int start_fetches(void *ctx, const uint64_t *ids, size_t n)
+{
+    (void)ctx;
+    (void)ids;
+    assert_false(f.locked);
+    f.started_fetch += n;
+    return moved('F');
+}
+
+static int commit_fetched(void *ctx)
+{
+    (void)ctx;
+    return moved('P');
+}
+
+static void hints(void *ctx, const struct sh_policy_hints *h)
+{
+    (void)ctx;
+    (void)h;
+    moved('H');
+}
+
 static const struct sh_engine_ops ops = {
     .device_bytes = device_bytes,
     .mem_info = mem_info,
@@ -131,6 +219,15 @@ static const struct sh_engine_ops ops = {
     .evict_lru = evict_lru,
     .pressure = pressure,
     .set_caps = set_caps,
+    .evicted_ready = evicted_ready,
+    .commit_evicted = commit_evicted,
+    .read = read_in,
+    .policy_lock = policy_lock,
+    .policy_unlock = policy_unlock,
+    .start_evictions = start_evictions,
+    .start_fetches = start_fetches,
+    .commit_fetched = commit_fetched,
+    .hints = hints,
 };
 
 static struct sh_engine e;
@@ -521,6 +618,78 @@ static void test_plan_idle_skipped(void **state)
     sh_policy_destroy(p);
 }
 
+/* ---- a decision point carried out (decide.c) ---- */
+
+/* What a plan chose starts evictions first, then fetches, then the commit
+ * when due; a move that fails stops the rest. */
+static void test_start_order(void **state)
+{
+    (void)state;
+    start(80, 60);
+    uint64_t ev[2] = {1, 2}, fe[1] = {3};
+    struct sh_policy_plan plan = {.evict = ev, .nevict = 2, .fetch = fe, .nfetch = 1};
+    assert_int_equal(sh_engine_start(&e, &plan, 1), 0);
+    assert_string_equal(f.moves, "EFP");
+    assert_int_equal(f.started_evict, 2);
+    assert_int_equal(f.started_fetch, 1);
+    memset(f.moves, 0, sizeof f.moves);
+    assert_int_equal(sh_engine_start(&e, &plan, 0), 0);
+    assert_string_equal(f.moves, "EF"); /* not due: no commit */
+    memset(f.moves, 0, sizeof f.moves);
+    struct sh_policy_plan none = {0};
+    assert_int_equal(sh_engine_start(&e, &none, 1), 0);
+    assert_string_equal(f.moves, "P"); /* nothing chosen, a commit due */
+    memset(f.moves, 0, sizeof f.moves);
+    f.fail = 'E';
+    assert_true(sh_engine_start(&e, &plan, 1) != 0);
+    assert_string_equal(f.moves, "E");
+}
+
+static int decide(struct sh_policy *p)
+{
+    static uint64_t fetch[8], evict[8];
+    struct sh_policy_plan plan = {.fetch = fetch, .fetch_max = 8, .evict = evict, .evict_max = 8};
+    memset(f.moves, 0, sizeof f.moves);
+    return sh_engine_decide(&e, p, NULL, 0, &plan);
+}
+
+/* Finished early evictions are committed before the pool is read, so the
+ * room they free is the plan's; the policy is locked around the plan
+ * only; the hints go on when they change; an idle plan starts nothing. */
+static void test_decide_commits_first(void **state)
+{
+    (void)state;
+    start(80, 60);
+    struct sh_policy *p = policy_with_caps(3, 2);
+    f.in = (struct sh_engine_plan_in){.dev = 10 * MB};
+    f.ready = 2;
+    assert_int_equal(decide(p), 0);
+    assert_string_equal(f.moves, "rCRLUH"); /* first plan: the hints are new */
+    assert_int_equal(decide(p), 0);
+    assert_string_equal(f.moves, "rRLU"); /* idle: nothing started */
+    f.ready = 1;
+    f.fail = 'C';
+    assert_int_equal(decide(p), SH_EINVAL);
+    assert_string_equal(f.moves, "rC"); /* a failed commit stops it */
+    sh_policy_destroy(p);
+}
+
+/* A batch of finished fetches is committed when the plan says it is due
+ * ([transfer] batch_max, 4 here), not before. */
+static void test_decide_commits_a_batch(void **state)
+{
+    (void)state;
+    start(80, 60);
+    struct sh_policy *p = policy_with_caps(3, 2);
+    f.in = (struct sh_engine_plan_in){.dev = 10 * MB, .fetching = 3, .fetched = 3};
+    assert_int_equal(decide(p), 0);
+    assert_null(strchr(f.moves, 'P'));
+    f.in.fetched = 4;
+    assert_int_equal(decide(p), 0);
+    assert_int_equal(f.moves[strlen(f.moves) - 1], 'P');
+    sh_policy_destroy(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -538,6 +707,9 @@ int main(void)
         cmocka_unit_test_teardown(test_hinted_caps, teardown),
         cmocka_unit_test_teardown(test_plan_slots_and_hints, teardown),
         cmocka_unit_test_teardown(test_plan_idle_skipped, teardown),
+        cmocka_unit_test_teardown(test_start_order, teardown),
+        cmocka_unit_test_teardown(test_decide_commits_first, teardown),
+        cmocka_unit_test_teardown(test_decide_commits_a_batch, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

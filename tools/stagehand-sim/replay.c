@@ -249,46 +249,72 @@ static int busy(const struct run *r, int dir)
     return (int)(r->queued[dir].n + r->issued[dir].n);
 }
 
-/* A decision point: the engine's (engine/plan.c), as the library's
+/* ---- a decision point's moves, on the model (the engine's ops) ---- */
+
+size_t sim_evicted_ready(void *ctx)
+{
+    return (size_t)any_ready(ctx, D2H);
+}
+
+/* Finished early evictions, in a window. */
+int sim_commit_evicted(void *ctx)
+{
+    return commit_window(ctx, 1 << D2H, 0, W_EARLY);
+}
+
+void sim_read(void *ctx, struct sh_engine_plan_in *in)
+{
+    struct run *r = ctx;
+    *in = (struct sh_engine_plan_in){.dev = r->used + r->held,
+                                     .fetching = (size_t)busy(r, H2D),
+                                     .evicting = (size_t)busy(r, D2H),
+                                     .fetched = r->nready_dir[H2D]};
+}
+
+int sim_start_evictions(void *ctx, const uint64_t *ids, size_t n)
+{
+    return evict_list(ctx, ids, n, 0);
+}
+
+int sim_start_fetches(void *ctx, const uint64_t *ids, size_t n)
+{
+    struct run *r = ctx;
+    for (size_t i = 0; i < n; i++) {
+        size_t g = reg_of(r, ids[i]);
+        if (g == SIZE_MAX || r->reg[g].res != SH_RES_HOST)
+            return run_fail(r, "policy fetched region %llu, which is not on the host",
+                            (unsigned long long)ids[i]);
+        if (r->used + r->held + r->reg[g].bytes > r->sp->vram_bytes)
+            return run_fail(r, "policy fetch of region %llu would pass the VRAM size",
+                            (unsigned long long)ids[i]);
+        if (start_copy(r, g, H2D, 0))
+            return SH_EINVAL;
+    }
+    return 0;
+}
+
+int sim_commit_fetched(void *ctx)
+{
+    return commit_prefetches(ctx);
+}
+
+/* A decision point: the engine's (engine/decide.c), as the library's
  * sh_sched_plan() makes it. Eviction under the watermarks is the engine's
  * too, when an allocation or a restore needs room (room.c), as in the
  * library. */
 static int decide(struct run *r)
 {
-    /* finished early evictions first, in a window: the room they free is
-     * the plan's */
-    if (any_ready(r, D2H) && commit_window(r, 1 << D2H, 0, W_EARLY))
-        return SH_EINVAL;
-    uint64_t t0 = sh_clock_ns();
     if (reserve_buf(r, r->nreg + 16))
         return SH_EINVAL;
-    const struct sh_engine_plan_in in = {.dev = r->used + r->held,
-                                         .fetching = (size_t)busy(r, H2D),
-                                         .evicting = (size_t)busy(r, D2H),
-                                         .fetched = r->nready_dir[H2D]};
     size_t half = r->capbuf / 2;
     struct sh_policy_plan plan = {
         .fetch = r->buf, .fetch_max = half, .evict = r->buf + half, .evict_max = half};
-    int due = sh_engine_plan(&r->eng, r->pol, &in, r->prot, r->nprot, &plan, NULL, NULL);
+    uint64_t t0 = sh_clock_ns();
+    int rc = sh_engine_decide(&r->eng, r->pol, r->prot, r->nprot, &plan);
     r->policy_ns += sh_clock_ns() - t0;
-    if (due == SH_EBUSY)
-        return 0; /* nothing to start */
-    if (due < 0)
-        return run_fail(r, "policy plan failed: %s", sh_strerror(due));
-    if (evict_list(r, plan.evict, plan.nevict, 0))
-        return SH_EINVAL;
-    for (size_t i = 0; i < plan.nfetch; i++) {
-        size_t g = reg_of(r, plan.fetch[i]);
-        if (g == SIZE_MAX || r->reg[g].res != SH_RES_HOST)
-            return run_fail(r, "policy fetched region %llu, which is not on the host",
-                            (unsigned long long)plan.fetch[i]);
-        if (r->used + r->held + r->reg[g].bytes > r->sp->vram_bytes)
-            return run_fail(r, "policy fetch of region %llu would pass the VRAM size",
-                            (unsigned long long)plan.fetch[i]);
-        if (start_copy(r, g, H2D, 0))
-            return SH_EINVAL;
-    }
-    return due ? commit_prefetches(r) : 0;
+    if (rc != 0 && !r->failed)
+        return run_fail(r, "policy plan failed: %s", sh_strerror(rc));
+    return rc ? SH_EINVAL : 0;
 }
 
 /* ---- trace events ---- */

@@ -113,6 +113,15 @@ int reserve_buf(struct run *r, size_t n);
 /* Starts the eviction of each region listed (a freed one is released). */
 int evict_list(struct run *r, const uint64_t *ids, size_t n, int demand);
 
+/* A decision point's moves on the model: the engine's ops (engine.h). */
+struct sh_engine_plan_in;
+size_t sim_evicted_ready(void *ctx);
+int sim_commit_evicted(void *ctx);
+void sim_read(void *ctx, struct sh_engine_plan_in *in);
+int sim_start_evictions(void *ctx, const uint64_t *ids, size_t n);
+int sim_start_fetches(void *ctx, const uint64_t *ids, size_t n);
+int sim_commit_fetched(void *ctx);
+
 /* ---- the engine over the model (room.c) ---- */
 struct sh_policy_params;
 void room_init(struct run *r, const struct sh_policy_params *pp);

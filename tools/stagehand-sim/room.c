@@ -128,6 +128,12 @@ void room_init(struct run *r, const struct sh_policy_params *pp)
         .device_bytes = device_bytes,
         .commit_early = commit_early,
         .evict_chosen = evict_chosen,
+        .evicted_ready = sim_evicted_ready,
+        .commit_evicted = sim_commit_evicted,
+        .read = sim_read,
+        .start_evictions = sim_start_evictions,
+        .start_fetches = sim_start_fetches,
+        .commit_fetched = sim_commit_fetched,
     };
     sh_engine_init(&r->eng, &cfg, &ops, r);
 }
