@@ -626,6 +626,29 @@ int sh_sched_start_evictions(void *ctx, const uint64_t *ids, size_t n)
     return 0; /* what could not start stays where it is: the next plan sees it */
 }
 
+/* How many of the fetches ids[0..n), in order, fit the budget now; the
+ * room lock held. The plan read the pool before taking it, and another
+ * thread may have taken room since (an allocation, a restore on demand):
+ * what no longer fits waits for the next plan. */
+static size_t fetches_fitting(const uint64_t *ids, size_t n)
+{
+    size_t dev = 0, host = 0;
+    sh_pool_bytes(sh_rt.pool, &dev, &host);
+    size_t used = dev + sh_engine_reserve_recent(&sh_rt.engine, dev, 0);
+    size_t budget = sh_rt.engine.cfg.budget, gran = sh_rt.gran ? sh_rt.gran : 1;
+    size_t k = 0;
+    for (; k < n; k++) {
+        struct sh_region_info info;
+        size_t need = 0;
+        if (sh_pool_lookup(sh_rt.pool, (uintptr_t)ids[k], &info) == 0)
+            need = (info.size + gran - 1) / gran * gran;
+        if (used + need > budget)
+            break;
+        used += need;
+    }
+    return k;
+}
+
 int sh_sched_start_fetches(void *ctx, const uint64_t *ids, size_t n)
 {
     (void)ctx;
@@ -633,8 +656,9 @@ int sh_sched_start_fetches(void *ctx, const uint64_t *ids, size_t n)
     size_t nm = 0;
     n = n < MAX_PLAN ? n : MAX_PLAN;
     sh_engine_lock(&sh_rt.engine);
+    n = fetches_fitting(ids, n);
     int started =
-        sh_pool_prefetch_start(sh_rt.pool, (const uintptr_t *)ids, n, moved, &nm) == SH_OK;
+        n > 0 && sh_pool_prefetch_start(sh_rt.pool, (const uintptr_t *)ids, n, moved, &nm) == SH_OK;
     sh_engine_unlock(&sh_rt.engine);
     if (started)
         tell(moved, nm, SH_RES_TO_DEVICE);
