@@ -122,10 +122,8 @@ static void release(struct sh_engine *e, size_t target, const uintptr_t *protect
         released = e->ops.trim(e->ctx, target);
     if (released < target && e->ops.commit_early) /* early evictions: their copies are under way */
         released += e->ops.commit_early(e->ctx);
-    if (released < target)
-        released += e->ops.evict_chosen(e->ctx, target - released, protect, np);
-    if (released < target && e->ops.evict_lru) /* what the policy would not choose */
-        e->ops.evict_lru(e->ctx, target - released, protect, np);
+    if (released < target) /* the policy's victims */
+        e->ops.evict_chosen(e->ctx, target - released, protect, np);
 }
 
 static size_t min_size(size_t a, size_t b)

@@ -286,8 +286,10 @@ void sh_sched_launch(uint64_t kernel, uint64_t stream, const uintptr_t *bases, s
 /* A step mark (step != 0) or a phase mark. */
 void sh_sched_mark(int step, int phase);
 void sh_sched_residency(const uintptr_t *bases, size_t n, int on_device);
-/* Regions to evict to release need bytes, best first; 0 when the policy
- * has no opinion (the pool's LRU choice applies). */
+/* The region based at va is pinned (sh_pool_pin): never the policy's victim. */
+void sh_sched_pinned(uintptr_t va);
+/* Regions to evict to release need bytes, best first: the only source of
+ * victims (room.c). 0 when the policy has none, or none is running. */
 size_t sh_sched_victims(size_t need, const uintptr_t *protect, size_t np, uintptr_t *out,
                         size_t max);
 int sh_sched_stats(struct sh_sched_stats *out);

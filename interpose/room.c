@@ -10,6 +10,7 @@
 #include "telemetry/telemetry.h"
 
 #define MAX_VICTIMS 256
+#define MAX_ROUNDS  8 /* of asking the policy, for one request */
 
 static size_t device_bytes(void)
 {
@@ -54,25 +55,45 @@ static size_t room_commit_early(void *ctx)
     return sh_sched_evict_commit(1);
 }
 
-/* Evicts the policy's choice of victims; returns the bytes released. */
+static int listed(uintptr_t va, const uintptr_t *list, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (list[i] == va)
+            return 1;
+    return 0;
+}
+
+/* Adds to keep[*nk..] the victims[0..n) that are not in evicted[0..ne). */
+static void keep_skipped(const uintptr_t *victims, size_t n, const uintptr_t *evicted, size_t ne,
+                         uintptr_t *keep, size_t *nk, size_t cap)
+{
+    for (size_t i = 0; i < n && *nk < cap; i++)
+        if (!listed(victims[i], evicted, ne))
+            keep[(*nk)++] = victims[i];
+}
+
+/* Evicts the policy's choice of victims until need bytes are released or
+ * it has none left; returns the bytes released. The policy is the only
+ * source of victims. A victim that another move took meanwhile (an early
+ * eviction that started, a restore) is passed over, and the next round
+ * asks again with it kept: each round evicts a victim or keeps one more. */
 static size_t room_evict_chosen(void *ctx, size_t need, const uintptr_t *protect, size_t np)
 {
     (void)ctx;
-    uintptr_t bases[MAX_VICTIMS], victims[MAX_VICTIMS], evicted[MAX_VICTIMS];
-    size_t nb = sh_pool_bases(sh_rt.pool, protect, np < MAX_VICTIMS ? np : MAX_VICTIMS, bases);
-    size_t n = sh_sched_victims(need, bases, nb, victims, MAX_VICTIMS), released = 0, ne = 0;
-    if (n && sh_pool_evict_these(sh_rt.pool, victims, n, &released, evicted, &ne) == SH_OK) {
+    uintptr_t keep[2 * MAX_VICTIMS], victims[MAX_VICTIMS], evicted[MAX_VICTIMS];
+    size_t nk = sh_pool_bases(sh_rt.pool, protect, np < MAX_VICTIMS ? np : MAX_VICTIMS, keep);
+    size_t released = 0;
+    for (int round = 0; round < MAX_ROUNDS && released < need; round++) {
+        size_t n = sh_sched_victims(need - released, keep, nk, victims, MAX_VICTIMS), got = 0,
+               ne = 0;
+        int rc = n ? sh_pool_evict_these(sh_rt.pool, victims, n, &got, evicted, &ne) : SH_ENOMEM;
+        if (rc != SH_OK && rc != SH_EBUSY)
+            break; /* no victim, or the host side is full */
+        released += got;
         sh_sched_residency(evicted, ne, 0);
         sh_sched_announce(evicted, ne, SH_TM_EV_EVICT);
+        keep_skipped(victims, n, evicted, ne, keep, &nk, sizeof keep / sizeof *keep);
     }
-    return released;
-}
-
-static size_t room_evict_lru(void *ctx, size_t need, const uintptr_t *protect, size_t np)
-{
-    (void)ctx;
-    size_t released = 0;
-    sh_pool_evict(sh_rt.pool, need, protect, np, &released);
     return released;
 }
 
@@ -111,7 +132,6 @@ void sh_room_init(void)
         .trim = room_trim,
         .commit_early = room_commit_early,
         .evict_chosen = room_evict_chosen,
-        .evict_lru = room_evict_lru,
         .pressure = room_pressure,
         .set_caps = room_set_caps,
         .evicted_ready = sh_sched_evicted_ready,

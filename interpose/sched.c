@@ -189,7 +189,7 @@ int sh_sched_init(void)
     t0_ns = sh_clock_ns();
     struct sh_policy_params p;
     if (sh_policy_params_from_config(&sh_rt.cfg, &p) != 0 || sh_policy_create(&p, &policy) != 0) {
-        sh_log(SH_LOG_WARN, "the scheduler could not start; evicting least recently used");
+        sh_log(SH_LOG_WARN, "the scheduler could not start; nothing will be evicted");
         policy = NULL;
     }
     open_trace();
@@ -363,6 +363,15 @@ void sh_sched_residency(const uintptr_t *bases, size_t n, int on_device)
     pthread_mutex_unlock(&sched_mu);
     if (on_device)
         tell_kept(bases, n);
+}
+
+void sh_sched_pinned(uintptr_t va)
+{
+    if (!policy)
+        return;
+    pthread_mutex_lock(&sched_mu);
+    sh_policy_pinned(policy, va);
+    pthread_mutex_unlock(&sched_mu);
 }
 
 size_t sh_sched_victims(size_t need, const uintptr_t *protect, size_t np, uintptr_t *out,

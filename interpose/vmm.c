@@ -210,6 +210,9 @@ int sh_pin_region(uintptr_t p)
 {
     for (int tries = 0; tries < 3; tries++) {
         int rc = sh_pool_pin(sh_rt.pool, p);
+        struct sh_region_info info;
+        if (rc == SH_OK && sh_pool_lookup(sh_rt.pool, p, &info) == SH_OK)
+            sh_sched_pinned(info.va);
         if (rc != SH_EBUSY)
             return rc == SH_ENOTFOUND ? 0 : rc;
         sh_launch_make_resident(&p, 1);

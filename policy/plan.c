@@ -87,7 +87,7 @@ static size_t collect_victims(struct sh_policy *p)
     for (size_t k = 0; k < p->ndset; k++) { /* the live regions on the device */
         uint32_t i = p->dset[k];
         struct region *r = &p->tab[i];
-        if (r->prot == p->stamp || r->mark == p->stamp)
+        if (r->prot == p->stamp || r->mark == p->stamp || r->pinned)
             continue;
         struct victim *v = &p->vic[n++];
         v->slot = i;

@@ -281,6 +281,18 @@ int sh_policy_kept(struct sh_policy *p, uint64_t id, int kept)
     return 0;
 }
 
+int sh_policy_pinned(struct sh_policy *p, uint64_t id)
+{
+    if (!p)
+        return SH_EINVAL;
+    struct region *r = find(p, id);
+    if (!r)
+        return SH_ENOTFOUND;
+    p->version += !r->pinned;
+    r->pinned = 1;
+    return 0;
+}
+
 void sh_policy_slots(struct sh_policy *p, int h2d_busy, int d2h_busy)
 {
     if (!p)

@@ -128,6 +128,9 @@ int sh_policy_residency(struct sh_policy *p, uint64_t id, int residency);
  * written since, so it is a cheaper victim than one that must be copied.
  * 0 for a region never told. */
 int sh_policy_kept(struct sh_policy *p, uint64_t id, int kept);
+/* The region never moves again (another party holds its pages): never a
+ * victim from now on. SH_ENOTFOUND for a region never told. */
+int sh_policy_pinned(struct sh_policy *p, uint64_t id);
 /* Transfer-slot occupancy seen by the caller (feeds the contention rule). */
 void sh_policy_slots(struct sh_policy *p, int h2d_busy, int d2h_busy);
 /* Device bytes in use now (feeds the backward-pressure rule). */

@@ -62,7 +62,8 @@ struct region {
     uint8_t res;
     uint8_t cls;
     uint8_t freed;
-    uint8_t kept; /* keeps a host copy (sh_policy_kept) */
+    uint8_t kept;   /* keeps a host copy (sh_policy_kept) */
+    uint8_t pinned; /* never moves again (sh_policy_pinned) */
 };
 
 /* An identity as recorded: id, allocation number, allocation position,

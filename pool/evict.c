@@ -43,90 +43,11 @@ void sh_pool_set_mover(struct sh_pool *pool, const struct sh_pool_mover *m)
     pthread_mutex_unlock(&pool->mu);
 }
 
-/* ---- choosing victims ---- */
-
+/* The regions of one batch, moved to EVICTING by whoever collected them. */
 struct candidates {
     struct region **r;
-    size_t n, cap;
-    const uintptr_t *protect;
-    size_t np;
+    size_t n;
 };
-
-static int protected_region(const struct candidates *c, const struct region *r)
-{
-    for (size_t i = 0; i < c->np; i++)
-        if (c->protect[i] - r->va < r->mapped)
-            return 1;
-    return 0;
-}
-
-static int collect(void *arg, uintptr_t start, size_t len, void *payload)
-{
-    (void)start;
-    (void)len;
-    struct candidates *c = arg;
-    struct region *r = payload;
-    if (__atomic_load_n(&r->state, __ATOMIC_RELAXED) != SH_RS_RESIDENT || r->path == SH_PATH_SLAB ||
-        __atomic_load_n(&r->pinned, __ATOMIC_RELAXED) || protected_region(c, r))
-        return 0;
-    if (c->n == c->cap) {
-        size_t cap = c->cap ? c->cap * 2 : 64;
-        struct region **t = realloc(c->r, cap * sizeof *t);
-        if (!t)
-            return 1;
-        c->r = t;
-        c->cap = cap;
-    }
-    c->r[c->n++] = r;
-    return 0;
-}
-
-struct aged {
-    uint64_t last_use; /* read once: launches keep touching it while we sort */
-    struct region *r;
-};
-
-static int by_last_use(const void *a, const void *b)
-{
-    const struct aged *x = a, *y = b;
-    return x->last_use < y->last_use ? -1 : x->last_use > y->last_use;
-}
-
-/* Orders c->r least recently used first, on a snapshot of the ages. */
-static void sort_by_age(struct candidates *c)
-{
-    struct aged *a = c->n > 1 ? malloc(c->n * sizeof *a) : NULL;
-    if (!a)
-        return; /* one candidate, or no memory: any order is safe */
-    for (size_t i = 0; i < c->n; i++)
-        a[i] = (struct aged){__atomic_load_n(&c->r[i]->last_use, __ATOMIC_RELAXED), c->r[i]};
-    qsort(a, c->n, sizeof *a, by_last_use);
-    for (size_t i = 0; i < c->n; i++)
-        c->r[i] = a[i].r;
-    free(a);
-}
-
-/* Least recently used first; the choice the learned scheduler replaces. */
-static size_t pick_victims(struct sh_pool *pool, size_t need, struct candidates *c)
-{
-    sh_rw_rdlock(&pool->index_lock);
-    sh_rindex_foreach(pool->index, collect, c);
-    sh_rw_unlock(&pool->index_lock);
-    sort_by_age(c);
-    size_t n = 0, bytes = 0;
-    pthread_mutex_lock(&pool->mu);
-    for (size_t i = 0; i < c->n && bytes < need; i++)
-        if (!c->r[i]->pinned &&
-            sh_state_move_from(&c->r[i]->state, SH_RS_RESIDENT, SH_RS_EVICTING, c->r[i]->id) == 0) {
-            pool->st.regions[SH_RS_RESIDENT]--;
-            pool->st.regions[SH_RS_EVICTING]++;
-            sh_pool_kept_take(pool, c->r[i], 0);
-            c->r[n++] = c->r[i];
-            bytes += c->r[i]->mapped;
-        }
-    pthread_mutex_unlock(&pool->mu);
-    return n;
-}
 
 /* ---- slabs and states ---- */
 
@@ -382,22 +303,6 @@ int sh_pool_can_move(struct sh_pool *pool)
     return pool->mover.xfer && !sh_gate_held(pool->mover.gate) && sh_pool_heal(pool) == 0;
 }
 
-int sh_pool_evict(struct sh_pool *pool, size_t need, const uintptr_t *protect, size_t np,
-                  size_t *released)
-{
-    *released = sh_pool_trim(pool, need); /* freed regions go first, uncopied */
-    if (*released >= need || !sh_pool_can_move(pool))
-        return *released ? 0 : SH_ENOMEM;
-    pthread_mutex_lock(&pool->move_mu);
-    struct candidates c = {.protect = protect, .np = np};
-    size_t n = pick_victims(pool, need - *released, &c);
-    evict_batch(pool, &c, n, released, NULL, NULL);
-    pthread_mutex_unlock(&pool->move_mu);
-    free(c.r);
-    sh_chunkcache_trim(pool->cc, *released); /* give the memory back to the device */
-    return *released ? 0 : SH_ENOMEM;
-}
-
 int sh_pool_evict_these(struct sh_pool *pool, const uintptr_t *vas, size_t n, size_t *released,
                         uintptr_t *evicted, size_t *nevicted)
 {
@@ -423,11 +328,12 @@ int sh_pool_evict_these(struct sh_pool *pool, const uintptr_t *vas, size_t n, si
     }
     sh_rw_unlock(&pool->index_lock);
     pthread_mutex_unlock(&pool->mu);
+    size_t movable = c.n;
     evict_batch(pool, &c, c.n, released, evicted, nevicted);
     pthread_mutex_unlock(&pool->move_mu);
     free(c.r);
     sh_chunkcache_trim(pool->cc, *released);
-    return *released ? 0 : SH_ENOMEM;
+    return *released ? 0 : movable ? SH_ENOMEM : SH_EBUSY;
 }
 
 /* ---- use and restore ---- */

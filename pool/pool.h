@@ -323,18 +323,14 @@ struct sh_pool_mover {
     int clean_skip;
 };
 
-/* Enables eviction. Until called, sh_pool_evict releases nothing. */
+/* Enables eviction. Until called, nothing moves. The pool never chooses
+ * what to evict: its caller names the regions (the policy's victims). */
 void sh_pool_set_mover(struct sh_pool *pool, const struct sh_pool_mover *m);
-/* Moves least recently used resident regions to host slabs until at least
- * need bytes of device memory are released, never a region containing an
- * address in protect[0..np). Regions are never copied once freed: freed
- * ones are dropped first. *released gets the bytes released. SH_ENOMEM if
- * nothing could be released (host side exhausted, or nothing evictable). */
-int sh_pool_evict(struct sh_pool *pool, size_t need, const uintptr_t *protect, size_t np,
-                  size_t *released);
 /* Evicts exactly the resident regions starting at vas[0..n) (the
  * scheduler's choice), in one remap window. The bases of those evicted go
- * to evicted[0..*nevicted) (room for n). */
+ * to evicted[0..*nevicted) (room for n). SH_EBUSY when none of them can
+ * move now (moving already, pinned, not resident, a slab); SH_ENOMEM when
+ * those that could released nothing (the host side is exhausted). */
 int sh_pool_evict_these(struct sh_pool *pool, const uintptr_t *vas, size_t n, size_t *released,
                         uintptr_t *evicted, size_t *nevicted);
 /* What the pointers of one piece of work found (sh_pool_use). */
@@ -475,8 +471,9 @@ void sh_pool_evict_cancel_all(struct sh_pool *pool);
 
 struct sh_pool_region_report {
     uintptr_t va;
-    size_t size;
+    size_t size, mapped;
     uint64_t id, last_use_us;
+    uint64_t last_use; /* the pool's clock at its last use: an order, unlike the time */
     uint32_t evictions, restores;
     int state;
 };

@@ -58,7 +58,7 @@ struct region {
     uint64_t id;
     int state, path;
     uint64_t stream, fence;       /* where and when it was freed */
-    uint64_t last_use;            /* the pool's clock when a launch last used it */
+    uint64_t last_use;            /* the pool's clock when a launch last used it (reports) */
     uint64_t issued;              /* the pool's clock when work using it was last issued */
     uint64_t evict_clock;         /* the pool's clock in its last eviction window */
     uint64_t last_use_us;         /* monotonic time of that last use, for the monitor */

@@ -35,8 +35,10 @@ static int keep_largest(void *arg, uintptr_t start, size_t len, void *payload)
     l->out[slot] = (struct sh_pool_region_report){
         .va = r->va,
         .size = r->size,
+        .mapped = r->mapped,
         .id = r->id,
         .last_use_us = __atomic_load_n(&r->last_use_us, __ATOMIC_RELAXED),
+        .last_use = __atomic_load_n(&r->last_use, __ATOMIC_RELAXED),
         .evictions = __atomic_load_n(&r->evictions, __ATOMIC_RELAXED),
         .restores = __atomic_load_n(&r->restores, __ATOMIC_RELAXED),
         .state = state,

@@ -29,9 +29,9 @@ static struct fake {
     size_t total, outside, dev;
     int no_info, capturing;
     int infos;     /* mem_info calls */
-    size_t can[4]; /* trim, commit_early, evict_chosen, evict_lru */
-    size_t asked[4];
-    char log[16]; /* the links called, in order: t c p l */
+    size_t can[3]; /* trim, commit_early, evict_chosen */
+    size_t asked[3];
+    char log[16]; /* the links called, in order: t c p */
     size_t pressure_at;
     unsigned caps_set, caps[2]; /* set_caps calls; the last d2h, h2d */
     /* a decision point's moves (decide.c): logged in order, as r (ready
@@ -57,7 +57,7 @@ static int moved(char m)
 static void called(int link, size_t asked)
 {
     size_t n = strlen(f.log);
-    f.log[n] = "tcpl"[link];
+    f.log[n] = "tcp"[link];
     f.asked[link] = asked;
 }
 
@@ -115,15 +115,6 @@ static size_t evict_chosen(void *ctx, size_t bytes, const uintptr_t *protect, si
     (void)np;
     called(2, bytes);
     return give(2, bytes);
-}
-
-static size_t evict_lru(void *ctx, size_t bytes, const uintptr_t *protect, size_t np)
-{
-    (void)ctx;
-    (void)protect;
-    (void)np;
-    called(3, bytes);
-    return give(3, bytes);
 }
 
 static void pressure(void *ctx, size_t dev)
@@ -216,7 +207,6 @@ static const struct sh_engine_ops ops = {
     .trim = trim,
     .commit_early = commit_early,
     .evict_chosen = evict_chosen,
-    .evict_lru = evict_lru,
     .pressure = pressure,
     .set_caps = set_caps,
     .evicted_ready = evicted_ready,
@@ -294,7 +284,6 @@ static void test_chain_order_and_stop(void **state)
     f.can[0] = 4 * MB;
     f.can[1] = 6 * MB;
     f.can[2] = 100 * MB;
-    f.can[3] = 100 * MB;
     assert_int_equal(make_room(10), SH_OK); /* 88 MB wanted: 28 MB to release */
     assert_string_equal(f.log, "tcp");
     assert_int_equal(f.asked[0], 28 * MB);
@@ -310,22 +299,24 @@ static void test_chain_order_and_stop(void **state)
     assert_string_equal(f.log, "t");
 }
 
-/* What the policy would not choose comes from least recently used, and
- * when even that is not enough the request fails: SH_ENOMEM. */
-static void test_lru_last_then_enomem(void **state)
+/* The policy's victims are the last link: what they cannot release is
+ * found nowhere else. Under the budget the request still goes on; past it,
+ * it fails: SH_ENOMEM. */
+static void test_chosen_last_then_enomem(void **state)
 {
     (void)state;
     start(80, 60);
     f.dev = 78 * MB;
     f.can[2] = 10 * MB;
-    f.can[3] = 100 * MB;
-    assert_int_equal(make_room(10), SH_OK);
-    assert_string_equal(f.log, "tcpl");
-    assert_int_equal(f.asked[3], 18 * MB);
+    assert_int_equal(make_room(10), SH_OK); /* 68 + 10 of the 100 MB budget */
+    assert_string_equal(f.log, "tcp");
+    assert_int_equal(f.asked[2], 28 * MB);
+    assert_int_equal(f.dev, 68 * MB);
     start(80, 60);
     f.dev = 95 * MB;
-    f.can[3] = 2 * MB; /* 93 MB held: 10 more pass the 100 MB budget */
+    f.can[2] = 2 * MB; /* 93 MB held: 10 more pass the 100 MB budget */
     assert_int_equal(make_room(10), SH_ENOMEM);
+    assert_string_equal(f.log, "tcp");
 }
 
 /* A request the budget could never hold evicts nothing: SH_ERANGE. */
@@ -334,14 +325,14 @@ static void test_too_big_evicts_nothing(void **state)
     (void)state;
     start(80, 60);
     f.dev = 50 * MB;
-    f.can[0] = f.can[3] = 100 * MB;
+    f.can[0] = f.can[2] = 100 * MB;
     assert_int_equal(make_room(101), SH_ERANGE);
     assert_string_equal(f.log, "");
     assert_int_equal(f.dev, 50 * MB);
     /* auto watermarks: never more than fits beside what is held outside */
     start(0, 0);
     f.outside = 20 * MB;
-    f.can[3] = 100 * MB;
+    f.can[2] = 100 * MB;
     assert_int_equal(make_room(80), SH_ERANGE); /* 100 - 20 - one granule = 79 */
     assert_string_equal(f.log, "");
 }
@@ -356,7 +347,7 @@ static void test_auto_watermarks(void **state)
     f.dev = 80 * MB;
     assert_int_equal(sh_engine_limit(&e, f.dev), 89 * MB);
     assert_int_equal(sh_engine_reserve(&e, f.dev), 11 * MB);
-    f.can[3] = 100 * MB;
+    f.can[2] = 100 * MB;
     assert_int_equal(make_room(9), SH_OK); /* 89 MB: at the limit, no eviction */
     assert_string_equal(f.log, "");
     assert_int_equal(make_room(12), SH_OK); /* 92 MB: 3 MB over */
@@ -401,9 +392,9 @@ static void test_low_above_high(void **state)
     (void)state;
     start(80, 90);
     f.dev = 80 * MB;
-    f.can[3] = 100 * MB;
+    f.can[2] = 100 * MB;
     assert_int_equal(make_room(5), SH_OK);
-    assert_int_equal(f.asked[3], 5 * MB);
+    assert_int_equal(f.asked[2], 5 * MB);
 }
 
 /* Eviction inside a stream capture would drain the device and break it:
@@ -414,7 +405,7 @@ static void test_capture_defers(void **state)
     start(80, 60);
     f.dev = 78 * MB;
     f.capturing = 1;
-    f.can[0] = f.can[3] = 100 * MB;
+    f.can[0] = f.can[2] = 100 * MB;
     assert_int_equal(make_room(10), SH_OK); /* 88 of the 100 MB budget */
     assert_string_equal(f.log, "");
     assert_int_equal(atomic_load(&e.deferred), 1);
@@ -468,19 +459,19 @@ static void test_hinted_watermarks(void **state)
     (void)state;
     start(80, 60);
     f.dev = 70 * MB;
-    f.can[3] = 100 * MB;
+    f.can[2] = 100 * MB;
     assert_int_equal(make_room(5), SH_OK); /* 75 of 80: nothing */
     assert_string_equal(f.log, "");
     hint(70, 50, 2, 4);
     assert_int_equal(make_room(5), SH_OK); /* 75 over 70: down to 50 */
-    assert_string_equal(f.log, "tcpl");
+    assert_string_equal(f.log, "tcp");
     assert_int_equal(f.asked[0], 25 * MB);
     assert_int_equal(f.dev, 45 * MB);
     /* the hints as configured (no rule fired) change nothing */
     start(80, 60);
     hint(80, 60, 2, 4);
     f.dev = 78 * MB;
-    f.can[3] = 100 * MB;
+    f.can[2] = 100 * MB;
     assert_int_equal(make_room(10), SH_OK);
     assert_int_equal(f.asked[0], 28 * MB);
 }
@@ -492,7 +483,7 @@ static void test_hints_never_raise(void **state)
     start(80, 60);
     hint(95, 90, 8, 8);
     f.dev = 78 * MB;
-    f.can[3] = 100 * MB;
+    f.can[2] = 100 * MB;
     assert_int_equal(make_room(10), SH_OK); /* 88 over 80: down to 60 */
     assert_int_equal(f.asked[0], 28 * MB);
     unsigned d2h = 0, h2d = 0;
@@ -695,7 +686,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_room_below_the_watermark, teardown),
         cmocka_unit_test_teardown(test_chain_order_and_stop, teardown),
-        cmocka_unit_test_teardown(test_lru_last_then_enomem, teardown),
+        cmocka_unit_test_teardown(test_chosen_last_then_enomem, teardown),
         cmocka_unit_test_teardown(test_too_big_evicts_nothing, teardown),
         cmocka_unit_test_teardown(test_auto_watermarks, teardown),
         cmocka_unit_test_teardown(test_reserve_recent, teardown),

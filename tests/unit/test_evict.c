@@ -128,10 +128,43 @@ static int all_at(uintptr_t va, size_t size, int loc)
     return 1;
 }
 
+#define MAX_LIVE 256
+
+static int by_last_use(const void *a, const void *b)
+{
+    const struct sh_pool_region_report *x = a, *y = b;
+    return x->last_use < y->last_use ? -1 : x->last_use > y->last_use;
+}
+
+static int protects(const struct sh_pool_region_report *r, const uintptr_t *protect, size_t np)
+{
+    for (size_t i = 0; i < np; i++)
+        if (protect[i] - r->va < r->mapped)
+            return 1;
+    return 0;
+}
+
+/* The pool never chooses victims: this stands for the policy. Freed
+ * regions go first (trim), then the least recently used resident ones, never
+ * one holding an address in protect[0..np), until need bytes are released.
+ * 0, or SH_ENOMEM when nothing was. */
 static int evict(size_t need, const uintptr_t *protect, size_t np, size_t *released)
 {
-    *released = 12345;
-    return sh_pool_evict(sys.pool, need, protect, np, released);
+    *released = sh_pool_trim(sys.pool, need);
+    if (*released >= need)
+        return 0;
+    struct sh_pool_region_report r[MAX_LIVE];
+    uintptr_t vas[MAX_LIVE], out[MAX_LIVE];
+    size_t n = sh_pool_regions(sys.pool, r, MAX_LIVE), nv = 0, bytes = 0, got = 0, ne = 0;
+    qsort(r, n, sizeof *r, by_last_use);
+    for (size_t i = 0; i < n && *released + bytes < need; i++)
+        if (r[i].state == SH_RS_RESIDENT && !protects(&r[i], protect, np)) {
+            vas[nv++] = r[i].va;
+            bytes += r[i].mapped;
+        }
+    if (nv && sh_pool_evict_these(sys.pool, vas, nv, &got, out, &ne) == 0)
+        *released += got;
+    return *released ? 0 : SH_ENOMEM;
 }
 
 static int restore1(uintptr_t va)

@@ -1046,9 +1046,10 @@ static void test_many_regions(void **state)
     sh_policy_destroy(p);
 }
 
-/* Victims come only from the live regions on the device, whatever moved
- * in and out, was freed or forgotten, and across the table's growth and
- * rehashing (the set of them is kept as residency changes). */
+/* Victims come only from the live regions on the device that may move
+ * (not pinned), whatever moved in and out, was freed or forgotten, and
+ * across the table's growth and rehashing (the set of them is kept as
+ * residency changes). */
 static void test_victims_only_on_the_device(void **state)
 {
     (void)state;
@@ -1071,8 +1072,13 @@ static void test_victims_only_on_the_device(void **state)
             assert_int_equal(sh_policy_free(p, t_now, id), 0);
             assert_int_equal(sh_policy_forget(p, id), 0);
             want[id - 1] = 0;
+        } else if (id % 11 == 0) { /* its pages are shared: it never moves */
+            assert_int_equal(sh_policy_pinned(p, id), 0);
+            want[id - 1] = 0;
         }
     }
+    assert_int_equal(sh_policy_pinned(p, N + 1), SH_ENOTFOUND);
+    assert_int_equal(sh_policy_pinned(NULL, 1), SH_EINVAL);
     size_t expect = 0;
     for (int i = 0; i < N; i++)
         expect += (size_t)want[i];
