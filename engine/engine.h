@@ -51,8 +51,12 @@ struct sh_engine_plan_in {
 
 /* What the engine acts through. Each eviction op returns the device bytes
  * it released, at most about `bytes` more than asked; trim, commit_early,
- * pressure and set_caps may be NULL (nothing of the kind). evict_chosen
- * evicts the policy's victims: the only source of them. */
+ * land, pressure and set_caps may be NULL (nothing of the kind).
+ * evict_chosen evicts the policy's victims: the only source of them. land
+ * brings every move in flight to its end, waiting for its copies (a
+ * prefetch's scratch memory is room that no other op can give back; once
+ * committed, its region is a victim like any other); nonzero when any
+ * did. */
 struct sh_engine_ops {
     size_t (*device_bytes)(void *ctx); /* the pool's device memory now */
     /* The driver's view of the card; nonzero when it has none. */
@@ -61,6 +65,7 @@ struct sh_engine_ops {
     size_t (*trim)(void *ctx, size_t bytes);
     size_t (*commit_early)(void *ctx);
     size_t (*evict_chosen)(void *ctx, size_t bytes, const uintptr_t *protect, size_t np);
+    int (*land)(void *ctx);
     void (*pressure)(void *ctx, size_t device_bytes); /* an eviction begins */
     /* The copies allowed in flight per direction changed (sh_engine_hints). */
     void (*set_caps)(void *ctx, unsigned max_d2h, unsigned max_h2d);

@@ -153,8 +153,17 @@ int sh_engine_make_room(struct sh_engine *e, size_t need, const uintptr_t *prote
     size_t floor =
         min_size(evict_floor(e, high), atomic_load_explicit(&e->hint_low, memory_order_relaxed));
     release(e, dev + need > floor ? dev + need - floor : 0, protect, np);
+    /* Still short of what the request needs: moves in flight hold the rest.
+     * Landed, their regions are victims too. Only then: a prefetch undone
+     * to reach the low watermark would be a copy for nothing. */
+    dev = e->ops.device_bytes(e->ctx);
+    if (dev + need > cap && e->ops.land && e->ops.land(e->ctx)) {
+        dev = e->ops.device_bytes(e->ctx);
+        release(e, dev + need > floor ? dev + need - floor : 0, protect, np);
+        dev = e->ops.device_bytes(e->ctx);
+    }
     atomic_fetch_add(&e->pressure, 1);
-    return e->ops.device_bytes(e->ctx) + need <= cap ? SH_OK : SH_ENOMEM;
+    return dev + need <= cap ? SH_OK : SH_ENOMEM;
 }
 
 static unsigned cap_of(int v, unsigned configured)

@@ -312,6 +312,8 @@ int sh_sched_quiet(void);
  * of kind (SH_TM_EV_*): its id and size. */
 void sh_sched_announce(const uintptr_t *bases, size_t n, int kind);
 size_t sh_sched_evict_commit(int all);
+/* Commits every prefetch in flight; returns how many regions landed. */
+size_t sh_sched_commit_all(void);
 void sh_sched_plan(const uintptr_t *bases, size_t nb);
 /* A decision point's moves on the pool: the engine's ops (room.c's table,
  * engine.h says what each does). */

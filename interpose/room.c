@@ -97,6 +97,14 @@ static size_t room_evict_chosen(void *ctx, size_t need, const uintptr_t *protect
     return released;
 }
 
+/* Prefetches in flight are committed, their copies waited for (early
+ * evictions in flight were, by commit_early). */
+static int room_land(void *ctx)
+{
+    (void)ctx;
+    return sh_sched_commit_all() > 0;
+}
+
 static void room_pressure(void *ctx, size_t dev)
 {
     (void)ctx;
@@ -132,6 +140,7 @@ void sh_room_init(void)
         .trim = room_trim,
         .commit_early = room_commit_early,
         .evict_chosen = room_evict_chosen,
+        .land = room_land,
         .pressure = room_pressure,
         .set_caps = room_set_caps,
         .evicted_ready = sh_sched_evicted_ready,

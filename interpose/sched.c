@@ -487,7 +487,7 @@ void sh_sched_stall(uintptr_t base, uint64_t wait_us)
 
 /* Commits every prefetch in flight. The window's drain waits for all copies
  * queued anyway, so those not finished yet cost no more than the others. */
-static size_t commit_all(void)
+size_t sh_sched_commit_all(void)
 {
     size_t max = sh_rt.cfg.transfer.batch_max > 0 ? (size_t)sh_rt.cfg.transfer.batch_max : 16;
     uintptr_t done[MAX_PLAN];
@@ -509,7 +509,7 @@ size_t sh_sched_prefetch_wait(const uintptr_t *bases, size_t n)
 {
     if (!sh_rt.xfer || sh_sched_quiet() || sh_pool_prefetch_needed(sh_rt.pool, bases, n) == 0)
         return 0;
-    return commit_all();
+    return sh_sched_commit_all();
 }
 
 /* Commits early evictions: all, or those whose copies have finished.
@@ -677,7 +677,7 @@ int sh_sched_start_fetches(void *ctx, const uint64_t *ids, size_t n)
 int sh_sched_commit_fetched(void *ctx)
 {
     (void)ctx;
-    commit_all();
+    sh_sched_commit_all();
     return 0;
 }
 

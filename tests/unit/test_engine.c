@@ -31,7 +31,8 @@ static struct fake {
     int infos;     /* mem_info calls */
     size_t can[3]; /* trim, commit_early, evict_chosen */
     size_t asked[3];
-    char log[16]; /* the links called, in order: t c p */
+    char log[16];     /* the links called, in order: t c p, and l (land) */
+    size_t in_flight; /* bytes of prefetches in flight: victims once landed */
     size_t pressure_at;
     unsigned caps_set, caps[2]; /* set_caps calls; the last d2h, h2d */
     /* a decision point's moves (decide.c): logged in order, as r (ready
@@ -115,6 +116,16 @@ static size_t evict_chosen(void *ctx, size_t bytes, const uintptr_t *protect, si
     (void)np;
     called(2, bytes);
     return give(2, bytes);
+}
+
+static int land(void *ctx)
+{
+    (void)ctx;
+    f.log[strlen(f.log)] = 'l';
+    f.can[2] += f.in_flight;
+    size_t landed = f.in_flight;
+    f.in_flight = 0;
+    return landed > 0;
 }
 
 static void pressure(void *ctx, size_t dev)
@@ -207,6 +218,7 @@ static const struct sh_engine_ops ops = {
     .trim = trim,
     .commit_early = commit_early,
     .evict_chosen = evict_chosen,
+    .land = land,
     .pressure = pressure,
     .set_caps = set_caps,
     .evicted_ready = evicted_ready,
@@ -316,7 +328,30 @@ static void test_chosen_last_then_enomem(void **state)
     f.dev = 95 * MB;
     f.can[2] = 2 * MB; /* 93 MB held: 10 more pass the 100 MB budget */
     assert_int_equal(make_room(10), SH_ENOMEM);
+    assert_string_equal(f.log, "tcpl"); /* nothing in flight to land */
+}
+
+/* Room held by moves in flight (a prefetch's scratch memory) is taken
+ * only when the request would fail without it: the moves land, and their
+ * regions are the policy's victims like any other. */
+static void test_land_only_when_short(void **state)
+{
+    (void)state;
+    start(80, 60);
+    f.dev = 95 * MB;
+    f.in_flight = 30 * MB;
+    assert_int_equal(make_room(10), SH_OK);
+    assert_string_equal(f.log, "tcpltcp");
+    assert_int_equal(f.asked[2], 45 * MB); /* down to the low watermark */
+    assert_int_equal(f.dev, 65 * MB);
+    /* enough without them, though above the low watermark: left in flight */
+    start(80, 60);
+    f.dev = 78 * MB;
+    f.can[2] = 10 * MB;
+    f.in_flight = 30 * MB;
+    assert_int_equal(make_room(10), SH_OK);
     assert_string_equal(f.log, "tcp");
+    assert_int_equal(f.in_flight, 30 * MB);
 }
 
 /* A request the budget could never hold evicts nothing: SH_ERANGE. */
@@ -687,6 +722,7 @@ int main(void)
         cmocka_unit_test_teardown(test_room_below_the_watermark, teardown),
         cmocka_unit_test_teardown(test_chain_order_and_stop, teardown),
         cmocka_unit_test_teardown(test_chosen_last_then_enomem, teardown),
+        cmocka_unit_test_teardown(test_land_only_when_short, teardown),
         cmocka_unit_test_teardown(test_too_big_evicts_nothing, teardown),
         cmocka_unit_test_teardown(test_auto_watermarks, teardown),
         cmocka_unit_test_teardown(test_reserve_recent, teardown),
