@@ -588,10 +588,27 @@ void sh_launch_mark_upload(const void *dst, const void *src, size_t n)
     sh_launch_mark_upload_rows(dst, 0, src, 0, n, 1);
 }
 
-/* Makes the launch's regions resident: prefetches in flight are committed
- * first, then evicted ones are restored. u is what sh_pool_use found at t0
- * (a commit makes its host count stale: counted again). Returns the
- * microseconds the launch waited, 0 if none. */
+/* When the launch's evicted regions do not all fit: those of was[0..nwas)
+ * that do, taken in the launch's order, in one window; the others stay on
+ * the host, where the launch reaches them over the bus. The room lock
+ * held. 0 when every one came back. */
+static int restore_some(const uintptr_t *addrs, size_t n, const uintptr_t *was, size_t nwas)
+{
+    uintptr_t fit[MAX_ADDRS];
+    size_t nfit = 0, bytes = 0;
+    for (size_t i = 0; i < nwas; i++) {
+        struct sh_region_info info;
+        if (sh_pool_lookup(sh_rt.pool, was[i], &info) != 0 || info.state != SH_RS_HOST)
+            continue;
+        if (sh_engine_make_room(&sh_rt.engine, bytes + info.mapped, addrs, n) == SH_OK) {
+            bytes += info.mapped;
+            fit[nfit++] = was[i];
+        }
+    }
+    int rc = nfit ? sh_pool_restore(sh_rt.pool, fit, nfit) : SH_ENOMEM;
+    return rc ? rc : nfit < nwas ? SH_ENOMEM : 0;
+}
+
 /* Brings back the launch's evicted regions (host bytes of them). */
 static void restore(const uintptr_t *addrs, size_t n, const struct sh_pool_use *u, size_t host)
 {
@@ -600,15 +617,24 @@ static void restore(const uintptr_t *addrs, size_t n, const struct sh_pool_use *
     sh_engine_lock(&sh_rt.engine);
     int room = sh_engine_make_room(&sh_rt.engine, host, addrs, n);
     int rc = room ? room : sh_pool_restore(sh_rt.pool, addrs, n);
+    if (room == SH_ENOMEM || room == SH_ERANGE)
+        rc = restore_some(addrs, n, was, nwas);
     sh_engine_unlock(&sh_rt.engine);
-    if (rc) /* which step and how much, for a trace of a slow step */
+    if (rc) { /* which step and how much, for a trace of a slow step */
+        uintptr_t left[MAX_ADDRS];
         sh_log(SH_LOG_DEBUG,
-               "a launch runs on host-mapped memory: %s (%d) with %zu MB of its %zu regions "
-               "on the host",
-               room ? "no room to restore" : "the restore failed", rc, host >> 20, u->nbases);
+               "a launch runs on host-mapped memory: %s (%d); %zu of its %zu regions (%zu MB) were "
+               "on the host, %zu still are",
+               room ? "no room for all" : "the restore failed", rc, nwas, u->nbases, host >> 20,
+               in_state(was, nwas, SH_RS_HOST, left));
+    }
     report_residency(u->bases, u->nbases, was, nwas);
 }
 
+/* Makes the launch's regions resident: prefetches in flight are committed
+ * first, then evicted ones are restored. u is what sh_pool_use found at t0
+ * (a commit makes its host count stale: counted again). Returns the
+ * microseconds the launch waited, 0 if none. */
 static inline __attribute__((always_inline)) uint64_t
 make_resident(const uintptr_t *addrs, size_t n, const struct sh_pool_use *u, uint64_t t0)
 {

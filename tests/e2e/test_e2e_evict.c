@@ -618,6 +618,72 @@ static void test_texture(void **state)
         cudaFree(r[i]);
 }
 
+/* bump_many(p[0], ..., p[MANY - 1], n): p[r][i] += 1 in every region. */
+#define MANY 20 /* 80 MB: more than the 64 MB budget */
+static void k_bump_many(void **a)
+{
+    size_t n = *(size_t *)a[MANY];
+    for (int r = 0; r < MANY; r++) {
+        uint32_t *p = *(uint32_t **)a[r];
+        for (size_t i = 0; i < n; i++)
+            p[i] += 1;
+    }
+}
+
+static int resident_count(void *const *r, int n)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        k += residency(r[i]) == 1;
+    return k;
+}
+
+/* A launch whose evicted regions do not all fit the budget: as many as fit
+ * come back, the others stay on the host, where the kernel reaches them at
+ * the same addresses. Before, none came back: the whole launch ran on the
+ * host mappings. */
+static void test_launch_past_the_budget(void **state)
+{
+    (void)state;
+    if (!preloaded)
+        skip();
+    void *r[MANY], *other[16];
+    for (int i = 0; i < MANY; i++) {
+        assert_int_equal(cudaMalloc(&r[i], (size_t)REGION_MB << 20), cudaSuccess);
+        assert_int_equal(fill(r[i], WORDS, (uint32_t)(200 + i), NULL), cudaSuccess);
+    }
+    for (int i = 0; i < 16; i++) { /* 64 MB more: most of r goes to the host */
+        assert_int_equal(cudaMalloc(&other[i], (size_t)REGION_MB << 20), cudaSuccess);
+        assert_int_equal(fill(other[i], WORDS, (uint32_t)(300 + i), NULL), cudaSuccess);
+    }
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    int before = resident_count(r, MANY);
+    assert_true(before < MANY / 2);
+    void *args[MANY + 1];
+    size_t n = WORDS;
+    for (int i = 0; i < MANY; i++)
+        args[i] = &r[i];
+    args[MANY] = &n;
+    assert_int_equal(cudaLaunchKernel((const void *)k_bump_many, one, one, args, 0, NULL),
+                     cudaSuccess);
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    int after = resident_count(r, MANY);
+    assert_true(after >= before + 8); /* 32 MB of them at least, within the budget */
+    assert_true(after < MANY);
+    for (int i = 0; i < MANY; i++)
+        assert_int_equal(mismatches(r[i], WORDS, (uint32_t)(200 + i), 1, NULL), 0);
+    for (int i = 0; i < 16; i++)
+        assert_int_equal(mismatches(other[i], WORDS, (uint32_t)(300 + i), 0, NULL), 0);
+    simcuda_stats_t sim;
+    simcuda_get_stats(&sim);
+    /* the regions fill the budget; the fingerprints' buffer is beside it */
+    assert_true(sim.device_bytes_peak <= ((size_t)BUDGET_MB << 20) + (64 << 10));
+    for (int i = 0; i < MANY; i++)
+        cudaFree(r[i]);
+    for (int i = 0; i < 16; i++)
+        cudaFree(other[i]);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -632,6 +698,11 @@ static int setup(void **state)
     assert_int_equal(simcuda_register_kernel(k_put, "put", 3, put_sizes, 0), 0);
     size_t tex_sizes[] = {sizeof(unsigned long long), sizeof(void *), sizeof(size_t)};
     assert_int_equal(simcuda_register_kernel(k_tex_copy, "tex_copy", 3, tex_sizes, 0), 0);
+    size_t many_sizes[MANY + 1];
+    for (int i = 0; i < MANY; i++)
+        many_sizes[i] = sizeof(void *);
+    many_sizes[MANY] = sizeof(size_t);
+    assert_int_equal(simcuda_register_kernel(k_bump_many, "bump_many", MANY + 1, many_sizes, 0), 0);
     stagehand_stats_t st;
     stats(&st);
     return 0;
@@ -667,6 +738,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_unreadable_layout),
         cmocka_unit_test(test_packed_unhooked),
         cmocka_unit_test(test_texture),
+        cmocka_unit_test(test_launch_past_the_budget),
     };
     if (getenv("E2E_EVICT_LAYOUT"))
         return _cmocka_run_group_tests("e2e_evict (layout)", tests + 8, 1, setup, NULL);
