@@ -235,6 +235,12 @@ void sh_launch_prepare(uint64_t kernel, uintptr_t *vals, size_t n);
 /* Commits prefetches of, and restores, the regions at addrs, as a launch
  * would (best effort: check where they are afterwards). */
 void sh_launch_make_resident(const uintptr_t *addrs, size_t n);
+/* The most regions one launch names that are followed one by one. */
+#define SH_LAUNCH_MAX_REGIONS 256
+/* restore.c: brings back the evicted regions of a launch (addrs[0..n), what
+ * sh_pool_use found in u, host bytes of them on the host), or as many as
+ * fit the budget; tells the policy and the monitor. */
+void sh_launch_restore(const uintptr_t *addrs, size_t n, const struct sh_pool_use *u, size_t host);
 
 /* CUPTI (cupti.c): the library's subscription, and handing it to another
  * subscriber and back. sh_cupti_mode: enum sh_track_mode now.

@@ -9,8 +9,8 @@
  * Each launch's parameter buffer is scanned at every 4-byte-aligned
  * position against the region index, using parameter offsets and sizes from cuFuncGetParamInfo /
  * cuKernelGetParamInfo, cached per function. Evicted regions it touches are
- * restored before the launch proceeds; the launch then holds the remap
- * gate's read side until it has been issued.
+ * restored before the launch proceeds (restore.c); the launch then holds
+ * the remap gate's read side until it has been issued.
  *
  * Locking: layout_mu guards the layout cache; ranges_mu the pointer-table
  * ranges (ranges_min/max are read without it). The depth counter is
@@ -31,7 +31,7 @@
 
 #define LAYOUTS    4096
 #define MAX_PARAMS 128
-#define MAX_ADDRS  256
+#define MAX_ADDRS  SH_LAUNCH_MAX_REGIONS
 
 struct layout {
     const void *key;
@@ -446,29 +446,6 @@ size_t sh_launch_scan(const void *key, int kind, void **args, uintptr_t *addrs, 
     return n;
 }
 
-/* The bases among bases[0..nb) of regions in state `state` (to out). */
-static size_t in_state(const uintptr_t *bases, size_t nb, int state, uintptr_t *out)
-{
-    size_t n = 0;
-    for (size_t i = 0; i < nb; i++) {
-        struct sh_region_info info;
-        if (sh_pool_lookup(sh_rt.pool, bases[i], &info) == 0 && info.state == state)
-            out[n++] = bases[i];
-    }
-    return n;
-}
-
-/* Tells the policy where the launch's regions are now (a restore that
- * failed leaves a region on the host, found again next time), and the
- * monitor which of those that were on the host (was[0..nwas)) came back. */
-static void report_residency(const uintptr_t *bases, size_t nb, const uintptr_t *was, size_t nwas)
-{
-    uintptr_t on[MAX_ADDRS], off[MAX_ADDRS];
-    sh_sched_residency(on, in_state(bases, nb, SH_RS_RESIDENT, on), 1);
-    sh_sched_residency(off, in_state(bases, nb, SH_RS_HOST, off), 0);
-    sh_sched_announce(on, in_state(was, nwas, SH_RS_RESIDENT, on), SH_TM_EV_RESTORE);
-}
-
 /* A copy or graph on another device's stream can use regions with no peer
  * access: drains wait for its context from now on. A kernel on another
  * device reaches them only through peer access (peers.c), so a kernel
@@ -588,49 +565,6 @@ void sh_launch_mark_upload(const void *dst, const void *src, size_t n)
     sh_launch_mark_upload_rows(dst, 0, src, 0, n, 1);
 }
 
-/* When the launch's evicted regions do not all fit: those of was[0..nwas)
- * that do, taken in the launch's order, in one window; the others stay on
- * the host, where the launch reaches them over the bus. The room lock
- * held. 0 when every one came back. */
-static int restore_some(const uintptr_t *addrs, size_t n, const uintptr_t *was, size_t nwas)
-{
-    uintptr_t fit[MAX_ADDRS];
-    size_t nfit = 0, bytes = 0;
-    for (size_t i = 0; i < nwas; i++) {
-        struct sh_region_info info;
-        if (sh_pool_lookup(sh_rt.pool, was[i], &info) != 0 || info.state != SH_RS_HOST)
-            continue;
-        if (sh_engine_make_room(&sh_rt.engine, bytes + info.mapped, addrs, n) == SH_OK) {
-            bytes += info.mapped;
-            fit[nfit++] = was[i];
-        }
-    }
-    int rc = nfit ? sh_pool_restore(sh_rt.pool, fit, nfit) : SH_ENOMEM;
-    return rc ? rc : nfit < nwas ? SH_ENOMEM : 0;
-}
-
-/* Brings back the launch's evicted regions (host bytes of them). */
-static void restore(const uintptr_t *addrs, size_t n, const struct sh_pool_use *u, size_t host)
-{
-    uintptr_t was[MAX_ADDRS];
-    size_t nwas = in_state(u->bases, u->nbases, SH_RS_HOST, was);
-    sh_engine_lock(&sh_rt.engine);
-    int room = sh_engine_make_room(&sh_rt.engine, host, addrs, n);
-    int rc = room ? room : sh_pool_restore(sh_rt.pool, addrs, n);
-    if (room == SH_ENOMEM || room == SH_ERANGE)
-        rc = restore_some(addrs, n, was, nwas);
-    sh_engine_unlock(&sh_rt.engine);
-    if (rc) { /* which step and how much, for a trace of a slow step */
-        uintptr_t left[MAX_ADDRS];
-        sh_log(SH_LOG_DEBUG,
-               "a launch runs on host-mapped memory: %s (%d); %zu of its %zu regions (%zu MB) were "
-               "on the host, %zu still are",
-               room ? "no room for all" : "the restore failed", rc, nwas, u->nbases, host >> 20,
-               in_state(was, nwas, SH_RS_HOST, left));
-    }
-    report_residency(u->bases, u->nbases, was, nwas);
-}
-
 /* Makes the launch's regions resident: prefetches in flight are committed
  * first, then evicted ones are restored. u is what sh_pool_use found at t0
  * (a commit makes its host count stale: counted again). Returns the
@@ -645,7 +579,7 @@ make_resident(const uintptr_t *addrs, size_t n, const struct sh_pool_use *u, uin
         sh_pool_touch(sh_rt.pool, addrs, n, &host);
     if (host == 0)
         return committed ? sh_clock_us() - t0 + 1 : 0;
-    restore(addrs, n, u, host);
+    sh_launch_restore(addrs, n, u, host);
     return sh_clock_us() - t0 + 1;
 }
 

@@ -1,0 +1,79 @@
+/* restore.c — bringing a launch's evicted regions back before it runs
+ * (launch.c's slow path): room made under the engine's lock, then one
+ * remap window; when they do not all fit, as many as do. The policy and
+ * the monitor are told where each region ended up.
+ *
+ * Shared state: none of its own; the room lock is the engine's.
+ */
+#include "interpose/interpose.h"
+
+#include "sh_err.h"
+#include "sh_log.h"
+#include "telemetry/telemetry.h"
+
+#define MAX_ADDRS SH_LAUNCH_MAX_REGIONS
+
+/* The bases among bases[0..nb) of regions in state `state` (to out). */
+static size_t in_state(const uintptr_t *bases, size_t nb, int state, uintptr_t *out)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < nb; i++) {
+        struct sh_region_info info;
+        if (sh_pool_lookup(sh_rt.pool, bases[i], &info) == 0 && info.state == state)
+            out[n++] = bases[i];
+    }
+    return n;
+}
+
+/* Tells the policy where the launch's regions are now (a restore that
+ * failed leaves a region on the host, found again next time), and the
+ * monitor which of those that were on the host (was[0..nwas)) came back. */
+static void report_residency(const uintptr_t *bases, size_t nb, const uintptr_t *was, size_t nwas)
+{
+    uintptr_t on[MAX_ADDRS], off[MAX_ADDRS];
+    sh_sched_residency(on, in_state(bases, nb, SH_RS_RESIDENT, on), 1);
+    sh_sched_residency(off, in_state(bases, nb, SH_RS_HOST, off), 0);
+    sh_sched_announce(on, in_state(was, nwas, SH_RS_RESIDENT, on), SH_TM_EV_RESTORE);
+}
+
+/* When the launch's evicted regions do not all fit: those of was[0..nwas)
+ * that do, taken in the launch's order, in one window; the others stay on
+ * the host, where the launch reaches them over the bus. The room lock
+ * held. 0 when every one came back. */
+static int restore_some(const uintptr_t *addrs, size_t n, const uintptr_t *was, size_t nwas)
+{
+    uintptr_t fit[MAX_ADDRS];
+    size_t nfit = 0, bytes = 0;
+    for (size_t i = 0; i < nwas; i++) {
+        struct sh_region_info info;
+        if (sh_pool_lookup(sh_rt.pool, was[i], &info) != 0 || info.state != SH_RS_HOST)
+            continue;
+        if (sh_engine_make_room(&sh_rt.engine, bytes + info.mapped, addrs, n) == SH_OK) {
+            bytes += info.mapped;
+            fit[nfit++] = was[i];
+        }
+    }
+    int rc = nfit ? sh_pool_restore(sh_rt.pool, fit, nfit) : SH_ENOMEM;
+    return rc ? rc : nfit < nwas ? SH_ENOMEM : 0;
+}
+
+void sh_launch_restore(const uintptr_t *addrs, size_t n, const struct sh_pool_use *u, size_t host)
+{
+    uintptr_t was[MAX_ADDRS];
+    size_t nwas = in_state(u->bases, u->nbases, SH_RS_HOST, was);
+    sh_engine_lock(&sh_rt.engine);
+    int room = sh_engine_make_room(&sh_rt.engine, host, addrs, n);
+    int rc = room ? room : sh_pool_restore(sh_rt.pool, addrs, n);
+    if (room == SH_ENOMEM || room == SH_ERANGE)
+        rc = restore_some(addrs, n, was, nwas);
+    sh_engine_unlock(&sh_rt.engine);
+    if (rc) { /* which step and how much, for a trace of a slow step */
+        uintptr_t left[MAX_ADDRS];
+        sh_log(SH_LOG_DEBUG,
+               "a launch runs on host-mapped memory: %s (%d); %zu of its %zu regions (%zu MB) were "
+               "on the host, %zu still are",
+               room ? "no room for all" : "the restore failed", rc, nwas, u->nbases, host >> 20,
+               in_state(was, nwas, SH_RS_HOST, left));
+    }
+    report_residency(u->bases, u->nbases, was, nwas);
+}
