@@ -114,16 +114,30 @@ static void arm_at(struct sh_engine *e, size_t held, size_t limit)
         atomic_store(&e->armed, 1);
 }
 
-/* The chain, cheapest first, until target bytes are released. */
-static void release(struct sh_engine *e, size_t target, const uintptr_t *protect, size_t np)
+/* Device bytes above goal, as the pool holds them now: each link is asked
+ * for what is left, read again rather than summed from what the links say
+ * they released (a release the device bytes do not show, or memory that
+ * is no link's, would leave the request short). */
+static size_t above(struct sh_engine *e, size_t goal)
 {
-    size_t released = 0;
-    if (e->ops.trim) /* freed regions, uncopied */
-        released = e->ops.trim(e->ctx, target);
-    if (released < target && e->ops.commit_early) /* early evictions: their copies are under way */
-        released += e->ops.commit_early(e->ctx);
-    if (released < target) /* the policy's victims */
-        e->ops.evict_chosen(e->ctx, target - released, protect, np);
+    size_t dev = e->ops.device_bytes(e->ctx);
+    return dev > goal ? dev - goal : 0;
+}
+
+/* The chain, cheapest first, until the device holds goal bytes or less.
+ * The policy is asked again while its victims release something and the
+ * goal is not met: a move may take device memory of its own (the first
+ * fingerprint allocates the library's buffer). */
+static void release(struct sh_engine *e, size_t goal, const uintptr_t *protect, size_t np)
+{
+    size_t left = above(e, goal);
+    if (left && e->ops.trim) /* freed regions, uncopied */
+        e->ops.trim(e->ctx, left);
+    if ((left = above(e, goal)) && e->ops.commit_early) /* early evictions under way */
+        e->ops.commit_early(e->ctx);
+    for (int pass = 0; pass < 4 && (left = above(e, goal)); pass++)
+        if (e->ops.evict_chosen(e->ctx, left, protect, np) == 0) /* the policy's victims */
+            break;
 }
 
 static size_t min_size(size_t a, size_t b)
@@ -152,14 +166,14 @@ int sh_engine_make_room(struct sh_engine *e, size_t need, const uintptr_t *prote
     }
     size_t floor =
         min_size(evict_floor(e, high), atomic_load_explicit(&e->hint_low, memory_order_relaxed));
-    release(e, dev + need > floor ? dev + need - floor : 0, protect, np);
+    size_t goal = floor > need ? floor - need : 0;
+    release(e, goal, protect, np);
     /* Still short of what the request needs: moves in flight hold the rest.
      * Landed, their regions are victims too. Only then: a prefetch undone
      * to reach the low watermark would be a copy for nothing. */
     dev = e->ops.device_bytes(e->ctx);
     if (dev + need > cap && e->ops.land && e->ops.land(e->ctx)) {
-        dev = e->ops.device_bytes(e->ctx);
-        release(e, dev + need > floor ? dev + need - floor : 0, protect, np);
+        release(e, goal, protect, np);
         dev = e->ops.device_bytes(e->ctx);
     }
     atomic_fetch_add(&e->pressure, 1);
