@@ -40,12 +40,20 @@ trap 'rm -rf "$tmp"' EXIT
 # callgrind_annotate splits a function's inclusive cost over the spellings
 # of its file name.
 dispatch=(--toggle-collect='sim_api_e*' --toggle-collect=on_callback)
+# The telemetry publisher's thread (pub_main) is left out too: it samples on
+# a timer, so under callgrind, tens of times slower, it runs tens of times
+# more often per launch than beside a card, and as often as the run's
+# timing allows: counted, it moved the figures by about 70 from one run to
+# the next. Left out, two runs count the same. The step and phase changes
+# the launch thread tells it are counted.
+quiet_threads=(--toggle-collect=pub_main)
 
 # Ir of the instrumented loop less the simulated copies' own, and the scan's.
 count() {
     local out="$tmp/cg.$1"
     shift
-    valgrind --tool=callgrind --instr-atstart=no "${dispatch[@]}" --collect-atstart=yes \
+    valgrind --tool=callgrind --instr-atstart=no "${dispatch[@]}" "${quiet_threads[@]}" \
+        --collect-atstart=yes \
         --callgrind-out-file="$out" "$@" \
         >"$tmp/log" 2>&1 || { cat "$tmp/log" >&2; echo "bench: $* failed" >&2; exit 1; }
     callgrind_annotate --inclusive=yes "$out" 2>/dev/null | awk '
