@@ -64,7 +64,7 @@ EXPORT int stagehand_get_stats(stagehand_stats_t *out, size_t size)
         s.budget_bytes = sh_rt.cfg.budget.vram_budget.bytes;
         s.high_watermark = sh_rt.cfg.budget.vram_high_watermark.bytes;
         s.low_watermark = sh_rt.cfg.budget.vram_low_watermark.bytes;
-        s.device_bytes = st.device_bytes + sh_fingerprint_device_bytes();
+        s.device_bytes = sh_sched_device_bytes();
         s.live_bytes = st.live_bytes;
         s.regions_live = st.regions[SH_RS_RESIDENT] + st.regions[SH_RS_EVICTING] +
                          st.regions[SH_RS_HOST] + st.regions[SH_RS_RESTORING] - st.slabs;

@@ -320,6 +320,10 @@ void sh_sched_announce(const uintptr_t *bases, size_t n, int kind);
 size_t sh_sched_evict_commit(int all);
 /* Commits every prefetch in flight; returns how many regions landed. */
 size_t sh_sched_commit_all(void);
+/* The device memory the budget bounds: the pool's, and the library's own
+ * buffer (the fingerprints', fingerprint.c), as stagehand_get_stats counts
+ * them. */
+size_t sh_sched_device_bytes(void);
 void sh_sched_plan(const uintptr_t *bases, size_t nb);
 /* A decision point's moves on the pool: the engine's ops (room.c's table,
  * engine.h says what each does). */

@@ -112,7 +112,7 @@ void sh_monitor_sync(void)
     delta(SH_TM_C_stall_count, stalls, &last.stalls);
     delta(SH_TM_C_stall_time_us, stall_us, &last.stall_us);
     pthread_mutex_unlock(&sync_mu);
-    sh_tm_vram(st.device_bytes + sh_fingerprint_device_bytes());
+    sh_tm_vram(sh_sched_device_bytes());
     set_region_gauges(&st);
     set_host_gauges();
     if (sh_rt.xfer) {

@@ -43,18 +43,19 @@ static void report_residency(const uintptr_t *bases, size_t nb, const uintptr_t 
 static int restore_some(const uintptr_t *addrs, size_t n, const uintptr_t *was, size_t nwas)
 {
     uintptr_t fit[MAX_ADDRS];
-    size_t nfit = 0, bytes = 0;
+    size_t nfit = 0, nhost = 0, bytes = 0;
     for (size_t i = 0; i < nwas; i++) {
         struct sh_region_info info;
         if (sh_pool_lookup(sh_rt.pool, was[i], &info) != 0 || info.state != SH_RS_HOST)
-            continue;
+            continue; /* back already, or freed */
+        nhost++;
         if (sh_engine_make_room(&sh_rt.engine, bytes + info.mapped, addrs, n) == SH_OK) {
             bytes += info.mapped;
             fit[nfit++] = was[i];
         }
     }
-    int rc = nfit ? sh_pool_restore(sh_rt.pool, fit, nfit) : SH_ENOMEM;
-    return rc ? rc : nfit < nwas ? SH_ENOMEM : 0;
+    int rc = nfit ? sh_pool_restore(sh_rt.pool, fit, nfit) : 0;
+    return rc ? rc : nfit < nhost ? SH_ENOMEM : 0;
 }
 
 void sh_launch_restore(const uintptr_t *addrs, size_t n, const struct sh_pool_use *u, size_t host)

@@ -12,19 +12,10 @@
 #define MAX_VICTIMS 256
 #define MAX_ROUNDS  8 /* of asking the policy, for one request */
 
-/* The pool's device memory and the library's own (the fingerprints'
- * buffer), as the statistics report them: both count against the budget. */
-static size_t device_bytes(void)
-{
-    struct sh_pool_stats st;
-    sh_pool_stats(sh_rt.pool, &st);
-    return st.device_bytes + sh_fingerprint_device_bytes();
-}
-
 static size_t room_device_bytes(void *ctx)
 {
     (void)ctx;
-    return device_bytes();
+    return sh_sched_device_bytes();
 }
 
 /* The managed device's figures, whichever device the caller has current. */

@@ -635,23 +635,26 @@ int sh_sched_start_evictions(void *ctx, const uint64_t *ids, size_t n)
     return 0; /* what could not start stays where it is: the next plan sees it */
 }
 
+size_t sh_sched_device_bytes(void)
+{
+    size_t dev = 0, host = 0;
+    sh_pool_bytes(sh_rt.pool, &dev, &host);
+    return dev + sh_fingerprint_device_bytes();
+}
+
 /* How many of the fetches ids[0..n), in order, fit the budget now; the
  * room lock held. The plan read the pool before taking it, and another
  * thread may have taken room since (an allocation, a restore on demand):
  * what no longer fits waits for the next plan. */
 static size_t fetches_fitting(const uint64_t *ids, size_t n)
 {
-    size_t dev = 0, host = 0;
-    sh_pool_bytes(sh_rt.pool, &dev, &host);
+    size_t dev = sh_sched_device_bytes();
     size_t used = dev + sh_engine_reserve_recent(&sh_rt.engine, dev, 0);
-    size_t budget = sh_rt.engine.cfg.budget, gran = sh_rt.gran ? sh_rt.gran : 1;
     size_t k = 0;
     for (; k < n; k++) {
         struct sh_region_info info;
-        size_t need = 0;
-        if (sh_pool_lookup(sh_rt.pool, (uintptr_t)ids[k], &info) == 0)
-            need = (info.size + gran - 1) / gran * gran;
-        if (used + need > budget)
+        size_t need = sh_pool_lookup(sh_rt.pool, (uintptr_t)ids[k], &info) == 0 ? info.mapped : 0;
+        if (used + need > sh_rt.engine.cfg.budget)
             break;
         used += need;
     }
