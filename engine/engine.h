@@ -6,8 +6,10 @@
  * with them auto what fits beside the memory held outside the pool), and
  * the chain that makes room when an allocation or a restore would pass it:
  * freed regions kept for reuse first (no copy), then early evictions whose
- * copies are already under way, then the policy's victims, then the least
- * recently used. Hints: the Conductor's limits in force (sh_policy_hints),
+ * copies are already under way, then the policy's victims, and only when
+ * the request would fail, the moves in flight landed. Residency
+ * (resident.c): which of a launch's evicted regions come back before it
+ * runs, all or as many as fit. Hints: the Conductor's limits in force (sh_policy_hints),
  * which lower the watermarks that trigger eviction and the copies in flight
  * per direction, for the library and stagehand-sim alike. Recording:
  * whether launches are worth recording yet. Planning (plan.c): one
@@ -66,6 +68,9 @@ struct sh_engine_ops {
     size_t (*commit_early)(void *ctx);
     size_t (*evict_chosen)(void *ctx, size_t bytes, const uintptr_t *protect, size_t np);
     int (*land)(void *ctx);
+    /* The device bytes restoring the region at `region` takes; 0 when it
+     * is not on the host (sh_engine_resident only). */
+    size_t (*host_bytes)(void *ctx, uintptr_t region);
     void (*pressure)(void *ctx, size_t device_bytes); /* an eviction begins */
     /* The copies allowed in flight per direction changed (sh_engine_hints). */
     void (*set_caps)(void *ctx, unsigned max_d2h, unsigned max_h2d);
@@ -131,6 +136,17 @@ size_t sh_engine_reserve_recent(struct sh_engine *e, size_t dev, int fresh);
 int sh_engine_make_room(struct sh_engine *e, size_t need, const uintptr_t *protect, size_t np);
 void sh_engine_lock(struct sh_engine *e);
 void sh_engine_unlock(struct sh_engine *e);
+
+/* A launch's regions back on the device (resident.c): room for all of
+ * regions[0..n) (distinct) that are on the host, in one request, protecting
+ * protect[0..np) (the launch's own addresses). When the budget cannot take
+ * them all, as many as fit: each in the launch's order is kept when room
+ * for it can be made beside those kept before. fit[0..*nfit) (room for n)
+ * gets the regions to restore now. SH_OK when that is every one on the
+ * host; SH_ENOMEM when the others stay there, where the launch reaches
+ * them over the bus. Under sh_engine_lock(); needs ops.host_bytes. */
+int sh_engine_resident(struct sh_engine *e, const uintptr_t *regions, size_t n,
+                       const uintptr_t *protect, size_t np, uintptr_t *fit, size_t *nfit);
 
 /* The Conductor's hints as the policy gives them now: watermarks below the
  * configured ones trigger eviction earlier (backward pressure), and the

@@ -36,38 +36,15 @@ static void report_residency(const uintptr_t *bases, size_t nb, const uintptr_t 
     sh_sched_announce(on, in_state(was, nwas, SH_RS_RESIDENT, on), SH_TM_EV_RESTORE);
 }
 
-/* When the launch's evicted regions do not all fit: those of was[0..nwas)
- * that do, taken in the launch's order, in one window; the others stay on
- * the host, where the launch reaches them over the bus. The room lock
- * held. 0 when every one came back. */
-static int restore_some(const uintptr_t *addrs, size_t n, const uintptr_t *was, size_t nwas)
-{
-    uintptr_t fit[MAX_ADDRS];
-    size_t nfit = 0, nhost = 0, bytes = 0;
-    for (size_t i = 0; i < nwas; i++) {
-        struct sh_region_info info;
-        if (sh_pool_lookup(sh_rt.pool, was[i], &info) != 0 || info.state != SH_RS_HOST)
-            continue; /* back already, or freed */
-        nhost++;
-        if (sh_engine_make_room(&sh_rt.engine, bytes + info.mapped, addrs, n) == SH_OK) {
-            bytes += info.mapped;
-            fit[nfit++] = was[i];
-        }
-    }
-    int rc = nfit ? sh_pool_restore(sh_rt.pool, fit, nfit) : 0;
-    return rc ? rc : nfit < nhost ? SH_ENOMEM : 0;
-}
-
 void sh_launch_restore(const uintptr_t *addrs, size_t n, const struct sh_pool_use *u, size_t host)
 {
-    uintptr_t was[MAX_ADDRS];
-    size_t nwas = in_state(u->bases, u->nbases, SH_RS_HOST, was);
+    uintptr_t was[MAX_ADDRS], fit[MAX_ADDRS];
+    size_t nwas = in_state(u->bases, u->nbases, SH_RS_HOST, was), nfit = 0;
     sh_engine_lock(&sh_rt.engine);
-    int room = sh_engine_make_room(&sh_rt.engine, host, addrs, n);
-    int rc = room ? room : sh_pool_restore(sh_rt.pool, addrs, n);
-    if (room == SH_ENOMEM || room == SH_ERANGE)
-        rc = restore_some(addrs, n, was, nwas);
+    int room = sh_engine_resident(&sh_rt.engine, was, nwas, addrs, n, fit, &nfit);
+    int rc = nfit ? sh_pool_restore(sh_rt.pool, fit, nfit) : 0;
     sh_engine_unlock(&sh_rt.engine);
+    rc = rc ? rc : room;
     if (rc) { /* which step and how much, for a trace of a slow step */
         uintptr_t left[MAX_ADDRS];
         sh_log(SH_LOG_DEBUG,

@@ -98,6 +98,17 @@ static int room_land(void *ctx)
     return sh_sched_commit_all() > 0;
 }
 
+/* A region's bytes to bring back: its mapped bytes while it is on the
+ * host (a restore maps them all again). */
+static size_t room_host_bytes(void *ctx, uintptr_t region)
+{
+    (void)ctx;
+    struct sh_region_info info;
+    if (sh_pool_lookup(sh_rt.pool, region, &info) != 0 || info.state != SH_RS_HOST)
+        return 0;
+    return info.mapped;
+}
+
 static void room_pressure(void *ctx, size_t dev)
 {
     (void)ctx;
@@ -134,6 +145,7 @@ void sh_room_init(void)
         .commit_early = room_commit_early,
         .evict_chosen = room_evict_chosen,
         .land = room_land,
+        .host_bytes = room_host_bytes,
         .pressure = room_pressure,
         .set_caps = room_set_caps,
         .evicted_ready = sh_sched_evicted_ready,

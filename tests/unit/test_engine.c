@@ -1,7 +1,8 @@
 /* test_engine.c — the engine's room decisions against a fake pool: the
  * watermarks, auto and set; the chain's order (freed regions, early
- * evictions under way, the policy's victims, least recently used) and
- * where it stops; what it refuses; a capture putting eviction off; the
+ * evictions under way, the policy's victims, moves in flight landed) and
+ * where it stops; what it refuses; which of a launch's evicted regions come
+ * back (sh_engine_resident); a capture putting eviction off; the
  * pressure counter around evictions; when launches start being recorded;
  * the Conductor's hints (watermarks and copy caps, only ever lower); a
  * decision point of the planner (sh_engine_plan) over a real policy, and
@@ -34,6 +35,9 @@ static struct fake {
     char log[16];     /* the links called, in order: t c p, and l (land) */
     size_t in_flight; /* bytes of prefetches in flight: victims once landed */
     size_t grow;      /* device bytes the next eviction takes of its own */
+    size_t np;        /* the protected addresses evict_chosen was given */
+    size_t host[8];   /* region i's bytes on the host (0: on the device) */
+    int landing;      /* the region whose prefetch a land commits, or 0 */
     size_t pressure_at;
     unsigned caps_set, caps[2]; /* set_caps calls; the last d2h, h2d */
     /* a decision point's moves (decide.c): logged in order, as r (ready
@@ -114,7 +118,7 @@ static size_t evict_chosen(void *ctx, size_t bytes, const uintptr_t *protect, si
 {
     (void)ctx;
     (void)protect;
-    (void)np;
+    f.np = np;
     called(2, bytes);
     f.dev += f.grow;
     f.grow = 0;
@@ -128,7 +132,17 @@ static int land(void *ctx)
     f.can[2] += f.in_flight;
     size_t landed = f.in_flight;
     f.in_flight = 0;
+    if (f.landing) { /* its prefetch committed: on the device now */
+        f.dev += f.host[f.landing];
+        f.host[f.landing] = 0;
+    }
     return landed > 0;
+}
+
+static size_t host_bytes(void *ctx, uintptr_t region)
+{
+    (void)ctx;
+    return region < 8 ? f.host[region] : 0;
 }
 
 static void pressure(void *ctx, size_t dev)
@@ -222,6 +236,7 @@ static const struct sh_engine_ops ops = {
     .commit_early = commit_early,
     .evict_chosen = evict_chosen,
     .land = land,
+    .host_bytes = host_bytes,
     .pressure = pressure,
     .set_caps = set_caps,
     .evicted_ready = evicted_ready,
@@ -372,6 +387,97 @@ static void test_goal_read_again(void **state)
     assert_string_equal(f.log, "tcpp");
     assert_int_equal(f.asked[2], MB / 16);
     assert_int_equal(f.dev, 50 * MB);
+}
+
+/* sh_engine_resident over regions 1..n of the fake, the launch protecting
+ * them; the regions to restore, as digits in order. */
+static int resident(size_t n, char *fit_out)
+{
+    uintptr_t regions[8], fit[8];
+    size_t nfit = 99;
+    for (size_t i = 0; i < n; i++)
+        regions[i] = i + 1;
+    sh_engine_lock(&e);
+    int rc = sh_engine_resident(&e, regions, n, regions, n, fit, &nfit);
+    sh_engine_unlock(&e);
+    assert_true(nfit <= n);
+    for (size_t i = 0; i < nfit; i++)
+        fit_out[i] = (char)('0' + fit[i]);
+    fit_out[nfit] = 0;
+    return rc;
+}
+
+/* A launch's evicted regions: room for them all at once when it can be
+ * made; the launch's own addresses protected; regions already on the
+ * device left out. */
+static void test_resident_all(void **state)
+{
+    (void)state;
+    char fit[9];
+    start(80, 60);
+    f.dev = 70 * MB;
+    f.host[1] = f.host[3] = 10 * MB;
+    f.can[2] = 100 * MB;
+    assert_int_equal(resident(3, fit), SH_OK);
+    assert_string_equal(fit, "13");
+    assert_string_equal(f.log, "tcp");     /* one request for the 20 MB */
+    assert_int_equal(f.asked[2], 30 * MB); /* to the low watermark less 20 MB */
+    assert_int_equal(f.np, 3);
+    /* nothing on the host: nothing asked */
+    start(80, 60);
+    f.dev = 95 * MB;
+    assert_int_equal(resident(3, fit), SH_OK);
+    assert_string_equal(fit, "");
+    assert_string_equal(f.log, "");
+}
+
+/* When they cannot all fit, as many as do, in the launch's order: one too
+ * large for what is left does not stop a smaller one after it, and one
+ * the budget could never hold is passed over. SH_ENOMEM: some stay on the
+ * host. */
+static void test_resident_those_that_fit(void **state)
+{
+    (void)state;
+    char fit[9];
+    start(80, 60);
+    f.dev = 70 * MB; /* nothing evictable: 30 MB of the budget left */
+    f.host[1] = 20 * MB;
+    f.host[2] = 15 * MB;
+    f.host[3] = 10 * MB;
+    f.host[4] = 5 * MB;
+    assert_int_equal(resident(4, fit), SH_ENOMEM);
+    assert_string_equal(fit, "13");
+    start(80, 60);
+    f.dev = 10 * MB;
+    f.host[1] = 120 * MB; /* more than the budget */
+    f.host[2] = 5 * MB;
+    assert_int_equal(resident(2, fit), SH_ENOMEM);
+    assert_string_equal(fit, "2");
+    /* room made for each one kept, beside those kept before it */
+    start(80, 60);
+    f.dev = 70 * MB;
+    f.can[2] = 25 * MB; /* 55 MB could fit, of 60 */
+    f.host[1] = 30 * MB;
+    f.host[2] = 30 * MB;
+    assert_int_equal(resident(2, fit), SH_ENOMEM);
+    assert_string_equal(fit, "1");
+    assert_int_equal(f.dev, 45 * MB);
+}
+
+/* Landing the moves in flight may bring one of the launch's regions back
+ * itself: only those still on the host are restored. */
+static void test_resident_after_landing(void **state)
+{
+    (void)state;
+    char fit[9];
+    start(80, 60);
+    f.dev = 95 * MB;
+    f.in_flight = 30 * MB;
+    f.host[1] = f.host[2] = 10 * MB;
+    f.landing = 2;
+    assert_int_equal(resident(2, fit), SH_OK);
+    assert_string_equal(fit, "1");
+    assert_string_equal(f.log, "tcpltcpp");
 }
 
 /* A request the budget could never hold evicts nothing: SH_ERANGE. */
@@ -744,6 +850,9 @@ int main(void)
         cmocka_unit_test_teardown(test_chosen_last_then_enomem, teardown),
         cmocka_unit_test_teardown(test_land_only_when_short, teardown),
         cmocka_unit_test_teardown(test_goal_read_again, teardown),
+        cmocka_unit_test_teardown(test_resident_all, teardown),
+        cmocka_unit_test_teardown(test_resident_those_that_fit, teardown),
+        cmocka_unit_test_teardown(test_resident_after_landing, teardown),
         cmocka_unit_test_teardown(test_too_big_evicts_nothing, teardown),
         cmocka_unit_test_teardown(test_auto_watermarks, teardown),
         cmocka_unit_test_teardown(test_reserve_recent, teardown),
