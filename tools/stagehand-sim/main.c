@@ -446,10 +446,10 @@ static int run_policies(const struct opts *o, const struct sh_trace *t, const ch
             continue;
         }
         printf("policy=%s step_s=%.4f lower_bound_s=%.4f ratio=%.3f h2d_bytes=%llu "
-               "d2h_bytes=%llu stalls=%llu clean_evictions=%llu\n",
+               "d2h_bytes=%llu stalls=%llu clean_evictions=%llu host_launches=%llu\n",
                kind_names[k], res.step_s, lb, res.step_s / lb, (unsigned long long)res.h2d_bytes,
                (unsigned long long)res.d2h_bytes, (unsigned long long)res.stalls,
-               (unsigned long long)res.clean);
+               (unsigned long long)res.clean, (unsigned long long)res.host_launches);
         if (o->verbose)
             fprintf(stderr,
                     "  steady step: compute %.4f s, stall %.4f s, alloc waits %llu, windows "

@@ -431,10 +431,26 @@ static int restore_window(struct run *r, const uint64_t *ids, size_t n, uint64_t
     return r->failed ? SH_EINVAL : commit_window(r, 1 << H2D, first, W_RESTORE);
 }
 
-/* Brings every region of the launch to the device, as the library's launch
- * path does (interpose/launch.c): prefetches it needs are committed first
- * (all those in flight, in one window), then room is made for the rest at
- * once, then they are restored. Counts the stall. */
+/* The restores on demand when not all of the launch's regions fit: those
+ * the engine keeps come back; the others stay on the host. */
+static int restore_some(struct run *r, const uint64_t *ids, size_t n, uint64_t *waited_for)
+{
+    uint64_t *fit = malloc((n ? n : 1) * sizeof *fit);
+    if (!fit)
+        return run_fail(r, "out of memory");
+    size_t nfit = 0;
+    int rc = room_some(r, ids, n, fit, &nfit);
+    if (rc == 0)
+        rc = restore_window(r, fit, nfit, waited_for);
+    free(fit);
+    return rc;
+}
+
+/* Brings the regions of the launch to the device, as the library's launch
+ * path does (interpose/launch.c, restore.c): prefetches it needs are
+ * committed first (all those in flight, in one window), then room is made
+ * for the rest at once, then they are restored; when they cannot all fit,
+ * as many as do. Counts the stall. */
 static int make_resident(struct run *r, const uint64_t *ids, size_t n)
 {
     uint64_t t0 = r->now, waited_for = 0;
@@ -448,7 +464,12 @@ static int make_resident(struct run *r, const uint64_t *ids, size_t n)
         if (commit_prefetches(r))
             return SH_EINVAL;
     }
-    if (room_make(r, 0, ids, n) || restore_window(r, ids, n, &waited_for))
+    int room = room_make(r, 0, ids, n);
+    if (room == SH_ENOMEM)
+        room = restore_some(r, ids, n, &waited_for);
+    else if (room == 0)
+        room = restore_window(r, ids, n, &waited_for);
+    if (room)
         return SH_EINVAL;
     if (r->now > t0 && r->sp->verbose > 2) {
         fprintf(stderr, "    stall %.3f ms at %.4f s: region %llu\n", (double)(r->now - t0) / 1e6,
@@ -462,32 +483,33 @@ static int make_resident(struct run *r, const uint64_t *ids, size_t n)
     return 0;
 }
 
-/* A launch runs with all its regions on the device: one that touches more
- * than the card holds cannot run in this model. */
-static int launch_fits(struct run *r, const struct sh_trace_event *e)
+static int known_regions(struct run *r, const struct sh_trace_event *e)
 {
-    uint64_t bytes = 0;
-    r->stamp++;
-    for (size_t i = 0; i < e->n; i++) {
-        size_t g = reg_of(r, e->ids[i]);
-        if (g == SIZE_MAX)
+    for (size_t i = 0; i < e->n; i++)
+        if (reg_of(r, e->ids[i]) == SIZE_MAX)
             return run_fail(r, "trace line %u: launch of an unknown region", e->line);
-        if (r->reg[g].seen != r->stamp)
-            bytes += r->reg[g].bytes;
-        r->reg[g].seen = r->stamp;
-    }
-    if (bytes <= r->sp->vram_bytes)
-        return 0;
-    return run_fail(
-        r, "trace line %u: the launch touches %llu bytes, more than the %llu bytes of VRAM",
-        e->line, (unsigned long long)bytes, (unsigned long long)r->sp->vram_bytes);
+    return 0;
+}
+
+/* A launch with regions left on the host reads them over the link as it
+ * runs: it lasts at least their bytes at the link's bandwidth, and they
+ * count as crossing it. */
+static uint64_t over_the_bus(struct run *r, const struct sh_trace_event *e, uint64_t dur)
+{
+    uint64_t host = launch_host_bytes(r, e->ids, e->n);
+    if (host == 0)
+        return dur;
+    tally(r)->host_launches++;
+    tally(r)->h2d += host;
+    uint64_t bus = (uint64_t)((double)host * 1e9 / r->sp->pcie_bytes_per_s);
+    return bus > dur ? bus : dur;
 }
 
 static int on_launch(struct run *r, const struct sh_trace_event *e)
 {
     r->prot = e->ids;
     r->nprot = e->n;
-    if (launch_fits(r, e))
+    if (known_regions(r, e))
         return SH_EINVAL;
     if (make_resident(r, e->ids, e->n))
         return SH_EINVAL;
@@ -503,7 +525,7 @@ static int on_launch(struct run *r, const struct sh_trace_event *e)
         return SH_EINVAL;
     uint64_t dur = e->dur_us == SH_TRACE_NO_DUR ? r->sp->default_ns : e->dur_us * 1000;
     tally(r)->compute_ns += dur;
-    return advance(r, r->now + dur);
+    return advance(r, r->now + over_the_bus(r, e, dur));
 }
 
 static int on_mark(struct run *r, const struct sh_trace_event *e)
@@ -613,6 +635,7 @@ static void summarise(struct run *r, size_t nst, struct sim_result *res)
         sum.windows += r->steps[s].windows;
         sum.compute_ns += r->steps[s].compute_ns;
         sum.clean += r->steps[s].clean;
+        sum.host_launches += r->steps[s].host_launches;
     }
     res->steps = (int)nst;
     res->step_s = (double)sum.start_ns / 1e9 / (double)k;
@@ -624,6 +647,7 @@ static void summarise(struct run *r, size_t nst, struct sim_result *res)
     res->alloc_waits = (sum.alloc_waits + k / 2) / k;
     res->windows = (sum.windows + k / 2) / k;
     res->clean = (sum.clean + k / 2) / k;
+    res->host_launches = (sum.host_launches + k / 2) / k;
     res->peak_bytes = r->peak;
     res->policy_ns_per_launch = r->launches ? (double)r->policy_ns / (double)r->launches : 0;
     res->launch_ns_per_launch = r->launches ? (double)r->launch_ns / (double)r->launches : 0;

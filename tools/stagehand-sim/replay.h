@@ -73,7 +73,8 @@ struct run {
     /* per-step tallies, indexed by step */
     struct tally {
         uint64_t start_ns, h2d, d2h, stalls, stall_ns, alloc_waits, windows, compute_ns, clean;
-        uint64_t win[W_KINDS]; /* windows by kind */
+        uint64_t host_launches; /* launches that ran with regions left on the host */
+        uint64_t win[W_KINDS];  /* windows by kind */
     } * steps;
     size_t nsteps, cur_step;
     uint64_t policy_ns, launch_ns, launches;
@@ -127,10 +128,16 @@ struct sh_policy_params;
 void room_init(struct run *r, const struct sh_policy_params *pp);
 void room_destroy(struct run *r);
 /* Makes room through the engine, waiting for copies if it must, for an
- * allocation of `bytes` (ids NULL; it holds the room while it waits), or
- * for the regions ids[0..n) that are on the host; fails the run when they
- * cannot fit. */
+ * allocation of `bytes` (ids NULL; it holds the room while it waits; fails
+ * the run when it cannot fit), or for the regions ids[0..n) that are on
+ * the host (SH_ENOMEM when they cannot all fit: room_some). */
 int room_make(struct run *r, uint64_t bytes, const uint64_t *ids, size_t n);
+/* The bytes of the regions ids[0..n) on the host, each counted once. */
+uint64_t launch_host_bytes(struct run *r, const uint64_t *ids, size_t n);
+/* When a launch's regions on the host cannot all fit: those that can, as
+ * the engine picks them for the library (sh_engine_resident), to
+ * fit[0..*nfit) (room for n); the launch reaches the others over the bus. */
+int room_some(struct run *r, const uint64_t *ids, size_t n, uint64_t *fit, size_t *nfit);
 
 /* ---- FIFOs of copy indices and the link (copy.c) ---- */
 int fifo_push(struct fifo *f, int c, int front);

@@ -110,6 +110,16 @@ static size_t evict_chosen(void *ctx, size_t need, const uintptr_t *protect, siz
     return released_since(r, before);
 }
 
+/* A region's bytes while it is on the host; 0 otherwise. */
+static size_t sim_host_bytes(void *ctx, uintptr_t id)
+{
+    struct run *r = ctx;
+    size_t g = idmap_get(&r->ids, id);
+    if (g == SIZE_MAX || !r->reg[g].live || r->reg[g].res != SH_RES_HOST)
+        return 0;
+    return (size_t)r->reg[g].bytes;
+}
+
 void room_init(struct run *r, const struct sh_policy_params *pp)
 {
     const struct sh_engine_cfg cfg = {
@@ -128,6 +138,7 @@ void room_init(struct run *r, const struct sh_policy_params *pp)
         .device_bytes = device_bytes,
         .commit_early = commit_early,
         .evict_chosen = evict_chosen,
+        .host_bytes = sim_host_bytes,
         .evicted_ready = sim_evicted_ready,
         .commit_evicted = sim_commit_evicted,
         .read = sim_read,
@@ -155,8 +166,7 @@ static void dump_device(const struct run *r)
         fprintf(stderr, "    protected %llu\n", (unsigned long long)r->prot[i]);
 }
 
-/* The bytes of the regions listed that are on the host, each counted once. */
-static uint64_t host_bytes(struct run *r, const uint64_t *ids, size_t n)
+uint64_t launch_host_bytes(struct run *r, const uint64_t *ids, size_t n)
 {
     uint64_t host = 0;
     r->stamp++;
@@ -179,7 +189,7 @@ int room_make(struct run *r, uint64_t bytes, const uint64_t *ids, size_t n)
     int rc = SH_OK;
     for (;;) {
         if (ids) /* while it waited, a decision may have fetched some */
-            bytes = host_bytes(r, ids, n);
+            bytes = launch_host_bytes(r, ids, n);
         rc = SH_OK;
         if (bytes == 0)
             break;
@@ -202,6 +212,8 @@ int room_make(struct run *r, uint64_t bytes, const uint64_t *ids, size_t n)
         return SH_EINVAL;
     if (rc == SH_OK)
         return 0;
+    if (ids) /* the engine picks those that fit (room_some) */
+        return SH_ENOMEM;
     if (r->sp->verbose)
         dump_device(r);
     return run_fail(r,
@@ -209,4 +221,25 @@ int room_make(struct run *r, uint64_t bytes, const uint64_t *ids, size_t n)
                     "(%llu in use, nothing evictable)",
                     (unsigned long long)bytes, (unsigned long long)r->sp->vram_bytes,
                     (unsigned long long)r->used);
+}
+
+int room_some(struct run *r, const uint64_t *ids, size_t n, uint64_t *fit, size_t *nfit)
+{
+    uintptr_t *was = malloc((n ? n : 1) * sizeof *was);
+    if (!was)
+        return run_fail(r, "out of memory");
+    size_t nwas = 0;
+    r->stamp++;
+    for (size_t i = 0; i < n; i++) { /* distinct, in the launch's order */
+        struct sreg *s = &r->reg[idmap_get(&r->ids, ids[i])];
+        if (s->res == SH_RES_HOST && s->seen != r->stamp)
+            was[nwas++] = ids[i];
+        s->seen = r->stamp;
+    }
+    sh_engine_lock(&r->eng);
+    sh_engine_resident(&r->eng, was, nwas, (const uintptr_t *)r->prot, r->nprot, (uintptr_t *)fit,
+                       nfit);
+    sh_engine_unlock(&r->eng);
+    free(was);
+    return r->failed ? SH_EINVAL : 0;
 }

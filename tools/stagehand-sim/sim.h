@@ -86,6 +86,7 @@ struct sim_result {
     uint64_t peak_bytes;         /* device bytes, whole run */
     uint64_t windows;            /* remap windows per steady step */
     uint64_t clean;              /* per steady step: evictions that copied nothing */
+    uint64_t host_launches;      /* per steady step: launches run with regions on the host */
     double policy_ns_per_launch; /* host time in the policy's decisions, per launch */
     double launch_ns_per_launch; /* host time in sh_policy_launch(), per launch */
     char error[256];
