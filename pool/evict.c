@@ -518,7 +518,7 @@ int sh_pool_restore(struct sh_pool *pool, const uintptr_t *addrs, size_t n)
     if (!pool->mover.xfer || n == 0)
         return 0;
     if (sh_gate_held(pool->mover.gate))
-        return SH_EBUSY; /* as in sh_pool_evict */
+        return SH_EBUSY; /* as in sh_pool_evict_these */
     if (sh_pool_heal(pool) != 0)
         return SH_ELOST;
     struct region **v = malloc(n * sizeof *v);

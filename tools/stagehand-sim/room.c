@@ -90,7 +90,7 @@ static size_t evict_chosen(void *ctx, size_t need, const uintptr_t *protect, siz
             sh_policy_victims(r->pol, need, (const uint64_t *)protect, np, r->buf, r->capbuf);
         r->policy_ns += sh_clock_ns() - t0;
         if (n > 0) {
-            /* as sh_pool_evict: the window drains the device, then copies */
+            /* as sh_pool_evict_these: the window drains the device, then copies */
             size_t first = r->ncp;
             if (drain(r) == 0 && evict_list(r, r->buf, n, 1) == 0 &&
                 wait_copies(r, first, r->ncp, D2H) == 0 && any_ready(r, D2H))
