@@ -157,6 +157,32 @@ static void test_prefetch_redo_issued_late(void **state)
     stop();
 }
 
+/* A launch issued while the region was on the host (one a partial restore
+ * left there, say) still runs when the plan made right after it starts the
+ * region's prefetch: the copy reads the slab before the kernel writes it.
+ * The launch's issue stamp is later than the eviction, whenever the
+ * prefetch started: the commit redoes the copy, and the kernel's bytes
+ * win. */
+static void test_prefetch_redo_issued_before_start(void **state)
+{
+    (void)state;
+    start(&std_opts);
+    uintptr_t a = alloc(RSIZE);
+    fill(a, RSIZE, 1);
+    evict_one(a);
+    issue(a); /* the launch runs on the host mapping ... */
+    assert_int_equal(start_prefetch(a), 1);
+    complete_copies(); /* the copy read the old bytes */
+    fill(a, RSIZE, 6); /* ... and writes the slab after it */
+    assert_int_equal(commit(0), 1);
+    assert_int_equal(state_of(a), SH_RS_RESIDENT);
+    assert_int_equal(bad_words(a, RSIZE, 6), 0);
+    struct sh_pool_stats st;
+    sh_pool_stats(sys.pool, &st);
+    assert_int_equal(st.prefetch_redos, 1);
+    stop();
+}
+
 /* Freeing a region whose prefetch is in flight cancels it (no deadlock,
  * no leak: stop() checks every handle and mapping is gone). */
 static void test_free_during_prefetch(void **state)
@@ -907,6 +933,7 @@ int main(void)
         cmocka_unit_test_teardown(test_prefetch_redo_after_launch, teardown),
         cmocka_unit_test_teardown(test_prefetch_redo_in_flight, teardown),
         cmocka_unit_test_teardown(test_prefetch_redo_issued_late, teardown),
+        cmocka_unit_test_teardown(test_prefetch_redo_issued_before_start, teardown),
         cmocka_unit_test_teardown(test_early_eviction_exact, teardown),
         cmocka_unit_test_teardown(test_early_eviction_abandoned, teardown),
         cmocka_unit_test_teardown(test_early_eviction_unseen_write, teardown),
