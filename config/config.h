@@ -25,7 +25,11 @@
 #define SH_CONFIG_MAX_FILES 4   /* distinct files one struct can be loaded from */
 #define SH_CONFIG_ERR_MAX   512 /* a good size for err buffers; longer text is cut */
 
-enum sh_config_host_scope { SH_CONFIG_HOST_PROCESS = 0, SH_CONFIG_HOST_NODE = 1 };
+enum sh_config_host_scope {
+    SH_CONFIG_HOST_PROCESS = 0,
+    SH_CONFIG_HOST_NODE = 1,
+    SH_CONFIG_HOST_AUTO = 2
+};
 enum sh_config_drain { SH_CONFIG_DRAIN_DEVICE = 0, SH_CONFIG_DRAIN_TRACKED = 1 };
 enum sh_config_eviction { SH_CONFIG_EVICT_LRU = 0, SH_CONFIG_EVICT_LEARNED = 1 };
 enum sh_config_tracking {
@@ -134,6 +138,15 @@ int sh_config_init(struct sh_config *cfg, char *const *envp, uint64_t card_bytes
  * capabilities). sh_config_load then reads no STAGEHAND_* variable and only a
  * root-owned ./stagehand.ini. Weak, so a test may replace it. */
 int sh_config_secure(void);
+
+/* [budget] host_ram_scope as it applies to this process (SH_CONFIG_HOST_NODE
+ * or SH_CONFIG_HOST_PROCESS): auto is node when envp (NULL-terminated, or
+ * NULL) has a launcher's variable naming more than one rank (torch.
+ * distributed's LOCAL_WORLD_SIZE and WORLD_SIZE, Open MPI's
+ * OMPI_COMM_WORLD_LOCAL_SIZE, MPICH's MPI_LOCALNRANKS, Slurm's
+ * SLURM_NTASKS), else process. why (may be NULL) gets the variable that
+ * decided it ("LOCAL_WORLD_SIZE=2"), or "". */
+int sh_config_host_scope(const struct sh_config *cfg, char *const *envp, char *why, size_t whylen);
 
 /* 1 when envp has STAGEHAND_DISABLE set to anything but "", 0, false, no or off. */
 int sh_config_disabled(char *const *envp);

@@ -1,7 +1,8 @@
 /* env.c — STAGEHAND_<SECTION>_<KEY>=value overrides over the file's values,
  * then the aliases (STAGEHAND_TRACE for [debug] trace_file), a name that looks
- * meant as a key but is none (an error, with the likely key), and
- * STAGEHAND_DISABLE.
+ * meant as a key but is none (an error, with the likely key),
+ * STAGEHAND_DISABLE, and the launchers' rank counts host_ram_scope = auto
+ * reads.
  *
  * No state: every function works on the caller's struct, environment array and
  * buffers, so all of it is reentrant.
@@ -11,6 +12,7 @@
 
 #include <ctype.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
@@ -150,4 +152,37 @@ int sh_config_disabled(char *const *envp)
 {
     const char *v = sh_cfg_env_get(envp, "STAGEHAND_DISABLE");
     return v && *v && sh_cfg_bool_word(v) != 0;
+}
+
+/* The variables launchers set to the number of ranks in the job (or on
+ * this node): more than one means other ranks may pin host memory here. */
+static const char *const rank_vars[] = {"LOCAL_WORLD_SIZE", "WORLD_SIZE",
+                                        "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
+                                        "SLURM_NTASKS"};
+
+/* A count of ranks: a decimal number, else 0 (not ours to judge). */
+static long rank_count(const char *v)
+{
+    char *end;
+    if (!v || !isdigit((unsigned char)*v))
+        return 0;
+    long n = strtol(v, &end, 10);
+    return *end == '\0' ? n : 0;
+}
+
+int sh_config_host_scope(const struct sh_config *cfg, char *const *envp, char *why, size_t whylen)
+{
+    if (why && whylen)
+        why[0] = '\0';
+    if (cfg->budget.host_ram_scope != SH_CONFIG_HOST_AUTO)
+        return cfg->budget.host_ram_scope;
+    for (size_t i = 0; i < sizeof rank_vars / sizeof rank_vars[0]; i++) {
+        const char *v = sh_cfg_env_get(envp, rank_vars[i]);
+        if (rank_count(v) > 1) {
+            if (why && whylen)
+                snprintf(why, whylen, "%s=%s", rank_vars[i], v);
+            return SH_CONFIG_HOST_NODE;
+        }
+    }
+    return SH_CONFIG_HOST_PROCESS;
 }

@@ -82,8 +82,9 @@ typedef struct stagehand_stats {
     uint64_t opaque_work;       /* launches and copies whose accesses could not be bounded */
     uint64_t regions_pinned;    /* regions whose pages another party holds: never moved */
     uint64_t launches_recorded; /* launches the policy recorded ([policy] record_above_pct) */
-    /* [budget] host_ram_scope = node: the host budget this user's processes
-     * on the machine share; all 0 when the budget is per process. */
+    /* [budget] host_ram_scope = node (or auto, in a job of several ranks):
+     * the host budget this user's processes on the machine share; all 0
+     * when the budget is per process. */
     uint64_t node_budget_bytes;  /* the shared budget */
     uint64_t node_used_bytes;    /* pinned bytes the sharing processes hold, this one included */
     uint64_t node_ranks;         /* processes sharing it, this one included */

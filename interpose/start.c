@@ -119,31 +119,37 @@ static void node_release(void *ctx, size_t bytes)
     sh_node_release(ctx, bytes);
 }
 
-/* [budget] host_ram_scope = node: this process's pinned slabs come out of a
- * budget the user's processes on this machine share. A segment that cannot
- * be used is named with what is wrong, and the budget stays per process.
- * The slot is never given up before exit: the grower may pin until the
- * end, and the others reclaim it once the process is gone. */
+/* [budget] host_ram_scope = node, or auto in a job of several ranks: this
+ * process's pinned slabs come out of a budget the user's processes on this
+ * machine share. A segment that cannot be used is named with what is
+ * wrong, and the budget stays per process. The slot is never given up
+ * before exit: the grower may pin until the end, and the others reclaim it
+ * once the process is gone. In a secure-execution program no launcher's
+ * variable is read. */
 static void open_node(void)
 {
+    extern char **environ;
     const struct sh_config *c = &sh_rt.cfg;
-    if (c->budget.host_ram_scope != SH_CONFIG_HOST_NODE)
+    char why[128], scope[160];
+    if (sh_config_host_scope(c, sh_config_secure() ? NULL : environ, why, sizeof why) !=
+        SH_CONFIG_HOST_NODE)
         return;
+    snprintf(scope, sizeof scope, "host_ram_scope = %s%s%s", why[0] ? "auto (" : "node", why,
+             why[0] ? ")" : "");
     struct sh_node_params p = {.name = c->budget.host_ram_segment,
                                .budget = c->budget.host_ram_budget.bytes};
     char err[SH_CONFIG_ERR_MAX] = "";
     if (sh_node_open(&p, &sh_rt.node, err, sizeof err) != SH_OK) {
         sh_rt.node = NULL;
         sh_log(SH_LOG_WARN,
-               "[budget] host_ram_scope = node: %s; this process keeps to a host budget of its "
-               "own (%llu MB)",
+               "[budget] %s: %s; this process keeps to a host budget of its own (%llu MB)", scope,
                err, (unsigned long long)(p.budget >> 20));
         return;
     }
     struct sh_node_stats ns;
     sh_node_stats(sh_rt.node, &ns);
-    sh_log(SH_LOG_INFO, "host budget of %llu MB shared through %s with %u other process(es)",
-           (unsigned long long)(ns.budget >> 20), sh_node_path(sh_rt.node), ns.ranks - 1);
+    sh_log(SH_LOG_INFO, "host budget of %llu MB shared through %s with %u other process(es) (%s)",
+           (unsigned long long)(ns.budget >> 20), sh_node_path(sh_rt.node), ns.ranks - 1, scope);
 }
 
 /* Host slabs and copy streams, set up once; on failure nothing is kept. */

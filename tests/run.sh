@@ -8,6 +8,10 @@ build=${BUILD:-build}
 timeout_s=${TEST_TIMEOUT:-300}
 export LD_LIBRARY_PATH="$PWD/$build/sim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export STAGEHAND_TEST_BUILD="$build"
+# A launcher's rank count would make every program's host budget one the
+# user's processes share ([budget] host_ram_scope = auto), and so the
+# programs running side by side here: each keeps its own.
+unset LOCAL_WORLD_SIZE WORLD_SIZE OMPI_COMM_WORLD_LOCAL_SIZE MPI_LOCALNRANKS SLURM_NTASKS
 # Sanitizer runs: fail on the first report, and let the simulated GPU own SIGSEGV.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=0:allow_user_segv_handler=1:handle_segv=0:detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}

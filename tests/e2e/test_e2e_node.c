@@ -15,6 +15,10 @@
  *   3. A is SIGKILLed and reaped; B goes on: A's share comes back to it,
  *      its evictions succeed again, and nothing it held was lost.
  *
+ * With the default scope (auto) two ranks share the budget the same way
+ * when a launcher's variable says the job runs several (LOCAL_WORLD_SIZE),
+ * and two lone processes keep a budget each.
+ *
  * The parent steps the ranks with pipes and waitpid. Under
  * STAGEHAND_DISABLE=1 there is no library and nothing to share: skipped.
  */
@@ -140,7 +144,10 @@ struct rank {
 
 static char segname[64];
 
-static void start_rank(struct rank *k)
+/* Starts a rank with one more variable set: the scope, or a launcher's
+ * rank count ("" for none). The launchers' variables the parent may have
+ * are cleared, so that only this one decides an auto scope. */
+static void start_rank(struct rank *k, const char *scope)
 {
     int in[2], out[2], er[2];
     assert_int_equal(pipe(in), 0);
@@ -163,7 +170,6 @@ static void start_rank(struct rank *k)
                                           "STAGEHAND_BUDGET_VRAM_HIGH_WATERMARK_MB=80%",
                                           "STAGEHAND_BUDGET_VRAM_LOW_WATERMARK_MB=60%",
                                           "STAGEHAND_BUDGET_HOST_RAM_BUDGET_MB=64",
-                                          "STAGEHAND_BUDGET_HOST_RAM_SCOPE=node",
                                           "STAGEHAND_POOL_PINNED_POOL_CLASSES_MB=16",
                                           "STAGEHAND_POOL_SLABS_PER_CLASS=1",
                                           "STAGEHAND_POOL_PREPIN_MB=0",
@@ -171,9 +177,16 @@ static void start_rank(struct rank *k)
                                           "STAGEHAND_TELEMETRY_SHM_ENABLED=false",
                                           "E2E_NODE_RANK=1",
                                           NULL};
+        static const char *const launchers[] = {
+            "STAGEHAND_BUDGET_HOST_RAM_SCOPE", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
+            "OMPI_COMM_WORLD_LOCAL_SIZE",      "MPI_LOCALNRANKS",  "SLURM_NTASKS"};
+        for (size_t i = 0; i < sizeof launchers / sizeof launchers[0]; i++)
+            unsetenv(launchers[i]);
         for (const char *const *e = env; *e; e++)
             putenv((char *)*e);
         putenv(seg);
+        if (*scope)
+            putenv((char *)scope);
         e2e_reexec(saved_argv);
         _exit(127);
     }
@@ -232,14 +245,14 @@ static void test_two_ranks_share_node_budget(void **state)
         skip();
     snprintf(segname, sizeof segname, "stagehand-e2e-node.%d", (int)getpid());
     static struct rank a, b;
-    start_rank(&a);
+    start_rank(&a, "STAGEHAND_BUDGET_HOST_RAM_SCOPE=node");
     wait_ready(&a);
     /* Alone, A pins the whole node budget before its allocations fail. */
     assert_int_equal(value(&a, "first_node_budget_mb"), NODE_MB);
     assert_int_equal(value(&a, "first_pinned_mb"), NODE_MB);
     assert_int_equal(value(&a, "first_node_ranks"), 1);
     assert_true(value(&a, "first_evictions") > 0);
-    start_rank(&b);
+    start_rank(&b, "STAGEHAND_BUDGET_HOST_RAM_SCOPE=node");
     wait_ready(&b);
     /* Beside it, B is refused host memory: together they stay within it. */
     long pa = value(&a, "first_pinned_mb"), pb = value(&b, "first_pinned_mb");
@@ -281,6 +294,68 @@ static void test_two_ranks_share_node_budget(void **state)
     fclose(b.out);
 }
 
+/* Ends both ranks: A killed, B told to stop (it exits at once). */
+static void end_both(struct rank *a, struct rank *b)
+{
+    int status;
+    assert_int_equal(kill(a->pid, SIGKILL), 0);
+    assert_int_equal(waitpid(a->pid, &status, 0), a->pid);
+    close(b->in);
+    assert_int_equal(waitpid(b->pid, &status, 0), b->pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    a->in = -1;
+    end_rank(a);
+    close(b->errfd);
+    fclose(b->out);
+}
+
+/* The default scope, auto, in a job whose launcher says it runs two ranks
+ * (torchrun sets LOCAL_WORLD_SIZE): the ranks share the node budget as if
+ * host_ram_scope = node were set. */
+static void test_launched_ranks_share_by_default(void **state)
+{
+    (void)state;
+    if (!preloaded)
+        skip();
+    snprintf(segname, sizeof segname, "stagehand-e2e-node.%d", (int)getpid());
+    static struct rank a, b;
+    start_rank(&a, "LOCAL_WORLD_SIZE=2");
+    wait_ready(&a);
+    assert_int_equal(value(&a, "first_node_budget_mb"), NODE_MB);
+    assert_int_equal(value(&a, "first_pinned_mb"), NODE_MB);
+    start_rank(&b, "LOCAL_WORLD_SIZE=2");
+    wait_ready(&b);
+    assert_int_equal(value(&b, "first_pinned_mb"), 0);
+    assert_int_equal(value(&b, "first_node_ranks"), 2);
+    assert_int_equal(value(&b, "first_node_used_mb"), NODE_MB);
+    end_both(&a, &b);
+}
+
+/* The default scope with no launcher's word: each process keeps a budget
+ * of its own, and two of them side by side each pin all of it. */
+static void test_lone_processes_keep_their_own(void **state)
+{
+    (void)state;
+    if (!preloaded)
+        skip();
+    snprintf(segname, sizeof segname, "stagehand-e2e-node.%d", (int)getpid());
+    static struct rank a, b;
+    start_rank(&a, "");
+    wait_ready(&a);
+    start_rank(&b, "LOCAL_WORLD_SIZE=1");
+    wait_ready(&b);
+    for (int i = 0; i < 2; i++) {
+        const struct rank *k = i ? &b : &a;
+        assert_int_equal(value(k, "first_node_budget_mb"), 0);
+        assert_int_equal(value(k, "first_node_ranks"), 0);
+        assert_int_equal(value(k, "first_pinned_mb"), NODE_MB);
+    }
+    char path[128];
+    snprintf(path, sizeof path, "/dev/shm/%s", segname);
+    assert_int_equal(access(path, F_OK), -1); /* no segment was made */
+    end_both(&a, &b);
+}
+
 /* The segment goes, whether the test passed or not. */
 static int remove_segment(void **state)
 {
@@ -304,6 +379,8 @@ int main(int argc, char **argv)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_two_ranks_share_node_budget, remove_segment),
+        cmocka_unit_test_teardown(test_launched_ranks_share_by_default, remove_segment),
+        cmocka_unit_test_teardown(test_lone_processes_keep_their_own, remove_segment),
     };
     return cmocka_run_group_tests_name(preloaded ? "e2e_node (preloaded)" : "e2e_node (disabled)",
                                        tests, NULL, NULL);

@@ -6,6 +6,8 @@
 # Usage: tests/python/run.sh [BUILD]   (PYTHON picks the interpreter)
 set -u
 build=${1:-${BUILD:-build}}
+# Each test's host budget its own, whatever launcher runs this (tests/run.sh).
+unset LOCAL_WORLD_SIZE WORLD_SIZE OMPI_COMM_WORLD_LOCAL_SIZE MPI_LOCALNRANKS SLURM_NTASKS
 if [ -n "${SAN:-}" ]; then
     # An instrumented library cannot be preloaded into an uninstrumented python.
     echo "python tests: skipped under SAN=$SAN"

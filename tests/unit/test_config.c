@@ -79,7 +79,7 @@ static void assert_defaults(const struct sh_config *c)
     assert_int_equal(c->budget.vram_high_watermark.bytes, CARD);
     assert_int_equal(c->budget.vram_low_watermark.bytes, CARD);
     assert_int_equal(c->budget.host_ram_budget.bytes, 32 * GiB);
-    assert_int_equal(c->budget.host_ram_scope, SH_CONFIG_HOST_PROCESS);
+    assert_int_equal(c->budget.host_ram_scope, SH_CONFIG_HOST_AUTO);
     assert_string_equal(c->budget.host_ram_segment, "auto");
     assert_int_equal(c->regions.min_region.bytes, 1024 * 1024);
     assert_int_equal(c->regions.max_chunk.bytes, 64 * MiB);
@@ -391,7 +391,8 @@ static void test_node_scope_keys(void **state)
     assert_int_equal(c.budget.host_ram_scope, SH_CONFIG_HOST_NODE);
     assert_string_equal(c.budget.host_ram_segment, "job-7.a_b");
     expect_string_error("[budget]\nhost_ram_scope = host\n",
-                        "x.ini:2: host_ram_scope: must be one of process, node (got \"host\")");
+                        "x.ini:2: host_ram_scope: must be one of process, node, auto (got "
+                        "\"host\")");
     expect_segment_error("x/../../etc/passwd", "may hold only letters, digits, '.', '_' and '-'");
     expect_segment_error("a/b", "may hold only letters, digits, '.', '_' and '-'");
     expect_segment_error("..", "must not start with '.'");
@@ -684,6 +685,53 @@ static void test_init_search_order(void **state)
     assert_defaults(&c);
 }
 
+/* host_ram_scope = auto is node only when a launcher's variable names more
+ * than one rank, and says which; set, node and process stand whatever the
+ * environment says; without an environment (secure execution) auto is
+ * process. */
+static void test_host_scope(void **state)
+{
+    static const struct {
+        const char *entry;
+        int want;
+        const char *why;
+    } cases[] = {
+        {"LOCAL_WORLD_SIZE=2", SH_CONFIG_HOST_NODE, "LOCAL_WORLD_SIZE=2"},
+        {"WORLD_SIZE=16", SH_CONFIG_HOST_NODE, "WORLD_SIZE=16"},
+        {"OMPI_COMM_WORLD_LOCAL_SIZE=4", SH_CONFIG_HOST_NODE, "OMPI_COMM_WORLD_LOCAL_SIZE=4"},
+        {"MPI_LOCALNRANKS=3", SH_CONFIG_HOST_NODE, "MPI_LOCALNRANKS=3"},
+        {"SLURM_NTASKS=8", SH_CONFIG_HOST_NODE, "SLURM_NTASKS=8"},
+        {"LOCAL_WORLD_SIZE=1", SH_CONFIG_HOST_PROCESS, ""},
+        {"WORLD_SIZE=0", SH_CONFIG_HOST_PROCESS, ""},
+        {"WORLD_SIZE=two", SH_CONFIG_HOST_PROCESS, ""},
+        {"WORLD_SIZE=2x", SH_CONFIG_HOST_PROCESS, ""},
+        {"WORLD_SIZE=-4", SH_CONFIG_HOST_PROCESS, ""},
+        {"WORLD_SIZE=", SH_CONFIG_HOST_PROCESS, ""},
+        {"LOCAL_RANK=3", SH_CONFIG_HOST_PROCESS, ""},
+        {"XWORLD_SIZE=4", SH_CONFIG_HOST_PROCESS, ""},
+    };
+    struct sh_config c;
+    char why[64];
+    (void)state;
+    sh_config_defaults(&c);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *envp[] = {"PATH=/bin", (char *)cases[i].entry, NULL};
+        int got = sh_config_host_scope(&c, envp, why, sizeof why);
+        if (got != cases[i].want)
+            print_error("%s\n", cases[i].entry);
+        assert_int_equal(got, cases[i].want);
+        assert_string_equal(why, cases[i].why);
+    }
+    assert_int_equal(sh_config_host_scope(&c, NULL, why, sizeof why), SH_CONFIG_HOST_PROCESS);
+    assert_int_equal(sh_config_host_scope(&c, NULL, NULL, 0), SH_CONFIG_HOST_PROCESS);
+    char *several[] = {"LOCAL_WORLD_SIZE=2", NULL};
+    c.budget.host_ram_scope = SH_CONFIG_HOST_PROCESS;
+    assert_int_equal(sh_config_host_scope(&c, several, why, sizeof why), SH_CONFIG_HOST_PROCESS);
+    c.budget.host_ram_scope = SH_CONFIG_HOST_NODE;
+    assert_int_equal(sh_config_host_scope(&c, NULL, why, sizeof why), SH_CONFIG_HOST_NODE);
+    assert_string_equal(why, "");
+}
+
 static void test_disabled(void **state)
 {
     static const struct {
@@ -725,9 +773,9 @@ int main(void)
         cmocka_unit_test(test_bad_strings),        cmocka_unit_test(test_bad_combinations),
         cmocka_unit_test(test_env_overrides_file), cmocka_unit_test(test_env_errors),
         cmocka_unit_test(test_apply_env_atomic),   cmocka_unit_test(test_init_search_order),
-        cmocka_unit_test(test_disabled),           cmocka_unit_test(test_missing_file),
-        cmocka_unit_test(test_node_scope_keys),    cmocka_unit_test(test_device_values),
-        cmocka_unit_test(test_trace_alias),
+        cmocka_unit_test(test_host_scope),         cmocka_unit_test(test_disabled),
+        cmocka_unit_test(test_missing_file),       cmocka_unit_test(test_node_scope_keys),
+        cmocka_unit_test(test_device_values),      cmocka_unit_test(test_trace_alias),
     };
     size_t n = 0, nbad = sizeof bads / sizeof bads[0];
     while (tests[n].test_func) /* the named tests above, however many */
