@@ -19,6 +19,7 @@
  */
 #include "interpose/interpose.h"
 
+#include "map/map.h"
 #include "policy/policy.h"
 #include "policy/trace.h"
 #include "sh_clock.h"
@@ -34,6 +35,12 @@
 static pthread_mutex_t sched_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct sh_policy *policy;
 static struct sh_trace_writer *trace;
+/* What a recorded trace learns from clean regions: a region that an
+ * eviction finds as its restore left it was only read by the launches
+ * recorded since (`i unchanged`, docs/TRACE.md). since_seq: its first
+ * launch number since it came back; since_clean: its count of unchanged
+ * evictions then (sh_region_info.unchanged). Under sched_mu. */
+static struct sh_map since_seq, since_clean;
 static uint64_t t0_ns;
 static atomic_ullong quiet_at;
 static _Thread_local uint64_t last_seq = UINT64_MAX; /* this thread's last launch in the trace */
@@ -238,6 +245,8 @@ void sh_sched_free(uintptr_t va)
     if (sh_pool_lookup(sh_rt.pool, va, &info) == 0 && info.size >= EVENT_MIN_BYTES)
         sh_monitor_event(SH_TM_EV_FREE, info.id, info.size);
     pthread_mutex_lock(&sched_mu);
+    sh_map_del(&since_seq, va); /* an address that comes back is another region */
+    sh_map_del(&since_clean, va);
     uint64_t t = now_us();
     if (policy) {
         sh_policy_free(policy, t, va);
@@ -353,8 +362,42 @@ static void tell_kept(const uintptr_t *bases, size_t n)
     }
 }
 
+/* Regions that came back (on_device) or went to the host: the trace notes
+ * when, or writes what an unchanged eviction taught. The pool is read
+ * first: sched_mu is never held over its locks. */
+static void trace_moved(const uintptr_t *bases, size_t n, int on_device)
+{
+    if (!sh_rt.cfg.debug.trace_file[0])
+        return;
+    for (size_t at = 0; at < n; at += KEPT_BATCH) {
+        size_t k = n - at < KEPT_BATCH ? n - at : KEPT_BATCH;
+        uint32_t clean[KEPT_BATCH];
+        for (size_t i = 0; i < k; i++) {
+            struct sh_region_info info;
+            clean[i] = sh_pool_lookup(sh_rt.pool, bases[at + i], &info) == 0 ? info.unchanged : 0;
+        }
+        pthread_mutex_lock(&sched_mu);
+        uint64_t next = sh_trace_writer_launches(trace);
+        for (size_t i = 0; trace && i < k && next < SH_MAP_NONE; i++) {
+            uintptr_t va = bases[at + i];
+            uint32_t first = sh_map_get(&since_seq, va), had = sh_map_get(&since_clean, va);
+            if (on_device && first == SH_MAP_NONE) {
+                sh_map_set(&since_clean, va, clean[i]); /* no room: nothing learnt, no harm */
+                sh_map_set(&since_seq, va, (uint32_t)next);
+            } else if (!on_device && first != SH_MAP_NONE) {
+                if (had != SH_MAP_NONE && clean[i] > had && next > first)
+                    sh_trace_write_unchanged(trace, va, first, next - 1);
+                sh_map_del(&since_seq, va);
+                sh_map_del(&since_clean, va);
+            }
+        }
+        pthread_mutex_unlock(&sched_mu);
+    }
+}
+
 void sh_sched_residency(const uintptr_t *bases, size_t n, int on_device)
 {
+    trace_moved(bases, n, on_device);
     if (!policy)
         return;
     pthread_mutex_lock(&sched_mu);
@@ -450,6 +493,8 @@ void sh_sched_announce(const uintptr_t *bases, size_t n, int kind)
 
 static void tell(const uintptr_t *bases, size_t n, int residency)
 {
+    if (residency == SH_RES_DEVICE || residency == SH_RES_HOST)
+        trace_moved(bases, n, residency == SH_RES_DEVICE);
     pthread_mutex_lock(&sched_mu);
     for (size_t i = 0; i < n; i++)
         sh_policy_residency(policy, bases[i], residency);

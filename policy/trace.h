@@ -84,10 +84,16 @@ int sh_trace_write_duration(struct sh_trace_writer *w, uint64_t seq, uint64_t du
  * written. */
 int sh_trace_write_read_only(struct sh_trace_writer *w, uint64_t seq, const uint64_t *ids,
                              size_t n);
+/* Region id was found, at an eviction, with the bytes its last restore
+ * gave it: the launches numbered first..last that touch it only read it
+ * (an `i unchanged` record; what the library learns from clean regions). */
+int sh_trace_write_unchanged(struct sh_trace_writer *w, uint64_t id, uint64_t first, uint64_t last);
 int sh_trace_write_step(struct sh_trace_writer *w, uint64_t t_us, uint64_t step, int marked);
 int sh_trace_write_phase(struct sh_trace_writer *w, uint64_t t_us, int phase, int marked);
 /* Bytes handed to the writer so far (written or buffered). */
 uint64_t sh_trace_writer_bytes(const struct sh_trace_writer *w);
+/* Launches written so far: the number the next one gets. */
+uint64_t sh_trace_writer_launches(const struct sh_trace_writer *w);
 
 /* ---- a trace in memory ------------------------------------------------- */
 struct sh_trace;

@@ -37,6 +37,9 @@ struct sh_trace {
  * sh_policy_phase (trace_mem.c). */
 extern const char *const sh_trace_phases[5];
 
+/* Marks the k-th region of launch event ev (k < its n) as only read. */
+int sh_trace_ro_at(struct sh_trace *t, size_t ev, size_t k);
+
 /* Grows an array to hold at least `need` elements (doubling). */
 int sh_trace_grow(void **arr, size_t *cap, size_t need, size_t elem);
 

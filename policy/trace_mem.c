@@ -152,6 +152,14 @@ int sh_trace_set_kernel_name(struct sh_trace *t, uint64_t kernel, const char *na
     return 0;
 }
 
+int sh_trace_ro_at(struct sh_trace *t, size_t ev, size_t k)
+{
+    if (ro_cover(t, t->npool))
+        return SH_ENOMEM;
+    t->ro[t->ids_off[ev] + k] = 1;
+    return 0;
+}
+
 int sh_trace_set_read_only(struct sh_trace *t, size_t ev, uint64_t id)
 {
     if (!t || ev >= t->n || t->ev[ev].type != SH_TRACE_LAUNCH)

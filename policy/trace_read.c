@@ -33,6 +33,10 @@ struct parser {
     size_t nlaunch, caplaunch;
     uint64_t *ids;
     size_t capids;
+    struct span {
+        uint64_t id, first, last; /* `i unchanged` records, applied at the end */
+    } * spans;
+    size_t nspans, capspans;
 };
 
 __attribute__((format(printf, 2, 3))) static int fail(struct parser *ps, const char *fmt, ...)
@@ -369,6 +373,65 @@ static int rec_read_only(struct parser *ps)
     return line_done(ps);
 }
 
+/* `i unchanged ID FIRST LAST`: launches FIRST..LAST only read region ID,
+ * those of them that touch it. Kept, and applied once the file is read
+ * (apply_unchanged), in one pass whatever the spans' lengths. */
+static int rec_unchanged(struct parser *ps)
+{
+    uint64_t id, first, last;
+    int rc;
+    if ((rc = field_u64(ps, "region id", &id)) || (rc = field_u64(ps, "first launch", &first)) ||
+        (rc = field_u64(ps, "last launch", &last)))
+        return rc;
+    if (first > last)
+        return fail(ps, "unchanged from launch %llu to launch %llu: the first comes after the last",
+                    (unsigned long long)first, (unsigned long long)last);
+    if (last >= ps->nlaunch)
+        return fail(ps, "unchanged up to launch %llu, but only %zu launches came before",
+                    (unsigned long long)last, ps->nlaunch);
+    if (last >= SH_MAP_NONE)
+        return fail(ps, "unchanged up to launch %llu: too far into the trace",
+                    (unsigned long long)last);
+    if (sh_trace_grow((void **)&ps->spans, &ps->capspans, ps->nspans + 1, sizeof *ps->spans))
+        return fail(ps, "out of memory");
+    ps->spans[ps->nspans++] = (struct span){id, first, last};
+    return line_done(ps);
+}
+
+static int span_before(const void *a, const void *b)
+{
+    const struct span *x = a, *y = b;
+    return x->first < y->first ? -1 : x->first > y->first;
+}
+
+/* Each launch's regions inside one of their spans are only read: launches
+ * in order, a span made current for its region at its first launch. */
+static int apply_unchanged(struct parser *ps)
+{
+    if (ps->nspans == 0)
+        return 0;
+    qsort(ps->spans, ps->nspans, sizeof *ps->spans, span_before);
+    struct sh_map until = {0}; /* region -> the last launch of its current span */
+    int rc = 0;
+    size_t next = 0;
+    for (size_t s = 0; s < ps->nlaunch && rc == 0; s++) {
+        for (; next < ps->nspans && ps->spans[next].first == s && rc == 0; next++) {
+            const struct span *sp = &ps->spans[next];
+            uint32_t cur = sh_map_get(&until, sp->id); /* spans that overlap: their union */
+            if (cur == SH_MAP_NONE || cur < s || cur < sp->last)
+                rc = sh_map_set(&until, sp->id, (uint32_t)sp->last);
+        }
+        const struct sh_trace_event *e = &ps->t->ev[ps->launch_ev[s]];
+        for (size_t k = 0; k < e->n && rc == 0; k++) {
+            uint32_t last = sh_map_get(&until, e->ids[k]);
+            if (last != SH_MAP_NONE && s <= last)
+                rc = sh_trace_ro_at(ps->t, ps->launch_ev[s], k);
+        }
+    }
+    sh_map_free(&until);
+    return rc ? SH_ENOMEM : 0;
+}
+
 static int rec_info(struct parser *ps)
 {
     const char *tok;
@@ -377,6 +440,8 @@ static int rec_info(struct parser *ps)
         return fail(ps, "missing info key");
     if (len == 2 && memcmp(tok, "ro", 2) == 0)
         return rec_read_only(ps);
+    if (len == 9 && memcmp(tok, "unchanged", 9) == 0)
+        return rec_unchanged(ps);
     if (len != 6 || memcmp(tok, "source", 6) != 0)
         return 0;
     if ((size_t)(ps->end - ps->cur) > NAME_MAX_LEN)
@@ -480,9 +545,12 @@ int sh_trace_parse(const char *name, const char *text, size_t len, struct sh_tra
     if (rc)
         return rc;
     rc = parse_all(&ps, text, len);
+    if (rc == 0 && (rc = apply_unchanged(&ps)) != 0 && err && errlen)
+        snprintf(err, errlen, "%s: out of memory", ps.name);
     sh_map_free(&ps.live);
     free(ps.launch_ev);
     free(ps.ids);
+    free(ps.spans);
     if (rc) {
         sh_trace_destroy(ps.t);
         return rc;

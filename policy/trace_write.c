@@ -210,6 +210,11 @@ uint64_t sh_trace_writer_bytes(const struct sh_trace_writer *w)
     return w ? w->flushed + w->len : 0;
 }
 
+uint64_t sh_trace_writer_launches(const struct sh_trace_writer *w)
+{
+    return w ? w->seq : 0;
+}
+
 int sh_trace_write_kernel(struct sh_trace_writer *w, uint64_t kernel, const char *name)
 {
     if (!w || !name)
@@ -326,6 +331,21 @@ int sh_trace_write_read_only(struct sh_trace_writer *w, uint64_t seq, const uint
             return rc;
         w_sp_u64(w, ids[i]);
     }
+    w_char(w, '\n');
+    return 0;
+}
+
+int sh_trace_write_unchanged(struct sh_trace_writer *w, uint64_t id, uint64_t first, uint64_t last)
+{
+    if (!w || first > last || last >= w->seq)
+        return SH_EINVAL;
+    int rc = w_room(w, LINE_MAX_OUT);
+    if (rc)
+        return rc;
+    w_str(w, "i unchanged");
+    w_sp_u64(w, id);
+    w_sp_u64(w, first);
+    w_sp_u64(w, last);
     w_char(w, '\n');
     return 0;
 }

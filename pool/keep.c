@@ -355,6 +355,8 @@ size_t sh_pool_kept_evicted(struct sh_pool *pool, struct region *r)
     }
     if (r->from_kept) {
         sh_clean_learn_note(&r->learn, dirty == 0);
+        if (dirty == 0)
+            __atomic_add_fetch(&r->unchanged, 1, __ATOMIC_RELAXED);
         pthread_mutex_lock(&pool->mu);
         pool->st.clean_evictions += dirty == 0;
         pool->st.dirty_evictions += dirty != 0;

@@ -55,6 +55,9 @@ struct sh_region_info {
     int path;  /* enum sh_path */
     unsigned nchunks;
     uint32_t evicted, restored; /* times it moved each way since it was allocated */
+    /* evictions since it was allocated that found it as its restore left
+     * it (clean_skip: the kept copy's fingerprint matched every chunk) */
+    uint32_t unchanged;
 };
 
 struct sh_pool_stats {

@@ -387,6 +387,7 @@ static int region_alloc(struct sh_pool *pool, size_t size, int path, uint64_t st
         r->path = path;
         r->evictions_at_alloc = r->evictions;
         r->restores_at_alloc = r->restores;
+        r->unchanged_at_alloc = r->unchanged;
         sh_rw_unlock(&pool->index_lock);
         fresh_use(pool, r);
         /* The old owner's pointer tables are not the new one's. */
@@ -612,7 +613,8 @@ int sh_pool_lookup(struct sh_pool *pool, uintptr_t addr, struct sh_region_info *
             r->path,
             r->nchunks,
             __atomic_load_n(&r->evictions, __ATOMIC_RELAXED) - r->evictions_at_alloc,
-            __atomic_load_n(&r->restores, __ATOMIC_RELAXED) - r->restores_at_alloc};
+            __atomic_load_n(&r->restores, __ATOMIC_RELAXED) - r->restores_at_alloc,
+            __atomic_load_n(&r->unchanged, __ATOMIC_RELAXED) - r->unchanged_at_alloc};
     sh_rw_unlock(&pool->index_lock);
     return r ? 0 : SH_ENOTFOUND;
 }

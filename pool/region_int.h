@@ -64,6 +64,7 @@ struct region {
     uint64_t last_use_us;         /* monotonic time of that last use, for the monitor */
     uint32_t evictions, restores; /* times its backing moved each way */
     uint32_t evictions_at_alloc, restores_at_alloc; /* the counts when last allocated */
+    uint32_t unchanged, unchanged_at_alloc;         /* evictions that found it as restored */
     uint64_t use_streams; /* streams that used it since it last moved (tracked drain) */
     /* PTRS_FOUND: bytes seen in it look like pointers into regions;
      * PTRS_UNSCANNED: its landed bytes await the scanner (ptrscan.c), set

@@ -18,7 +18,10 @@
  *                 launches stop with it.
  *   lora          a frozen-weights training loop (LoRA shape) at about
  *                 twice the budget: at most half the device-to-host bytes of
- *                 the same run with clean_skip = false, and the same bytes.
+ *                 the same run with clean_skip = false, and the same bytes;
+ *                 its trace says which regions its clean evictions found
+ *                 unchanged (`i unchanged`), and no launch of such a span
+ *                 writes its region.
  *
  * Each runs in a child with its own configuration. Under STAGEHAND_DISABLE
  * the children only check bytes.
@@ -502,16 +505,17 @@ struct lora_result {
     unsigned long long hash, d2h, h2d, clean;
 };
 
-static struct lora_result lora(const char *clean_skip)
+static struct lora_result lora(const char *clean_skip, const char *trace)
 {
     char out[] = "/tmp/e2e_clean_XXXXXX";
     int fd = mkstemp(out);
     assert_true(fd >= 0);
     close(fd);
-    char path[64], skip[64];
+    char path[64], skip[64], tr[96];
     snprintf(path, sizeof path, "E2E_CLEAN_OUT=%s", out);
     snprintf(skip, sizeof skip, "STAGEHAND_POLICY_CLEAN_SKIP=%s", clean_skip);
-    const char *const env[] = {"E2E_CLEAN_CHILD=lora", path, skip, NULL};
+    snprintf(tr, sizeof tr, "STAGEHAND_TRACE=%s", trace ? trace : "");
+    const char *const env[] = {"E2E_CLEAN_CHILD=lora", path, skip, tr, NULL};
     run(env);
     struct lora_result r = {0};
     FILE *fp = fopen(out, "r");
@@ -522,19 +526,71 @@ static struct lora_result lora(const char *clean_skip)
     return r;
 }
 
+/* The regions of the trace's launches, in order, as the LoRA loop's
+ * kernels name them; the one each writes is its last (k_fill's only one,
+ * k_fwd's activation, k_bwd's gradient), but k_opt's (adapter, gradient)
+ * writes its first. */
+#define MAX_TRACED 4096
+static struct traced {
+    unsigned n;
+    unsigned long long id[3];
+} traced[MAX_TRACED];
+
+static unsigned long long written_by(const struct traced *l)
+{
+    return l->n == 2 ? l->id[0] : l->id[l->n - 1];
+}
+
+/* Every `i unchanged` record the library wrote is true of the loop: no
+ * launch of its span writes its region. Returns how many there were. */
+static int check_unchanged(const char *path)
+{
+    FILE *fp = fopen(path, "r");
+    assert_non_null(fp);
+    char line[512];
+    size_t nl = 0;
+    int records = 0;
+    while (fgets(line, sizeof line, fp)) {
+        unsigned long long t, st, k, id, first, last;
+        char dur[32];
+        struct traced *l = &traced[nl < MAX_TRACED ? nl : MAX_TRACED - 1];
+        int got = sscanf(line, "l %llu %31s %llu %llu %u %llu %llu %llu", &t, dur, &st, &k, &l->n,
+                         &l->id[0], &l->id[1], &l->id[2]);
+        if (got >= 6) {
+            assert_true(l->n >= 1 && l->n <= 3 && got == 5 + (int)l->n);
+            nl++;
+        } else if (sscanf(line, "i unchanged %llu %llu %llu", &id, &first, &last) == 3) {
+            records++;
+            assert_true(first <= last && last < nl && nl < MAX_TRACED);
+            for (unsigned long long s = first; s <= last; s++)
+                assert_true(written_by(&traced[s]) != id);
+        }
+    }
+    fclose(fp);
+    return records;
+}
+
 static void test_lora(void **state)
 {
     (void)state;
-    struct lora_result on = lora("true"), off = lora("false");
-    fprintf(
-        stderr,
-        "lora: clean_skip on: d2h %llu h2d %llu (%llu clean evictions); off: d2h %llu h2d %llu\n",
-        on.d2h, on.h2d, on.clean, off.d2h, off.h2d);
+    char trace[] = "/tmp/e2e_clean_trace_XXXXXX";
+    int fd = mkstemp(trace);
+    assert_true(fd >= 0);
+    close(fd);
+    struct lora_result on = lora("true", trace), off = lora("false", NULL);
+    int records = check_unchanged(trace);
+    unlink(trace);
+    fprintf(stderr,
+            "lora: clean_skip on: d2h %llu h2d %llu (%llu clean evictions, %d spans traced "
+            "unchanged); off: d2h %llu h2d %llu\n",
+            on.d2h, on.h2d, on.clean, records, off.d2h, off.h2d);
     assert_true(on.hash == off.hash);
     if (off.d2h == 0)
         return; /* nothing managed (STAGEHAND_DISABLE): the bytes were all there was */
     assert_true(on.clean > 0);
     assert_true(on.d2h * 2 <= off.d2h);
+    /* What the clean evictions taught went into the trace, for stagehand-sim. */
+    assert_true(records > 0);
 }
 
 int main(int argc, char **argv)

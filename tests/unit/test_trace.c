@@ -1,5 +1,6 @@
 /* test_trace.c — the trace format: writer and reader agree on every record,
- * the regions a launch only reads (`i ro`) included, long launches cross
+ * the regions a launch only reads (`i ro`, and `i unchanged` spans)
+ * included, long launches cross
  * the writer's buffer, every kind of bad input is reported as "path:line:
  * what", and no input at all makes the reader crash (truncations and
  * random damage of a good trace). */
@@ -315,6 +316,74 @@ static void test_read_only_records(void **state)
     }
 }
 
+/* `i unchanged ID FIRST LAST`: the launches of that span that touch the
+ * region only read it; those outside it, and the other regions, are
+ * written. Spans of one region may overlap (their union counts) and come
+ * in any order. The writer's record reads back the same, and a span that
+ * names launches not yet written is refused on both sides. */
+static void test_unchanged_records(void **state)
+{
+    (void)state;
+    struct sh_trace *t = NULL;
+    char err[256];
+    static const char text[] = "stagehand-trace 1\na 0 1 4 7 u\na 0 2 4 7 u\n"
+                               "l 1 2 7 9 2 1 2\n"   /* launch 0 */
+                               "l 2 2 7 9 1 1\n"     /* launch 1 */
+                               "l 3 2 7 9 2 2 1\n"   /* launch 2 */
+                               "l 4 2 7 9 1 1\n"     /* launch 3 */
+                               "l 5 2 7 9 1 1\n"     /* launch 4 */
+                               "i unchanged 1 3 3\n" /* after the earlier one: order is free */
+                               "i unchanged 1 1 2\n"
+                               "i unchanged 2 0 0\n"
+                               "i unchanged 1 2 2\n"; /* inside 1..2 */
+    assert_int_equal(sh_trace_parse("mem", text, sizeof text - 1, &t, err, sizeof err), 0);
+    const struct sh_trace_event *l0 = at(t, 2), *l2 = at(t, 4);
+    assert_true(sh_trace_writes(l0, 0));  /* region 1 at launch 0: before its span */
+    assert_false(sh_trace_writes(l0, 1)); /* region 2 at launch 0 */
+    assert_false(sh_trace_writes(at(t, 3), 0));
+    assert_true(sh_trace_writes(l2, 0)); /* region 2 at launch 2: outside its span */
+    assert_false(sh_trace_writes(l2, 1));
+    assert_false(sh_trace_writes(at(t, 5), 0));
+    assert_true(sh_trace_writes(at(t, 6), 0)); /* launch 4: past every span */
+    sh_trace_destroy(t);
+    /* The writer's record, read back. */
+    struct sh_trace_writer *w = NULL;
+    const uint64_t ids[] = {5};
+    uint64_t seq;
+    assert_int_equal(sh_trace_writer_open(tmp_file(), "unchanged", &w), 0);
+    assert_int_equal(sh_trace_write_alloc(w, 0, 5, 64, 0, SH_CLASS_UNKNOWN), 0);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(sh_trace_write_launch(w, 1, 2, 0, 9, ids, 1, &seq), 0);
+    assert_int_equal(sh_trace_writer_launches(w), 3);
+    assert_int_equal(sh_trace_write_unchanged(w, 5, 1, 3), SH_EINVAL); /* launch 3: not yet */
+    assert_int_equal(sh_trace_write_unchanged(w, 5, 2, 1), SH_EINVAL);
+    assert_int_equal(sh_trace_write_unchanged(w, 5, 1, 2), 0);
+    assert_int_equal(sh_trace_writer_close(w), 0);
+    assert_int_equal(sh_trace_read(tmp_file(), &t, err, sizeof err), 0);
+    assert_true(sh_trace_writes(at(t, 1), 0));
+    assert_false(sh_trace_writes(at(t, 2), 0));
+    assert_false(sh_trace_writes(at(t, 3), 0));
+    sh_trace_destroy(t);
+    unlink(tmp_file());
+    static const struct {
+        const char *rec, *want;
+    } bad[] = {
+        {"i unchanged 1 0 1", "mem:4: unchanged up to launch 1, but only 1 launches came before"},
+        {"i unchanged 1 1 0",
+         "mem:4: unchanged from launch 1 to launch 0: the first comes after the last"},
+        {"i unchanged 1 0", "mem:4: missing last launch"},
+        {"i unchanged 1 0 0 0", "mem:4: unexpected \"0\" at the end of the line"},
+        {"i unchanged x 0 0", "mem:4: region id: not a number: \"x\""},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char rec[256];
+        int n = snprintf(rec, sizeof rec, "stagehand-trace 1\na 0 1 4 7 u\nl 1 2 7 9 1 1\n%s\n",
+                         bad[i].rec);
+        assert_int_equal(sh_trace_parse("mem", rec, (size_t)n, &t, err, sizeof err), SH_EINVAL);
+        assert_string_equal(err, bad[i].want);
+    }
+}
+
 /* ---- writing ---- */
 
 static void test_write_read_round_trip(void **state)
@@ -610,6 +679,7 @@ int main(void)
         cmocka_unit_test(test_read_line_endings),
         cmocka_unit_test(test_read_bad_files),
         cmocka_unit_test(test_read_only_records),
+        cmocka_unit_test(test_unchanged_records),
         cmocka_unit_test(test_read_missing_file),
         cmocka_unit_test(test_parse_odd_bytes),
         cmocka_unit_test(test_write_read_round_trip),
