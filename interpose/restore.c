@@ -39,8 +39,9 @@ static void report_residency(const uintptr_t *bases, size_t nb, const uintptr_t 
 void sh_launch_restore(const uintptr_t *addrs, size_t n, const struct sh_pool_use *u, size_t host)
 {
     uintptr_t was[MAX_ADDRS], fit[MAX_ADDRS];
-    size_t nwas = in_state(u->bases, u->nbases, SH_RS_HOST, was), nfit = 0;
-    sh_engine_lock(&sh_rt.engine);
+    size_t nfit = 0;
+    sh_engine_lock(&sh_rt.engine); /* looked at under it, as other requests evict under it */
+    size_t nwas = in_state(u->bases, u->nbases, SH_RS_HOST, was);
     int room = sh_engine_resident(&sh_rt.engine, was, nwas, addrs, n, fit, &nfit);
     int rc = nfit ? sh_pool_restore(sh_rt.pool, fit, nfit) : 0;
     sh_engine_unlock(&sh_rt.engine);
