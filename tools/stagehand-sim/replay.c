@@ -122,7 +122,12 @@ static int compares(const struct run *r, int dirs, size_t from)
 
 int drain(struct run *r)
 {
-    return r->sp->drain_copies ? advance(r, copies_done_ns(r)) : 0;
+    if (!r->sp->drain_copies)
+        return 0;
+    uint64_t t0 = r->now;
+    int rc = advance(r, copies_done_ns(r));
+    tally(r)->drain_ns += r->now - t0;
+    return rc;
 }
 
 void sim_kept(struct run *r, struct sreg *s, int kept)
@@ -173,8 +178,12 @@ static uint64_t commit_one(struct run *r, struct copy *cp)
 
 int commit_window(struct run *r, int dirs, size_t from, int kind)
 {
-    if (compares(r, dirs, from) ? advance(r, copies_done_ns(r)) : drain(r))
+    uint64_t t0 = r->now;
+    int cmp = compares(r, dirs, from); /* the whole device drains, whatever drain_mode says */
+    if (cmp ? advance(r, copies_done_ns(r)) : drain(r))
         return SH_EINVAL;
+    if (cmp)
+        tally(r)->drain_ns += r->now - t0;
     uint64_t cost = r->sp->remap_base_ns;
     size_t keep = 0;
     for (size_t i = 0; i < r->nready; i++) {
@@ -190,6 +199,7 @@ int commit_window(struct run *r, int dirs, size_t from, int kind)
         cost += commit_one(r, cp);
     }
     r->nready = keep;
+    tally(r)->work_ns += cost;
     tally(r)->windows++;
     tally(r)->win[kind]++;
     return advance(r, r->now + cost);
@@ -657,7 +667,8 @@ static void summarise(struct run *r, size_t nst, struct sim_result *res)
             fprintf(stderr,
                     "  step %zu: %.4f s, compute %.4f s, h2d %llu, d2h %llu, stalls %llu "
                     "(%.4f s), alloc waits %llu, windows %llu (prefetch %llu, early %llu, "
-                    "evict %llu, restore %llu), clean evictions %llu\n",
+                    "evict %llu, restore %llu; drains %.4f s, remaps and reads %.4f s), clean "
+                    "evictions %llu\n",
                     s, (double)(end - r->steps[s].start_ns) / 1e9,
                     (double)r->steps[s].compute_ns / 1e9, (unsigned long long)r->steps[s].h2d,
                     (unsigned long long)r->steps[s].d2h, (unsigned long long)r->steps[s].stalls,
@@ -667,6 +678,7 @@ static void summarise(struct run *r, size_t nst, struct sim_result *res)
                     (unsigned long long)r->steps[s].win[W_EARLY],
                     (unsigned long long)r->steps[s].win[W_EVICT],
                     (unsigned long long)r->steps[s].win[W_RESTORE],
+                    (double)r->steps[s].drain_ns / 1e9, (double)r->steps[s].work_ns / 1e9,
                     (unsigned long long)r->steps[s].clean);
         }
     }

@@ -73,8 +73,9 @@ struct run {
     /* per-step tallies, indexed by step */
     struct tally {
         uint64_t start_ns, h2d, d2h, stalls, stall_ns, alloc_waits, windows, compute_ns, clean;
-        uint64_t host_launches; /* launches that ran with regions left on the host */
-        uint64_t win[W_KINDS];  /* windows by kind */
+        uint64_t host_launches;     /* launches that ran with regions left on the host */
+        uint64_t drain_ns, work_ns; /* windows: waiting for copies, then remaps and reads */
+        uint64_t win[W_KINDS];      /* windows by kind */
     } * steps;
     size_t nsteps, cur_step;
     uint64_t policy_ns, launch_ns, launches;
