@@ -143,6 +143,10 @@ typedef struct stagehand_stats {
      * an early eviction's start) and the pointer prefilter. */
     uint64_t fingerprint_us;
     uint64_t prefilter_us;
+    /* Launches issued with some of their regions still on the host: room
+     * for all of them could not be made within the budget, so as many as
+     * fit came back and the kernel reached the rest over the bus. */
+    uint64_t host_launches;
 } stagehand_stats_t;
 
 /* Fills *out (at most size bytes of it); 0, or -1 if out is NULL. */

@@ -112,6 +112,7 @@ EXPORT int stagehand_get_stats(stagehand_stats_t *out, size_t size)
         sh_pool_usage(sh_rt.pool, &u);
         s.cached_bytes = u.cached;
         s.launches_unscanned = sh_launch_unscanned();
+        s.host_launches = sh_launch_host_launches();
         struct sh_sched_stats ss;
         if (sh_sched_stats(&ss) == 0) {
             s.launches_recorded = ss.launches;

@@ -241,6 +241,8 @@ void sh_launch_make_resident(const uintptr_t *addrs, size_t n);
  * sh_pool_use found in u, host bytes of them on the host), or as many as
  * fit the budget; tells the policy and the monitor. */
 void sh_launch_restore(const uintptr_t *addrs, size_t n, const struct sh_pool_use *u, size_t host);
+/* Launches sh_launch_restore left with regions on the host, so far. */
+uint64_t sh_launch_host_launches(void);
 
 /* CUPTI (cupti.c): the library's subscription, and handing it to another
  * subscriber and back. sh_cupti_mode: enum sh_track_mode now.

@@ -13,6 +13,13 @@
 
 #define MAX_ADDRS SH_LAUNCH_MAX_REGIONS
 
+static atomic_ullong host_launches; /* launches left with regions on the host */
+
+uint64_t sh_launch_host_launches(void)
+{
+    return atomic_load_explicit(&host_launches, memory_order_relaxed);
+}
+
 /* The bases among bases[0..nb) of regions in state `state` (to out). */
 static size_t in_state(const uintptr_t *bases, size_t nb, int state, uintptr_t *out)
 {
@@ -46,13 +53,17 @@ void sh_launch_restore(const uintptr_t *addrs, size_t n, const struct sh_pool_us
     int rc = nfit ? sh_pool_restore(sh_rt.pool, fit, nfit) : 0;
     sh_engine_unlock(&sh_rt.engine);
     rc = rc ? rc : room;
-    if (rc) { /* which step and how much, for a trace of a slow step */
-        uintptr_t left[MAX_ADDRS];
+    uintptr_t left[MAX_ADDRS];
+    size_t nleft = rc ? in_state(was, nwas, SH_RS_HOST, left) : 0;
+    if (nleft) {
+        atomic_fetch_add_explicit(&host_launches, 1, memory_order_relaxed);
+        sh_tm_inc(SH_TM_C_host_launches);
+    }
+    if (rc) /* which step and how much, for a trace of a slow step */
         sh_log(SH_LOG_DEBUG,
                "a launch runs on host-mapped memory: %s (%d); %zu of its %zu regions (%zu MB) were "
                "on the host, %zu still are",
                room ? "no room for all" : "the restore failed", rc, nwas, u->nbases, host >> 20,
-               in_state(was, nwas, SH_RS_HOST, left));
-    }
+               nleft);
     report_residency(u->bases, u->nbases, was, nwas);
 }

@@ -93,7 +93,8 @@ static void counts(struct jbuf *b, const struct sh_tm_steprec *a, const struct s
                                SH_TM_C_clean_evictions,
                                SH_TM_C_clean_bytes,
                                SH_TM_C_fingerprints,
-                               SH_TM_C_unseen_writes};
+                               SH_TM_C_unseen_writes,
+                               SH_TM_C_host_launches};
     for (size_t i = 0; i < sizeof more / sizeof more[0]; i++)
         key_u(b, sh_tm_counter_name(more[i]), delta(a, z, more[i]));
     uint64_t hits = delta(a, z, SH_TM_C_prefetch_hits), miss = delta(a, z, SH_TM_C_prefetch_misses);

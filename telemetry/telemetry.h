@@ -64,7 +64,9 @@
     X(clean_bytes, "bytes", "bytes evictions did not copy: unchanged since their restore")         \
     X(fingerprints, "launches", "fingerprint kernel launches (clean_skip, early evictions)")       \
     X(unseen_writes, "regions",                                                                    \
-      "regions found changed with no work naming them (early evictions, kept copies)")
+      "regions found changed with no work naming them (early evictions, kept copies)")             \
+    X(host_launches, "launches",                                                                   \
+      "launches issued with regions still on the host: no room for all within the budget")
 
 /* ---- gauges: the latest value, set with atomic stores ---------------------- */
 #define SH_TM_GAUGES(X)                                                                            \
