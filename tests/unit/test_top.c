@@ -250,8 +250,16 @@ static void test_render_bar_marks_and_text(void **state)
     assert_non_null(strstr(bar, "55G/80G"));
     assert_true(grid_has(g, "Sort:"));
     assert_true(grid_has(g, "size"));
-    assert_true(grid_has(g, "97.0%")); /* prefetch hit rate over all */
+    assert_true(grid_has(g, "97.0%"));    /* prefetch hit rate over all */
+    assert_false(grid_has(g, "On host")); /* no launch ran from the host */
     top_grid_free(g);
+    /* Launches that ran with regions left on the host are shown. */
+    m->snap.counters[SH_TM_C_host_launches] = 182;
+    g = top_grid_new(30, 100, 0);
+    top_render(top_grid_canvas(g), m, &v);
+    assert_true(grid_has(g, "On host 182"));
+    top_grid_free(g);
+    m->snap.counters[SH_TM_C_host_launches] = 0;
     /* The help box opens over the screen, inside it. */
     g = top_grid_new(24, 60, 1);
     v.help = 1;

@@ -353,7 +353,11 @@ static void info(struct top_canvas *cv, const struct top_rect *r, const struct t
         snprintf(d, sizeof d, "%.1f/s", m->stalls_per_s);
         x = pair(cv, r, y, r->x, "Stalls", m->stalls_per_s > 0 ? TA_WARN : TA_VALUE, a);
         x = pair(cv, r, y, x, "total", TA_VALUE, b);
-        pair(cv, r, y, x, "now", m->stalls_per_s > 0 ? TA_WARN : TA_VALUE, d);
+        x = pair(cv, r, y, x, "now", m->stalls_per_s > 0 ? TA_WARN : TA_VALUE, d);
+        if (c[SH_TM_C_host_launches] > 0) { /* launches that ran partly over the bus */
+            snprintf(a, sizeof a, "%llu", (unsigned long long)c[SH_TM_C_host_launches]);
+            pair(cv, r, y, x, "On host", TA_WARN, a);
+        }
         y++;
     }
     if (y < r->y + r->h) { /* traffic */
