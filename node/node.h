@@ -1,5 +1,6 @@
 /* node.h — a pinned-host-memory budget that the processes of one user on
- * one machine share ([budget] host_ram_scope = node).
+ * one machine share ([budget] host_ram_scope = node, or auto in a job of
+ * several ranks).
  *
  * The processes meet in a small shared segment, /dev/shm/<name> (default
  * stagehand-node.<uid>): a header with the node budget and a process-shared
