@@ -32,7 +32,7 @@ static struct fake {
     int infos;     /* mem_info calls */
     size_t can[3]; /* trim, commit_early, evict_chosen */
     size_t asked[3];
-    char log[16];     /* the links called, in order: t c p, and l (land) */
+    char log[64];     /* the links called, in order: t c p, and l (land) */
     size_t in_flight; /* bytes of prefetches in flight: victims once landed */
     size_t grow;      /* device bytes the next eviction takes of its own */
     size_t np;        /* the protected addresses evict_chosen was given */
@@ -60,10 +60,17 @@ static int moved(char m)
     return f.fail == m;
 }
 
-static void called(int link, size_t asked)
+/* Logs link (or 'l', land), keeping the first calls when there are many. */
+static void logged(char c)
 {
     size_t n = strlen(f.log);
-    f.log[n] = "tcp"[link];
+    if (n + 1 < sizeof f.log)
+        f.log[n] = c;
+}
+
+static void called(int link, size_t asked)
+{
+    logged("tcp"[link]);
     f.asked[link] = asked;
 }
 
@@ -128,7 +135,7 @@ static size_t evict_chosen(void *ctx, size_t bytes, const uintptr_t *protect, si
 static int land(void *ctx)
 {
     (void)ctx;
-    f.log[strlen(f.log)] = 'l';
+    logged('l');
     f.can[2] += f.in_flight;
     size_t landed = f.in_flight;
     f.in_flight = 0;
