@@ -39,7 +39,7 @@ DEFAULT_SLACK_MB = 2048
 COPY_TARGET = 0.85
 # The C programs in the order run.sh runs them.
 C_ORDER = ("host_vmm", "fingerprint", "oversub-plain", "oversub", "pointer_table", "pointer_table-plain",
-           "stress", "stress-plain", "tracking-cupti", "tracking-hooks", "tracking-subscriber",
+           "past_budget", "past_budget-plain", "stress", "stress-plain", "tracking-cupti", "tracking-hooks", "tracking-subscriber",
            "bandwidth", "remap", "launch-plain", "launch-cupti", "launch-hooks")
 OVERHEAD_TARGET = 0.01
 

@@ -291,9 +291,11 @@ part_c() {
         note_fail "oversub digest: '$d1' without the library, '$d2' with it"
     fi
     run_c pointer_table 300 "${lib_env[@]}" "$bin/pointer_table"
+    run_c past_budget 300 "${lib_env[@]}" "$bin/past_budget"
     run_c stress 600 "${lib_env[@]}" "$bin/stress"
     if [ "$quick" = 0 ]; then
         run_c pointer_table-plain 120 "$bin/pointer_table"
+        run_c past_budget-plain 120 env PAST_TOTAL_MB=$((3 * c_budget / 2)) "$bin/past_budget"
         run_c stress-plain 300 "$bin/stress"
     fi
     run_c tracking-cupti 300 "${lib_env[@]}" "$bin/tracking" cupti
