@@ -263,6 +263,25 @@ static void test_parse_odd_bytes(void **state)
     assert_null(t);
 }
 
+/* A record after one region and one launch that touches it, and the error
+ * it must give. */
+struct bad_record {
+    const char *rec, *want;
+};
+
+static void expect_bad_records(const struct bad_record *bad, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        char text[256], err[256];
+        struct sh_trace *t = NULL;
+        int len = snprintf(text, sizeof text, "stagehand-trace 1\na 0 1 4 7 u\nl 1 2 7 9 1 1\n%s\n",
+                           bad[i].rec);
+        assert_int_equal(sh_trace_parse("mem", text, (size_t)len, &t, err, sizeof err), SH_EINVAL);
+        assert_null(t);
+        assert_string_equal(err, bad[i].want);
+    }
+}
+
 /* `i ro` records: the regions a launch only reads; a trace without them
  * (every one before them) writes everything it touches. */
 static void test_read_only_records(void **state)
@@ -297,9 +316,7 @@ static void test_read_only_records(void **state)
     assert_false(sh_trace_writes(at(t, 3), 0));
     sh_trace_destroy(t);
     unlink(tmp_file());
-    static const struct {
-        const char *rec, *want;
-    } bad[] = {
+    static const struct bad_record bad[] = {
         {"i ro 5 1 1", "mem:4: read-only regions of launch 5, but only 1 launches came before"},
         {"i ro 0 1 3", "mem:4: launch 0 does not touch region 3"},
         {"i ro 0 3 1 1 1", "mem:4: 3 read-only regions, but launch 0 touches 1"},
@@ -307,13 +324,7 @@ static void test_read_only_records(void **state)
         {"i ro 0 1 1 1", "mem:4: unexpected \"1\" at the end of the line"},
         {"i ro x", "mem:4: launch number: not a number: \"x\""},
     };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        char text[256];
-        int n = snprintf(text, sizeof text, "stagehand-trace 1\na 0 1 4 7 u\nl 1 2 7 9 1 1\n%s\n",
-                         bad[i].rec);
-        assert_int_equal(sh_trace_parse("mem", text, (size_t)n, &t, err, sizeof err), SH_EINVAL);
-        assert_string_equal(err, bad[i].want);
-    }
+    expect_bad_records(bad, sizeof bad / sizeof bad[0]);
 }
 
 /* `i unchanged ID FIRST LAST`: the launches of that span that touch the
@@ -365,9 +376,7 @@ static void test_unchanged_records(void **state)
     assert_false(sh_trace_writes(at(t, 3), 0));
     sh_trace_destroy(t);
     unlink(tmp_file());
-    static const struct {
-        const char *rec, *want;
-    } bad[] = {
+    static const struct bad_record bad[] = {
         {"i unchanged 1 0 1", "mem:4: unchanged up to launch 1, but only 1 launches came before"},
         {"i unchanged 1 1 0",
          "mem:4: unchanged from launch 1 to launch 0: the first comes after the last"},
@@ -375,13 +384,7 @@ static void test_unchanged_records(void **state)
         {"i unchanged 1 0 0 0", "mem:4: unexpected \"0\" at the end of the line"},
         {"i unchanged x 0 0", "mem:4: region id: not a number: \"x\""},
     };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        char rec[256];
-        int n = snprintf(rec, sizeof rec, "stagehand-trace 1\na 0 1 4 7 u\nl 1 2 7 9 1 1\n%s\n",
-                         bad[i].rec);
-        assert_int_equal(sh_trace_parse("mem", rec, (size_t)n, &t, err, sizeof err), SH_EINVAL);
-        assert_string_equal(err, bad[i].want);
-    }
+    expect_bad_records(bad, sizeof bad / sizeof bad[0]);
 }
 
 /* ---- writing ---- */
