@@ -245,8 +245,10 @@ void sh_sched_free(uintptr_t va)
     if (sh_pool_lookup(sh_rt.pool, va, &info) == 0 && info.size >= EVENT_MIN_BYTES)
         sh_monitor_event(SH_TM_EV_FREE, info.id, info.size);
     pthread_mutex_lock(&sched_mu);
-    sh_map_del(&since_seq, va); /* an address that comes back is another region */
-    sh_map_del(&since_clean, va);
+    if (trace) { /* an address that comes back is another region */
+        sh_map_del(&since_seq, va);
+        sh_map_del(&since_clean, va);
+    }
     uint64_t t = now_us();
     if (policy) {
         sh_policy_free(policy, t, va);

@@ -501,12 +501,11 @@ static int known_regions(struct run *r, const struct sh_trace_event *e)
     return 0;
 }
 
-/* A launch with regions left on the host reads them over the link as it
- * runs: it lasts at least their bytes at the link's bandwidth, and they
- * count as crossing it. */
-static uint64_t over_the_bus(struct run *r, const struct sh_trace_event *e, uint64_t dur)
+/* A launch with `host` bytes of its regions left on the host reads them
+ * over the link as it runs: it lasts at least those bytes at the link's
+ * bandwidth, and they count as crossing it. */
+static uint64_t over_the_bus(struct run *r, uint64_t host, uint64_t dur)
 {
-    uint64_t host = launch_host_bytes(r, e->ids, e->n);
     if (host == 0)
         return dur;
     tally(r)->host_launches++;
@@ -523,6 +522,8 @@ static int on_launch(struct run *r, const struct sh_trace_event *e)
         return SH_EINVAL;
     if (make_resident(r, e->ids, e->n))
         return SH_EINVAL;
+    /* what it reaches on the host, before the plan made after it moves any */
+    uint64_t host = launch_host_bytes(r, e->ids, e->n);
     for (size_t k = 0; k < e->n; k++) /* a kept copy of what it writes goes stale */
         if (sh_trace_writes(e, k))
             r->reg[reg_of(r, e->ids[k])].dirty = 1;
@@ -535,7 +536,7 @@ static int on_launch(struct run *r, const struct sh_trace_event *e)
         return SH_EINVAL;
     uint64_t dur = e->dur_us == SH_TRACE_NO_DUR ? r->sp->default_ns : e->dur_us * 1000;
     tally(r)->compute_ns += dur;
-    return advance(r, r->now + over_the_bus(r, e, dur));
+    return advance(r, r->now + over_the_bus(r, host, dur));
 }
 
 static int on_mark(struct run *r, const struct sh_trace_event *e)
