@@ -58,13 +58,14 @@ EXPORT int stagehand_get_stats(stagehand_stats_t *out, size_t size)
     s.passthrough = atomic_load(&sh_rt.passthrough);
     s.oom = atomic_load(&sh_rt.oom);
     if (sh_managed()) {
+        struct sh_dev *d = sh_dev_main(); /* the figures are the main device's */
         struct sh_pool_stats st;
-        sh_pool_stats(sh_rt.pool, &st);
+        sh_pool_stats(d->pool, &st);
         s.active = 1;
         s.budget_bytes = sh_rt.cfg.budget.vram_budget.bytes;
         s.high_watermark = sh_rt.cfg.budget.vram_high_watermark.bytes;
         s.low_watermark = sh_rt.cfg.budget.vram_low_watermark.bytes;
-        s.device_bytes = sh_sched_device_bytes();
+        s.device_bytes = sh_sched_device_bytes(d);
         s.live_bytes = st.live_bytes;
         s.regions_live = st.regions[SH_RS_RESIDENT] + st.regions[SH_RS_EVICTING] +
                          st.regions[SH_RS_HOST] + st.regions[SH_RS_RESTORING] - st.slabs;
@@ -109,12 +110,12 @@ EXPORT int stagehand_get_stats(stagehand_stats_t *out, size_t size)
         s.tracking_mode = (uint64_t)sh_cupti_mode();
         sh_cupti_counts(&s.cupti_handovers, &s.cupti_returns);
         struct sh_pool_usage u;
-        sh_pool_usage(sh_rt.pool, &u);
+        sh_pool_usage(d->pool, &u);
         s.cached_bytes = u.cached;
         s.launches_unscanned = sh_launch_unscanned();
         s.host_launches = sh_launch_host_launches();
         struct sh_sched_stats ss;
-        if (sh_sched_stats(&ss) == 0) {
+        if (sh_sched_stats(d, &ss) == 0) {
             s.launches_recorded = ss.launches;
             s.steps_found = ss.step;
             s.steps_followed = ss.steps_followed;
@@ -123,14 +124,14 @@ EXPORT int stagehand_get_stats(stagehand_stats_t *out, size_t size)
         sh_sched_stalls(&s.stalls, &s.stall_us);
         s.remap_windows = sh_gate_windows(sh_rt.gate);
         s.window_us = sh_gate_open_us(sh_rt.gate);
-        if (sh_rt.xfer) {
+        if (d->xfer) {
             struct sh_xfer_stats xs;
-            sh_xfer_stats(sh_rt.xfer, &xs);
+            sh_xfer_stats(d->xfer, &xs);
             s.device_drains = xs.drains;
         }
-        if (sh_rt.host) {
+        if (d->host) {
             struct sh_hostpool_stats hs;
-            sh_hostpool_stats(sh_rt.host, &hs);
+            sh_hostpool_stats(d->host, &hs);
             s.pinned_bytes = hs.pinned_bytes;
         }
         if (sh_rt.node) {
@@ -148,8 +149,8 @@ EXPORT int stagehand_get_stats(stagehand_stats_t *out, size_t size)
 EXPORT int stagehand_residency(const void *ptr)
 {
     struct sh_region_info info;
-    if (!ptr || !sh_managed() || sh_pool_lookup(sh_rt.pool, (uintptr_t)ptr, &info) != 0 ||
-        info.state == SH_RS_FREED)
+    struct sh_dev *d = ptr && sh_managed() ? sh_dev_of((uintptr_t)ptr) : NULL;
+    if (!d || sh_pool_lookup(d->pool, (uintptr_t)ptr, &info) != 0 || info.state == SH_RS_FREED)
         return -1;
     return info.state == SH_RS_RESIDENT;
 }

@@ -19,26 +19,34 @@ static cudaError_t passthrough(void)
     return cudaSuccess;
 }
 
-static cudaError_t managed_alloc(void **ptr, size_t size, int path, cudaStream_t stream,
-                                 const char *what)
+/* d's engine makes room for size bytes (whole granules). */
+static int make_room(struct sh_dev *d, size_t size)
+{
+    sh_engine_lock(&d->engine);
+    int rc = sh_engine_make_room(&d->engine, (size + d->gran - 1) / d->gran * d->gran, NULL, 0);
+    sh_engine_unlock(&d->engine);
+    return rc;
+}
+
+static cudaError_t managed_alloc(struct sh_dev *d, void **ptr, size_t size, int path,
+                                 cudaStream_t stream, const char *what)
 {
     uintptr_t va = 0;
-    size_t need = (size + sh_rt.gran - 1) / sh_rt.gran * sh_rt.gran;
-    sh_engine_lock(&sh_rt.engine);
-    int rc = sh_engine_make_room(&sh_rt.engine, need, NULL, 0);
+    size_t need = (size + d->gran - 1) / d->gran * d->gran;
+    sh_engine_lock(&d->engine);
+    int rc = sh_engine_make_room(&d->engine, need, NULL, 0);
     if (rc == SH_OK)
-        rc = sh_pool_alloc(sh_rt.pool, size, path, sh_stream_key((CUstream)stream), &va);
-    sh_engine_unlock(&sh_rt.engine);
+        rc = sh_pool_alloc(d->pool, size, path, sh_stream_key((CUstream)stream), &va);
+    sh_engine_unlock(&d->engine);
     if (rc == SH_ENOMEM || rc == SH_ERANGE) {
         *ptr = NULL;
-        return rc == SH_ERANGE ? sh_oom_too_big(size, what) : sh_oom(size, what);
+        return rc == SH_ERANGE ? sh_oom_too_big(d, size, what) : sh_oom(d, size, what);
     }
     if (rc != SH_OK)
         return cudaErrorUnknown; /* the caller falls back to the real call */
     struct sh_region_info info;
-    if (sh_pool_lookup(sh_rt.pool, va, &info) == SH_OK && info.va == va &&
-        info.path != SH_PATH_SLAB)
-        sh_sched_alloc(va, size, sh_stream_key((CUstream)stream)); /* a region, not a small block */
+    if (sh_pool_lookup(d->pool, va, &info) == SH_OK && info.va == va && info.path != SH_PATH_SLAB)
+        sh_sched_alloc(d, va, size, sh_stream_key((CUstream)stream)); /* a region, not a block */
     *ptr = (void *)va;
     return cudaSuccess;
 }
@@ -51,13 +59,10 @@ static cudaError_t passthrough_malloc(void **ptr, size_t size)
     const struct sh_real *real = sh_real();
     passthrough();
     cudaError_t e = real->cudaMalloc(ptr, size);
-    if (e != cudaErrorMemoryAllocation || !ptr || !sh_managed_here())
-        return e; /* room on the managed device helps no other one */
-    sh_engine_lock(&sh_rt.engine);
-    int rc = sh_engine_make_room(&sh_rt.engine, (size + sh_rt.gran - 1) / sh_rt.gran * sh_rt.gran,
-                                 NULL, 0);
-    sh_engine_unlock(&sh_rt.engine);
-    if (rc != SH_OK)
+    struct sh_dev *d = e == cudaErrorMemoryAllocation && ptr ? sh_managed_here() : NULL;
+    if (!d)
+        return e; /* room on a managed device helps no other one */
+    if (make_room(d, size) != SH_OK)
         return e;
     if (real->cudaGetLastError)
         real->cudaGetLastError();
@@ -67,9 +72,10 @@ static cudaError_t passthrough_malloc(void **ptr, size_t size)
 EXPORT cudaError_t cudaMalloc(void **ptr, size_t size)
 {
     const struct sh_real *real = sh_real();
-    if (!ptr || size < sh_rt.cfg.regions.min_region.bytes || !sh_managed_here())
+    struct sh_dev *d = NULL;
+    if (!ptr || size < sh_rt.cfg.regions.min_region.bytes || !(d = sh_managed_here()))
         return passthrough_malloc(ptr, size);
-    cudaError_t e = managed_alloc(ptr, size, SH_PATH_MALLOC, NULL, "cudaMalloc");
+    cudaError_t e = managed_alloc(d, ptr, size, SH_PATH_MALLOC, NULL, "cudaMalloc");
     return e == cudaErrorUnknown ? (passthrough(), real->cudaMalloc(ptr, size)) : e;
 }
 
@@ -84,8 +90,9 @@ EXPORT cudaError_t cudaFree(void *ptr)
 {
     const struct sh_real *real = sh_real();
     struct sh_region_info info;
+    struct sh_dev *d = ptr && sh_managed() ? sh_dev_of((uintptr_t)ptr) : NULL;
     /* A small block lies anywhere in its slab; a region is freed by its start. */
-    if (!ptr || !sh_managed() || sh_pool_lookup(sh_rt.pool, (uintptr_t)ptr, &info) != SH_OK ||
+    if (!d || sh_pool_lookup(d->pool, (uintptr_t)ptr, &info) != SH_OK ||
         (info.va != (uintptr_t)ptr && info.path != SH_PATH_SLAB) || info.path == SH_PATH_VMM) {
         cudaError_t e = real->cudaFree(ptr);
         if (e == cudaSuccess)
@@ -99,8 +106,8 @@ EXPORT cudaError_t cudaFree(void *ptr)
     if (r != CUDA_SUCCESS)
         return (cudaError_t)r;
     if (info.path != SH_PATH_SLAB)
-        sh_sched_free((uintptr_t)ptr);
-    return sh_pool_free(sh_rt.pool, (uintptr_t)ptr, UINT64_MAX, 0) == SH_OK
+        sh_sched_free(d, (uintptr_t)ptr);
+    return sh_pool_free(d->pool, (uintptr_t)ptr, UINT64_MAX, 0) == SH_OK
                ? cudaSuccess
                : bad_free("cudaFree", ptr);
 }
@@ -114,19 +121,20 @@ static int in_capture(cudaStream_t stream)
 }
 
 /* cudaMallocAsync allocates on the stream's device, not the current one. */
-static int managed_stream(cudaStream_t stream)
+static struct sh_dev *managed_stream(cudaStream_t stream)
 {
-    return sh_managed() && sh_stream_device((CUstream)stream) == (int)sh_rt.dev;
+    return sh_managed() ? sh_dev_ordinal(sh_stream_device((CUstream)stream)) : NULL;
 }
 
 EXPORT cudaError_t cudaMallocAsync(void **ptr, size_t size, cudaStream_t stream)
 {
     const struct sh_real *real = sh_real();
-    if (!ptr || size == 0 || !managed_stream(stream) || in_capture(stream)) {
+    struct sh_dev *d = NULL;
+    if (!ptr || size == 0 || !(d = managed_stream(stream)) || in_capture(stream)) {
         passthrough();
         return real->cudaMallocAsync(ptr, size, stream);
     }
-    cudaError_t e = managed_alloc(ptr, size, SH_PATH_ASYNC, stream, "cudaMallocAsync");
+    cudaError_t e = managed_alloc(d, ptr, size, SH_PATH_ASYNC, stream, "cudaMallocAsync");
     return e == cudaErrorUnknown ? (passthrough(), real->cudaMallocAsync(ptr, size, stream)) : e;
 }
 
@@ -135,7 +143,8 @@ EXPORT cudaError_t cudaMallocAsync(void **ptr, size_t size, cudaStream_t stream)
 static int managed_free_async(void *ptr, cudaStream_t stream, const char *what)
 {
     struct sh_region_info info;
-    if (sh_pool_lookup(sh_rt.pool, (uintptr_t)ptr, &info) != SH_OK || info.path == SH_PATH_VMM)
+    struct sh_dev *d = sh_dev_of((uintptr_t)ptr);
+    if (!d || sh_pool_lookup(d->pool, (uintptr_t)ptr, &info) != SH_OK || info.path == SH_PATH_VMM)
         return SH_ENOTFOUND; /* the program's own mapping: the driver answers */
     if (in_capture(stream)) {
         /* A free node frees only a graph allocation, and this memory may
@@ -152,11 +161,11 @@ static int managed_free_async(void *ptr, cudaStream_t stream, const char *what)
         return SH_EINVAL;
     }
     if (info.va == (uintptr_t)ptr && info.path != SH_PATH_SLAB)
-        sh_sched_free((uintptr_t)ptr);
+        sh_sched_free(d, (uintptr_t)ptr);
     uint64_t fence = sh_driver_fence_record(&sh_rt.drv, (CUstream)stream);
     if (!fence)
         sh_driver_sync(&sh_rt.drv); /* no event: fall back to a full wait */
-    int rc = sh_pool_free(sh_rt.pool, (uintptr_t)ptr, sh_stream_key((CUstream)stream), fence);
+    int rc = sh_pool_free(d->pool, (uintptr_t)ptr, sh_stream_key((CUstream)stream), fence);
     if (rc != SH_OK)
         bad_free(what, ptr); /* a small block freed twice */
     if (rc != SH_OK && fence) {
@@ -186,11 +195,12 @@ EXPORT cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream)
 EXPORT cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)
 {
     cudaError_t e = sh_real()->cudaMemGetInfo(free_bytes, total);
-    if (e != cudaSuccess || !sh_managed_here() || !free_bytes || !total)
+    struct sh_dev *d = e == cudaSuccess && free_bytes && total ? sh_managed_here() : NULL;
+    if (!d)
         return e;
     struct sh_pool_stats st;
-    sh_pool_stats(sh_rt.pool, &st);
-    size_t used = *total - *free_bytes, budget = sh_rt.cfg.budget.vram_budget.bytes;
+    sh_pool_stats(d->pool, &st);
+    size_t used = *total - *free_bytes, budget = d->engine.cfg.budget;
     size_t cached = st.device_bytes > st.live_bytes ? st.device_bytes - st.live_bytes : 0;
     size_t outside = used > st.device_bytes ? used - st.device_bytes : 0;
     size_t held = st.live_bytes + outside;
@@ -268,9 +278,10 @@ EXPORT void *stagehand_malloc(ssize_t size, int device, void *stream)
             return NULL; /* said why */
     }
     struct async_call c = {NULL, (size_t)size, stream};
-    if (sh_managed() && device == (int)sh_rt.dev && !in_capture(stream)) {
+    struct sh_dev *d = sh_managed() ? sh_dev_ordinal(device) : NULL;
+    if (d && !in_capture(stream)) {
         cudaError_t e =
-            managed_alloc(&c.ptr, (size_t)size, SH_PATH_PLUGGABLE, stream, "stagehand_malloc");
+            managed_alloc(d, &c.ptr, (size_t)size, SH_PATH_PLUGGABLE, stream, "stagehand_malloc");
         if (e != cudaErrorUnknown)
             return e == cudaSuccess ? c.ptr : NULL;
     }

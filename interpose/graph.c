@@ -70,7 +70,8 @@ void sh_graph_capture(int begin, int result)
      * and cudaErrorStreamCaptureInvalidated are both 901). */
     if ((result == 0 || result == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED) &&
         atomic_fetch_sub(&sh_rt.captures, 1) == 1)
-        sh_engine_make_room(&sh_rt.engine, 0, NULL, 0); /* the evictions that waited for it */
+        for (int i = 0; i < atomic_load(&sh_rt.ndevs); i++) /* the evictions that waited for it */
+            sh_engine_make_room(&sh_rt.devs[i]->engine, 0, NULL, 0);
 }
 
 /* ---- learning a graph's regions at instantiation ---- */

@@ -153,7 +153,7 @@ void sh_hostmem_bounds(uintptr_t *lo, uintptr_t *hi)
  * memory it does not know at all). */
 int sh_host_readable(uintptr_t p)
 {
-    if (sh_pool_lookup(sh_rt.pool, p, NULL) != 0)
+    if (sh_dev_of(p))
         return 0;
     unsigned type = 0;
     CUresult r = sh_rt.drv.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p);

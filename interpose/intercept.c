@@ -146,11 +146,12 @@ int sh_work_open(struct sh_work *w, CUstream stream, int per_thread)
  * instead of a fault that would end its context. */
 int sh_work_refused(const struct sh_work *w)
 {
-    if (w->kind == SH_WORK_CAPTURE || sh_pool_heal(sh_rt.pool) == 0)
+    struct sh_pool *pool = sh_dev_main()->pool;
+    if (w->kind == SH_WORK_CAPTURE || sh_pool_heal(pool) == 0)
         return 0;
     int hit = w->kind != SH_WORK_ACCESS || w->opaque;
     for (size_t i = 0; i + 1 < w->n && !hit; i += 2)
-        hit = sh_pool_hole_in(sh_rt.pool, w->ends[i], w->ends[i + 1]);
+        hit = sh_pool_hole_in(pool, w->ends[i], w->ends[i + 1]);
     if (hit)
         sh_monitor_event(SH_TM_EV_ERROR, (uint64_t)-SH_ELOST, 0);
     if (hit && !atomic_exchange(&told_refused, 1))
@@ -169,7 +170,7 @@ int sh_work_issue(struct sh_work *w)
          * the wrapper makes it resident itself (the callback then stays
          * out), so that a remap failing for good under it, which leaves a
          * hole, refuses it here instead of letting it fault. */
-        if (!w->opaque && sh_sched_quiet() && (w->pass = sh_cupti_pass_begin()))
+        if (!w->opaque && sh_quiet() && (w->pass = sh_cupti_pass_begin()))
             return 0; /* (CUPTI is not told what the wrapper knows: "opaque") */
         sh_cupti_poll();
         sh_launch_begin(w->key, w->key_kind, w->params, w->stream);
@@ -181,7 +182,7 @@ int sh_work_issue(struct sh_work *w)
         }
         return 0;
     case SH_WORK_GRAPH: /* the same, for the regions a graph's nodes use */
-        if (sh_sched_quiet() && (w->pass = sh_cupti_pass_begin()))
+        if (sh_quiet() && (w->pass = sh_cupti_pass_begin()))
             return 0;
         sh_cupti_poll();
         sh_graph_launch_begin((CUgraphExec)(uintptr_t)w->key, w->stream);
@@ -245,7 +246,9 @@ static int holds_pointers(uintptr_t p)
 {
     uintptr_t base;
     int ptrs = 0;
-    sh_pool_bases_ptrs(sh_rt.pool, &p, 1, &base, &ptrs);
+    struct sh_dev *d = sh_dev_of(p);
+    if (d)
+        sh_pool_bases_ptrs(d->pool, &p, 1, &base, &ptrs);
     return ptrs || sh_launch_in_tables(&p, 1);
 }
 
@@ -506,7 +509,7 @@ void sh_work_symbol_up(struct sh_work *w, const void *src, size_t n, int kind)
 {
     uintptr_t s = (uintptr_t)src;
     if (kind == cudaMemcpyHostToDevice || (kind == cudaMemcpyDefault && sh_host_readable(s))) {
-        if (n && src && sh_pool_find_pointers(sh_rt.pool, src, n, 0))
+        if (n && src && sh_pool_find_pointers(sh_dev_main()->pool, src, n, 0))
             sh_launch_hide_pointers();
         return;
     }

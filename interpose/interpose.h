@@ -35,19 +35,33 @@ struct sh_real {
 enum sh_track_mode { SH_TRACK_NONE = 0, SH_TRACK_CUPTI = 1, SH_TRACK_HOOKS = 2 };
 enum sh_key_kind { SH_KEY_HOST_FN = 1, SH_KEY_FUNCTION = 2, SH_KEY_KERNEL = 3 };
 
+/* One managed device (start.c sets it up, devices.c finds it): its pool,
+ * the host slabs and copy streams that move its regions, and the engine
+ * and scheduler that decide those moves. Written once, before it is
+ * published in sh_rt.devs; read without locks afterwards. */
+struct sh_sched; /* sched.c */
+struct sh_dev {
+    int ordinal; /* as the runtime numbers devices */
+    CUdevice dev;
+    CUcontext ctx; /* its primary context */
+    size_t card_bytes, gran;
+    struct sh_pool *pool;
+    struct sh_hostpool *host; /* NULL when eviction is off */
+    struct sh_xfer *xfer;
+    struct sh_engine engine; /* its pressure and deferred counters too */
+    struct sh_sched *sched;
+};
+
+#define SH_DEVICES_MAX 16
+
 struct sh_runtime {
     struct sh_config cfg;
     struct sh_real real;
     struct sh_driver drv;
-    struct sh_pool *pool;
-    struct sh_hostpool *host; /* NULL when eviction is off */
-    struct sh_node *node;     /* the node's shared host budget; NULL: per process */
-    struct sh_xfer *xfer;
-    struct sh_gate *gate;
-    CUdevice dev;
-    CUcontext ctx;
-    size_t card_bytes, gran;
-    struct sh_engine engine; /* its pressure and deferred counters too */
+    struct sh_node *node; /* the node's shared host budget; NULL: per process */
+    struct sh_gate *gate; /* one for every device: a window stops all launches */
+    struct sh_dev *devs[SH_DEVICES_MAX];
+    atomic_int ndevs; /* devs[0..ndevs) are published */
     atomic_ullong passthrough, oom, launches;
     atomic_int captures; /* streams capturing now */
     int disabled;        /* STAGEHAND_DISABLE or enabled=false, at load time */
@@ -57,6 +71,17 @@ struct sh_runtime {
 };
 
 extern struct sh_runtime sh_rt;
+
+/* The managed devices (devices.c). sh_dev_main: the first, [general]
+ * device (NULL before start.c brought it up). sh_dev_of: the device whose
+ * pool holds address p, NULL when none does. sh_dev_ordinal: the device
+ * managing the runtime's device number ordinal, NULL when none does. */
+static inline struct sh_dev *sh_dev_main(void)
+{
+    return sh_rt.devs[0];
+}
+struct sh_dev *sh_dev_of(uintptr_t p);
+struct sh_dev *sh_dev_ordinal(int ordinal);
 
 /* runtime.c: the real cudart functions; resolved on first use, never NULL
  * afterwards unless the program has no CUDA runtime at all. */
@@ -72,14 +97,15 @@ int sh_managed(void);
  * exists). */
 int sh_active(void);
 
-/* sh_managed(), and the calling thread's current device is the managed one
- * ([general] device): an allocation for any other device passes through. */
-int sh_managed_here(void);
+/* sh_managed(), and the calling thread's current device is a managed one
+ * ([general] device): that device, or NULL (an allocation for any other
+ * device passes through). */
+struct sh_dev *sh_managed_here(void);
 
 /* cudaErrorMemoryAllocation, with one stderr line saying why. */
-cudaError_t sh_oom(size_t size, const char *what);
+cudaError_t sh_oom(struct sh_dev *d, size_t size, const char *what);
 /* The same for a request larger than the pool could ever hold. */
-cudaError_t sh_oom_too_big(size_t size, const char *what);
+cudaError_t sh_oom_too_big(struct sh_dev *d, size_t size, const char *what);
 
 /* PyTorch's allocator settings (torch.c). sh_torch_expandable: 1 when the
  * setting conf ("key:value,...") turns expandable_segments on for the
@@ -100,9 +126,9 @@ int sh_pin_region(uintptr_t p);
  * when the reference could not be handed out. */
 int sh_vmm_retain(uintptr_t addr, CUmemGenericAllocationHandle *handle);
 
-/* The engine's room (engine/) over the pool, the scheduler and the driver
- * (room.c): sh_rt.engine, set up once the pool is. */
-void sh_room_init(void);
+/* d's engine (engine/) over its pool, its scheduler and the driver
+ * (room.c), set up once the pool is. */
+void sh_room_init(struct sh_dev *d);
 
 /* Stream identity (streams.c). sh_stream_key: one id per stream CUDA
  * orders work on, the calling thread's own for its per-thread stream.
@@ -237,10 +263,11 @@ void sh_launch_prepare(uint64_t kernel, uintptr_t *vals, size_t n);
 void sh_launch_make_resident(const uintptr_t *addrs, size_t n);
 /* The most regions one launch names that are followed one by one. */
 #define SH_LAUNCH_MAX_REGIONS 256
-/* restore.c: brings back the evicted regions of a launch (addrs[0..n), what
+/* restore.c: brings back d's evicted regions of a launch (addrs[0..n), what
  * sh_pool_use found in u, host bytes of them on the host), or as many as
  * fit the budget; tells the policy and the monitor. */
-void sh_launch_restore(const uintptr_t *addrs, size_t n, const struct sh_pool_use *u, size_t host);
+void sh_launch_restore(struct sh_dev *d, const uintptr_t *addrs, size_t n,
+                       const struct sh_pool_use *u, size_t host);
 /* Launches sh_launch_restore left with regions on the host, so far. */
 uint64_t sh_launch_host_launches(void);
 
@@ -275,8 +302,9 @@ int sh_modules_layout(const char *name, struct sh_cubin_param *params, size_t ca
  * (launch.c says so at start, and again when a query finds it out). */
 void sh_modules_keep_images(int on);
 
-/* The scheduler (sched.c): the policy's events and decisions, and the
- * trace. Region ids are region base addresses. */
+/* The scheduler (sched.c): each device's policy, told the program's events
+ * and asked for decisions, and the trace (the main device's). Region ids
+ * are region base addresses. */
 struct sh_sched_stats {
     int64_t step;
     int phase, trace_ready;
@@ -285,23 +313,27 @@ struct sh_sched_stats {
     uint64_t steps_followed; /* completed steps that followed a recording */
     uint64_t steps_departed; /* ... that departed from every one (or had none) */
 };
-int sh_sched_init(void);
-void sh_sched_alloc(uintptr_t va, size_t size, uint64_t stream);
-void sh_sched_free(uintptr_t va);
+/* d's scheduler, once its pool and engine are up (the trace with the
+ * first device's). */
+int sh_sched_init(struct sh_dev *d);
+void sh_sched_alloc(struct sh_dev *d, uintptr_t va, size_t size, uint64_t stream);
+void sh_sched_free(struct sh_dev *d, uintptr_t va);
 /* Records a launch for the policy once sh_engine_armed() (engine/); stream
  * as sh_stream_key() names the launch's. */
-void sh_sched_launch(uint64_t kernel, uint64_t stream, const uintptr_t *bases, size_t n);
-/* A step mark (step != 0) or a phase mark. */
+void sh_sched_launch(struct sh_dev *d, uint64_t kernel, uint64_t stream, const uintptr_t *bases,
+                     size_t n);
+/* A step mark (step != 0) or a phase mark, for every device. */
 void sh_sched_mark(int step, int phase);
-void sh_sched_residency(const uintptr_t *bases, size_t n, int on_device);
+void sh_sched_residency(struct sh_dev *d, const uintptr_t *bases, size_t n, int on_device);
 /* The region based at va is pinned (sh_pool_pin): never the policy's victim. */
-void sh_sched_pinned(uintptr_t va);
+void sh_sched_pinned(struct sh_dev *d, uintptr_t va);
 /* Regions to evict to release need bytes, best first: the only source of
  * victims (room.c). 0 when the policy has none, or none is running. */
-size_t sh_sched_victims(size_t need, const uintptr_t *protect, size_t np, uintptr_t *out,
-                        size_t max);
-int sh_sched_stats(struct sh_sched_stats *out);
-/* Launches held until their regions were resident, and the microseconds. */
+size_t sh_sched_victims(struct sh_dev *d, size_t need, const uintptr_t *protect, size_t np,
+                        uintptr_t *out, size_t max);
+int sh_sched_stats(struct sh_dev *d, struct sh_sched_stats *out);
+/* Launches held until their regions were resident, and the microseconds
+ * (every device's). */
 void sh_sched_stalls(uint64_t *n, uint64_t *us);
 /* Prefetch, driven by the policy (no-ops without it or with [policy]
  * prefetch_enabled off). sh_sched_prefetch_wait: a launch needs regions
@@ -312,23 +344,25 @@ void sh_sched_stalls(uint64_t *n, uint64_t *us);
  * prefetches when the policy says it is due. sh_sched_evict_commit: commits
  * early evictions (all, or the finished ones); returns the bytes released.
  * sh_sched_stall: a launch waited wait_us for region base. */
-size_t sh_sched_prefetch_wait(const uintptr_t *bases, size_t n);
-/* 1 while nothing has been evicted since the planner last saw the pool all
- * on the device (a hint: read without a lock). */
-int sh_sched_quiet(void);
+size_t sh_sched_prefetch_wait(struct sh_dev *d, const uintptr_t *bases, size_t n);
+/* 1 while nothing has been evicted from d since the planner last saw its
+ * pool all on the device (a hint: read without a lock). sh_quiet: the same
+ * for every device. */
+int sh_sched_quiet(const struct sh_dev *d);
+int sh_quiet(void);
 /* Tells the monitor that each region starting at bases[0..n) had an event
  * of kind (SH_TM_EV_*): its id and size. */
-void sh_sched_announce(const uintptr_t *bases, size_t n, int kind);
-size_t sh_sched_evict_commit(int all);
+void sh_sched_announce(struct sh_dev *d, const uintptr_t *bases, size_t n, int kind);
+size_t sh_sched_evict_commit(struct sh_dev *d, int all);
 /* Commits every prefetch in flight; returns how many regions landed. */
-size_t sh_sched_commit_all(void);
+size_t sh_sched_commit_all(struct sh_dev *d);
 /* The device memory the budget bounds: the pool's, and the library's own
  * buffer (the fingerprints', fingerprint.c), as stagehand_get_stats counts
  * them. */
-size_t sh_sched_device_bytes(void);
-void sh_sched_plan(const uintptr_t *bases, size_t nb);
+size_t sh_sched_device_bytes(struct sh_dev *d);
+void sh_sched_plan(struct sh_dev *d, const uintptr_t *bases, size_t nb);
 /* A decision point's moves on the pool: the engine's ops (room.c's table,
- * engine.h says what each does). */
+ * engine.h says what each does); ctx is the struct sh_dev. */
 size_t sh_sched_evicted_ready(void *ctx);
 int sh_sched_commit_evicted(void *ctx);
 void sh_sched_read(void *ctx, struct sh_engine_plan_in *in);
@@ -340,16 +374,21 @@ int sh_sched_commit_fetched(void *ctx);
 void sh_sched_hints(void *ctx, const struct sh_policy_hints *h);
 /* sh_sched_launch then sh_sched_plan, for a launch that did not wait: one
  * hold of the scheduler's lock where it can. */
-void sh_sched_launch_plan(uint64_t kernel, uint64_t stream, const uintptr_t *bases, size_t n);
-void sh_sched_stall(uintptr_t base, uint64_t wait_us);
+void sh_sched_launch_plan(struct sh_dev *d, uint64_t kernel, uint64_t stream,
+                          const uintptr_t *bases, size_t n);
+void sh_sched_stall(struct sh_dev *d, uintptr_t base, uint64_t wait_us);
 /* Steps and phases the policy finds by itself go to fn (the monitor's,
  * which sits above the scheduler: it reads its figures); none before. */
 void sh_sched_on_where(void (*fn)(int64_t step, int phase));
-/* Launch durations for the trace: sh_sched_timing_begin as a launch's
- * preparation starts (it ends the previous launch on the GPU),
- * sh_sched_timing_issue just before it is issued. */
-void sh_sched_timing_begin(void);
-void sh_sched_timing_issue(void);
+/* Launch durations for the trace (timing.c): sh_timing_init once a trace
+ * is recorded, with the scheduler's function that writes what is measured
+ * (seqs[0..n): the launches' numbers in the trace); sh_timing_launch: the launch the calling thread
+ * is issuing has number seq in the trace; sh_timing_begin as a launch's preparation starts (it ends
+ * the previous launch on the GPU), sh_timing_issue just before it is issued. */
+void sh_timing_init(void (*write)(const uint64_t *seqs, const uint64_t *us, size_t n));
+void sh_timing_launch(uint64_t seq);
+void sh_timing_begin(void);
+void sh_timing_issue(void);
 
 /* The clean-region fingerprint on the device (fingerprint.c): the pool's
  * mover calls sh_fingerprint inside remap windows (struct sh_pool_mover).
@@ -382,8 +421,8 @@ void sh_monitor_step(int64_t step);
 extern atomic_int sh_monitor_on;
 void sh_monitor_phase(int phase);
 void sh_monitor_event(int kind, uint64_t id, uint64_t bytes);
-/* The class the scheduler gives a region (enum sh_policy_class). */
-int sh_sched_class(uintptr_t va);
+/* The class d's scheduler gives a region (enum sh_policy_class). */
+int sh_sched_class(struct sh_dev *d, uintptr_t va);
 
 /* While any stream captures, nothing is remapped or drained: it would
  * break the capture (runtime.c: sh_rt.captures). */

@@ -286,7 +286,7 @@ struct plausible {
 static void plausible_now(struct plausible *pl)
 {
     uintptr_t lo[3], hi[3];
-    sh_pool_bounds(sh_rt.pool, &lo[0], &hi[0]);
+    sh_pool_bounds(sh_dev_main()->pool, &lo[0], &hi[0]);
     lo[1] = __atomic_load_n(&ranges_min, __ATOMIC_RELAXED);
     hi[1] = __atomic_load_n(&ranges_max, __ATOMIC_RELAXED);
     sh_hostmem_bounds(&lo[2], &hi[2]);
@@ -440,7 +440,7 @@ size_t sh_launch_scan(const void *key, int kind, void **args, uintptr_t *addrs, 
     if (ns && (pending.opaque || keep_cands(ns, found, c) != 0))
         ns->opaque = 1; /* now, or whatever tables come */
     pending.opaque = was;
-    size_t n = sh_pool_use(sh_rt.pool, found, c, 0, NULL);
+    size_t n = sh_pool_use(sh_dev_main()->pool, found, c, 0, NULL);
     n = n < max ? n : max;
     memcpy(addrs, found, n * sizeof *addrs);
     return n;
@@ -466,9 +466,10 @@ static void note_other(CUstream stream)
 static void mark_issued(void)
 {
     __typeof__(pending) *pd = &pending; /* one thread-local lookup */
+    struct sh_dev *d = sh_dev_main();
     if (pd->quiet) {
         /* the next move's drain waits for the whole device */
-        sh_pool_issued_any(sh_rt.pool, sh_slots_tracked() ? SH_SLOTS_ANY : 0);
+        sh_pool_issued_any(d->pool, sh_slots_tracked() ? SH_SLOTS_ANY : 0);
         pd->quiet = 0;
         return;
     }
@@ -486,13 +487,13 @@ static void mark_issued(void)
     }
     /* nothing moves: no region needs its own stamp; else the regions the
      * scan found, not looked up twice */
-    if (streams == 0 && pd->n && sh_sched_quiet())
-        sh_pool_issued_any(sh_rt.pool, 0);
+    if (streams == 0 && pd->n && sh_sched_quiet(d))
+        sh_pool_issued_any(d->pool, 0);
     else
-        sh_pool_issued_found(sh_rt.pool, pd->bases, pd->found ? pd->regions : NULL, pd->n, pd->gen,
+        sh_pool_issued_found(d->pool, pd->bases, pd->found ? pd->regions : NULL, pd->n, pd->gen,
                              streams);
     if (pd->opaque)
-        sh_pool_issued_opaque(sh_rt.pool, streams);
+        sh_pool_issued_opaque(d->pool, streams);
     pd->n = 0;
     pd->found = 0;
     pd->opaque = 0;
@@ -503,7 +504,8 @@ void sh_launch_mark_work(CUstream stream, int any, const uintptr_t *ends, size_t
 {
     if (!sh_active())
         return;
-    pending.n = sh_pool_bases(sh_rt.pool, ends, n < MAX_ADDRS ? n : MAX_ADDRS, pending.bases);
+    pending.n =
+        sh_pool_bases(sh_dev_main()->pool, ends, n < MAX_ADDRS ? n : MAX_ADDRS, pending.bases);
     pending.found = 0;
     pending.stream = stream;
     pending.any = any;
@@ -537,13 +539,14 @@ void sh_launch_mark_upload_rows(const void *dst, size_t dpitch, const void *src,
         return;
     uintptr_t d = (uintptr_t)dst;
     const char *s = src;
+    struct sh_pool *pool = sh_dev_main()->pool;
     size_t y = 0;
-    while (y < rows && !sh_pool_find_pointers(sh_rt.pool, s + y * spitch, width, d + y * dpitch))
+    while (y < rows && !sh_pool_find_pointers(pool, s + y * spitch, width, d + y * dpitch))
         y++;
     if (y == rows)
         return;
     size_t span = dpitch * (rows - 1) + width;
-    if (sh_pool_lookup(sh_rt.pool, d, NULL) != 0)
+    if (sh_pool_lookup(pool, d, NULL) != 0)
         add_ptr_range(d, d + span);
     /* A module global whose address the program took: kernels read it
      * without naming it (globals.c), as after cudaMemcpyToSymbol. */
@@ -570,42 +573,45 @@ void sh_launch_mark_upload(const void *dst, const void *src, size_t n)
  * (a commit makes its host count stale: counted again). Returns the
  * microseconds the launch waited, 0 if none. */
 static inline __attribute__((always_inline)) uint64_t
-make_resident(const uintptr_t *addrs, size_t n, const struct sh_pool_use *u, uint64_t t0)
+make_resident(struct sh_dev *d, const uintptr_t *addrs, size_t n, const struct sh_pool_use *u,
+              uint64_t t0)
 {
     size_t host = u->host_bytes, committed = 0;
-    if (sh_pool_moving(sh_rt.pool)) /* else no prefetch is in flight to wait for */
-        committed = sh_sched_prefetch_wait(u->bases, u->nbases);
+    if (sh_pool_moving(d->pool)) /* else no prefetch is in flight to wait for */
+        committed = sh_sched_prefetch_wait(d, u->bases, u->nbases);
     if (committed)
-        sh_pool_touch(sh_rt.pool, addrs, n, &host);
+        sh_pool_touch(d->pool, addrs, n, &host);
     if (host == 0)
         return committed ? sh_clock_us() - t0 + 1 : 0;
-    sh_launch_restore(addrs, n, u, host);
+    sh_launch_restore(d, addrs, n, u, host);
     return sh_clock_us() - t0 + 1;
 }
 
 void sh_launch_make_resident(const uintptr_t *addrs, size_t n)
 {
+    struct sh_dev *d = sh_dev_main();
     uintptr_t vals[MAX_ADDRS], bases[MAX_ADDRS];
     struct sh_pool_use u = {.bases = bases};
     n = n < MAX_ADDRS ? n : MAX_ADDRS;
     memcpy(vals, addrs, n * sizeof *vals);
     uint64_t t0 = sh_clock_us();
-    n = sh_pool_use(sh_rt.pool, vals, n, t0, &u);
-    make_resident(vals, n, &u, t0);
+    n = sh_pool_use(d->pool, vals, n, t0, &u);
+    make_resident(d, vals, n, &u, t0);
 }
 
 /* sh_launch_prepare(), inline in the launch path (each launch runs it). */
 static inline __attribute__((always_inline)) void launch_prepare(uint64_t kernel, uintptr_t *vals,
                                                                  size_t n)
 {
+    struct sh_dev *d = sh_dev_main();
     atomic_fetch_add(&sh_rt.launches, 1);
-    sh_sched_timing_begin();
+    sh_timing_begin();
     /* Found straight into the launch being issued: its issue stamps go to
      * these regions. */
     uintptr_t *bases = pending.bases;
     struct sh_pool_use u = {.bases = bases, .regions = pending.regions};
     uint64_t t0 = sh_clock_us();
-    n = sh_pool_use(sh_rt.pool, vals, n < MAX_ADDRS ? n : MAX_ADDRS, t0, &u);
+    n = sh_pool_use(d->pool, vals, n < MAX_ADDRS ? n : MAX_ADDRS, t0, &u);
     uint64_t stream = sh_stream_key(pending.stream); /* as allocations name it */
     pending.n = u.nbases;
     pending.found = 1;
@@ -621,19 +627,19 @@ static inline __attribute__((always_inline)) void launch_prepare(uint64_t kernel
          * captures) runs now, on the host mappings: it keeps the stamps
          * set above, so no move in flight misses it. */
         if (u.host_bytes)
-            atomic_fetch_add(&sh_rt.engine.deferred, 1);
-        sh_sched_launch(kernel, stream, bases, u.nbases);
+            atomic_fetch_add(&d->engine.deferred, 1);
+        sh_sched_launch(d, kernel, stream, bases, u.nbases);
         return;
     }
-    uint64_t waited = n > 0 ? make_resident(vals, n, &u, t0) : 0;
+    uint64_t waited = n > 0 ? make_resident(d, vals, n, &u, t0) : 0;
     if (waited) {
-        sh_sched_launch(kernel, stream, bases, u.nbases);
-        sh_sched_stall(bases[0], waited);
-        sh_sched_plan(bases, u.nbases);
+        sh_sched_launch(d, kernel, stream, bases, u.nbases);
+        sh_sched_stall(d, bases[0], waited);
+        sh_sched_plan(d, bases, u.nbases);
     } else {
-        sh_sched_launch_plan(kernel, stream, bases, u.nbases);
+        sh_sched_launch_plan(d, kernel, stream, bases, u.nbases);
     }
-    sh_sched_timing_issue();
+    sh_timing_issue();
 }
 
 void sh_launch_prepare(uint64_t kernel, uintptr_t *vals, size_t n)
@@ -658,7 +664,8 @@ static void prepare(const void *key, int kind, void **args)
  * first eviction, which costs speed at worst. */
 static int quiet_launch(void)
 {
-    if (!sh_sched_quiet() || sh_engine_armed(&sh_rt.engine) || sh_capturing())
+    struct sh_dev *d = sh_dev_main();
+    if (!sh_sched_quiet(d) || sh_engine_armed(&d->engine) || sh_capturing())
         return 0;
     atomic_fetch_add_explicit(&sh_rt.launches, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&unscanned, 1, memory_order_relaxed);

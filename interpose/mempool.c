@@ -50,13 +50,18 @@ static void resolve(void)
     real.rt_trim = (rt_trim_fn)sh_icept_lookup(1, "cudaMemPoolTrimTo");
 }
 
-/* 1 when pool is the one cudaMallocAsync draws from on the managed device,
- * whose allocations the library makes. Never starts the library. */
-static int ours(CUmemoryPool pool)
+/* The managed device whose pool cudaMallocAsync draws from is pool (the
+ * library makes its allocations), or NULL. Never starts the library. */
+static struct sh_dev *ours(CUmemoryPool pool)
 {
-    CUmemoryPool cur = NULL;
-    return pool && depth == 1 && sh_active() && real.cu_current &&
-           real.cu_current(&cur, sh_rt.dev) == CUDA_SUCCESS && cur == pool;
+    if (!pool || depth != 1 || !sh_active() || !real.cu_current)
+        return NULL;
+    for (int i = 0; i < atomic_load(&sh_rt.ndevs); i++) {
+        CUmemoryPool cur = NULL;
+        if (real.cu_current(&cur, sh_rt.devs[i]->dev) == CUDA_SUCCESS && cur == pool)
+            return sh_rt.devs[i];
+    }
+    return NULL;
 }
 
 /* The memory figures, in the attributes' order. */
@@ -68,10 +73,11 @@ static int figure(int attr)
 /* After the real call filled *value: adds the library's share. */
 static void add_ours(CUmemoryPool pool, int attr, void *value)
 {
-    if (!figure(attr) || !ours(pool))
+    struct sh_dev *d = figure(attr) ? ours(pool) : NULL;
+    if (!d)
         return;
     struct sh_pool_usage u;
-    sh_pool_usage(sh_rt.pool, &u);
+    sh_pool_usage(d->pool, &u);
     const size_t fig[] = {u.reserved, u.reserved_high, u.used, u.used_high};
     *(cuuint64_t *)value += fig[attr - CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT];
 }
@@ -80,25 +86,27 @@ static void add_ours(CUmemoryPool pool, int attr, void *value)
  * library's peak restarts at its figure now too. */
 static void reset_ours(CUmemoryPool pool, int attr)
 {
+    struct sh_dev *d = NULL;
     if ((attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH || attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) &&
-        ours(pool))
-        sh_pool_usage_reset(sh_rt.pool, attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH);
+        (d = ours(pool)))
+        sh_pool_usage_reset(d->pool, attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH);
 }
 
 /* Releases the library's cache as far as a trim to keep bytes asks (what
  * allocations use cannot go); returns what the driver's share may keep. */
 static size_t trim_ours(CUmemoryPool pool, size_t keep)
 {
-    if (!ours(pool))
+    struct sh_dev *d = ours(pool);
+    if (!d)
         return keep;
     struct sh_pool_usage u;
-    sh_pool_usage(sh_rt.pool, &u);
+    sh_pool_usage(d->pool, &u);
     if (u.reserved > keep && u.cached > 0) {
         size_t want = u.reserved - keep < u.cached ? u.reserved - keep : u.cached;
-        size_t got = sh_pool_release(sh_rt.pool, want);
+        size_t got = sh_pool_release(d->pool, want);
         sh_log(SH_LOG_INFO, "memory pool trimmed: %zu MB of device memory kept for reuse released",
                got >> 20);
-        sh_pool_usage(sh_rt.pool, &u);
+        sh_pool_usage(d->pool, &u);
     }
     return keep > u.reserved ? keep - u.reserved : 0;
 }

@@ -36,7 +36,7 @@ static void delta(enum sh_tm_counter c, uint64_t now, uint64_t *was)
     *was = now;
 }
 
-static void set_region_gauges(const struct sh_pool_stats *st)
+static void set_region_gauges(struct sh_dev *d, const struct sh_pool_stats *st)
 {
     sh_tm_set(SH_TM_G_regions_resident, (int64_t)(st->regions[SH_RS_RESIDENT] - st->slabs));
     sh_tm_set(SH_TM_G_regions_evicting, (int64_t)st->regions[SH_RS_EVICTING]);
@@ -46,7 +46,7 @@ static void set_region_gauges(const struct sh_pool_stats *st)
     sh_tm_set(SH_TM_G_regions_pinned, (int64_t)st->pinned);
     sh_tm_set(SH_TM_G_kept_bytes, (int64_t)st->kept_bytes);
     struct sh_sched_stats ss;
-    if (sh_sched_stats(&ss) == 0) {
+    if (sh_sched_stats(d, &ss) == 0) {
         sh_tm_set(SH_TM_G_regions_persistent, (int64_t)ss.persistent);
         sh_tm_set(SH_TM_G_regions_transient, (int64_t)ss.transient);
     }
@@ -65,13 +65,13 @@ static void set_node_gauges(void)
     sh_tm_set(SH_TM_G_host_node_ranks, (int64_t)ns.ranks);
 }
 
-static void set_host_gauges(void)
+static void set_host_gauges(const struct sh_dev *d)
 {
     set_node_gauges();
-    if (!sh_rt.host)
+    if (!d->host)
         return;
     struct sh_hostpool_stats hs;
-    sh_hostpool_stats(sh_rt.host, &hs);
+    sh_hostpool_stats(d->host, &hs);
     for (unsigned i = 0; i < hs.nclasses; i++)
         sh_tm_host_class((int)i, hs.class_bytes[i], hs.class_total[i] - hs.class_free[i],
                          hs.class_total[i]);
@@ -86,8 +86,9 @@ void sh_monitor_sync(void)
 {
     if (!sh_monitor_on)
         return;
+    struct sh_dev *d = sh_dev_main(); /* the figures shown are the main device's */
     struct sh_pool_stats st;
-    sh_pool_stats(sh_rt.pool, &st);
+    sh_pool_stats(d->pool, &st);
     pthread_mutex_lock(&sync_mu);
     delta(SH_TM_C_evictions, st.evictions, &last.evictions);
     delta(SH_TM_C_restores, st.restores, &last.restores);
@@ -97,7 +98,7 @@ void sh_monitor_sync(void)
     delta(SH_TM_C_frees, st.frees + st.small_frees, &last.frees);
     delta(SH_TM_C_oom, atomic_load(&sh_rt.oom), &last.oom);
     delta(SH_TM_C_launches, atomic_load(&sh_rt.launches), &last.launches);
-    delta(SH_TM_C_deferred, atomic_load(&sh_rt.engine.deferred), &last.deferred);
+    delta(SH_TM_C_deferred, atomic_load(&d->engine.deferred), &last.deferred);
     delta(SH_TM_C_prefetch_issued, st.prefetches, &last.prefetches);
     delta(SH_TM_C_clean_evictions, st.clean_evictions, &last.clean_evictions);
     delta(SH_TM_C_clean_bytes, st.clean_bytes, &last.clean_bytes);
@@ -112,12 +113,12 @@ void sh_monitor_sync(void)
     delta(SH_TM_C_stall_count, stalls, &last.stalls);
     delta(SH_TM_C_stall_time_us, stall_us, &last.stall_us);
     pthread_mutex_unlock(&sync_mu);
-    sh_tm_vram(sh_sched_device_bytes());
-    set_region_gauges(&st);
-    set_host_gauges();
-    if (sh_rt.xfer) {
-        sh_tm_set(SH_TM_G_h2d_inflight, (int64_t)sh_xfer_inflight(sh_rt.xfer, SH_H2D));
-        sh_tm_set(SH_TM_G_d2h_inflight, (int64_t)sh_xfer_inflight(sh_rt.xfer, SH_D2H));
+    sh_tm_vram(sh_sched_device_bytes(d));
+    set_region_gauges(d, &st);
+    set_host_gauges(d);
+    if (d->xfer) {
+        sh_tm_set(SH_TM_G_h2d_inflight, (int64_t)sh_xfer_inflight(d->xfer, SH_H2D));
+        sh_tm_set(SH_TM_G_d2h_inflight, (int64_t)sh_xfer_inflight(d->xfer, SH_D2H));
     }
 }
 
@@ -135,7 +136,8 @@ static int regions(void *ctx, struct sh_tm_region *out, int max)
     struct sh_pool_region_report *r = calloc((size_t)max, sizeof *r);
     if (!r)
         return 0;
-    size_t n = sh_pool_regions(sh_rt.pool, r, (size_t)max);
+    struct sh_dev *d = sh_dev_main();
+    size_t n = sh_pool_regions(d->pool, r, (size_t)max);
     for (size_t i = 0; i < n; i++)
         out[i] = (struct sh_tm_region){r[i].va,
                                        r[i].size,
@@ -143,7 +145,7 @@ static int regions(void *ctx, struct sh_tm_region *out, int max)
                                        r[i].last_use_us,
                                        r[i].evictions,
                                        r[i].restores,
-                                       sh_sched_class(r[i].va),
+                                       sh_sched_class(d, r[i].va),
                                        r[i].state};
     free(r);
     return (int)n;
@@ -166,13 +168,14 @@ void sh_monitor_start(void)
         return;
     char summary[512];
     sh_config_summary(c, summary, sizeof summary);
+    const struct sh_dev *d = sh_dev_main();
     char name[128] = "";
-    sh_rt.drv.cuDeviceGetName(name, sizeof name, sh_rt.dev);
+    sh_rt.drv.cuDeviceGetName(name, sizeof name, d->dev);
     struct sh_tm_params p = {
         .shm_enabled = c->telemetry.shm_enabled,
         .jsonl_path = c->telemetry.telemetry_file,
         .interval_steps = c->telemetry.telemetry_interval,
-        .device = (int)sh_rt.dev,
+        .device = d->ordinal,
         .device_name = name,
         .budget = c->budget.vram_budget.bytes,
         .high = c->budget.vram_high_watermark.bytes,

@@ -31,16 +31,23 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
-/* The region (or sub-allocated block) at p, if the library manages one. */
-static int region_range(CUdeviceptr p, uintptr_t *base, size_t *size)
+/* The region (or sub-allocated block) at p, if the library manages one,
+ * and its device's number (ordinal may be NULL). */
+static int region_range(CUdeviceptr p, uintptr_t *base, size_t *size, int *ordinal)
 {
-    return sh_active() && sh_pool_range(sh_rt.pool, (uintptr_t)p, base, size) == 0;
+    const struct sh_dev *d = sh_active() ? sh_dev_of((uintptr_t)p) : NULL;
+    if (!d || sh_pool_range(d->pool, (uintptr_t)p, base, size) != 0)
+        return 0;
+    if (ordinal)
+        *ordinal = d->ordinal;
+    return 1;
 }
 
 /* Writes a's value for the region at p into data: 1 if a is one the
  * region answers, 0 if the driver's answer stands, -1 if a has no value
  * for device memory (HOST_POINTER). */
-static int answer(void *data, CUpointer_attribute a, CUdeviceptr p, uintptr_t base, size_t size)
+static int answer(void *data, CUpointer_attribute a, CUdeviceptr p, uintptr_t base, size_t size,
+                  int ordinal)
 {
     switch (a) {
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
@@ -52,7 +59,7 @@ static int answer(void *data, CUpointer_attribute a, CUdeviceptr p, uintptr_t ba
     case CU_POINTER_ATTRIBUTE_HOST_POINTER:
         return -1;
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
-        *(int *)data = (int)sh_rt.dev;
+        *(int *)data = ordinal;
         return 1;
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
         *(CUdeviceptr *)data = base;
@@ -101,8 +108,9 @@ EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute a, CUdevic
     pthread_once(&real_once, resolve);
     uintptr_t base;
     size_t size;
-    if (data && region_range(p, &base, &size)) {
-        int r = answer(data, a, p, base, size);
+    int ordinal;
+    if (data && region_range(p, &base, &size, &ordinal)) {
+        int r = answer(data, a, p, base, size, ordinal);
         if (r)
             return r > 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
     }
@@ -118,10 +126,11 @@ EXPORT CUresult cuPointerGetAttributes(unsigned n, CUpointer_attribute *attrs, v
     CUresult r = real.get_attrs(n, attrs, data, p);
     uintptr_t base;
     size_t size;
-    if (r != CUDA_SUCCESS || !attrs || !data || !region_range(p, &base, &size))
+    int ordinal;
+    if (r != CUDA_SUCCESS || !attrs || !data || !region_range(p, &base, &size, &ordinal))
         return r;
     for (unsigned k = 0; k < n; k++)
-        if (data[k] && answer(data[k], attrs[k], p, base, size) < 0)
+        if (data[k] && answer(data[k], attrs[k], p, base, size, ordinal) < 0)
             *(void **)data[k] = NULL; /* no host pointer, as for device memory */
     return r;
 }
@@ -131,7 +140,7 @@ EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdev
     pthread_once(&real_once, resolve);
     uintptr_t base;
     size_t size;
-    if (!region_range(p, &base, &size))
+    if (!region_range(p, &base, &size, NULL))
         return real.get_range ? real.get_range(pbase, psize, p) : CUDA_ERROR_NOT_INITIALIZED;
     if (pbase)
         *pbase = base;
@@ -148,9 +157,11 @@ EXPORT cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, 
     cudaError_t e = real.rt_attrs(attr, ptr);
     uintptr_t base;
     size_t size;
-    if (e == cudaSuccess && attr && region_range((CUdeviceptr)(uintptr_t)ptr, &base, &size)) {
+    int ordinal;
+    if (e == cudaSuccess && attr &&
+        region_range((CUdeviceptr)(uintptr_t)ptr, &base, &size, &ordinal)) {
         attr->type = cudaMemoryTypeDevice;
-        attr->device = (int)sh_rt.dev;
+        attr->device = ordinal;
         attr->devicePointer = (void *)ptr;
         attr->hostPointer = NULL;
     }
@@ -170,7 +181,7 @@ EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle
         return mine > 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
     uintptr_t base;
     size_t size;
-    if (region_range((CUdeviceptr)(uintptr_t)addr, &base, &size) &&
+    if (region_range((CUdeviceptr)(uintptr_t)addr, &base, &size, NULL) &&
         sh_pin_region((uintptr_t)addr) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     return real.retain(handle, addr);
@@ -185,8 +196,8 @@ EXPORT CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr p, size_
     uintptr_t base, end = size ? p + size - 1 : p;
     size_t len;
     for (uintptr_t a = p; sh_active() && a <= end; a = base + len) {
-        if (sh_pool_range(sh_rt.pool, a, &base, &len) != 0) {
-            base = a, len = sh_rt.gran; /* not a region: look one granule on */
+        if (!region_range(a, &base, &len, NULL)) {
+            base = a, len = sh_dev_main()->gran; /* not a region: look one granule on */
             continue;
         }
         if (sh_pin_region(a) != 0)
@@ -209,7 +220,7 @@ EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr p)
     pthread_once(&real_once, resolve);
     uintptr_t base;
     size_t size;
-    if (region_range(p, &base, &size)) {
+    if (region_range(p, &base, &size, NULL)) {
         ipc_refused((const void *)(uintptr_t)p);
         return CUDA_ERROR_INVALID_VALUE;
     }
@@ -221,7 +232,7 @@ EXPORT cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *p)
     pthread_once(&real_once, resolve);
     uintptr_t base;
     size_t size;
-    if (region_range((CUdeviceptr)(uintptr_t)p, &base, &size)) {
+    if (region_range((CUdeviceptr)(uintptr_t)p, &base, &size, NULL)) {
         ipc_refused(p);
         return cudaErrorInvalidValue;
     }

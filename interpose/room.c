@@ -14,8 +14,7 @@
 
 static size_t room_device_bytes(void *ctx)
 {
-    (void)ctx;
-    return sh_sched_device_bytes();
+    return sh_sched_device_bytes(ctx);
 }
 
 /* The managed device's figures, whichever device the caller has current. */
@@ -38,14 +37,13 @@ static int room_capturing(void *ctx)
 
 static size_t room_trim(void *ctx, size_t bytes)
 {
-    (void)ctx;
-    return sh_pool_trim(sh_rt.pool, bytes);
+    const struct sh_dev *d = ctx;
+    return sh_pool_trim(d->pool, bytes);
 }
 
 static size_t room_commit_early(void *ctx)
 {
-    (void)ctx;
-    return sh_sched_evict_commit(1);
+    return sh_sched_evict_commit(ctx, 1);
 }
 
 static int listed(uintptr_t va, const uintptr_t *list, size_t n)
@@ -72,19 +70,19 @@ static void keep_skipped(const uintptr_t *victims, size_t n, const uintptr_t *ev
  * asks again with it kept: each round evicts a victim or keeps one more. */
 static size_t room_evict_chosen(void *ctx, size_t need, const uintptr_t *protect, size_t np)
 {
-    (void)ctx;
+    struct sh_dev *d = ctx;
     uintptr_t keep[2 * MAX_VICTIMS], victims[MAX_VICTIMS], evicted[MAX_VICTIMS];
-    size_t nk = sh_pool_bases(sh_rt.pool, protect, np < MAX_VICTIMS ? np : MAX_VICTIMS, keep);
+    size_t nk = sh_pool_bases(d->pool, protect, np < MAX_VICTIMS ? np : MAX_VICTIMS, keep);
     size_t released = 0;
     for (int round = 0; round < MAX_ROUNDS && released < need; round++) {
-        size_t n = sh_sched_victims(need - released, keep, nk, victims, MAX_VICTIMS), got = 0,
+        size_t n = sh_sched_victims(d, need - released, keep, nk, victims, MAX_VICTIMS), got = 0,
                ne = 0;
-        int rc = n ? sh_pool_evict_these(sh_rt.pool, victims, n, &got, evicted, &ne) : SH_ENOMEM;
+        int rc = n ? sh_pool_evict_these(d->pool, victims, n, &got, evicted, &ne) : SH_ENOMEM;
         if (rc != SH_OK && rc != SH_EBUSY)
             break; /* no victim, or the host side is full */
         released += got;
-        sh_sched_residency(evicted, ne, 0);
-        sh_sched_announce(evicted, ne, SH_TM_EV_EVICT);
+        sh_sched_residency(d, evicted, ne, 0);
+        sh_sched_announce(d, evicted, ne, SH_TM_EV_EVICT);
         keep_skipped(victims, n, evicted, ne, keep, &nk, sizeof keep / sizeof *keep);
     }
     return released;
@@ -94,17 +92,16 @@ static size_t room_evict_chosen(void *ctx, size_t need, const uintptr_t *protect
  * evictions in flight were, by commit_early). */
 static int room_land(void *ctx)
 {
-    (void)ctx;
-    return sh_sched_commit_all() > 0;
+    return sh_sched_commit_all(ctx) > 0;
 }
 
 /* A region's bytes to bring back: its mapped bytes while it is on the
  * host (a restore maps them all again). */
 static size_t room_host_bytes(void *ctx, uintptr_t region)
 {
-    (void)ctx;
+    const struct sh_dev *d = ctx;
     struct sh_region_info info;
-    if (sh_pool_lookup(sh_rt.pool, region, &info) != 0 || info.state != SH_RS_HOST)
+    if (sh_pool_lookup(d->pool, region, &info) != 0 || info.state != SH_RS_HOST)
         return 0;
     return info.mapped;
 }
@@ -117,22 +114,22 @@ static void room_pressure(void *ctx, size_t dev)
 
 static void room_set_caps(void *ctx, unsigned max_d2h, unsigned max_h2d)
 {
-    (void)ctx;
-    if (sh_rt.xfer)
-        sh_xfer_set_caps(sh_rt.xfer, max_d2h, max_h2d);
+    const struct sh_dev *d = ctx;
+    if (d->xfer)
+        sh_xfer_set_caps(d->xfer, max_d2h, max_h2d);
 }
 
-void sh_room_init(void)
+void sh_room_init(struct sh_dev *d)
 {
     const struct sh_config *c = &sh_rt.cfg;
     const struct sh_engine_cfg cfg = {
-        .card = sh_rt.card_bytes,
+        .card = d->card_bytes,
         .budget = c->budget.vram_budget.bytes,
         .high = c->budget.vram_high_watermark.bytes,
         .low = c->budget.vram_low_watermark.bytes,
         .high_auto = c->budget.vram_high_watermark.is_auto,
         .low_auto = c->budget.vram_low_watermark.is_auto,
-        .gran = sh_rt.gran,
+        .gran = d->gran,
         .record_pct = c->policy.record_above_pct,
         .max_d2h = (unsigned)c->transfer.max_inflight_d2h,
         .max_h2d = (unsigned)c->transfer.max_inflight_h2d,
@@ -158,5 +155,5 @@ void sh_room_init(void)
         .commit_fetched = sh_sched_commit_fetched,
         .hints = sh_sched_hints,
     };
-    sh_engine_init(&sh_rt.engine, &cfg, &ops, NULL);
+    sh_engine_init(&d->engine, &cfg, &ops, d);
 }

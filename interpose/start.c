@@ -3,8 +3,8 @@
  * what the pool holds. Above every file it starts, below the entry points
  * that call sh_managed().
  *
- * Shared state: sh_rt (runtime.c), written inside init_once. The
- * current-context flag is per thread.
+ * Shared state: sh_rt (runtime.c) and the main device, written inside
+ * init_once. The current-context flag is per thread.
  */
 #include "interpose/interpose.h"
 
@@ -19,6 +19,7 @@
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static _Thread_local int ctx_ready;
+static struct sh_dev main_dev;
 
 static uint64_t host_ram(void)
 {
@@ -32,16 +33,16 @@ static uint64_t host_ram(void)
 
 /* A device attribute, asked again if the driver fails to answer; 0 if it
  * never does. */
-static int attribute(CUdevice_attribute what)
+static int attribute(const struct sh_dev *dv, CUdevice_attribute what)
 {
     int v = 0;
     for (int i = 0; i < START_TRIES; i++)
-        if (sh_rt.drv.cuDeviceGetAttribute(&v, what, sh_rt.dev) == CUDA_SUCCESS)
+        if (sh_rt.drv.cuDeviceGetAttribute(&v, what, dv->dev) == CUDA_SUCCESS)
             return v;
     return 0;
 }
 
-static int open_device(void)
+static int open_device(struct sh_dev *dv)
 {
     struct sh_driver *d = &sh_rt.drv;
     int dev = 0, want = sh_rt.cfg.general.device;
@@ -51,14 +52,15 @@ static int open_device(void)
     dev = want >= 0 ? want : dev;
     if (d->cuInit(0) != CUDA_SUCCESS)
         return SH_EDRIVER;
-    if (d->cuDeviceGet(&sh_rt.dev, dev) != CUDA_SUCCESS) {
+    dv->ordinal = dev;
+    if (d->cuDeviceGet(&dv->dev, dev) != CUDA_SUCCESS) {
         fprintf(stderr, "stagehand: [general] device = %d: no such CUDA device here\n", dev);
         _exit(1); /* like a bad configuration: the first allocation has not happened yet */
     }
-    if (d->cuDevicePrimaryCtxRetain(&sh_rt.ctx, sh_rt.dev) != CUDA_SUCCESS ||
-        d->cuDeviceTotalMem(&sh_rt.card_bytes, sh_rt.dev) != CUDA_SUCCESS)
+    if (d->cuDevicePrimaryCtxRetain(&dv->ctx, dv->dev) != CUDA_SUCCESS ||
+        d->cuDeviceTotalMem(&dv->card_bytes, dv->dev) != CUDA_SUCCESS)
         return SH_EDRIVER;
-    d->ctx = sh_rt.ctx;
+    d->ctx = dv->ctx;
     /* Several devices cost a little on the mapping and copy paths
      * (peermap.c); a count the driver cannot give counts as several. */
     int n = 0;
@@ -66,8 +68,8 @@ static int open_device(void)
         if (d->cuDeviceGetCount(&n) != CUDA_SUCCESS)
             n = 0;
     d->several = n != 1;
-    sh_peers_init(sh_rt.dev, d->several);
-    if (!attribute(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)) {
+    sh_peers_init(dv->dev, d->several);
+    if (!attribute(dv, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)) {
         sh_log(SH_LOG_WARN, "device %d has no virtual memory management; passing through", dev);
         return SH_EDRIVER;
     }
@@ -75,38 +77,38 @@ static int open_device(void)
 }
 
 /* The largest chunk of a region: the configuration's, at least a granule
- * (sh_rt.gran, set by open_pool). The slab pool has a class for each size
+ * (dv->gran, set by open_pool). The slab pool has a class for each size
  * a chunk can have. */
-static size_t max_chunk(void)
+static size_t max_chunk(const struct sh_dev *dv)
 {
     size_t m = sh_rt.cfg.regions.max_chunk.bytes;
-    return m < sh_rt.gran ? sh_rt.gran : m;
+    return m < dv->gran ? dv->gran : m;
 }
 
-static int open_pool(void)
+static int open_pool(struct sh_dev *dv)
 {
     struct sh_driver *d = &sh_rt.drv;
     CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
-                                .location = {CU_MEM_LOCATION_TYPE_DEVICE, sh_rt.dev}};
+                                .location = {CU_MEM_LOCATION_TYPE_DEVICE, dv->dev}};
     size_t gran = 0;
     for (int i = 0; !gran && i < START_TRIES; i++)
         if (d->cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
             gran = 0;
     if (!gran)
         return SH_EDRIVER;
-    sh_rt.gran = gran;
+    dv->gran = gran;
     const struct sh_config *c = &sh_rt.cfg;
     struct sh_pool_params p = {.granularity = gran,
-                               .max_chunk = max_chunk(),
+                               .max_chunk = max_chunk(dv),
                                .va_block = 1ull << 30,
                                .va_cache = c->regions.va_cache.bytes,
                                .device_cache = c->regions.device_cache.bytes,
                                .suballoc_max = c->regions.suballoc_max.bytes};
     struct sh_vmm_ops vmm;
     struct sh_fence_ops fences;
-    sh_driver_vmm_ops(d, sh_rt.dev, &vmm);
+    sh_driver_vmm_ops(d, dv->dev, &vmm);
     sh_driver_fence_ops(d, &fences);
-    return sh_pool_create(&p, &vmm, &fences, &sh_rt.pool);
+    return sh_pool_create(&p, &vmm, &fences, &dv->pool);
 }
 
 static int node_reserve(void *ctx, size_t bytes)
@@ -153,11 +155,11 @@ static void open_node(void)
 }
 
 /* Host slabs and copy streams, set up once; on failure nothing is kept. */
-static int try_mover(void)
+static int try_mover(struct sh_dev *dv)
 {
     const struct sh_config *c = &sh_rt.cfg;
-    struct sh_hostpool_params hp = {.granularity = sh_rt.gran,
-                                    .chunk_max = max_chunk(),
+    struct sh_hostpool_params hp = {.granularity = dv->gran,
+                                    .chunk_max = max_chunk(dv),
                                     .ram_budget = c->budget.host_ram_budget.bytes,
                                     .prepin = c->pool.prepin.bytes,
                                     .grow_in_background = c->pool.grow_in_background};
@@ -170,13 +172,13 @@ static int try_mover(void)
     }
     struct sh_vmm_ops vmm;
     struct sh_copy_ops copy;
-    sh_driver_vmm_ops(&sh_rt.drv, sh_rt.dev, &vmm);
-    if (sh_hostpool_create(&hp, &vmm, &sh_rt.host) != SH_OK ||
+    sh_driver_vmm_ops(&sh_rt.drv, dv->dev, &vmm);
+    if (sh_hostpool_create(&hp, &vmm, &dv->host) != SH_OK ||
         sh_driver_copy_ops(&sh_rt.drv, &copy) != SH_OK ||
         sh_xfer_create(&copy, (unsigned)c->transfer.max_inflight_d2h,
-                       (unsigned)c->transfer.max_inflight_h2d, &sh_rt.xfer) != SH_OK) {
-        sh_hostpool_destroy(sh_rt.host);
-        sh_rt.host = NULL;
+                       (unsigned)c->transfer.max_inflight_h2d, &dv->xfer) != SH_OK) {
+        sh_hostpool_destroy(dv->host);
+        dv->host = NULL;
         return SH_EDRIVER;
     }
     return SH_OK;
@@ -184,10 +186,10 @@ static int try_mover(void)
 
 /* Host slabs and the copy engine; without them the library still manages
  * allocations, it just cannot evict. */
-static void open_mover(void)
+static void open_mover(struct sh_dev *dv)
 {
     const struct sh_config *c = &sh_rt.cfg;
-    if (!attribute(CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)) {
+    if (!attribute(dv, CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)) {
         sh_log(SH_LOG_WARN, "the driver cannot map host memory into the device's address space; "
                             "eviction is off");
         return;
@@ -195,13 +197,13 @@ static void open_mover(void)
     open_node();
     int rc = SH_EDRIVER;
     for (int i = 0; rc != SH_OK && i < START_TRIES; i++)
-        rc = try_mover();
+        rc = try_mover(dv);
     if (rc != SH_OK) {
         sh_log(SH_LOG_WARN, "cannot set up host slabs or copy streams; eviction is off");
         return;
     }
-    struct sh_pool_mover m = {.host = sh_rt.host,
-                              .xfer = sh_rt.xfer,
+    struct sh_pool_mover m = {.host = dv->host,
+                              .xfer = dv->xfer,
                               .gate = sh_rt.gate,
                               .checksums = c->debug.debug_checksums,
                               .verify_moves = c->debug.debug_verify_moves,
@@ -212,47 +214,54 @@ static void open_mover(void)
                               .ptr_candidates = sh_fingerprint_ptrs,
                               .clean_skip = c->policy.clean_skip};
     sh_slots_tracked_drain(&m.drain_streams, &m.streams_idle);
-    sh_pool_set_mover(sh_rt.pool, &m);
+    sh_pool_set_mover(dv->pool, &m);
 }
 
 static void init(void)
 {
+    struct sh_dev *dv = &main_dev;
     if (sh_rt.disabled || !sh_real()->cudaMalloc)
         return;
     if (sh_driver_load(&sh_rt.drv, "libcuda.so.1") != SH_OK)
         return; /* it said why */
-    if (open_device() != SH_OK) {
+    if (open_device(dv) != SH_OK) {
         sh_log(SH_LOG_WARN, "CUDA driver unavailable; passing all calls through");
         return;
     }
     char err[SH_CONFIG_ERR_MAX];
-    if (sh_config_resolve(&sh_rt.cfg, sh_rt.card_bytes, host_ram(), err, sizeof err) != 0) {
+    if (sh_config_resolve(&sh_rt.cfg, dv->card_bytes, host_ram(), err, sizeof err) != 0) {
         fprintf(stderr, "stagehand: %s\n", err);
         _exit(1); /* the first allocation has not happened yet */
     }
     /* What is set up now (copy streams, events) belongs to the managed
      * device, whichever the program has current. */
     CUcontext popped;
-    if (sh_rt.drv.cuCtxPushCurrent(sh_rt.ctx) != CUDA_SUCCESS) {
+    if (sh_rt.drv.cuCtxPushCurrent(dv->ctx) != CUDA_SUCCESS) {
         sh_log(SH_LOG_WARN, "cannot make device %d's context current; passing all calls through",
-               (int)sh_rt.dev);
+               dv->ordinal);
         return;
     }
-    if (sh_gate_create(&sh_rt.gate) != SH_OK || open_pool() != SH_OK) {
+    if (sh_gate_create(&sh_rt.gate) != SH_OK || open_pool(dv) != SH_OK) {
         sh_log(SH_LOG_WARN, "cannot set up the region pool; passing all calls through");
         sh_rt.drv.cuCtxPopCurrent(&popped);
         return;
     }
-    open_mover();
-    sh_room_init();
-    sh_sched_init();
+    open_mover(dv);
+    sh_room_init(dv);
+    sh_rt.devs[0] = dv; /* the main device: the scheduler keeps the trace there */
+    if (sh_sched_init(dv) != SH_OK) {
+        sh_log(SH_LOG_WARN, "cannot set up the scheduler; passing all calls through");
+        sh_rt.drv.cuCtxPopCurrent(&popped);
+        return;
+    }
+    atomic_store_explicit(&sh_rt.ndevs, 1, memory_order_release);
     if (sh_launch_init() == 0)
         sh_cupti_init();
     sh_monitor_start();
     sh_rt.drv.cuCtxPopCurrent(&popped);
     char summary[512];
     sh_config_summary(&sh_rt.cfg, summary, sizeof summary);
-    sh_log(SH_LOG_INFO, "managing allocations on device %d%s: %s", (int)sh_rt.dev,
+    sh_log(SH_LOG_INFO, "managing allocations on device %d%s: %s", dv->ordinal,
            sh_rt.drv.several ? " (other devices pass through)" : "", summary);
     sh_torch_check_env();
     atomic_store(&sh_rt.managed, 1);
@@ -269,28 +278,29 @@ int sh_managed(void)
         CUcontext cur = NULL;
         sh_rt.drv.cuCtxGetCurrent(&cur);
         if (!cur)
-            sh_rt.drv.cuCtxSetCurrent(sh_rt.ctx);
+            sh_rt.drv.cuCtxSetCurrent(main_dev.ctx);
         ctx_ready = 1;
     }
     return 1;
 }
 
-int sh_managed_here(void)
+struct sh_dev *sh_managed_here(void)
 {
     int dev = 0;
     if (!sh_managed())
-        return 0;
-    return !sh_real()->cudaGetDevice ||
-           (sh_real()->cudaGetDevice(&dev) == cudaSuccess && dev == (int)sh_rt.dev);
+        return NULL;
+    if (!sh_real()->cudaGetDevice)
+        return &main_dev;
+    return sh_real()->cudaGetDevice(&dev) == cudaSuccess ? sh_dev_ordinal(dev) : NULL;
 }
 
 /* Why nothing more could be evicted, for the out-of-memory line. */
-static const char *host_side(char *buf, size_t len)
+static const char *host_side(const struct sh_dev *d, char *buf, size_t len)
 {
-    if (!sh_rt.host)
+    if (!d->host)
         return "nothing can be evicted on this device";
     struct sh_hostpool_stats hs;
-    sh_hostpool_stats(sh_rt.host, &hs);
+    sh_hostpool_stats(d->host, &hs);
     int n = snprintf(buf, len, "host side: %zu MB pinned of a %zu MB budget%s",
                      hs.pinned_bytes >> 20, hs.budget_bytes >> 20,
                      hs.pinned_bytes + (2u << 20) > hs.budget_bytes ? ", exhausted" : "");
@@ -305,29 +315,29 @@ static const char *host_side(char *buf, size_t len)
     return buf;
 }
 
-cudaError_t sh_oom_too_big(size_t size, const char *what)
+cudaError_t sh_oom_too_big(struct sh_dev *d, size_t size, const char *what)
 {
     atomic_fetch_add(&sh_rt.oom, 1);
     sh_monitor_event(SH_TM_EV_OOM, 0, size);
     sh_log(SH_LOG_WARN,
-           "%s(%zu bytes): out of memory: larger than the %llu MB budget less memory held "
-           "outside stagehand; nothing evicted",
-           what, size, (unsigned long long)(sh_rt.cfg.budget.vram_budget.bytes >> 20));
+           "%s(%zu bytes): out of memory: larger than device %d's %llu MB budget less memory "
+           "held outside stagehand; nothing evicted",
+           what, size, d->ordinal, (unsigned long long)(d->engine.cfg.budget >> 20));
     return cudaErrorMemoryAllocation;
 }
 
-cudaError_t sh_oom(size_t size, const char *what)
+cudaError_t sh_oom(struct sh_dev *d, size_t size, const char *what)
 {
     atomic_fetch_add(&sh_rt.oom, 1);
     sh_monitor_event(SH_TM_EV_OOM, 0, size);
     struct sh_pool_stats st;
-    sh_pool_stats(sh_rt.pool, &st);
+    sh_pool_stats(d->pool, &st);
     char host[256];
     sh_log(SH_LOG_WARN,
-           "%s(%zu bytes): out of memory: %zu MB on the device of a %llu MB budget, "
+           "%s(%zu bytes): out of memory: %zu MB on device %d of a %llu MB budget, "
            "%zu MB evicted (%s)",
-           what, size, st.device_bytes >> 20,
-           (unsigned long long)(sh_rt.cfg.budget.vram_budget.bytes >> 20), st.host_bytes >> 20,
-           host_side(host, sizeof host));
+           what, size, st.device_bytes >> 20, d->ordinal,
+           (unsigned long long)(d->engine.cfg.budget >> 20), st.host_bytes >> 20,
+           host_side(d, host, sizeof host));
     return cudaErrorMemoryAllocation;
 }

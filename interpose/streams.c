@@ -45,12 +45,13 @@ int sh_stream_capturing(CUstream s)
 
 int sh_stream_device(CUstream s)
 {
+    const struct sh_dev *d = sh_dev_main();
     if (!sh_rt.drv.several)
-        return (int)sh_rt.dev;
+        return d->ordinal;
     CUcontext c = NULL;
     if (sh_rt.drv.cuStreamGetCtx(s, &c) != CUDA_SUCCESS || !c)
         return -1;
-    return c == sh_rt.ctx ? (int)sh_rt.dev : sh_driver_ctx_device(&sh_rt.drv, c);
+    return c == d->ctx ? d->ordinal : sh_driver_ctx_device(&sh_rt.drv, c);
 }
 
 void sh_stream_note(CUstream s)
@@ -60,7 +61,7 @@ void sh_stream_note(CUstream s)
     static _Thread_local unsigned last_gen;
     CUcontext c = NULL;
     unsigned gen = sh_peers_generation();
-    if (sh_rt.drv.cuStreamGetCtx(s, &c) != CUDA_SUCCESS || !c || c == sh_rt.ctx ||
+    if (sh_rt.drv.cuStreamGetCtx(s, &c) != CUDA_SUCCESS || !c || c == sh_dev_main()->ctx ||
         (c == last && gen == last_gen))
         return;
     sh_peers_note(c);

@@ -61,7 +61,7 @@ void sh_torch_check_env(void)
                    "PyTorch maps its own memory and stagehand manages none of it; set it to "
                    "true, or set backend:cudaMallocAsync",
                    vars[i]);
-        else if (!sh_rt.host)
+        else if (!sh_dev_main()->host)
             sh_log(SH_LOG_WARN,
                    "%s has expandable_segments on, but eviction is off on this device: the "
                    "memory PyTorch maps itself is left to the driver",

@@ -143,35 +143,40 @@ static int ours(CUmemGenericAllocationHandle h)
  * GPUDirect RDMA is asked for by PyTorch wherever the card offers it; the
  * chunks are created without it, so a NIC that tries to register them is
  * refused (loudly) instead of writing into memory the library moves. */
-static int manageable(size_t size, const CUmemAllocationProp *p, unsigned long long flags)
+static struct sh_dev *manageable(size_t size, const CUmemAllocationProp *p,
+                                 unsigned long long flags)
 {
     const CUmemAllocationHandleType types =
         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | CU_MEM_HANDLE_TYPE_FABRIC;
-    return sh_rt.cfg.regions.manage_program_vmm && p && flags == 0 && size > 0 &&
-           p->type == CU_MEM_ALLOCATION_TYPE_PINNED &&
-           p->location.type == CU_MEM_LOCATION_TYPE_DEVICE && !p->allocFlags.compressionType &&
-           !p->allocFlags.usage && (p->requestedHandleTypes & ~types) == 0 && sh_managed() &&
-           sh_rt.host && p->location.id == (int)sh_rt.dev && size % sh_rt.gran == 0;
+    if (!sh_rt.cfg.regions.manage_program_vmm || !p || flags != 0 || size == 0 ||
+        p->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+        p->location.type != CU_MEM_LOCATION_TYPE_DEVICE || p->allocFlags.compressionType ||
+        p->allocFlags.usage || (p->requestedHandleTypes & ~types) != 0 || !sh_managed())
+        return NULL;
+    /* The program's mappings are the main device's pool's (backings). */
+    struct sh_dev *d = sh_dev_ordinal(p->location.id);
+    return d && d == sh_dev_main() && d->host && size % d->gran == 0 ? d : NULL;
 }
 
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                             const CUmemAllocationProp *prop, unsigned long long flags)
 {
     RESOLVE();
-    if (!handle || !manageable(size, prop, flags))
+    struct sh_dev *d = handle ? manageable(size, prop, flags) : NULL;
+    if (!d)
         return real.create ? real.create(handle, size, prop, flags) : CUDA_ERROR_NOT_INITIALIZED;
     struct sh_backing *b = NULL;
-    sh_engine_lock(&sh_rt.engine);
-    int rc = sh_engine_make_room(&sh_rt.engine, size, NULL, 0);
+    sh_engine_lock(&d->engine);
+    int rc = sh_engine_make_room(&d->engine, size, NULL, 0);
     if (rc == SH_OK)
-        rc = sh_pool_backing_create(sh_rt.pool, size, &b);
-    sh_engine_unlock(&sh_rt.engine);
+        rc = sh_pool_backing_create(d->pool, size, &b);
+    sh_engine_unlock(&d->engine);
     if (rc == SH_ENOMEM || rc == SH_ERANGE) {
         /* PyTorch frees its cache and asks again on exactly this error. */
         if (rc == SH_ERANGE)
-            sh_oom_too_big(size, "cuMemCreate");
+            sh_oom_too_big(d, size, "cuMemCreate");
         else
-            sh_oom(size, "cuMemCreate");
+            sh_oom(d, size, "cuMemCreate");
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (rc != SH_OK)
@@ -180,7 +185,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     CUmemGenericAllocationHandle h = slot_add(b, prop);
     pthread_mutex_unlock(&table_mu);
     if (!h) {
-        sh_pool_backing_release(sh_rt.pool, b);
+        sh_pool_backing_release(d->pool, b);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     *handle = h;
@@ -193,7 +198,7 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     if (!ours(handle))
         return real.release ? real.release(handle) : CUDA_ERROR_NOT_INITIALIZED;
     struct sh_backing *b = backing_of(handle, NULL);
-    int rc = b ? sh_pool_backing_release(sh_rt.pool, b) : SH_EINVAL;
+    int rc = b ? sh_pool_backing_release(sh_dev_main()->pool, b) : SH_EINVAL;
     if (rc == 1) { /* the last reference: the value names nothing from now on */
         pthread_mutex_lock(&table_mu);
         struct slot *s = slot_of(handle);
@@ -208,11 +213,14 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 
 int sh_pin_region(uintptr_t p)
 {
+    struct sh_dev *d = sh_dev_of(p);
+    if (!d)
+        return 0;
     for (int tries = 0; tries < 3; tries++) {
-        int rc = sh_pool_pin(sh_rt.pool, p);
+        int rc = sh_pool_pin(d->pool, p);
         struct sh_region_info info;
-        if (rc == SH_OK && sh_pool_lookup(sh_rt.pool, p, &info) == SH_OK)
-            sh_sched_pinned(info.va);
+        if (rc == SH_OK && sh_pool_lookup(d->pool, p, &info) == SH_OK)
+            sh_sched_pinned(d, info.va);
         if (rc != SH_EBUSY)
             return rc == SH_ENOTFOUND ? 0 : rc;
         sh_launch_make_resident(&p, 1);
@@ -224,16 +232,16 @@ int sh_pin_region(uintptr_t p)
 
 int sh_vmm_retain(uintptr_t addr, CUmemGenericAllocationHandle *handle)
 {
-    struct sh_backing *b = sh_active() ? sh_pool_backing_retain(sh_rt.pool, addr) : NULL;
+    struct sh_backing *b = sh_active() ? sh_pool_backing_retain(sh_dev_main()->pool, addr) : NULL;
     if (!b)
         return 0;
     CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
-                                .location = {CU_MEM_LOCATION_TYPE_DEVICE, (int)sh_rt.dev}};
+                                .location = {CU_MEM_LOCATION_TYPE_DEVICE, sh_dev_main()->ordinal}};
     pthread_mutex_lock(&table_mu);
     CUmemGenericAllocationHandle h = slot_add(b, &prop);
     pthread_mutex_unlock(&table_mu);
     if (!h) {
-        sh_pool_backing_release(sh_rt.pool, b);
+        sh_pool_backing_release(sh_dev_main()->pool, b);
         return -1;
     }
     *handle = h;
@@ -291,7 +299,7 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                (unsigned long long)ptr, size, sh_pool_backing_size(b));
         return CUDA_ERROR_NOT_SUPPORTED;
     }
-    int rc = sh_pool_backing_map(sh_rt.pool, b, (uintptr_t)ptr);
+    int rc = sh_pool_backing_map(sh_dev_main()->pool, b, (uintptr_t)ptr);
     if (rc == SH_EBUSY) {
         sh_log(SH_LOG_ERROR,
                "cuMemMap(0x%llx): the handle is mapped already; stagehand maps each handle at "
@@ -301,7 +309,7 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
     }
     if (rc != SH_OK) /* the driver refused the address (not reserved, or mapped) */
         return rc == SH_ENOMEM ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_INVALID_VALUE;
-    sh_sched_alloc((uintptr_t)ptr, size, sh_stream_key(NULL));
+    sh_sched_alloc(sh_dev_main(), (uintptr_t)ptr, size, sh_stream_key(NULL));
     return CUDA_SUCCESS;
 }
 
@@ -315,7 +323,7 @@ static CUresult backings_in(CUdeviceptr ptr, size_t size, uintptr_t **va, size_t
     *va = NULL;
     *len = NULL;
     int other = 0;
-    *n = sh_pool_backings_in(sh_rt.pool, ptr, ptr + size, NULL, NULL, 0, &other);
+    *n = sh_pool_backings_in(sh_dev_main()->pool, ptr, ptr + size, NULL, NULL, 0, &other);
     if (other)
         return CUDA_ERROR_INVALID_VALUE;
     if (*n == 0)
@@ -324,7 +332,7 @@ static CUresult backings_in(CUdeviceptr ptr, size_t size, uintptr_t **va, size_t
     *len = malloc(*n * sizeof **len);
     if (!*va || !*len)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    *n = sh_pool_backings_in(sh_rt.pool, ptr, ptr + size, *va, *len, *n, &other);
+    *n = sh_pool_backings_in(sh_dev_main()->pool, ptr, ptr + size, *va, *len, *n, &other);
     for (size_t k = 0; k < *n; k++)
         if ((*va)[k] < ptr || (*va)[k] + (*len)[k] > ptr + size)
             return CUDA_ERROR_INVALID_VALUE; /* the driver unmaps whole mappings only */
@@ -371,8 +379,8 @@ EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
     else if (r == CUDA_SUCCESS) /* the driver's own mappings first: it may refuse them */
         r = each_gap(ptr, size, va, len, n, unmap_gap, NULL);
     for (size_t k = 0; r == CUDA_SUCCESS && k < n; k++) {
-        sh_sched_free(va[k]);
-        sh_pool_backing_unmap(sh_rt.pool, va[k]);
+        sh_sched_free(sh_dev_main(), va[k]);
+        sh_pool_backing_unmap(sh_dev_main()->pool, va[k]);
     }
     free(va);
     free(len);
@@ -396,7 +404,7 @@ static int access_is_ours(const CUmemAccessDesc *desc, size_t count)
 {
     for (size_t i = 0; i < count; i++)
         if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
-            desc[i].location.id != (int)sh_rt.dev ||
+            desc[i].location.id != sh_dev_main()->ordinal ||
             desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
             return 0;
     return 1;
@@ -437,7 +445,7 @@ EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
     if (!real.address_free)
         return CUDA_ERROR_NOT_INITIALIZED;
     size_t n = sh_active() && size
-                   ? sh_pool_backings_in(sh_rt.pool, ptr, ptr + size, NULL, NULL, 0, NULL)
+                   ? sh_pool_backings_in(sh_dev_main()->pool, ptr, ptr + size, NULL, NULL, 0, NULL)
                    : 0;
     if (n) {
         sh_log(SH_LOG_ERROR, "cuMemAddressFree(0x%llx): %zu mapping(s) still there; unmap first",
