@@ -102,7 +102,7 @@ EXPORT cudaError_t cudaFree(void *ptr)
     if (info.state == SH_RS_FREED)
         return bad_free("cudaFree", ptr);
     /* cudaFree synchronises the device; so do we, so the memory is idle. */
-    CUresult r = sh_driver_sync(&sh_rt.drv);
+    CUresult r = sh_driver_sync_dev(&d->drvdev);
     if (r != CUDA_SUCCESS)
         return (cudaError_t)r;
     if (info.path != SH_PATH_SLAB)
@@ -162,15 +162,15 @@ static int managed_free_async(void *ptr, cudaStream_t stream, const char *what)
     }
     if (info.va == (uintptr_t)ptr && info.path != SH_PATH_SLAB)
         sh_sched_free(d, (uintptr_t)ptr);
-    uint64_t fence = sh_driver_fence_record(&sh_rt.drv, (CUstream)stream);
+    uint64_t fence = sh_driver_fence_record(&d->drvdev, (CUstream)stream);
     if (!fence)
-        sh_driver_sync(&sh_rt.drv); /* no event: fall back to a full wait */
+        sh_driver_sync_dev(&d->drvdev); /* no event: fall back to a full wait */
     int rc = sh_pool_free(d->pool, (uintptr_t)ptr, sh_stream_key((CUstream)stream), fence);
     if (rc != SH_OK)
         bad_free(what, ptr); /* a small block freed twice */
     if (rc != SH_OK && fence) {
         struct sh_fence_ops f;
-        sh_driver_fence_ops(&sh_rt.drv, &f);
+        sh_driver_fence_ops(&d->drvdev, &f);
         f.drop(f.ctx, fence);
     }
     return rc;

@@ -1,8 +1,9 @@
 /* driver.c — the driver entry-point table, and the pool's VMM and fence
  * operations on top of it.
  *
- * Shared state: a free list of recycled events, guarded by event_mu. The
- * table itself is written once, before any other thread reads it.
+ * Shared state: each device's free list of recycled events, guarded by its
+ * event_mu. The table itself is written once, before any other thread
+ * reads it.
  */
 #include "interpose/dl.h"
 #include "interpose/driver.h"
@@ -72,11 +73,11 @@ void *sh_driver_optional(const struct sh_driver *drv, const char *name, int sinc
     return f;
 }
 
-CUresult sh_driver_sync(const struct sh_driver *drv)
+static CUresult sync_ctx(const struct sh_driver *drv, CUcontext ctx)
 {
-    if (!drv->ctx)
+    if (!ctx)
         return drv->cuCtxSynchronize();
-    CUresult r = drv->cuCtxPushCurrent(drv->ctx);
+    CUresult r = drv->cuCtxPushCurrent(ctx);
     if (r != CUDA_SUCCESS)
         return r;
     r = drv->cuCtxSynchronize();
@@ -86,10 +87,27 @@ CUresult sh_driver_sync(const struct sh_driver *drv)
     return r;
 }
 
+CUresult sh_driver_sync(const struct sh_driver *drv)
+{
+    return sync_ctx(drv, drv->ctx);
+}
+
+CUresult sh_driver_sync_dev(const struct sh_driver_dev *dd)
+{
+    return sync_ctx(dd->drv, dd->ctx);
+}
+
+/* Makes ctx current for a call that acts on the current context, when the
+ * caller's may be another: 1 when it was pushed. */
+static int enter_ctx(const struct sh_driver *drv, CUcontext ctx)
+{
+    return (drv->several || sh_peers_waiting()) && ctx &&
+           drv->cuCtxPushCurrent(ctx) == CUDA_SUCCESS;
+}
+
 int sh_driver_enter(const struct sh_driver *drv)
 {
-    return (drv->several || sh_peers_waiting()) && drv->ctx &&
-           drv->cuCtxPushCurrent(drv->ctx) == CUDA_SUCCESS;
+    return enter_ctx(drv, drv->ctx);
 }
 
 void sh_driver_leave(const struct sh_driver *drv, int pushed)
@@ -119,12 +137,14 @@ const char *sh_driver_error(const struct sh_driver *drv, CUresult r)
     return s ? s : "unknown CUDA error";
 }
 
-/* ---- VMM operations ---- */
+void sh_driver_dev_init(struct sh_driver_dev *dd, struct sh_driver *drv, CUdevice dev,
+                        CUcontext ctx)
+{
+    *dd = (struct sh_driver_dev){.drv = drv, .dev = dev, .ctx = ctx};
+    pthread_mutex_init(&dd->event_mu, NULL);
+}
 
-struct vmm_ctx {
-    struct sh_driver *drv;
-    CUdevice dev;
-};
+/* ---- VMM operations ---- */
 
 static int result(struct sh_driver *drv, CUresult r, const char *what)
 {
@@ -138,7 +158,7 @@ static int result(struct sh_driver *drv, CUresult r, const char *what)
 
 static int vmm_reserve(void *ctx, size_t size, size_t align, uintptr_t *va)
 {
-    struct vmm_ctx *c = ctx;
+    struct sh_driver_dev *c = ctx;
     CUdeviceptr p = 0;
     int rc =
         result(c->drv, c->drv->cuMemAddressReserve(&p, size, align, 0, 0), "cuMemAddressReserve");
@@ -148,13 +168,13 @@ static int vmm_reserve(void *ctx, size_t size, size_t align, uintptr_t *va)
 
 static int vmm_unreserve(void *ctx, uintptr_t va, size_t size)
 {
-    struct vmm_ctx *c = ctx;
+    struct sh_driver_dev *c = ctx;
     return result(c->drv, c->drv->cuMemAddressFree((CUdeviceptr)va, size), "cuMemAddressFree");
 }
 
 static int vmm_create(void *ctx, size_t size, int loc, uint64_t *handle)
 {
-    struct vmm_ctx *c = ctx;
+    struct sh_driver_dev *c = ctx;
     CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED};
     prop.location.type =
         loc == SH_LOC_DEVICE ? CU_MEM_LOCATION_TYPE_DEVICE : CU_MEM_LOCATION_TYPE_HOST_NUMA;
@@ -167,7 +187,7 @@ static int vmm_create(void *ctx, size_t size, int loc, uint64_t *handle)
 
 static int vmm_release(void *ctx, uint64_t handle)
 {
-    struct vmm_ctx *c = ctx;
+    struct sh_driver_dev *c = ctx;
     return result(c->drv, c->drv->cuMemRelease(handle), "cuMemRelease");
 }
 
@@ -176,7 +196,7 @@ static int vmm_release(void *ctx, uint64_t handle)
  * changes reach it (peermap.c). */
 static int vmm_map(void *ctx, uintptr_t va, size_t size, uint64_t handle)
 {
-    struct vmm_ctx *c = ctx;
+    struct sh_driver_dev *c = ctx;
     int rc = result(c->drv, c->drv->cuMemMap((CUdeviceptr)va, size, 0, handle, 0), "cuMemMap");
     if (rc)
         return rc;
@@ -192,7 +212,7 @@ static int vmm_map(void *ctx, uintptr_t va, size_t size, uint64_t handle)
 
 static int vmm_unmap(void *ctx, uintptr_t va, size_t size)
 {
-    struct vmm_ctx *c = ctx;
+    struct sh_driver_dev *c = ctx;
     if (c->drv->several)
         sh_peers_listed(va, size, 0);
     int rc = result(c->drv, c->drv->cuMemUnmap((CUdeviceptr)va, size), "cuMemUnmap");
@@ -205,7 +225,7 @@ static int vmm_unmap(void *ctx, uintptr_t va, size_t size)
  * device address even where host memory lies under it. */
 static int vmm_map_host(void *ctx, uintptr_t va, size_t size, uint64_t handle)
 {
-    struct vmm_ctx *c = ctx;
+    struct sh_driver_dev *c = ctx;
     int rc = vmm_map(ctx, va, size, handle);
     if (rc)
         return rc;
@@ -217,34 +237,29 @@ static int vmm_map_host(void *ctx, uintptr_t va, size_t size, uint64_t handle)
     return rc;
 }
 
-void sh_driver_vmm_ops(struct sh_driver *drv, CUdevice dev, struct sh_vmm_ops *ops)
+void sh_driver_vmm_ops(struct sh_driver_dev *dd, struct sh_vmm_ops *ops)
 {
-    static struct vmm_ctx ctx; /* one device per process */
-    ctx.drv = drv;
-    ctx.dev = dev;
-    *ops = (struct sh_vmm_ops){&ctx,        vmm_reserve, vmm_unreserve, vmm_create,
+    *ops = (struct sh_vmm_ops){dd,          vmm_reserve, vmm_unreserve, vmm_create,
                                vmm_release, vmm_map,     vmm_unmap,     vmm_map_host};
 }
 
 /* ---- fences: recycled events ---- */
 
-#define EVENT_CACHE 256
-
-static pthread_mutex_t event_mu = PTHREAD_MUTEX_INITIALIZER;
-static CUevent spare[EVENT_CACHE];
-static int nspare;
-
-uint64_t sh_driver_fence_record(struct sh_driver *drv, CUstream stream)
+uint64_t sh_driver_fence_record(struct sh_driver_dev *dd, CUstream stream)
 {
+    struct sh_driver *drv = dd->drv;
     CUevent ev = NULL;
-    pthread_mutex_lock(&event_mu);
-    if (nspare > 0)
-        ev = spare[--nspare];
-    pthread_mutex_unlock(&event_mu);
-    /* in the managed context, whose streams fences are recorded on */
-    int pushed = ev ? 0 : sh_driver_enter(drv);
+    pthread_mutex_lock(&dd->event_mu);
+    if (dd->nspare > 0)
+        ev = dd->spare[--dd->nspare];
+    pthread_mutex_unlock(&dd->event_mu);
+    /* in the device's context, whose streams fences are recorded on */
+    int pushed = ev ? 0 : enter_ctx(drv, dd->ctx);
     CUresult r = ev ? CUDA_SUCCESS : drv->cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING);
-    sh_driver_leave(drv, pushed);
+    if (pushed) {
+        CUcontext popped;
+        drv->cuCtxPopCurrent(&popped);
+    }
     if (r != CUDA_SUCCESS)
         return 0;
     if (drv->cuEventRecord(ev, stream) != CUDA_SUCCESS) {
@@ -256,13 +271,13 @@ uint64_t sh_driver_fence_record(struct sh_driver *drv, CUstream stream)
 
 static int fence_done(void *ctx, uint64_t fence)
 {
-    struct sh_driver *drv = ctx;
-    CUresult r = drv->cuEventQuery((CUevent)(uintptr_t)fence);
+    const struct sh_driver_dev *dd = ctx;
+    CUresult r = dd->drv->cuEventQuery((CUevent)(uintptr_t)fence);
     if (r == CUDA_SUCCESS || r == CUDA_ERROR_NOT_READY)
         return r == CUDA_SUCCESS;
     /* The query failed: memory is reused only once the work is surely done. */
-    if (drv->cuEventSynchronize((CUevent)(uintptr_t)fence) != CUDA_SUCCESS)
-        sh_driver_sync(drv);
+    if (dd->drv->cuEventSynchronize((CUevent)(uintptr_t)fence) != CUDA_SUCCESS)
+        sh_driver_sync_dev(dd);
     return 1;
 }
 
@@ -270,66 +285,60 @@ static int fence_done(void *ctx, uint64_t fence)
  * back to waiting for the whole context, retried once. */
 static void fence_wait(void *ctx, uint64_t fence)
 {
-    struct sh_driver *drv = ctx;
-    if (drv->cuEventSynchronize((CUevent)(uintptr_t)fence) == CUDA_SUCCESS ||
-        sh_driver_sync(drv) == CUDA_SUCCESS || sh_driver_sync(drv) == CUDA_SUCCESS)
+    const struct sh_driver_dev *dd = ctx;
+    if (dd->drv->cuEventSynchronize((CUevent)(uintptr_t)fence) == CUDA_SUCCESS ||
+        sh_driver_sync_dev(dd) == CUDA_SUCCESS || sh_driver_sync_dev(dd) == CUDA_SUCCESS)
         return;
     sh_log(SH_LOG_ERROR, "cannot wait for the work before a free (%s); the context has failed",
-           sh_driver_error(drv, sh_driver_sync(drv)));
+           sh_driver_error(dd->drv, sh_driver_sync_dev(dd)));
 }
 
 static void fence_drop(void *ctx, uint64_t fence)
 {
-    struct sh_driver *drv = ctx;
+    struct sh_driver_dev *dd = ctx;
     CUevent ev = (CUevent)(uintptr_t)fence;
-    pthread_mutex_lock(&event_mu);
-    bool kept = nspare < EVENT_CACHE;
+    pthread_mutex_lock(&dd->event_mu);
+    bool kept = dd->nspare < SH_DRIVER_EVENT_CACHE;
     if (kept)
-        spare[nspare++] = ev;
-    pthread_mutex_unlock(&event_mu);
+        dd->spare[dd->nspare++] = ev;
+    pthread_mutex_unlock(&dd->event_mu);
     if (!kept)
-        drv->cuEventDestroy(ev);
+        dd->drv->cuEventDestroy(ev);
 }
 
-void sh_driver_fence_drop(struct sh_driver *drv, uint64_t fence)
+void sh_driver_fence_drop(struct sh_driver_dev *dd, uint64_t fence)
 {
-    fence_drop(drv, fence);
+    fence_drop(dd, fence);
 }
 
-void sh_driver_fence_ops(struct sh_driver *drv, struct sh_fence_ops *ops)
+void sh_driver_fence_ops(struct sh_driver_dev *dd, struct sh_fence_ops *ops)
 {
-    *ops = (struct sh_fence_ops){drv, fence_done, fence_wait, fence_drop};
+    *ops = (struct sh_fence_ops){dd, fence_done, fence_wait, fence_drop};
 }
 
 /* ---- copy operations: two dedicated streams ---- */
 
-static struct {
-    struct sh_driver *drv;
-    CUstream stream[2];
-} copier;
-
-CUstream sh_driver_copy_stream(int dir)
+CUstream sh_driver_copy_stream(const struct sh_driver_dev *dd, int dir)
 {
-    return dir == 0 || dir == 1 ? copier.stream[dir] : NULL;
+    return dir == 0 || dir == 1 ? dd->stream[dir] : NULL;
 }
 
 static int copy_issue(void *ctx, int dir, uintptr_t dst, uintptr_t src, size_t n, uint64_t *token)
 {
-    (void)ctx;
-    struct sh_driver *drv = copier.drv;
-    CUresult r = drv->cuMemcpyAsync((CUdeviceptr)dst, (CUdeviceptr)src, n, copier.stream[dir]);
+    struct sh_driver_dev *dd = ctx;
+    struct sh_driver *drv = dd->drv;
+    CUresult r = drv->cuMemcpyAsync((CUdeviceptr)dst, (CUdeviceptr)src, n, dd->stream[dir]);
     if (r != CUDA_SUCCESS)
         return result(drv, r, "cuMemcpyAsync");
-    *token = sh_driver_fence_record(drv, copier.stream[dir]);
+    *token = sh_driver_fence_record(dd, dd->stream[dir]);
     if (*token == 0) /* no event: wait now, so the token means "done" */
-        return result(drv, drv->cuStreamSynchronize(copier.stream[dir]), "cuStreamSynchronize");
+        return result(drv, drv->cuStreamSynchronize(dd->stream[dir]), "cuStreamSynchronize");
     return SH_OK;
 }
 
 static int copy_done(void *ctx, uint64_t token)
 {
-    (void)ctx;
-    return token == 0 || fence_done(copier.drv, token);
+    return token == 0 || fence_done(ctx, token);
 }
 
 /* The caller unmaps or reuses the copy's memory once this returns, so a
@@ -337,41 +346,39 @@ static int copy_done(void *ctx, uint64_t token)
  * once): the copy is finished whenever this returns, even with an error. */
 static int copy_wait(void *ctx, uint64_t token)
 {
-    (void)ctx;
-    struct sh_driver *drv = copier.drv;
-    if (token == 0 || drv->cuEventSynchronize((CUevent)(uintptr_t)token) == CUDA_SUCCESS)
+    const struct sh_driver_dev *dd = ctx;
+    if (token == 0 || dd->drv->cuEventSynchronize((CUevent)(uintptr_t)token) == CUDA_SUCCESS)
         return SH_OK;
-    CUresult r = sh_driver_sync(drv);
+    CUresult r = sh_driver_sync_dev(dd);
     if (r != CUDA_SUCCESS)
-        r = sh_driver_sync(drv);
-    return result(drv, r, "waiting for a copy");
+        r = sh_driver_sync_dev(dd);
+    return result(dd->drv, r, "waiting for a copy");
 }
 
 static void copy_forget(void *ctx, uint64_t token)
 {
-    (void)ctx;
     if (token)
-        fence_drop(copier.drv, token);
+        fence_drop(ctx, token);
 }
 
 static int copy_drain(void *ctx)
 {
-    (void)ctx;
-    return result(copier.drv, sh_driver_sync(copier.drv), "cuCtxSynchronize");
+    const struct sh_driver_dev *dd = ctx;
+    return result(dd->drv, sh_driver_sync_dev(dd), "cuCtxSynchronize");
 }
 
-int sh_driver_copy_ops(struct sh_driver *drv, struct sh_copy_ops *ops)
+int sh_driver_copy_ops(struct sh_driver_dev *dd, struct sh_copy_ops *ops)
 {
+    struct sh_driver *drv = dd->drv;
     int least = 0, greatest = 0;
     drv->cuCtxGetStreamPriorityRange(&least, &greatest);
-    copier.drv = drv;
     for (int d = 0; d < 2; d++) /* a retry keeps the stream a failed try made */
-        if (!copier.stream[d] &&
-            drv->cuStreamCreateWithPriority(&copier.stream[d], CU_STREAM_NON_BLOCKING, greatest) !=
+        if (!dd->stream[d] &&
+            drv->cuStreamCreateWithPriority(&dd->stream[d], CU_STREAM_NON_BLOCKING, greatest) !=
                 CUDA_SUCCESS) {
-            copier.stream[d] = NULL;
+            dd->stream[d] = NULL;
             return SH_EDRIVER;
         }
-    *ops = (struct sh_copy_ops){NULL, copy_issue, copy_done, copy_wait, copy_forget, copy_drain};
+    *ops = (struct sh_copy_ops){dd, copy_issue, copy_done, copy_wait, copy_forget, copy_drain};
     return SH_OK;
 }

@@ -14,6 +14,25 @@
 #include "transfer/transfer.h"
 
 #include <cuda.h>
+#include <pthread.h>
+
+/* One device as the operations below serve it: its context, its two copy
+ * streams and the recycled events its fences use (an event is recorded
+ * only on a stream of its own context). The pool's VMM, fence and copy
+ * operations and the fingerprint kernel point at one; it must outlive
+ * them. */
+#define SH_DRIVER_EVENT_CACHE 256
+struct sh_driver_dev {
+    struct sh_driver *drv;
+    CUdevice dev;
+    CUcontext ctx;
+    CUstream stream[2]; /* SH_D2H, SH_H2D: made by sh_driver_copy_ops */
+    pthread_mutex_t event_mu;
+    CUevent spare[SH_DRIVER_EVENT_CACHE];
+    int nspare;
+};
+void sh_driver_dev_init(struct sh_driver_dev *dd, struct sh_driver *drv, CUdevice dev,
+                        CUcontext ctx);
 
 /* Loads the driver; SH_EDRIVER with a log line naming what is missing.
  * drv->version is the driver's CUDA version (12040 for 12.4). */
@@ -28,6 +47,9 @@ int sh_driver_load(struct sh_driver *drv, const char *path);
  * program created on the managed device. Before drv->ctx is known: the
  * current context. Returns the managed context's result. */
 CUresult sh_driver_sync(const struct sh_driver *drv);
+/* The same for dd's context, then the other contexts that may touch
+ * regions. */
+CUresult sh_driver_sync_dev(const struct sh_driver_dev *dd);
 
 /* With several devices, or once the program created a context, makes the
  * managed context current for a call that acts on the current one
@@ -46,22 +68,23 @@ void *sh_driver_optional(const struct sh_driver *drv, const char *name, int sinc
 /* The driver's name for r, for messages. */
 const char *sh_driver_error(const struct sh_driver *drv, CUresult r);
 
-/* VMM and fence operations for the pool, on device dev. The returned
- * structs point at *drv, which must outlive them. */
-void sh_driver_vmm_ops(struct sh_driver *drv, CUdevice dev, struct sh_vmm_ops *ops);
-void sh_driver_fence_ops(struct sh_driver *drv, struct sh_fence_ops *ops);
+/* VMM and fence operations for the pool, on dd's device. */
+void sh_driver_vmm_ops(struct sh_driver_dev *dd, struct sh_vmm_ops *ops);
+void sh_driver_fence_ops(struct sh_driver_dev *dd, struct sh_fence_ops *ops);
 
 /* Copy operations for the transfer engine: two high-priority non-blocking
- * streams, an event per copy. SH_EDRIVER if the streams cannot be made. */
-int sh_driver_copy_ops(struct sh_driver *drv, struct sh_copy_ops *ops);
+ * streams in dd's context (current meanwhile), an event per copy.
+ * SH_EDRIVER if the streams cannot be made. */
+int sh_driver_copy_ops(struct sh_driver_dev *dd, struct sh_copy_ops *ops);
 
-/* The copy operations' stream for dir (SH_D2H, SH_H2D); NULL before
- * sh_driver_copy_ops made it. */
-CUstream sh_driver_copy_stream(int dir);
+/* dd's copy stream for dir (SH_D2H, SH_H2D); NULL before sh_driver_copy_ops
+ * made it. */
+CUstream sh_driver_copy_stream(const struct sh_driver_dev *dd, int dir);
 
-/* A fence: an event recorded on stream. 0 if none could be recorded.
- * Dropped (its event kept for the next) once waited for. */
-uint64_t sh_driver_fence_record(struct sh_driver *drv, CUstream stream);
-void sh_driver_fence_drop(struct sh_driver *drv, uint64_t fence);
+/* A fence: an event of dd's context recorded on stream (one of that
+ * context's). 0 if none could be recorded. Dropped (its event kept for the
+ * next) once waited for. */
+uint64_t sh_driver_fence_record(struct sh_driver_dev *dd, CUstream stream);
+void sh_driver_fence_drop(struct sh_driver_dev *dd, uint64_t fence);
 
 #endif

@@ -40,16 +40,19 @@ enum sh_key_kind { SH_KEY_HOST_FN = 1, SH_KEY_FUNCTION = 2, SH_KEY_KERNEL = 3 };
  * and scheduler that decide those moves. Written once, before it is
  * published in sh_rt.devs; read without locks afterwards. */
 struct sh_sched; /* sched.c */
+struct sh_fp;    /* fingerprint.c */
 struct sh_dev {
     int ordinal; /* as the runtime numbers devices */
     CUdevice dev;
     CUcontext ctx; /* its primary context */
     size_t card_bytes, gran;
+    struct sh_driver_dev drvdev; /* its copy streams and fences (driver.h) */
     struct sh_pool *pool;
     struct sh_hostpool *host; /* NULL when eviction is off */
     struct sh_xfer *xfer;
     struct sh_engine engine; /* its pressure and deferred counters too */
     struct sh_sched *sched;
+    struct sh_fp *fp; /* NULL when eviction is off */
 };
 
 #define SH_DEVICES_MAX 16
@@ -391,7 +394,9 @@ void sh_timing_begin(void);
 void sh_timing_issue(void);
 
 /* The clean-region fingerprint on the device (fingerprint.c): the pool's
- * mover calls sh_fingerprint inside remap windows (struct sh_pool_mover).
+ * mover calls sh_fingerprint inside remap windows (struct sh_pool_mover),
+ * with ctx the device's struct sh_fp (sh_fingerprint_new; NULL if there is
+ * no memory for it).
  * sh_fingerprint_own: 1 while the calling thread launches the library's
  * own kernel (the launch tracking leaves it alone). device_bytes: the
  * device memory it holds for its key and results. */
@@ -409,7 +414,8 @@ int sh_fingerprint_take(void *ctx, uint64_t ticket, size_t n, struct sh_clean_fp
 int sh_fingerprint_ptrs(void *ctx, const uintptr_t *addr, const size_t *len, size_t n, uintptr_t lo,
                         uintptr_t hi, unsigned char *found, uint64_t bus[2]);
 int sh_fingerprint_own(void);
-size_t sh_fingerprint_device_bytes(void);
+size_t sh_fingerprint_device_bytes(const struct sh_fp *fp);
+struct sh_fp *sh_fingerprint_new(struct sh_driver_dev *dd);
 
 /* The live monitor and JSONL (monitor.c, over telemetry/): it reads the
  * pool's and the scheduler's figures, so it sits above them. */

@@ -630,7 +630,7 @@ size_t sh_sched_device_bytes(struct sh_dev *d)
 {
     size_t dev = 0, host = 0;
     sh_pool_bytes(d->pool, &dev, &host);
-    return dev + sh_fingerprint_device_bytes();
+    return dev + sh_fingerprint_device_bytes(d->fp);
 }
 
 /* How many of the fetches ids[0..n), in order, fit the budget now; the

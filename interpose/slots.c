@@ -87,12 +87,12 @@ static void slot_events(uint64_t mask, CUevent *ev)
     pthread_mutex_unlock(&slots_mu);
 }
 
+/* ctx: the pool's device (struct sh_driver_dev). */
 static int drain_streams(void *ctx, uint64_t mask)
 {
-    (void)ctx;
     CUevent ev[STREAM_SLOTS];
     if (mask >> STREAM_SLOTS) {
-        if (sh_driver_sync(&sh_rt.drv) != CUDA_SUCCESS)
+        if (sh_driver_sync_dev(ctx) != CUDA_SUCCESS)
             return -1;
         /* with several devices a slot's stream may be in a context the
          * device-wide wait did not reach */

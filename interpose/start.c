@@ -61,6 +61,7 @@ static int open_device(struct sh_dev *dv)
         d->cuDeviceTotalMem(&dv->card_bytes, dv->dev) != CUDA_SUCCESS)
         return SH_EDRIVER;
     d->ctx = dv->ctx;
+    sh_driver_dev_init(&dv->drvdev, d, dv->dev, dv->ctx);
     /* Several devices cost a little on the mapping and copy paths
      * (peermap.c); a count the driver cannot give counts as several. */
     int n = 0;
@@ -106,8 +107,8 @@ static int open_pool(struct sh_dev *dv)
                                .suballoc_max = c->regions.suballoc_max.bytes};
     struct sh_vmm_ops vmm;
     struct sh_fence_ops fences;
-    sh_driver_vmm_ops(d, dv->dev, &vmm);
-    sh_driver_fence_ops(d, &fences);
+    sh_driver_vmm_ops(&dv->drvdev, &vmm);
+    sh_driver_fence_ops(&dv->drvdev, &fences);
     return sh_pool_create(&p, &vmm, &fences, &dv->pool);
 }
 
@@ -172,9 +173,9 @@ static int try_mover(struct sh_dev *dv)
     }
     struct sh_vmm_ops vmm;
     struct sh_copy_ops copy;
-    sh_driver_vmm_ops(&sh_rt.drv, dv->dev, &vmm);
+    sh_driver_vmm_ops(&dv->drvdev, &vmm);
     if (sh_hostpool_create(&hp, &vmm, &dv->host) != SH_OK ||
-        sh_driver_copy_ops(&sh_rt.drv, &copy) != SH_OK ||
+        sh_driver_copy_ops(&dv->drvdev, &copy) != SH_OK ||
         sh_xfer_create(&copy, (unsigned)c->transfer.max_inflight_d2h,
                        (unsigned)c->transfer.max_inflight_h2d, &dv->xfer) != SH_OK) {
         sh_hostpool_destroy(dv->host);
@@ -202,6 +203,7 @@ static void open_mover(struct sh_dev *dv)
         sh_log(SH_LOG_WARN, "cannot set up host slabs or copy streams; eviction is off");
         return;
     }
+    dv->fp = sh_fingerprint_new(&dv->drvdev);
     struct sh_pool_mover m = {.host = dv->host,
                               .xfer = dv->xfer,
                               .gate = sh_rt.gate,
@@ -213,6 +215,11 @@ static void open_mover(struct sh_dev *dv)
                               .fingerprint_take = sh_fingerprint_take,
                               .ptr_candidates = sh_fingerprint_ptrs,
                               .clean_skip = c->policy.clean_skip};
+    if (!dv->fp) /* no fingerprints: no clean skip, no early eviction */
+        m.fingerprint = NULL, m.fingerprint_queue = NULL, m.fingerprint_take = NULL,
+        m.ptr_candidates = NULL;
+    m.fp_ctx = dv->fp;
+    m.drain_ctx = &dv->drvdev;
     sh_slots_tracked_drain(&m.drain_streams, &m.streams_idle);
     sh_pool_set_mover(dv->pool, &m);
 }
