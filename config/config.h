@@ -31,6 +31,7 @@ enum sh_config_host_scope {
     SH_CONFIG_HOST_AUTO = 2
 };
 enum sh_config_drain { SH_CONFIG_DRAIN_DEVICE = 0, SH_CONFIG_DRAIN_TRACKED = 1 };
+enum sh_config_devices { SH_CONFIG_DEVICES_ONE = 0, SH_CONFIG_DEVICES_ALL = 1 };
 enum sh_config_eviction { SH_CONFIG_EVICT_LRU = 0, SH_CONFIG_EVICT_LEARNED = 1 };
 enum sh_config_tracking {
     SH_CONFIG_TRACK_AUTO = 0,

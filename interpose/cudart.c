@@ -123,7 +123,7 @@ static int in_capture(cudaStream_t stream)
 /* cudaMallocAsync allocates on the stream's device, not the current one. */
 static struct sh_dev *managed_stream(cudaStream_t stream)
 {
-    return sh_managed() ? sh_dev_ordinal(sh_stream_device((CUstream)stream)) : NULL;
+    return sh_managed() ? sh_dev_open(sh_stream_device((CUstream)stream)) : NULL;
 }
 
 EXPORT cudaError_t cudaMallocAsync(void **ptr, size_t size, cudaStream_t stream)
@@ -278,7 +278,7 @@ EXPORT void *stagehand_malloc(ssize_t size, int device, void *stream)
             return NULL; /* said why */
     }
     struct async_call c = {NULL, (size_t)size, stream};
-    struct sh_dev *d = sh_managed() ? sh_dev_ordinal(device) : NULL;
+    struct sh_dev *d = sh_managed() ? sh_dev_open(device) : NULL;
     if (d && !in_capture(stream)) {
         cudaError_t e =
             managed_alloc(d, &c.ptr, (size_t)size, SH_PATH_PLUGGABLE, stream, "stagehand_malloc");

@@ -83,7 +83,7 @@ static CUresult sync_ctx(const struct sh_driver *drv, CUcontext ctx)
     r = drv->cuCtxSynchronize();
     CUcontext popped;
     drv->cuCtxPopCurrent(&popped);
-    sh_peers_sync(drv);
+    sh_peers_sync_except(drv, ctx);
     return r;
 }
 
@@ -214,10 +214,10 @@ static int vmm_unmap(void *ctx, uintptr_t va, size_t size)
 {
     struct sh_driver_dev *c = ctx;
     if (c->drv->several)
-        sh_peers_listed(va, size, 0);
+        sh_peers_listed(c->dev, va, size, 0);
     int rc = result(c->drv, c->drv->cuMemUnmap((CUdeviceptr)va, size), "cuMemUnmap");
     if (rc && c->drv->several)
-        sh_peers_listed(va, size, 1); /* still mapped: peer access changes must reach it */
+        sh_peers_listed(c->dev, va, size, 1); /* still mapped: peer access changes must reach it */
     return rc;
 }
 

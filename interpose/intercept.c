@@ -146,12 +146,17 @@ int sh_work_open(struct sh_work *w, CUstream stream, int per_thread)
  * instead of a fault that would end its context. */
 int sh_work_refused(const struct sh_work *w)
 {
-    struct sh_pool *pool = sh_dev_main()->pool;
-    if (w->kind == SH_WORK_CAPTURE || sh_pool_heal(pool) == 0)
+    if (w->kind == SH_WORK_CAPTURE)
         return 0;
-    int hit = w->kind != SH_WORK_ACCESS || w->opaque;
-    for (size_t i = 0; i + 1 < w->n && !hit; i += 2)
-        hit = sh_pool_hole_in(pool, w->ends[i], w->ends[i + 1]);
+    int hit = 0;
+    for (int d = 0; d < atomic_load(&sh_rt.ndevs) && !hit; d++) {
+        struct sh_pool *pool = sh_rt.devs[d]->pool;
+        if (sh_pool_heal(pool) == 0)
+            continue;
+        hit = w->kind != SH_WORK_ACCESS || w->opaque;
+        for (size_t i = 0; i + 1 < w->n && !hit; i += 2)
+            hit = sh_pool_hole_in(pool, w->ends[i], w->ends[i + 1]);
+    }
     if (hit)
         sh_monitor_event(SH_TM_EV_ERROR, (uint64_t)-SH_ELOST, 0);
     if (hit && !atomic_exchange(&told_refused, 1))
@@ -509,7 +514,7 @@ void sh_work_symbol_up(struct sh_work *w, const void *src, size_t n, int kind)
 {
     uintptr_t s = (uintptr_t)src;
     if (kind == cudaMemcpyHostToDevice || (kind == cudaMemcpyDefault && sh_host_readable(s))) {
-        if (n && src && sh_pool_find_pointers(sh_dev_main()->pool, src, n, 0))
+        if (n && src && sh_launch_find_pointers(src, n, 0))
             sh_launch_hide_pointers();
         return;
     }

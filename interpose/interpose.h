@@ -104,6 +104,10 @@ int sh_active(void);
  * ([general] device): that device, or NULL (an allocation for any other
  * device passes through). */
 struct sh_dev *sh_managed_here(void);
+/* The managed device for the runtime's device number ordinal: with
+ * [general] devices = all, one not managed yet is brought up (start.c);
+ * NULL when it is not managed (the call passes through). */
+struct sh_dev *sh_dev_open(int ordinal);
 
 /* cudaErrorMemoryAllocation, with one stderr line saying why. */
 cudaError_t sh_oom(struct sh_dev *d, size_t size, const char *what);
@@ -130,8 +134,8 @@ int sh_pin_region(uintptr_t p);
 int sh_vmm_retain(uintptr_t addr, CUmemGenericAllocationHandle *handle);
 
 /* d's engine (engine/) over its pool, its scheduler and the driver
- * (room.c), set up once the pool is. */
-void sh_room_init(struct sh_dev *d);
+ * (room.c), set up once the pool is, with c resolved for its card. */
+void sh_room_init(struct sh_dev *d, const struct sh_config *c);
 
 /* Stream identity (streams.c). sh_stream_key: one id per stream CUDA
  * orders work on, the calling thread's own for its per-thread stream.
@@ -173,6 +177,21 @@ void sh_slots_forget_context(CUcontext ctx);
  * every drain waits for s's context from now on (sh_peers_note). */
 int sh_stream_device(CUstream s);
 void sh_stream_note(CUstream s);
+
+/* Kernel parameter layouts (layouts.c). sh_layout_of: the layout of the
+ * function key of kind (enum sh_key_kind), filled on first use; NULL when
+ * it cannot be read now or the cache is full (the launch is opaque). */
+#define SH_LAYOUT_MAX_PARAMS 128
+struct sh_layout {
+    const void *key;
+    int kind, nparams;
+    int from; /* how it was read: kind, or SH_KEY_KERNEL for a kernel handle given as a function */
+    int opaque; /* a kernel of a library known to keep pointers in memory, or one
+                 * whose parameters cannot be read: its accesses have no bound */
+    uint16_t off[SH_LAYOUT_MAX_PARAMS], size[SH_LAYOUT_MAX_PARAMS];
+};
+int sh_layouts_init(void);
+const struct sh_layout *sh_layout_of(const void *key, int kind);
 
 /* Launch tracking (launch.c). begin/end bracket the issue of one launch:
  * begin restores what it points into and enters the remap gate. busy: 1
@@ -232,6 +251,10 @@ void sh_launch_mark_upload(const void *dst, const void *src, size_t n);
  * of such rows, drows and srows rows apart. */
 void sh_launch_mark_upload_rows(const void *dst, size_t dpitch, const void *src, size_t spitch,
                                 size_t width, size_t rows);
+/* 1 when the n bytes at bytes hold a pointer into any device's regions;
+ * the region at into (on any device), if one, is then marked as holding
+ * pointers. */
+int sh_launch_find_pointers(const void *bytes, size_t n, uintptr_t into);
 /* 1 when p is host memory the library may read (pageable, pinned or
  * managed), not device memory (hostmem.c). */
 int sh_host_readable(uintptr_t p);

@@ -7,43 +7,27 @@
  * the two mechanisms both may see one launch).
  *
  * Each launch's parameter buffer is scanned at every 4-byte-aligned
- * position against the region index, using parameter offsets and sizes from cuFuncGetParamInfo /
- * cuKernelGetParamInfo, cached per function. Evicted regions it touches are
+ * position against the region index, using the parameter offsets and sizes
+ * of its function (layouts.c). Evicted regions it touches are
  * restored before the launch proceeds (restore.c); the launch then holds
  * the remap gate's read side until it has been issued.
  *
- * Locking: layout_mu guards the layout cache; ranges_mu the pointer-table
- * ranges (ranges_min/max are read without it). The depth counter is
+ * Locking: ranges_mu guards the pointer-table ranges (ranges_min/max are
+ * read without it); the layouts are layouts.c's. The depth counter is
  * thread-local. The tracked drain's per-stream events are slots.c's.
  */
-#include "interpose/dl.h"
-#include "interpose/cubin.h"
 #include "interpose/interpose.h"
 
 #include "sh_clock.h"
 #include "sh_log.h"
 #include "telemetry/telemetry.h"
 
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
-#define LAYOUTS    4096
-#define MAX_PARAMS 128
-#define MAX_ADDRS  SH_LAUNCH_MAX_REGIONS
+#define MAX_ADDRS SH_LAUNCH_MAX_REGIONS
 
-struct layout {
-    const void *key;
-    int kind, nparams;
-    int from; /* how it was read: kind, or SH_KEY_KERNEL for a kernel handle given as a function */
-    int opaque; /* a kernel of a library known to keep pointers in memory, or one
-                 * whose parameters cannot be read: its accesses have no bound */
-    uint16_t off[MAX_PARAMS], size[MAX_PARAMS];
-};
-
-static pthread_mutex_t layout_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct layout *layouts; /* open addressing on key */
 /* Region pointers went where no scan reads them (a module's globals): any
  * kernel may follow them, so all work is opaque from then on. */
 static atomic_int hidden_pointers;
@@ -54,19 +38,15 @@ static _Thread_local struct {
     int found;
     size_t n;
     CUstream stream;
-    int opaque; /* its accesses cannot be bounded: it counts as using every region */
-    int any;    /* on streams the library cannot name: a drain waits for the device */
-    int quiet;  /* not scanned: it counts as using every region on any stream */
-    int graph;  /* a graph: its copies may use regions from another device's stream */
-    int depth;  /* launch calls open on the thread: the outermost is the launch */
-} pending;      /* the launch being issued on this thread */
+    int opaque;      /* its accesses cannot be bounded: it counts as using every region */
+    int any;         /* on streams the library cannot name: a drain waits for the device */
+    int quiet;       /* not scanned: it counts as using every region on any stream */
+    int graph;       /* a graph: its copies may use regions from another device's stream */
+    int depth;       /* launch calls open on the thread: the outermost is the launch */
+    uint32_t others; /* bit i: it uses regions of sh_rt.devs[i], i > 0 (the main
+                      * device's are in bases) */
+} pending;           /* the launch being issued on this thread */
 static atomic_ullong unscanned; /* launches issued without a scan */
-
-static __typeof__(cudaGetFuncBySymbol) *real_get_func;
-static CUresult (*kernel_param_info)(CUkernel, size_t, size_t *, size_t *);
-static CUresult (*func_param_info)(CUfunction, size_t, size_t *, size_t *);
-static CUresult (*func_get_name)(const char **, CUfunction);
-static CUresult (*kernel_get_name)(const char **, CUkernel);
 
 /* ---- parameter layouts ---- */
 
@@ -82,147 +62,6 @@ static void opaque_told(atomic_int *told, const char *why, int detail)
         static atomic_int told_;                                                                   \
         opaque_told(&told_, why, detail);                                                          \
     } while (0)
-
-/* The kernel's mangled name, for the image fallback. */
-static const char *kernel_name(const struct layout *l, const void *key, CUfunction f)
-{
-    const char *name = NULL;
-    if (l->from == SH_KEY_HOST_FN)
-        name = sh_modules_stub_name(key);
-    if (!name && f && func_get_name)
-        func_get_name(&name, f);
-    if (!name && l->from == SH_KEY_KERNEL && kernel_get_name)
-        kernel_get_name(&name, (CUkernel)(uintptr_t)key);
-    return name;
-}
-
-/* Reads the layout from the module images (cubin.c), for drivers without
- * cuFuncGetParamInfo. 0 if no image describes the kernel (or it has no
- * name here: cuFuncGetName came in 12.3): its pointers cannot be seen. */
-static int fill_from_images(struct layout *l, const void *key, CUfunction f)
-{
-    const char *name = kernel_name(l, key, f);
-    struct sh_cubin_param p[MAX_PARAMS];
-    size_t n = 0;
-    if (!name || sh_modules_layout(name, p, MAX_PARAMS, &n) != 0)
-        return 0;
-    for (size_t i = 0; i < n; i++) {
-        if (p[i].offset > UINT16_MAX || p[i].size > UINT16_MAX)
-            return 0;
-        l->off[i] = (uint16_t)p[i].offset;
-        l->size[i] = (uint16_t)p[i].size;
-        l->nparams = (int)i + 1;
-    }
-    return 1;
-}
-
-/* NCCL's kernels take their buffers from work queues in device memory:
- * no parameter names them. A kernel the driver will not name may be one. */
-static int keeps_pointers(const char *name)
-{
-    return !name || strstr(name, "ncclKernel") || strstr(name, "ncclDevKernel");
-}
-
-/* The function of a launch stub into *f (NULL if it is none). 0 when it
- * could not be asked: cudaGetFuncBySymbol leaves its failure as the
- * thread's last error, which the program would read as its own, so it is
- * asked only while no error of the program's is pending, and its own
- * failure is cleared. */
-static int stub_function(const void *key, CUfunction *f)
-{
-    const struct sh_real *rt = sh_real();
-    *f = NULL;
-    if (!real_get_func || !rt->cudaPeekAtLastError || !rt->cudaGetLastError)
-        return 1;
-    if (rt->cudaPeekAtLastError() != cudaSuccess)
-        return 0;
-    if (real_get_func((cudaFunction_t *)f, key) != cudaSuccess) {
-        rt->cudaGetLastError();
-        *f = NULL;
-    }
-    return 1;
-}
-
-/* 0 when the layout cannot be read now (stub_function): it is not kept,
- * and asked again at the next launch. */
-static int fill_layout(struct layout *l, const void *key)
-{
-    CUfunction f = NULL;
-    l->from = l->kind;
-    if (l->kind == SH_KEY_HOST_FN && sh_modules_is_kernel(key))
-        l->from = SH_KEY_KERNEL; /* CUDA 13's stubs launch the kernel handle */
-    else if (l->kind == SH_KEY_HOST_FN && !stub_function(key, &f))
-        return 0;
-    else if (l->kind == SH_KEY_FUNCTION)
-        f = (CUfunction)(uintptr_t)key;
-    /* Neither a stub nor a kernel seen loaded: its arguments cannot be read. */
-    int known = l->from != SH_KEY_HOST_FN || f;
-    /* The driver says "invalid value" past the last parameter; any other
-     * answer, or more parameters than a layout holds, leaves some unread. */
-    int cut = 0;
-    for (int i = 0; i <= MAX_PARAMS; i++) {
-        size_t off = 0, size = 0;
-        CUresult r = CUDA_ERROR_INVALID_VALUE;
-        int asked = 1;
-        if (l->from == SH_KEY_KERNEL && kernel_param_info)
-            r = kernel_param_info((CUkernel)(uintptr_t)key, (size_t)i, &off, &size);
-        else if (l->from != SH_KEY_KERNEL && f && func_param_info)
-            r = func_param_info(f, (size_t)i, &off, &size);
-        else
-            asked = 0; /* no entry point for this kind: the images say, or nothing */
-        if (i == 0 && (r == CUDA_ERROR_NOT_SUPPORTED ||
-                       (!asked && (known || (!func_param_info && !kernel_param_info))))) {
-            sh_modules_keep_images(1); /* from now on */
-            known = fill_from_images(l, key, f);
-            break;
-        }
-        if (r == CUDA_ERROR_INVALID_VALUE)
-            break;
-        if (r != CUDA_SUCCESS || off > UINT16_MAX || size > UINT16_MAX || i == MAX_PARAMS) {
-            cut = 1;
-            break;
-        }
-        l->off[i] = (uint16_t)off;
-        l->size[i] = (uint16_t)size;
-        l->nparams = i + 1;
-    }
-    l->opaque = !known || cut || keeps_pointers(kernel_name(l, key, f));
-    sh_log(SH_LOG_DEBUG, "layout of %p (kind %d, read as %d): %d parameters%s", key, l->kind,
-           l->from, l->nparams, l->opaque ? ", opaque" : "");
-    return 1;
-}
-
-/* The cached layout of a function. A slot's key is published last, with
- * release, and a filled layout never changes: a hit reads it without the
- * lock. Misses (one per function) fill a slot under layout_mu. */
-static const struct layout *get_layout(const void *key, int kind)
-{
-    size_t h = ((uintptr_t)key >> 4) * 0x9e3779b97f4a7c15ull % LAYOUTS;
-    for (size_t i = 0; i < LAYOUTS; i++) {
-        const struct layout *l = &layouts[(h + i) % LAYOUTS];
-        const void *k = __atomic_load_n(&l->key, __ATOMIC_ACQUIRE);
-        if (!k)
-            break;
-        if (k == key && l->kind == kind)
-            return l;
-    }
-    const struct layout *found = NULL;
-    pthread_mutex_lock(&layout_mu);
-    for (size_t i = 0; i < LAYOUTS && !found; i++) {
-        struct layout *l = &layouts[(h + i) % LAYOUTS];
-        if (l->key == key && l->kind == kind) {
-            found = l;
-        } else if (!l->key) {
-            l->kind = kind;
-            if (!fill_layout(l, key))
-                break; /* the slot stays free */
-            __atomic_store_n(&l->key, key, __ATOMIC_RELEASE);
-            found = l;
-        }
-    }
-    pthread_mutex_unlock(&layout_mu);
-    return found; /* NULL: table full, or not readable now; the launch is opaque */
-}
 
 /* ---- device memory the library does not manage that holds pointers ----
  *
@@ -283,10 +122,27 @@ struct plausible {
     uintptr_t lo[3], span[3];
 };
 
+/* Every device's pools lie in [*lo, *hi). */
+static void pools_bounds(uintptr_t *lo, uintptr_t *hi)
+{
+    int n = atomic_load_explicit(&sh_rt.ndevs, memory_order_acquire);
+    sh_pool_bounds(sh_dev_main()->pool, lo, hi);
+    for (int i = 1; i < n; i++) {
+        uintptr_t l, h;
+        sh_pool_bounds(sh_rt.devs[i]->pool, &l, &h);
+        if (h <= l)
+            continue;
+        if (*hi <= *lo)
+            *lo = l, *hi = h;
+        *lo = l < *lo ? l : *lo;
+        *hi = h > *hi ? h : *hi;
+    }
+}
+
 static void plausible_now(struct plausible *pl)
 {
     uintptr_t lo[3], hi[3];
-    sh_pool_bounds(sh_dev_main()->pool, &lo[0], &hi[0]);
+    pools_bounds(&lo[0], &hi[0]);
     lo[1] = __atomic_load_n(&ranges_min, __ATOMIC_RELAXED);
     hi[1] = __atomic_load_n(&ranges_max, __ATOMIC_RELAXED);
     sh_hostmem_bounds(&lo[2], &hi[2]);
@@ -337,7 +193,8 @@ static int texture_ends(uintptr_t v, uintptr_t *vals, size_t *n)
  * of tensors passed by value, as fused optimizers pass them, holds a few
  * hundred) make the launch opaque: the pointers past that are not
  * followed. */
-static size_t scan(const struct layout *l, void **args, uintptr_t *vals, const struct plausible *pl)
+static size_t scan(const struct sh_layout *l, void **args, uintptr_t *vals,
+                   const struct plausible *pl)
 {
     size_t n = 0;
     int textures = sh_textures_any(), tables = !pl;
@@ -399,7 +256,7 @@ uint64_t sh_launch_tables_gen(void)
  * tables change). */
 static size_t scan_launch(const void *key, int kind, void **args, uintptr_t *vals, int every)
 {
-    const struct layout *l = key ? get_layout(key, kind) : NULL;
+    const struct sh_layout *l = key ? sh_layout_of(key, kind) : NULL;
     if (!l) {
         opaque_because("no layout", kind);
         pending.opaque = 1;
@@ -430,6 +287,24 @@ static int keep_cands(struct sh_node_scan *ns, const uintptr_t *vals, size_t n)
     return 0;
 }
 
+static int ndevs(void)
+{
+    return atomic_load_explicit(&sh_rt.ndevs, memory_order_acquire);
+}
+
+/* Keeps in vals[0..return) those of vals[0..n) that point into a region of
+ * any device, in order. */
+static size_t keep_regions(uintptr_t *vals, size_t n)
+{
+    if (ndevs() == 1)
+        return sh_pool_use(sh_dev_main()->pool, vals, n, 0, NULL);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (sh_dev_of(vals[i]))
+            vals[k++] = vals[i];
+    return k;
+}
+
 size_t sh_launch_scan(const void *key, int kind, void **args, uintptr_t *addrs, size_t max,
                       struct sh_node_scan *ns)
 {
@@ -440,7 +315,7 @@ size_t sh_launch_scan(const void *key, int kind, void **args, uintptr_t *addrs, 
     if (ns && (pending.opaque || keep_cands(ns, found, c) != 0))
         ns->opaque = 1; /* now, or whatever tables come */
     pending.opaque = was;
-    size_t n = sh_pool_use(sh_dev_main()->pool, found, c, 0, NULL);
+    size_t n = keep_regions(found, c);
     n = n < max ? n : max;
     memcpy(addrs, found, n * sizeof *addrs);
     return n;
@@ -463,19 +338,36 @@ static void note_other(CUstream stream)
  * makes a later wait cover every launch before it. Work issued into a
  * stream capture does not run, and an event recorded there is never
  * recorded for real: it marks nothing (the graph's launch does). */
+/* The other devices' regions the launch uses (pd->others), or all of
+ * them (all): stamped as a whole, each device's at once (a region's own
+ * stamp needs its pool's lookup; only the main device's is kept). */
+static void mark_others(uint32_t others, int all, int opaque, uint64_t streams)
+{
+    for (int i = 1; i < ndevs(); i++) {
+        struct sh_pool *pool = sh_rt.devs[i]->pool;
+        if (opaque)
+            sh_pool_issued_opaque(pool, streams);
+        else if (all || (others >> i & 1))
+            sh_pool_issued_any(pool, streams);
+    }
+}
+
 static void mark_issued(void)
 {
     __typeof__(pending) *pd = &pending; /* one thread-local lookup */
     struct sh_dev *d = sh_dev_main();
     if (pd->quiet) {
         /* the next move's drain waits for the whole device */
-        sh_pool_issued_any(d->pool, sh_slots_tracked() ? SH_SLOTS_ANY : 0);
+        uint64_t streams = sh_slots_tracked() ? SH_SLOTS_ANY : 0;
+        sh_pool_issued_any(d->pool, streams);
+        if (ndevs() > 1)
+            mark_others(0, 1, 0, streams);
         pd->quiet = 0;
         return;
     }
     /* region pointers in a module global: any launch may follow them */
     pd->opaque |= atomic_load_explicit(&hidden_pointers, memory_order_relaxed);
-    if (pd->n == 0 && !pd->opaque)
+    if (pd->n == 0 && !pd->opaque && !pd->others)
         return;
     uint64_t streams = 0;
     if (sh_slots_tracked()) {
@@ -494,25 +386,41 @@ static void mark_issued(void)
                              streams);
     if (pd->opaque)
         sh_pool_issued_opaque(d->pool, streams);
+    if (pd->others || (pd->opaque && ndevs() > 1))
+        mark_others(pd->others, 0, pd->opaque, streams);
     pd->n = 0;
     pd->found = 0;
     pd->opaque = 0;
     pd->any = 0;
+    pd->others = 0;
+}
+
+/* The other devices whose pools hold one of addrs[0..n), as pending.others. */
+static uint32_t others_of(const uintptr_t *addrs, size_t n)
+{
+    uint32_t others = 0;
+    for (size_t i = 0; i < n; i++) {
+        const struct sh_dev *d = sh_dev_of(addrs[i]);
+        for (int k = 1; d && d != sh_dev_main() && k < ndevs(); k++)
+            others |= (uint32_t)(sh_rt.devs[k] == d) << k;
+    }
+    return others;
 }
 
 void sh_launch_mark_work(CUstream stream, int any, const uintptr_t *ends, size_t n, int opaque)
 {
     if (!sh_active())
         return;
-    pending.n =
-        sh_pool_bases(sh_dev_main()->pool, ends, n < MAX_ADDRS ? n : MAX_ADDRS, pending.bases);
+    n = n < MAX_ADDRS ? n : MAX_ADDRS;
+    pending.n = sh_pool_bases(sh_dev_main()->pool, ends, n, pending.bases);
+    pending.others = ndevs() > 1 ? others_of(ends, n) : 0;
     pending.found = 0;
     pending.stream = stream;
     pending.any = any;
     if (opaque)
         opaque_because("a copy or call the scan cannot bound", (int)n);
     pending.opaque = opaque || hidden_pointers;
-    if (pending.n > 0 || pending.opaque)
+    if (pending.n > 0 || pending.opaque || pending.others)
         note_other(stream);
     mark_issued();
 }
@@ -532,6 +440,21 @@ void sh_launch_hide_pointers(void)
                             "every launch now counts as touching every region (slower, safe)");
 }
 
+int sh_launch_find_pointers(const void *bytes, size_t n, uintptr_t into)
+{
+    struct sh_dev *at = NULL;
+    for (int i = 0; i < ndevs(); i++) {
+        struct sh_pool *pool = sh_rt.devs[i]->pool;
+        if (!sh_pool_find_pointers(pool, bytes, n, into))
+            continue;
+        /* A table of one device's pointers in another's region. */
+        if (ndevs() > 1 && (at = sh_dev_of(into)) && at != sh_rt.devs[i])
+            sh_pool_mark_pointers(at->pool, into);
+        return 1;
+    }
+    return 0;
+}
+
 void sh_launch_mark_upload_rows(const void *dst, size_t dpitch, const void *src, size_t spitch,
                                 size_t width, size_t rows)
 {
@@ -539,14 +462,13 @@ void sh_launch_mark_upload_rows(const void *dst, size_t dpitch, const void *src,
         return;
     uintptr_t d = (uintptr_t)dst;
     const char *s = src;
-    struct sh_pool *pool = sh_dev_main()->pool;
     size_t y = 0;
-    while (y < rows && !sh_pool_find_pointers(pool, s + y * spitch, width, d + y * dpitch))
+    while (y < rows && !sh_launch_find_pointers(s + y * spitch, width, d + y * dpitch))
         y++;
     if (y == rows)
         return;
     size_t span = dpitch * (rows - 1) + width;
-    if (sh_pool_lookup(pool, d, NULL) != 0)
+    if (!sh_dev_of(d))
         add_ptr_range(d, d + span);
     /* A module global whose address the program took: kernels read it
      * without naming it (globals.c), as after cudaMemcpyToSymbol. */
@@ -572,9 +494,10 @@ void sh_launch_mark_upload(const void *dst, const void *src, size_t n)
  * first, then evicted ones are restored. u is what sh_pool_use found at t0
  * (a commit makes its host count stale: counted again). Returns the
  * microseconds the launch waited, 0 if none. */
-static inline __attribute__((always_inline)) uint64_t
-make_resident(struct sh_dev *d, const uintptr_t *addrs, size_t n, const struct sh_pool_use *u,
-              uint64_t t0)
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
+static ALWAYS_INLINE uint64_t make_resident(struct sh_dev *d, const uintptr_t *addrs, size_t n,
+                                            const struct sh_pool_use *u, uint64_t t0)
 {
     size_t host = u->host_bytes, committed = 0;
     if (sh_pool_moving(d->pool)) /* else no prefetch is in flight to wait for */
@@ -599,47 +522,79 @@ void sh_launch_make_resident(const uintptr_t *addrs, size_t n)
     make_resident(d, vals, n, &u, t0);
 }
 
-/* sh_launch_prepare(), inline in the launch path (each launch runs it). */
-static inline __attribute__((always_inline)) void launch_prepare(uint64_t kernel, uintptr_t *vals,
-                                                                 size_t n)
+/* A launch's regions on device d, vals[0..n) its candidates (overwritten:
+ * those in d's regions stay): their use recorded in u (found at t0), the
+ * evicted ones brought back (not while a capture is under way), d's
+ * scheduler told (not of a launch that uses none, unless d is the main
+ * device). Returns how many candidates point into d's regions. */
+static ALWAYS_INLINE size_t prepare_on(struct sh_dev *d, uint64_t kernel, uint64_t stream,
+                                       uintptr_t *vals, size_t n, uint64_t t0,
+                                       struct sh_pool_use *u)
 {
-    struct sh_dev *d = sh_dev_main();
-    atomic_fetch_add(&sh_rt.launches, 1);
-    sh_timing_begin();
-    /* Found straight into the launch being issued: its issue stamps go to
-     * these regions. */
-    uintptr_t *bases = pending.bases;
-    struct sh_pool_use u = {.bases = bases, .regions = pending.regions};
-    uint64_t t0 = sh_clock_us();
-    n = sh_pool_use(d->pool, vals, n < MAX_ADDRS ? n : MAX_ADDRS, t0, &u);
-    uint64_t stream = sh_stream_key(pending.stream); /* as allocations name it */
-    pending.n = u.nbases;
-    pending.found = 1;
-    pending.gen = u.gen;
-    if (u.ptrs) { /* a region of pointers: the kernel may follow them anywhere */
-        opaque_because("a region that holds pointers", (int)u.nbases);
+    const uintptr_t *bases = u->bases;
+    n = sh_pool_use(d->pool, vals, n, t0, u);
+    if (u->ptrs) { /* a region of pointers: the kernel may follow them anywhere */
+        opaque_because("a region that holds pointers", (int)u->nbases);
         pending.opaque = 1;
     }
+    if (n == 0 && d != sh_dev_main())
+        return 0;
     if (n > 0 && sh_capturing()) {
         /* A remap would drain the device and break the capture: the
          * captured launch will find the region where it is when it runs.
          * A launch on a stream that does not capture (another thread
          * captures) runs now, on the host mappings: it keeps the stamps
          * set above, so no move in flight misses it. */
-        if (u.host_bytes)
+        if (u->host_bytes)
             atomic_fetch_add(&d->engine.deferred, 1);
-        sh_sched_launch(d, kernel, stream, bases, u.nbases);
-        return;
+        sh_sched_launch(d, kernel, stream, bases, u->nbases);
+        return n;
     }
-    uint64_t waited = n > 0 ? make_resident(d, vals, n, &u, t0) : 0;
+    uint64_t waited = n > 0 ? make_resident(d, vals, n, u, t0) : 0;
     if (waited) {
-        sh_sched_launch(d, kernel, stream, bases, u.nbases);
+        sh_sched_launch(d, kernel, stream, bases, u->nbases);
         sh_sched_stall(d, bases[0], waited);
-        sh_sched_plan(d, bases, u.nbases);
+        sh_sched_plan(d, bases, u->nbases);
     } else {
-        sh_sched_launch_plan(d, kernel, stream, bases, u.nbases);
+        sh_sched_launch_plan(d, kernel, stream, bases, u->nbases);
     }
-    sh_timing_issue();
+    return n;
+}
+
+/* The launch's regions on the devices other than the main one; those it
+ * uses go to pending.others. */
+static void prepare_others(uint64_t kernel, uint64_t stream, const uintptr_t *vals, size_t n,
+                           uint64_t t0)
+{
+    uintptr_t mine[MAX_ADDRS], bases[MAX_ADDRS];
+    for (int i = 1; i < ndevs(); i++) {
+        struct sh_pool_use u = {.bases = bases};
+        memcpy(mine, vals, n * sizeof *vals);
+        if (prepare_on(sh_rt.devs[i], kernel, stream, mine, n, t0, &u) > 0)
+            pending.others |= 1u << i;
+    }
+}
+
+/* sh_launch_prepare(), inline in the launch path (each launch runs it). */
+static ALWAYS_INLINE void launch_prepare(uint64_t kernel, uintptr_t *vals, size_t n)
+{
+    struct sh_dev *d = sh_dev_main();
+    atomic_fetch_add(&sh_rt.launches, 1);
+    sh_timing_begin();
+    uint64_t t0 = sh_clock_us();
+    uint64_t stream = sh_stream_key(pending.stream); /* as allocations name it */
+    n = n < MAX_ADDRS ? n : MAX_ADDRS;
+    if (ndevs() > 1) /* before the main device's pass keeps only its own */
+        prepare_others(kernel, stream, vals, n, t0);
+    /* Found straight into the launch being issued: its issue stamps go to
+     * these regions. */
+    struct sh_pool_use u = {.bases = pending.bases, .regions = pending.regions};
+    n = prepare_on(d, kernel, stream, vals, n, t0, &u);
+    pending.n = u.nbases;
+    pending.found = 1;
+    pending.gen = u.gen;
+    if (n == 0 || !sh_capturing()) /* an event now could join the capture */
+        sh_timing_issue();
 }
 
 void sh_launch_prepare(uint64_t kernel, uintptr_t *vals, size_t n)
@@ -664,9 +619,11 @@ static void prepare(const void *key, int kind, void **args)
  * first eviction, which costs speed at worst. */
 static int quiet_launch(void)
 {
-    struct sh_dev *d = sh_dev_main();
-    if (!sh_sched_quiet(d) || sh_engine_armed(&d->engine) || sh_capturing())
+    if (!sh_quiet() || sh_capturing())
         return 0;
+    for (int i = 0; i < ndevs(); i++)
+        if (sh_engine_armed(&sh_rt.devs[i]->engine))
+            return 0;
     atomic_fetch_add_explicit(&sh_rt.launches, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&unscanned, 1, memory_order_relaxed);
     return 1;
@@ -685,6 +642,7 @@ static int pending_begin(CUstream stream, int graph)
     pd->n = 0;
     pd->found = 0;
     pd->opaque = 0;
+    pd->others = 0;
     pd->graph = graph;
     pd->quiet = quiet_launch();
     return pd->quiet;
@@ -738,21 +696,5 @@ int sh_launch_busy(void)
 
 int sh_launch_init(void)
 {
-    layouts = calloc(LAYOUTS, sizeof *layouts);
-    if (!layouts)
-        return -1;
-    real_get_func =
-        (__typeof__(cudaGetFuncBySymbol) *)sh_dl_lookup(RTLD_NEXT, "cudaGetFuncBySymbol");
-    const struct sh_driver *d = &sh_rt.drv;
-    func_param_info =
-        (__typeof__(func_param_info))sh_driver_optional(d, "cuFuncGetParamInfo", 12040);
-    kernel_param_info =
-        (__typeof__(kernel_param_info))sh_driver_optional(d, "cuKernelGetParamInfo", 12040);
-    func_get_name = (__typeof__(func_get_name))sh_driver_optional(d, "cuFuncGetName", 12030);
-    kernel_get_name = (__typeof__(kernel_get_name))sh_driver_optional(d, "cuKernelGetName", 12030);
-    sh_modules_keep_images(!func_param_info);
-    if (!func_param_info)
-        sh_log(SH_LOG_INFO, "the driver has no cuFuncGetParamInfo: reading parameter layouts "
-                            "from module images");
-    return 0;
+    return sh_layouts_init();
 }

@@ -1,19 +1,20 @@
 /* peermap.c — what several devices in one process ask of the library's
  * mappings and drains.
  *
- * Regions live on the managed device as VMM mappings, whose access only
+ * Regions live on the managed devices as VMM mappings, whose access only
  * cuMemSetAccess grants: peer access (cuCtxEnablePeerAccess) opens
  * cudaMalloc memory to another device but, as CUDA defines it, not VMM
- * memory. So a program's peer access to the managed device is turned here
+ * memory. So a program's peer access to a managed device is turned here
  * into access for the peer device on every mapping the library has made
- * (the table below), and on every one it makes later (sh_peers_mapped,
- * from vmm_map); disabling the last link from a device takes it away. A
- * peer's kernels can then use regions, and a copy on any device's stream
- * can, so a drain waits for those contexts too, after the managed one
- * (sh_peers_sync): the contexts that opened the managed device, those
- * whose streams issued work on regions (sh_peers_note), and, with one
- * device as with several, those the program created on the managed device
- * (sh_peers_own, contexts.c), whose kernels reach every region.
+ * on it (the table below, each mapping with its device), and on every one
+ * it makes later (sh_peers_mapped, from vmm_map); disabling the last link
+ * from a device to it takes that away. A peer's kernels can then use
+ * regions, and a copy on any device's stream can, so a drain waits for
+ * those contexts too, after its own device's (sh_peers_sync): the
+ * contexts that opened a managed device, those whose streams issued work
+ * on regions (sh_peers_note), those the program created on a managed
+ * device (sh_peers_own, contexts.c), whose kernels reach every region, and
+ * with several managed devices each one's own context.
  *
  * With one device in the process (several = 0) no mapping is listed and
  * vmm_map sets the managed device's access alone, as before; a drain then
@@ -49,11 +50,13 @@ struct link {
 struct maprec {
     uintptr_t va; /* 0: empty; TOMB: removed */
     size_t size;
+    int dev; /* the device it is on */
 };
 #define TOMB ((uintptr_t)1)
 
 static pthread_mutex_t peers_mu = PTHREAD_MUTEX_INITIALIZER;
-static int managed = -1, several;
+static uint64_t managed; /* bit d: device d is managed (d < MAX_DEVS) */
+static int several;
 static struct link links[MAX_LINKS];
 static size_t nlinks;
 static struct maprec *maps;
@@ -85,12 +88,12 @@ static size_t map_find(uintptr_t va)
     return mcap;
 }
 
-static void map_put(struct maprec *tab, size_t cap, uintptr_t va, size_t size)
+static void map_put(struct maprec *tab, size_t cap, struct maprec rec)
 {
-    size_t h = slot_of(va, cap);
+    size_t h = slot_of(rec.va, cap);
     while (tab[h].va != 0 && tab[h].va != TOMB)
         h = (h + 1) & (cap - 1);
-    tab[h] = (struct maprec){va, size};
+    tab[h] = rec;
 }
 
 /* Room for one more record, rehashed without tombstones when half full;
@@ -107,7 +110,7 @@ static int map_reserve(void)
         return -1;
     for (size_t i = 0; i < mcap; i++)
         if (maps[i].va > TOMB)
-            map_put(tab, cap, maps[i].va, maps[i].size);
+            map_put(tab, cap, maps[i]);
     free(maps);
     maps = tab;
     mcap = cap;
@@ -115,11 +118,12 @@ static int map_reserve(void)
     return 0;
 }
 
-static int map_add(uintptr_t va, size_t size)
+static int map_add(int dev, uintptr_t va, size_t size)
 {
     size_t i = map_find(va);
     if (i < mcap) {
         maps[i].size = size;
+        maps[i].dev = dev;
         return 0;
     }
     if (map_reserve() != 0)
@@ -128,7 +132,7 @@ static int map_add(uintptr_t va, size_t size)
     while (maps[h].va > TOMB)
         h = (h + 1) & (mcap - 1);
     mused += maps[h].va == 0;
-    maps[h] = (struct maprec){va, size};
+    maps[h] = (struct maprec){va, size, dev};
     mlive++;
     return 0;
 }
@@ -144,22 +148,28 @@ static void map_del(uintptr_t va)
 
 /* ---- links and grants ---- */
 
-/* How many links let device `from` reach the managed device. mu held. */
-static int opened(int from)
+static int is_managed(int dev)
+{
+    return dev >= 0 && dev < MAX_DEVS && (managed >> dev & 1);
+}
+
+/* How many links let device `from` reach device `to`. mu held. */
+static int opened(int from, int to)
 {
     int n = 0;
     for (size_t i = 0; i < nlinks; i++)
-        n += links[i].from == from && links[i].to == managed;
+        n += links[i].from == from && links[i].to == to;
     return n;
 }
 
-/* Sets dev's access on every listed mapping. mu held. */
-static void set_all(const struct sh_driver *drv, int dev, CUmemAccess_flags flags)
+/* Sets dev's access on every listed mapping on device `to`. mu held. */
+static void set_all(const struct sh_driver *drv, int dev, int to, CUmemAccess_flags flags)
 {
     CUmemAccessDesc d = {{CU_MEM_LOCATION_TYPE_DEVICE, dev}, flags};
     size_t failed = 0;
     for (size_t i = 0; i < mcap; i++)
-        if (maps[i].va > TOMB && drv->cuMemSetAccess(maps[i].va, maps[i].size, &d, 1) != 0)
+        if (maps[i].va > TOMB && maps[i].dev == to &&
+            drv->cuMemSetAccess(maps[i].va, maps[i].size, &d, 1) != 0)
             failed++;
     if (failed)
         sh_log(SH_LOG_WARN,
@@ -189,11 +199,26 @@ static void add_other(CUcontext c)
     atomic_store_explicit(&waited, nothers, memory_order_relaxed);
 }
 
-void sh_peers_init(CUdevice dev, int several_devices)
+/* The managed devices' contexts: with two or more, each is one of the
+ * others the rest wait for (a kernel of one may use another's regions
+ * through peer access, a copy on its stream may read them). mu held. */
+static CUcontext managed_ctx[MAX_DEVS];
+
+void sh_peers_manage(CUdevice dev, CUcontext ctx, int several_devices)
 {
     pthread_mutex_lock(&peers_mu);
-    managed = (int)dev;
+    if ((int)dev >= 0 && (int)dev < MAX_DEVS) {
+        managed |= 1ull << (int)dev;
+        managed_ctx[(int)dev] = ctx;
+    }
+    for (size_t i = 0; i < nlinks; i++) /* links to it made before */
+        if (links[i].to == (int)dev)
+            add_other(links[i].ctx);
     several = several_devices;
+    if (__builtin_popcountll(managed) > 1)
+        for (int d = 0; d < MAX_DEVS; d++)
+            if (managed_ctx[d])
+                add_other(managed_ctx[d]);
     pthread_mutex_unlock(&peers_mu);
 }
 
@@ -202,7 +227,7 @@ void sh_peers_link(const struct sh_driver *drv, CUcontext ctx, int from, int to,
     if (!ctx || from < 0 || to < 0 || from == to)
         return;
     pthread_mutex_lock(&peers_mu);
-    int before = opened(from);
+    int before = opened(from, to);
     size_t i = 0;
     while (i < nlinks && !(links[i].ctx == ctx && links[i].to == to))
         i++;
@@ -216,11 +241,11 @@ void sh_peers_link(const struct sh_driver *drv, CUcontext ctx, int from, int to,
     else if (!on && i < nlinks)
         links[i] = links[--nlinks];
     /* Kept after a disable: work it issued before may still run. */
-    if (on && (managed < 0 || to == managed))
+    if (on && (!managed || is_managed(to)))
         add_other(ctx);
-    int after = opened(from);
-    if (several && managed >= 0 && from < MAX_DEVS && (before > 0) != (after > 0))
-        set_all(drv, from,
+    int after = opened(from, to);
+    if (several && is_managed(to) && from < MAX_DEVS && (before > 0) != (after > 0))
+        set_all(drv, from, to,
                 after ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_NONE);
     pthread_mutex_unlock(&peers_mu);
 }
@@ -234,7 +259,7 @@ static size_t access_list(CUdevice dev, CUmemAccessDesc *d)
         (CUmemAccessDesc){{CU_MEM_LOCATION_TYPE_DEVICE, dev}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
     for (size_t i = 0; i < nlinks; i++) {
         int f = links[i].from;
-        if (links[i].to != managed || f >= MAX_DEVS || f == (int)dev || seen[f])
+        if (links[i].to != (int)dev || f >= MAX_DEVS || f == (int)dev || seen[f])
             continue;
         seen[f] = 1;
         d[n++] =
@@ -248,7 +273,7 @@ CUresult sh_peers_mapped(const struct sh_driver *drv, CUdevice dev, uintptr_t va
     CUmemAccessDesc d[MAX_DEVS + 1];
     pthread_mutex_lock(&peers_mu);
     CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
-    if (map_add(va, size) == 0) {
+    if (map_add((int)dev, va, size) == 0) {
         r = drv->cuMemSetAccess((CUdeviceptr)va, size, d, access_list(dev, d));
         if (r != CUDA_SUCCESS)
             map_del(va);
@@ -257,10 +282,10 @@ CUresult sh_peers_mapped(const struct sh_driver *drv, CUdevice dev, uintptr_t va
     return r;
 }
 
-void sh_peers_listed(uintptr_t va, size_t size, int listed)
+void sh_peers_listed(CUdevice dev, uintptr_t va, size_t size, int listed)
 {
     pthread_mutex_lock(&peers_mu);
-    if (listed && map_add(va, size) != 0)
+    if (listed && map_add((int)dev, va, size) != 0)
         sh_log(SH_LOG_ERROR, "out of memory listing a mapping: peer access changes will "
                              "not reach it");
     else if (!listed)
@@ -289,7 +314,7 @@ void sh_peers_note(CUcontext ctx)
 void sh_peers_own(CUcontext ctx, int dev)
 {
     pthread_mutex_lock(&peers_mu);
-    if (managed < 0 || dev == managed)
+    if (!managed || is_managed(dev))
         add_other(ctx);
     pthread_mutex_unlock(&peers_mu);
 }
@@ -333,6 +358,11 @@ int sh_peers_waiting(void)
  * happens before the work it is for passes the gate. */
 void sh_peers_sync(const struct sh_driver *drv)
 {
+    sh_peers_sync_except(drv, drv->ctx);
+}
+
+void sh_peers_sync_except(const struct sh_driver *drv, CUcontext done)
+{
     if (!sh_peers_waiting())
         return;
     CUcontext batch[SYNC_BATCH], popped;
@@ -344,7 +374,7 @@ void sh_peers_sync(const struct sh_driver *drv)
             batch[n] = others[at + n];
         pthread_mutex_unlock(&peers_mu);
         for (size_t i = 0; i < n; i++) {
-            if (batch[i] == drv->ctx || drv->cuCtxPushCurrent(batch[i]) != CUDA_SUCCESS)
+            if (batch[i] == done || drv->cuCtxPushCurrent(batch[i]) != CUDA_SUCCESS)
                 continue;
             drv->cuCtxSynchronize();
             drv->cuCtxPopCurrent(&popped);

@@ -10,15 +10,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* sh_peers_init: the managed device, and whether the process sees more
- * than one (several = 0: nothing below is used). sh_peers_link: context
- * ctx, on device from, enabled (on = 1) or disabled peer access to device
- * to; while any link lets `from` reach the managed device, every listed
- * mapping gives it read and write access, and ctx is waited for by every
- * drain from then on. sh_peers_mapped: a mapping was just made at [va,
- * va + size): lists it and sets its access (dev, and every peer device);
- * on failure it is not listed. sh_peers_listed: lists (1) or forgets (0)
- * a mapping without touching its access. sh_peers_note: work on a stream
+/* sh_peers_manage: a device the library manages, with its context (NULL
+ * if it has none yet), and whether the process sees more
+ * than one (several = 0: nothing below is used); with two or more managed,
+ * every drain waits for each one's context. sh_peers_link: context ctx, on
+ * device from, enabled (on = 1) or disabled peer access to device to;
+ * while any link lets `from` reach a managed device, every listed mapping
+ * on it gives `from` read and write access, and ctx is waited for by every
+ * drain from then on. sh_peers_mapped: a mapping was just made on device
+ * dev at [va, va + size): lists it and sets its access (dev, and every
+ * device with a link to dev); on failure it is not listed.
+ * sh_peers_listed: lists (1) or forgets (0) a mapping on dev without
+ * touching its access. sh_peers_note: work on a stream
  * of ctx used regions: drains wait for ctx from now on. sh_peers_own: the
  * program created ctx on device dev: on the managed device (or before it
  * is known), drains wait for it from now on, with one device as with
@@ -26,13 +29,13 @@
  * meanwhile, and no drain waits for the noted ones; sh_peers_forget, in
  * between: ctx is destroyed, drains no longer wait for it (and
  * sh_peers_generation changes). sh_peers_waiting: whether any context but
- * the managed one is noted (one relaxed load). sh_peers_sync: waits for
- * every noted context but drv->ctx (their errors ignored); nothing to do
- * when none is noted. */
-void sh_peers_init(CUdevice dev, int several);
+ * the managed one is noted (one relaxed load). sh_peers_sync_except: waits
+ * for every noted context but `done` (their errors ignored); nothing to do
+ * when none is noted. sh_peers_sync: the same but drv->ctx. */
+void sh_peers_manage(CUdevice dev, CUcontext ctx, int several);
 void sh_peers_link(const struct sh_driver *drv, CUcontext ctx, int from, int to, int on);
 CUresult sh_peers_mapped(const struct sh_driver *drv, CUdevice dev, uintptr_t va, size_t size);
-void sh_peers_listed(uintptr_t va, size_t size, int listed);
+void sh_peers_listed(CUdevice dev, uintptr_t va, size_t size, int listed);
 size_t sh_peers_mappings(void);
 void sh_peers_note(CUcontext ctx);
 void sh_peers_own(CUcontext ctx, int dev);
@@ -41,5 +44,6 @@ void sh_peers_forget(CUcontext ctx);
 unsigned sh_peers_generation(void);
 int sh_peers_waiting(void);
 void sh_peers_sync(const struct sh_driver *drv);
+void sh_peers_sync_except(const struct sh_driver *drv, CUcontext done);
 
 #endif

@@ -119,9 +119,8 @@ static void room_set_caps(void *ctx, unsigned max_d2h, unsigned max_h2d)
         sh_xfer_set_caps(d->xfer, max_d2h, max_h2d);
 }
 
-void sh_room_init(struct sh_dev *d)
+void sh_room_init(struct sh_dev *d, const struct sh_config *c)
 {
-    const struct sh_config *c = &sh_rt.cfg;
     const struct sh_engine_cfg cfg = {
         .card = d->card_bytes,
         .budget = c->budget.vram_budget.bytes,

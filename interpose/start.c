@@ -69,7 +69,7 @@ static int open_device(struct sh_dev *dv)
         if (d->cuDeviceGetCount(&n) != CUDA_SUCCESS)
             n = 0;
     d->several = n != 1;
-    sh_peers_init(dv->dev, d->several);
+    sh_peers_manage(dv->dev, dv->ctx, d->several);
     if (!attribute(dv, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)) {
         sh_log(SH_LOG_WARN, "device %d has no virtual memory management; passing through", dev);
         return SH_EDRIVER;
@@ -112,14 +112,28 @@ static int open_pool(struct sh_dev *dv)
     return sh_pool_create(&p, &vmm, &fences, &dv->pool);
 }
 
-static int node_reserve(void *ctx, size_t bytes)
+/* Every device's host slabs come out of one budget: the process's
+ * ([budget] host_ram_budget_mb), and the node's when there is one. */
+static atomic_size_t host_pinned;
+
+static int host_reserve(void *ctx, size_t bytes)
 {
-    return sh_node_reserve(ctx, bytes);
+    (void)ctx;
+    size_t was = atomic_fetch_add(&host_pinned, bytes);
+    if (was + bytes > sh_rt.cfg.budget.host_ram_budget.bytes ||
+        (sh_rt.node && sh_node_reserve(sh_rt.node, bytes) != 0)) {
+        atomic_fetch_sub(&host_pinned, bytes);
+        return -1;
+    }
+    return 0;
 }
 
-static void node_release(void *ctx, size_t bytes)
+static void host_release(void *ctx, size_t bytes)
 {
-    sh_node_release(ctx, bytes);
+    (void)ctx;
+    if (sh_rt.node)
+        sh_node_release(sh_rt.node, bytes);
+    atomic_fetch_sub(&host_pinned, bytes);
 }
 
 /* [budget] host_ram_scope = node, or auto in a job of several ranks: this
@@ -164,8 +178,7 @@ static int try_mover(struct sh_dev *dv)
                                     .ram_budget = c->budget.host_ram_budget.bytes,
                                     .prepin = c->pool.prepin.bytes,
                                     .grow_in_background = c->pool.grow_in_background};
-    if (sh_rt.node)
-        hp.share = (struct sh_hostpool_share){node_reserve, node_release, sh_rt.node};
+    hp.share = (struct sh_hostpool_share){host_reserve, host_release, NULL};
     hp.nclasses = c->pool.classes_mb.n;
     for (unsigned i = 0; i < hp.nclasses && i < SH_HOSTPOOL_MAX_CLASSES; i++) {
         hp.class_bytes[i] = (size_t)c->pool.classes_mb.v[i] << 20;
@@ -195,7 +208,9 @@ static void open_mover(struct sh_dev *dv)
                             "eviction is off");
         return;
     }
-    open_node();
+    static int node_tried; /* once per process: the main device's start */
+    if (!node_tried++)
+        open_node();
     int rc = SH_EDRIVER;
     for (int i = 0; rc != SH_OK && i < START_TRIES; i++)
         rc = try_mover(dv);
@@ -224,6 +239,21 @@ static void open_mover(struct sh_dev *dv)
     sh_pool_set_mover(dv->pool, &m);
 }
 
+/* [general] devices = all: a pointer in one device's memory to another's
+ * regions is not traced yet, and prefetches and a tracked drain rely on
+ * seeing every access, so they are off; a move then happens only in a
+ * window after every device's work has finished, whatever it touches. */
+static void several_devices_only_safe_moves(struct sh_config *c)
+{
+    if (c->general.devices != SH_CONFIG_DEVICES_ALL ||
+        (!c->policy.prefetch_enabled && c->transfer.drain_mode == SH_CONFIG_DRAIN_DEVICE))
+        return;
+    c->policy.prefetch_enabled = 0;
+    c->transfer.drain_mode = SH_CONFIG_DRAIN_DEVICE;
+    sh_log(SH_LOG_INFO, "[general] devices = all: prefetch_enabled = false and drain_mode = "
+                        "device (pointers between devices' memory are not traced yet)");
+}
+
 static void init(void)
 {
     struct sh_dev *dv = &main_dev;
@@ -240,6 +270,7 @@ static void init(void)
         fprintf(stderr, "stagehand: %s\n", err);
         _exit(1); /* the first allocation has not happened yet */
     }
+    several_devices_only_safe_moves(&sh_rt.cfg);
     /* What is set up now (copy streams, events) belongs to the managed
      * device, whichever the program has current. */
     CUcontext popped;
@@ -254,7 +285,7 @@ static void init(void)
         return;
     }
     open_mover(dv);
-    sh_room_init(dv);
+    sh_room_init(dv, &sh_rt.cfg);
     sh_rt.devs[0] = dv; /* the main device: the scheduler keeps the trace there */
     if (sh_sched_init(dv) != SH_OK) {
         sh_log(SH_LOG_WARN, "cannot set up the scheduler; passing all calls through");
@@ -269,7 +300,10 @@ static void init(void)
     char summary[512];
     sh_config_summary(&sh_rt.cfg, summary, sizeof summary);
     sh_log(SH_LOG_INFO, "managing allocations on device %d%s: %s", dv->ordinal,
-           sh_rt.drv.several ? " (other devices pass through)" : "", summary);
+           !sh_rt.drv.several                                   ? ""
+           : sh_rt.cfg.general.devices == SH_CONFIG_DEVICES_ALL ? " (the others once used)"
+                                                                : " (other devices pass through)",
+           summary);
     sh_torch_check_env();
     atomic_store(&sh_rt.managed, 1);
 }
@@ -298,7 +332,90 @@ struct sh_dev *sh_managed_here(void)
         return NULL;
     if (!sh_real()->cudaGetDevice)
         return &main_dev;
-    return sh_real()->cudaGetDevice(&dev) == cudaSuccess ? sh_dev_ordinal(dev) : NULL;
+    return sh_real()->cudaGetDevice(&dev) == cudaSuccess ? sh_dev_open(dev) : NULL;
+}
+
+/* ---- the other devices, with [general] devices = all ---- */
+
+static pthread_mutex_t open_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t refused; /* devices that could not be brought up (bit: ordinal) */
+
+/* Device ordinal's context, card, and configuration resolved for it (its
+ * budget and watermarks are of its own card). open_mu held. */
+static int other_device(struct sh_dev *dv, int ordinal, struct sh_config *c)
+{
+    struct sh_driver *d = &sh_rt.drv;
+    char err[SH_CONFIG_ERR_MAX];
+    dv->ordinal = ordinal;
+    if (d->cuDeviceGet(&dv->dev, ordinal) != CUDA_SUCCESS ||
+        d->cuDevicePrimaryCtxRetain(&dv->ctx, dv->dev) != CUDA_SUCCESS ||
+        d->cuDeviceTotalMem(&dv->card_bytes, dv->dev) != CUDA_SUCCESS) {
+        sh_log(SH_LOG_WARN, "device %d: the driver cannot open it; its memory is not managed",
+               ordinal);
+        return SH_EDRIVER;
+    }
+    if (!attribute(dv, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)) {
+        sh_log(SH_LOG_WARN,
+               "device %d has no virtual memory management; its memory is not "
+               "managed",
+               ordinal);
+        return SH_EDRIVER;
+    }
+    *c = sh_rt.cfg;
+    if (sh_config_resolve(c, dv->card_bytes, host_ram(), err, sizeof err) != 0) {
+        sh_log(SH_LOG_WARN, "device %d: %s; its memory is not managed", ordinal, err);
+        return SH_EDRIVER;
+    }
+    sh_driver_dev_init(&dv->drvdev, d, dv->dev, dv->ctx);
+    return SH_OK;
+}
+
+/* Brings up device ordinal beside the main one, as init does, and
+ * publishes it; open_mu held. */
+static struct sh_dev *open_other(int ordinal)
+{
+    struct sh_dev *dv = calloc(1, sizeof *dv);
+    struct sh_config *c = malloc(sizeof *c);
+    CUcontext popped;
+    int rc = dv && c ? other_device(dv, ordinal, c) : SH_ENOMEM;
+    if (rc == SH_OK && sh_rt.drv.cuCtxPushCurrent(dv->ctx) != CUDA_SUCCESS)
+        rc = SH_EDRIVER;
+    else if (rc == SH_OK) {
+        if ((rc = open_pool(dv)) == SH_OK) {
+            open_mover(dv);
+            sh_room_init(dv, c);
+            rc = sh_sched_init(dv);
+        }
+        sh_rt.drv.cuCtxPopCurrent(&popped);
+    }
+    free(c);
+    if (rc != SH_OK) {
+        sh_log(SH_LOG_WARN, "device %d: cannot set up its pool; its memory is not managed",
+               ordinal);
+        return NULL; /* dv is kept: a pool that came up may have mappings */
+    }
+    sh_peers_manage(dv->dev, dv->ctx, sh_rt.drv.several);
+    int n = atomic_load_explicit(&sh_rt.ndevs, memory_order_relaxed);
+    sh_rt.devs[n] = dv;
+    atomic_store_explicit(&sh_rt.ndevs, n + 1, memory_order_release);
+    sh_log(SH_LOG_INFO, "managing allocations on device %d too (%llu MB budget)", ordinal,
+           (unsigned long long)(dv->engine.cfg.budget >> 20));
+    return dv;
+}
+
+struct sh_dev *sh_dev_open(int ordinal)
+{
+    struct sh_dev *d = sh_dev_ordinal(ordinal);
+    if (d || sh_rt.cfg.general.devices != SH_CONFIG_DEVICES_ALL || ordinal < 0 || ordinal >= 64 ||
+        !sh_active())
+        return d;
+    pthread_mutex_lock(&open_mu);
+    d = sh_dev_ordinal(ordinal);
+    if (!d && !(refused >> ordinal & 1) && atomic_load(&sh_rt.ndevs) < SH_DEVICES_MAX &&
+        !(d = open_other(ordinal)))
+        refused |= 1ull << ordinal;
+    pthread_mutex_unlock(&open_mu);
+    return d;
 }
 
 /* Why nothing more could be evicted, for the out-of-memory line. */

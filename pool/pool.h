@@ -387,6 +387,9 @@ void sh_pool_scan_pause(struct sh_pool *pool, int paused);
  * region, and then the region containing into, if any, is marked as
  * holding pointers; else 0. */
 size_t sh_pool_find_pointers(struct sh_pool *pool, const void *bytes, size_t n, uintptr_t into);
+/* The region at into holds pointers that another pool's scan found (its
+ * regions' addresses). */
+void sh_pool_mark_pointers(struct sh_pool *pool, uintptr_t into);
 /* Every region ever indexed lies in [*lo, *hi) (empty when *hi <= *lo): a
  * value outside points into none, without a lookup. */
 void sh_pool_bounds(struct sh_pool *pool, uintptr_t *lo, uintptr_t *hi);

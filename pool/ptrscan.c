@@ -142,6 +142,11 @@ static void mark(struct sh_pool *pool, uintptr_t into)
     sh_rw_unlock(&pool->index_lock);
 }
 
+void sh_pool_mark_pointers(struct sh_pool *pool, uintptr_t into)
+{
+    mark(pool, into);
+}
+
 size_t sh_pool_find_pointers(struct sh_pool *pool, const void *bytes, size_t n, uintptr_t into)
 {
     if (!holds_pointer(pool, bytes, n))

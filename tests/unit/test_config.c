@@ -93,6 +93,7 @@ static void assert_defaults(const struct sh_config *c)
     assert_int_equal(c->transfer.max_inflight_d2h, 2);
     assert_int_equal(c->transfer.max_inflight_h2d, 2);
     assert_int_equal(c->transfer.drain_mode, SH_CONFIG_DRAIN_DEVICE);
+    assert_int_equal(c->general.devices, SH_CONFIG_DEVICES_ONE);
     assert_int_equal(c->transfer.batch_max, 16);
     assert_int_equal(c->policy.eviction, SH_CONFIG_EVICT_LEARNED);
     assert_int_equal(c->policy.prefetch_window, 64);
@@ -158,9 +159,9 @@ static void test_shipped_ini(void **state)
         assert_non_null(ki.unit);
         assert_non_null(ki.help);
     }
-    assert_int_equal(i, 42);
+    assert_int_equal(i, 43);
     assert_int_equal(sh_config_key_at(i, &ki), SH_ENOTFOUND);
-    assert_origin(&c, "budget", "vram_budget_mb", "stagehand.ini:63");
+    assert_origin(&c, "budget", "vram_budget_mb", "stagehand.ini:67");
 }
 
 static void test_good_percent(void **state)
@@ -417,6 +418,15 @@ static void test_device_values(void **state)
     assert_int_equal(c.general.device, -1);
     assert_int_equal(sh_config_origin(&c, "general", "device", sum, sizeof sum), 0);
     assert_string_equal(sum, "x.ini:2");
+    /* which devices: one (the default) or all */
+    assert_int_equal(c.general.devices, SH_CONFIG_DEVICES_ONE);
+    assert_int_equal(
+        sh_config_load_string(&c, "x.ini", "[general]\ndevices = all\n", err, sizeof err), 0);
+    assert_int_equal(c.general.devices, SH_CONFIG_DEVICES_ALL);
+    assert_int_not_equal(
+        sh_config_load_string(&c, "x.ini", "[general]\ndevices = 2\n", err, sizeof err), 0);
+    assert_string_equal(err, "x.ini:2: devices: must be one of one, all (got \"2\")");
+    assert_int_equal(c.general.devices, SH_CONFIG_DEVICES_ALL); /* left as it was */
 }
 
 static void test_bad_strings(void **state)

@@ -10,7 +10,9 @@
  * mappings through removals; drains wait for each noted context once,
  * never the managed one, past failures, in any number; and for each
  * context the program created on the managed device until it is
- * destroyed; with nothing noted they wait for nothing. The module's state
+ * destroyed; with nothing noted they wait for nothing. With a second
+ * managed device, links and grants are per device and each device's drain
+ * waits for the other's context. The module's state
  * is the process's, so the tests run in order and each undoes its links.
  */
 #include <stdarg.h>
@@ -144,7 +146,7 @@ static void link_before_start(void **state)
     (void)state;
     sh_peers_link(&drv, ctx(0), 0, MANAGED, 1);
     assert_int_equal(ncalls, 0);
-    sh_peers_init(MANAGED, 1);
+    sh_peers_manage(MANAGED, NULL, 1);
     assert_int_equal(sh_peers_mapped(&drv, MANAGED, 0x200000, 0x200000), CUDA_SUCCESS);
     const struct call *c = call_at(0x200000);
     assert_int_equal(c->count, 2);
@@ -156,7 +158,7 @@ static void link_before_start(void **state)
     reset_calls();
     sh_peers_link(&drv, ctx(0), 0, MANAGED, 0);
     assert_int_equal(call_at(0x200000)->desc[0].flags, CU_MEM_ACCESS_FLAGS_PROT_NONE);
-    sh_peers_listed(0x200000, 0x200000, 0);
+    sh_peers_listed(MANAGED, 0x200000, 0x200000, 0);
     assert_int_equal(sh_peers_mappings(), 0);
 }
 
@@ -199,14 +201,14 @@ static void first_link_grants_last_revokes(void **state)
     assert_int_equal(ncalls, 0);
 
     /* an unlisted mapping is left alone */
-    sh_peers_listed(a, 0x400000, 0);
+    sh_peers_listed(MANAGED, a, 0x400000, 0);
     sh_peers_link(&drv, ctx(0), 0, MANAGED, 1);
     assert_int_equal(ncalls, 1);
     assert_int_equal(call_at(b)->va, b);
     sh_peers_link(&drv, ctx(0), 0, MANAGED, 0);
     sh_peers_link(&drv, ctx(2), 2, 0, 0);
     sh_peers_link(&drv, ctx(MANAGED), 1, 0, 0);
-    sh_peers_listed(b, 0x200000, 0);
+    sh_peers_listed(MANAGED, b, 0x200000, 0);
     assert_int_equal(sh_peers_mappings(), 0);
 }
 
@@ -214,13 +216,13 @@ static void first_link_grants_last_revokes(void **state)
 static void one_device_grants_nothing(void **state)
 {
     (void)state;
-    sh_peers_init(MANAGED, 0);
-    sh_peers_listed(0x30000000, 0x200000, 1);
+    sh_peers_manage(MANAGED, NULL, 0);
+    sh_peers_listed(MANAGED, 0x30000000, 0x200000, 1);
     sh_peers_link(&drv, ctx(0), 0, MANAGED, 1);
     sh_peers_link(&drv, ctx(0), 0, MANAGED, 0);
     assert_int_equal(ncalls, 0);
-    sh_peers_listed(0x30000000, 0x200000, 0);
-    sh_peers_init(MANAGED, 1);
+    sh_peers_listed(MANAGED, 0x30000000, 0x200000, 0);
+    sh_peers_manage(MANAGED, NULL, 1);
 }
 
 /* A mapping whose access cannot be set is not listed. */
@@ -245,10 +247,10 @@ static void table_keeps_every_mapping(void **state)
     for (uintptr_t i = 0; i < N; i++)
         assert_int_equal(sh_peers_mapped(&drv, MANAGED, (i + 1) << 21, 1 << 21), CUDA_SUCCESS);
     for (uintptr_t i = 0; i < N; i += 2)
-        sh_peers_listed((i + 1) << 21, 1 << 21, 0);
+        sh_peers_listed(MANAGED, (i + 1) << 21, 1 << 21, 0);
     for (uintptr_t i = 0; i < N; i += 4)
-        sh_peers_listed((i + 1) << 21, 1 << 21, 1);
-    sh_peers_listed(2 << 21, 1 << 21, 1); /* listed already: still once */
+        sh_peers_listed(MANAGED, (i + 1) << 21, 1 << 21, 1);
+    sh_peers_listed(MANAGED, 2 << 21, 1 << 21, 1); /* listed already: still once */
     size_t live = N / 2 + N / 4;
     assert_int_equal(sh_peers_mappings(), live);
     reset_calls();
@@ -263,7 +265,7 @@ static void table_keeps_every_mapping(void **state)
     }
     sh_peers_link(&drv, ctx(0), 0, MANAGED, 0);
     for (uintptr_t i = 0; i < N; i++)
-        sh_peers_listed((i + 1) << 21, 1 << 21, 0);
+        sh_peers_listed(MANAGED, (i + 1) << 21, 1 << 21, 0);
     assert_int_equal(sh_peers_mappings(), 0);
 }
 
@@ -343,6 +345,61 @@ static void nothing_noted_nothing_waited(void **state)
     assert_int_equal(nsynced, 0);
 }
 
+static size_t synced_count(CUcontext c)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < nsynced; i++)
+        n += synced[i] == c;
+    return n;
+}
+
+/* A second managed device: a link to it opens its mappings only, a new
+ * mapping on either gets the devices linked to it, and each device's
+ * drain waits for the other's context (a copy on one's stream may read
+ * the other's regions). Last: the managed devices stay. */
+static void two_managed_devices(void **state)
+{
+    (void)state;
+    const int other = 3;
+    const uintptr_t x = 0x40000000, y = 0x40400000, z = 0x40800000, w = 0x40c00000;
+    sh_peers_manage(MANAGED, ctx(MANAGED), 1);
+    sh_peers_manage(other, ctx(other), 1);
+    assert_int_equal(sh_peers_mapped(&drv, other, x, 0x200000), CUDA_SUCCESS);
+    assert_int_equal(sh_peers_mapped(&drv, MANAGED, y, 0x200000), CUDA_SUCCESS);
+    assert_int_equal(flags_for(call_at(x), other), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    assert_int_equal(flags_for(call_at(x), MANAGED), -1);
+    reset_calls();
+    sh_peers_link(&drv, ctx(0), 0, other, 1); /* device 0 opens the other */
+    assert_int_equal(flags_for(call_at(x), 0), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    for (size_t i = 0; i < ncalls; i++)
+        assert_int_not_equal(calls[i].va, y); /* the main device's are not opened */
+    reset_calls();
+    assert_int_equal(sh_peers_mapped(&drv, other, z, 0x200000), CUDA_SUCCESS);
+    assert_int_equal(sh_peers_mapped(&drv, MANAGED, w, 0x200000), CUDA_SUCCESS);
+    assert_int_equal(flags_for(call_at(z), 0), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    assert_int_equal(flags_for(call_at(w), 0), -1);
+    assert_int_equal(flags_for(call_at(w), MANAGED), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+
+    reset_calls();
+    sh_peers_sync_except(&drv, ctx(other)); /* the other device's drain */
+    assert_int_equal(synced_count(ctx(MANAGED)), 1);
+    assert_int_equal(synced_count(ctx(0)), 1);
+    assert_int_equal(synced_count(ctx(other)), 0);
+    reset_calls();
+    sh_peers_sync(&drv); /* the main device's */
+    assert_int_equal(synced_count(ctx(other)), 1);
+    assert_int_equal(synced_count(ctx(MANAGED)), 0);
+
+    reset_calls();
+    sh_peers_link(&drv, ctx(0), 0, other, 0);
+    assert_int_equal(flags_for(call_at(x), 0), CU_MEM_ACCESS_FLAGS_PROT_NONE);
+    assert_int_equal(flags_for(call_at(z), 0), CU_MEM_ACCESS_FLAGS_PROT_NONE);
+    sh_peers_listed(other, x, 0x200000, 0);
+    sh_peers_listed(other, z, 0x200000, 0);
+    sh_peers_listed(MANAGED, y, 0x200000, 0);
+    sh_peers_listed(MANAGED, w, 0x200000, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -354,6 +411,7 @@ int main(void)
         cmocka_unit_test_setup(table_keeps_every_mapping, before),
         cmocka_unit_test_setup(sync_waits_for_noted_contexts, before),
         cmocka_unit_test_setup(created_contexts_waited_until_destroyed, before),
+        cmocka_unit_test_setup(two_managed_devices, before),
     };
     return cmocka_run_group_tests_name("peermap", tests, setup, NULL);
 }

@@ -1,0 +1,449 @@
+/* test_e2e_devices.c — [general] devices = all: two simulated GPUs in one
+ * process, each managed, each with its own pool and budget.
+ *
+ * Allocations on either device become regions of that device, by every
+ * path (cudaMalloc with it current, cudaMallocAsync on its stream,
+ * stagehand_malloc naming it), and report it (pointer attributes). Filling
+ * one device's budget evicts that device's regions and no other's; a
+ * kernel on each device brings its regions back with their bytes. A
+ * region of one device is freed with the other current. A kernel on
+ * device 0 works through peer access on a region of device 1 while it is
+ * evicted, and a slow one still writing it while device 1's allocations
+ * evict it is waited for, and so is a copy of it on device 0's stream,
+ * which needs no peer access. A kernel on device 0 follows a pointer, read
+ * from a table in device 0's memory, into a region of device 1 that is on
+ * the host: its write is kept. With devices = one (the default) device 1
+ * is not managed (test_e2e_peers covers that side).
+ *
+ * Every case runs in a child of its own (this program again, the case
+ * named in E2E_DEVICES_CASE): a fault is sticky to its device.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "reexec.h"
+#include "simcuda.h"
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+
+#define MiB       (1ull << 20)
+#define BUDGET_MB 64
+#define REGION_MB 8
+#define WORDS     ((REGION_MB * MiB) / 4)
+#define SLOW_US   200000 /* far longer than the allocations that follow */
+#define MAX_FILL  64
+
+static int preloaded;
+static char **saved_argv;
+static const dim3 one = {1, 1, 1};
+
+/* ---- kernels ---- */
+
+/* fill(p, n, v): p[i] = v + i */
+static void k_fill(void **a)
+{
+    uint32_t *p = *(uint32_t **)a[0];
+    size_t n = *(size_t *)a[1];
+    uint32_t v = *(uint32_t *)a[2];
+    for (size_t i = 0; i < n; i++)
+        p[i] = v + (uint32_t)i;
+}
+
+static void k_fill_slow(void **a)
+{
+    k_fill(a);
+}
+
+/* bump(p, n): p[i] = p[i] * 3 + 1 */
+static void k_bump(void **a)
+{
+    uint32_t *p = *(uint32_t **)a[0];
+    size_t n = *(size_t *)a[1];
+    for (size_t i = 0; i < n; i++)
+        p[i] = p[i] * 3 + 1;
+}
+
+/* bump_via(table, n): the same on the region whose address table[0] holds */
+static void k_bump_via(void **a)
+{
+    uint32_t *p = **(uint32_t ***)a[0];
+    size_t n = *(size_t *)a[1];
+    for (size_t i = 0; i < n; i++)
+        p[i] = p[i] * 3 + 1;
+}
+
+static int register_kernels(void)
+{
+    size_t fill[] = {sizeof(void *), sizeof(size_t), sizeof(uint32_t)};
+    size_t bump[] = {sizeof(void *), sizeof(size_t)};
+    if (simcuda_register_kernel(k_fill, "fill", 3, fill, 0) != 0 ||
+        simcuda_register_kernel(k_fill_slow, "fill_slow", 3, fill, SLOW_US) != 0 ||
+        simcuda_register_kernel(k_bump_via, "bump_via", 2, bump, 0) != 0)
+        return -1;
+    return simcuda_register_kernel(k_bump, "bump", 2, bump, 0);
+}
+
+static cudaError_t fill_on(simcuda_kernel_fn k, void *p, uint32_t v, cudaStream_t s)
+{
+    size_t n = WORDS;
+    void *args[] = {&p, &n, &v};
+    return cudaLaunchKernel((const void *)k, one, one, args, 0, s);
+}
+
+static cudaError_t launch2(simcuda_kernel_fn k, void *p)
+{
+    size_t n = WORDS;
+    void *args[] = {&p, &n};
+    return cudaLaunchKernel((const void *)k, one, one, args, 0, NULL);
+}
+
+/* ---- the library's control API, looked up (absent when not preloaded) ---- */
+
+static int residency(const void *p)
+{
+    int (*get)(const void *) = (int (*)(const void *))dlsym(RTLD_DEFAULT, "stagehand_residency");
+    assert_non_null(get);
+    return get(p);
+}
+
+static void *pmalloc(size_t size, int device)
+{
+    void *(*f)(ssize_t, int, void *) =
+        (void *(*)(ssize_t, int, void *))dlsym(RTLD_DEFAULT, "stagehand_malloc");
+    assert_non_null(f);
+    return f((ssize_t)size, device, NULL);
+}
+
+static void pfree(void *p, size_t size, int device)
+{
+    void (*f)(void *, ssize_t, int, void *) =
+        (void (*)(void *, ssize_t, int, void *))dlsym(RTLD_DEFAULT, "stagehand_free");
+    assert_non_null(f);
+    f(p, (ssize_t)size, device, NULL);
+}
+
+/* ---- helpers ---- */
+
+static int current(void)
+{
+    int d = -1;
+    assert_int_equal(cudaGetDevice(&d), cudaSuccess);
+    return d;
+}
+
+static int device_of(const void *p)
+{
+    struct cudaPointerAttributes a;
+    memset(&a, 0, sizeof a);
+    assert_int_equal(cudaPointerGetAttributes(&a, p), cudaSuccess);
+    assert_int_equal(a.type, cudaMemoryTypeDevice);
+    return a.device;
+}
+
+/* The words of a region, each checked against v + i (bumped: once more). */
+static void check(const void *d, uint32_t v, int bumped)
+{
+    uint32_t *h = malloc(WORDS * 4);
+    assert_non_null(h);
+    assert_int_equal(cudaMemcpy(h, d, WORDS * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    size_t bad = 0;
+    for (size_t i = 0; i < WORDS; i++) {
+        uint32_t want = v + (uint32_t)i;
+        bad += h[i] != (bumped ? want * 3 + 1 : want);
+    }
+    free(h);
+    assert_int_equal(bad, 0);
+}
+
+/* A region on dev by cudaMalloc (dev current meanwhile), filled with v + i
+ * by a kernel there. */
+static void *region_on(int dev, uint32_t v)
+{
+    void *r = NULL;
+    int was = current();
+    assert_int_equal(cudaSetDevice(dev), cudaSuccess);
+    assert_int_equal(cudaMalloc(&r, REGION_MB * MiB), cudaSuccess);
+    assert_int_equal(residency(r), 1);
+    assert_int_equal(device_of(r), dev);
+    assert_int_equal(fill_on(k_fill, r, v, NULL), cudaSuccess);
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    assert_int_equal(cudaSetDevice(was), cudaSuccess);
+    return r;
+}
+
+/* Allocates regions on dev (stagehand_malloc, whichever device is
+ * current) until a is evicted; they go to more[]. */
+static int push_out(int dev, const void *a, void **more)
+{
+    int n = 0;
+    while (n < MAX_FILL && residency(a) == 1) {
+        more[n] = pmalloc(REGION_MB * MiB, dev);
+        assert_non_null(more[n]);
+        assert_int_equal(device_of(more[n]), dev);
+        n++;
+    }
+    assert_int_equal(residency(a), 0);
+    return n;
+}
+
+static void free_all(int dev, void **more, int n)
+{
+    for (int i = 0; i < n; i++)
+        pfree(more[i], REGION_MB * MiB, dev);
+}
+
+/* cudaMemGetInfo with dev current: the budget view of that device. */
+static void info_on(int dev, size_t *f, size_t *t)
+{
+    int was = current();
+    assert_int_equal(cudaSetDevice(dev), cudaSuccess);
+    assert_int_equal(cudaMemGetInfo(f, t), cudaSuccess);
+    assert_int_equal(cudaSetDevice(was), cudaSuccess);
+}
+
+/* ---- the cases (children) ---- */
+
+/* Both devices' memory is regions, each device within its own budget. */
+static void case_both(void)
+{
+    void *more0[MAX_FILL], *more1[MAX_FILL];
+    size_t f1, t1;
+    assert_int_equal(cudaSetDevice(0), cudaSuccess);
+    void *a = region_on(0, 10);
+    void *b = region_on(1, 20);
+    info_on(1, &f1, &t1);
+    assert_int_equal(t1, BUDGET_MB * MiB); /* device 1's own budget */
+    assert_true(f1 <= (BUDGET_MB - REGION_MB) * MiB);
+
+    /* every allocation path, device 0 current */
+    void *c = pmalloc(REGION_MB * MiB, 1), *d = NULL;
+    assert_non_null(c);
+    assert_int_equal(current(), 0);
+    assert_int_equal(residency(c), 1);
+    assert_int_equal(device_of(c), 1);
+    cudaStream_t s1;
+    assert_int_equal(cudaSetDevice(1), cudaSuccess);
+    assert_int_equal(cudaStreamCreate(&s1), cudaSuccess);
+    assert_int_equal(cudaSetDevice(0), cudaSuccess);
+    assert_int_equal(cudaMallocAsync(&d, REGION_MB * MiB, s1), cudaSuccess);
+    assert_int_equal(residency(d), 1);
+    assert_int_equal(device_of(d), 1);
+    assert_int_equal(cudaFreeAsync(d, s1), cudaSuccess);
+    assert_int_equal(cudaStreamSynchronize(s1), cudaSuccess);
+    pfree(c, REGION_MB * MiB, 1);
+
+    /* filling device 1 evicts device 1's regions only */
+    int n1 = push_out(1, b, more1);
+    assert_int_equal(residency(a), 1);
+    assert_int_equal(device_of(b), 1); /* on the host, still device 1's memory */
+    /* and device 0's budget is its own */
+    int n0 = push_out(0, a, more0);
+    assert_int_equal(n0 >= BUDGET_MB / REGION_MB - 2, 1);
+
+    /* each device's kernel brings its region back, bytes intact */
+    assert_int_equal(cudaSetDevice(1), cudaSuccess);
+    assert_int_equal(launch2(k_bump, b), cudaSuccess);
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    assert_int_equal(residency(b), 1);
+    check(b, 20, 1);
+    assert_int_equal(cudaSetDevice(0), cudaSuccess);
+    assert_int_equal(launch2(k_bump, a), cudaSuccess);
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    assert_int_equal(residency(a), 1);
+    check(a, 10, 1);
+
+    /* a device-1 region freed with device 0 current, and the reverse */
+    free_all(1, more1, n1);
+    free_all(0, more0, n0);
+    assert_int_equal(cudaFree(b), cudaSuccess);
+    assert_int_equal(residency(b), -1);
+    assert_int_equal(cudaSetDevice(1), cudaSuccess);
+    assert_int_equal(cudaFree(a), cudaSuccess);
+    assert_int_equal(residency(a), -1);
+    assert_int_equal(cudaStreamDestroy(s1), cudaSuccess);
+}
+
+/* Device 0 opens device 1 and works on a region of device 1 while it
+ * moves: brought back by a kernel on device 0, and waited for while a slow
+ * one writes it. */
+static void case_peer(void)
+{
+    void *more[MAX_FILL], *more2[MAX_FILL];
+    cudaStream_t s;
+    assert_int_equal(cudaSetDevice(0), cudaSuccess);
+    assert_int_equal(cudaDeviceEnablePeerAccess(1, 0), cudaSuccess);
+    assert_int_equal(cudaStreamCreate(&s), cudaSuccess);
+    void *r = region_on(1, 40);
+    int n = push_out(1, r, more);
+    assert_int_equal(launch2(k_bump, r), cudaSuccess); /* on device 0 */
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    assert_int_equal(residency(r), 1);
+    check(r, 40, 1);
+
+    void *w = region_on(1, 0);
+    assert_int_equal(fill_on(k_fill_slow, w, 99, s), cudaSuccess);
+    int n2 = push_out(1, w, more2); /* the kernel is still running */
+    assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+    check(w, 99, 0);
+    free_all(1, more, n);
+    free_all(1, more2, n2);
+    assert_int_equal(cudaStreamDestroy(s), cudaSuccess);
+}
+
+/* A table in device 0's memory holds the address of a region of device 1,
+ * evicted; a kernel on device 0 follows it and writes the region. */
+static void case_table(void)
+{
+    void *more[MAX_FILL], *table = NULL;
+    assert_int_equal(cudaSetDevice(0), cudaSuccess);
+    assert_int_equal(cudaDeviceEnablePeerAccess(1, 0), cudaSuccess);
+    void *r = region_on(1, 7);
+    assert_int_equal(cudaMalloc(&table, REGION_MB * MiB), cudaSuccess);
+    assert_int_equal(device_of(table), 0);
+    assert_int_equal(cudaMemcpy(table, &r, sizeof r, cudaMemcpyHostToDevice), cudaSuccess);
+    int n = push_out(1, r, more);
+    assert_int_equal(launch2(k_bump_via, table), cudaSuccess);
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    free_all(1, more, n); /* whatever moves next keeps the write */
+    void *more2[MAX_FILL];
+    int n2 = residency(r) == 1 ? push_out(1, r, more2) : 0;
+    check(r, 7, 1);
+    free_all(1, more2, n2);
+    assert_int_equal(cudaFree(table), cudaSuccess);
+}
+
+/* A copy of a device-1 region on a device-0 stream, queued behind a slow
+ * kernel there, while device 1's allocations evict it: no peer access,
+ * yet the eviction must wait for device 0's work (the simulated GPU
+ * faults a copy whose memory is remapped before it ends). */
+static void case_copy(void)
+{
+    void *more[MAX_FILL];
+    uint32_t *back = NULL;
+    cudaStream_t s;
+    assert_int_equal(cudaSetDevice(0), cudaSuccess);
+    assert_int_equal(cudaStreamCreate(&s), cudaSuccess);
+    void *busy = region_on(0, 0), *r = region_on(1, 3);
+    assert_int_equal(cudaMallocHost((void **)&back, REGION_MB * MiB), cudaSuccess);
+    assert_int_equal(fill_on(k_fill_slow, busy, 0, s), cudaSuccess); /* keeps s busy */
+    assert_int_equal(cudaMemcpyAsync(back, r, REGION_MB * MiB, cudaMemcpyDeviceToHost, s),
+                     cudaSuccess);
+    int n = push_out(1, r, more);
+    assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+    size_t bad = 0;
+    for (size_t i = 0; i < WORDS; i++)
+        bad += back[i] != 3 + (uint32_t)i;
+    assert_int_equal(bad, 0);
+    assert_int_equal(cudaFreeHost(back), cudaSuccess);
+    free_all(1, more, n);
+    assert_int_equal(cudaStreamDestroy(s), cudaSuccess);
+}
+
+static int run_case(const char *name)
+{
+    if (register_kernels() != 0)
+        return 1;
+    if (strcmp(name, "both") == 0)
+        case_both();
+    else if (strcmp(name, "peer") == 0)
+        case_peer();
+    else if (strcmp(name, "table") == 0)
+        case_table();
+    else if (strcmp(name, "copy") == 0)
+        case_copy();
+    else
+        fail_msg("no case %s", name);
+    return 0;
+}
+
+static void test_case(void **state)
+{
+    (void)state;
+    const char *name = getenv("E2E_DEVICES_CASE");
+    if (!preloaded || !name)
+        skip();
+    assert_int_equal(run_case(name), 0);
+}
+
+/* ---- the parent ---- */
+
+static int rerun(const char *name, const char *drain)
+{
+    char c[64], d[64];
+    snprintf(c, sizeof c, "E2E_DEVICES_CASE=%s", name);
+    snprintf(d, sizeof d, "STAGEHAND_TRANSFER_DRAIN_MODE=%s", drain);
+    /* copies take time on the bus (8 MB: 4 ms), so one can be caught in flight */
+    const char *env[] = {c, d, "SIMCUDA_PCIE_GBPS=2", NULL};
+    return e2e_rerun(saved_argv, env);
+}
+
+#define PARENT()                                                                                   \
+    do {                                                                                           \
+        if (!preloaded || getenv("E2E_DEVICES_CASE"))                                              \
+            skip();                                                                                \
+    } while (0)
+
+static void test_each_device_has_its_own_pool(void **state)
+{
+    (void)state;
+    PARENT();
+    assert_int_equal(rerun("both", "device"), 0);
+}
+
+/* tracked is asked for too: the library keeps to the device-wide drain. */
+static void test_peer_kernel_on_a_moving_region(void **state)
+{
+    (void)state;
+    PARENT();
+    assert_int_equal(rerun("peer", "device"), 0);
+    assert_int_equal(rerun("peer", "tracked"), 0);
+}
+
+static void test_copy_on_another_device_in_flight(void **state)
+{
+    (void)state;
+    PARENT();
+    assert_int_equal(rerun("copy", "device"), 0);
+}
+
+static void test_pointer_from_one_device_into_another(void **state)
+{
+    (void)state;
+    PARENT();
+    assert_int_equal(rerun("table", "device"), 0);
+    assert_int_equal(rerun("table", "tracked"), 0);
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    saved_argv = argv;
+    if (!getenv("E2E_DEVICES_CONFIGURED")) {
+        setenv("E2E_DEVICES_CONFIGURED", "1", 1);
+        setenv("SIMCUDA_DEVICES", "2", 1);
+        setenv("SIMCUDA_VRAM_MB", "256", 1);
+        setenv("STAGEHAND_CONFIG", "/dev/null", 1); /* the built-in defaults */
+        setenv("STAGEHAND_BUDGET_VRAM_BUDGET_MB", "64", 1);
+        setenv("STAGEHAND_GENERAL_DEVICES", "all", 1);
+        e2e_reexec(argv);
+        return 1;
+    }
+    preloaded = dlsym(RTLD_DEFAULT, "stagehand_get_stats") && !getenv("STAGEHAND_DISABLE");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_case),
+        cmocka_unit_test(test_each_device_has_its_own_pool),
+        cmocka_unit_test(test_peer_kernel_on_a_moving_region),
+        cmocka_unit_test(test_copy_on_another_device_in_flight),
+        cmocka_unit_test(test_pointer_from_one_device_into_another),
+    };
+    return cmocka_run_group_tests_name(
+        preloaded ? "e2e_devices (preloaded)" : "e2e_devices (disabled)", tests, NULL, NULL);
+}
