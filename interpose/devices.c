@@ -20,6 +20,21 @@ struct sh_dev *sh_dev_of(uintptr_t p)
     return NULL;
 }
 
+void sh_dev_bounds(uintptr_t *lo, uintptr_t *hi)
+{
+    int n = atomic_load_explicit(&sh_rt.ndevs, memory_order_acquire);
+    for (int i = 0; i < n; i++) {
+        uintptr_t l, h;
+        sh_pool_bounds(sh_rt.devs[i]->pool, &l, &h);
+        if (h <= l)
+            continue;
+        if (*hi <= *lo)
+            *lo = l, *hi = h;
+        *lo = l < *lo ? l : *lo;
+        *hi = h > *hi ? h : *hi;
+    }
+}
+
 struct sh_dev *sh_dev_ordinal(int ordinal)
 {
     int n = atomic_load_explicit(&sh_rt.ndevs, memory_order_acquire);

@@ -110,6 +110,11 @@ int sh_driver_enter(const struct sh_driver *drv)
     return enter_ctx(drv, drv->ctx);
 }
 
+int sh_driver_enter_dev(const struct sh_driver_dev *dd)
+{
+    return enter_ctx(dd->drv, dd->ctx);
+}
+
 void sh_driver_leave(const struct sh_driver *drv, int pushed)
 {
     CUcontext popped;

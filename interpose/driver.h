@@ -56,6 +56,8 @@ CUresult sh_driver_sync_dev(const struct sh_driver_dev *dd);
  * (creating an event, asking for free memory): returns 1 when it pushed
  * it, for sh_driver_leave. */
 int sh_driver_enter(const struct sh_driver *drv);
+/* The same for dd's context. */
+int sh_driver_enter_dev(const struct sh_driver_dev *dd);
 void sh_driver_leave(const struct sh_driver *drv, int pushed);
 
 /* The device of context ctx; -1 if the driver cannot say. */

@@ -85,6 +85,8 @@ static inline struct sh_dev *sh_dev_main(void)
 }
 struct sh_dev *sh_dev_of(uintptr_t p);
 struct sh_dev *sh_dev_ordinal(int ordinal);
+/* Widens [*lo, *hi) (empty when *hi <= *lo) to hold every device's pool. */
+void sh_dev_bounds(uintptr_t *lo, uintptr_t *hi);
 
 /* runtime.c: the real cudart functions; resolved on first use, never NULL
  * afterwards unless the program has no CUDA runtime at all. */

@@ -45,7 +45,11 @@ static _Thread_local struct {
     int depth;       /* launch calls open on the thread: the outermost is the launch */
     uint32_t others; /* bit i: it uses regions of sh_rt.devs[i], i > 0 (the main
                       * device's are in bases) */
-} pending;           /* the launch being issued on this thread */
+    uint32_t coarse; /* bit i: ... more than obases holds: stamped as a whole */
+    uintptr_t obases[MAX_ADDRS]; /* the other devices' regions it uses */
+    uint8_t odev[MAX_ADDRS];     /* the index in sh_rt.devs of each */
+    size_t on;
+} pending;                      /* the launch being issued on this thread */
 static atomic_ullong unscanned; /* launches issued without a scan */
 
 /* ---- parameter layouts ---- */
@@ -122,27 +126,12 @@ struct plausible {
     uintptr_t lo[3], span[3];
 };
 
-/* Every device's pools lie in [*lo, *hi). */
-static void pools_bounds(uintptr_t *lo, uintptr_t *hi)
-{
-    int n = atomic_load_explicit(&sh_rt.ndevs, memory_order_acquire);
-    sh_pool_bounds(sh_dev_main()->pool, lo, hi);
-    for (int i = 1; i < n; i++) {
-        uintptr_t l, h;
-        sh_pool_bounds(sh_rt.devs[i]->pool, &l, &h);
-        if (h <= l)
-            continue;
-        if (*hi <= *lo)
-            *lo = l, *hi = h;
-        *lo = l < *lo ? l : *lo;
-        *hi = h > *hi ? h : *hi;
-    }
-}
-
 static void plausible_now(struct plausible *pl)
 {
     uintptr_t lo[3], hi[3];
-    pools_bounds(&lo[0], &hi[0]);
+    sh_pool_bounds(sh_dev_main()->pool, &lo[0], &hi[0]);
+    if (atomic_load_explicit(&sh_rt.ndevs, memory_order_relaxed) > 1)
+        sh_dev_bounds(&lo[0], &hi[0]);
     lo[1] = __atomic_load_n(&ranges_min, __ATOMIC_RELAXED);
     hi[1] = __atomic_load_n(&ranges_max, __ATOMIC_RELAXED);
     sh_hostmem_bounds(&lo[2], &hi[2]);
@@ -338,17 +327,41 @@ static void note_other(CUstream stream)
  * makes a later wait cover every launch before it. Work issued into a
  * stream capture does not run, and an event recorded there is never
  * recorded for real: it marks nothing (the graph's launch does). */
-/* The other devices' regions the launch uses (pd->others), or all of
- * them (all): stamped as a whole, each device's at once (a region's own
- * stamp needs its pool's lookup; only the main device's is kept). */
-static void mark_others(uint32_t others, int all, int opaque, uint64_t streams)
+/* Adds the bases[0..n) of device i's regions to the launch's (others). */
+static void add_others(int i, const uintptr_t *bases, size_t n)
 {
+    __typeof__(pending) *pd = &pending;
+    pd->others |= n ? 1u << i : 0;
+    for (size_t k = 0; k < n; k++) {
+        if (pd->on == MAX_ADDRS) {
+            pd->coarse |= 1u << i;
+            return;
+        }
+        pd->obases[pd->on] = bases[k];
+        pd->odev[pd->on++] = (uint8_t)i;
+    }
+}
+
+/* The other devices' regions the launch uses: each device's own (a
+ * device with more than the list holds, or all), or every region of every
+ * device as used (all, or opaque). */
+static void mark_others(int all, int opaque, uint64_t streams)
+{
+    __typeof__(pending) *pd = &pending;
+    uintptr_t bases[MAX_ADDRS];
     for (int i = 1; i < ndevs(); i++) {
         struct sh_pool *pool = sh_rt.devs[i]->pool;
-        if (opaque)
+        if (opaque) {
             sh_pool_issued_opaque(pool, streams);
-        else if (all || (others >> i & 1))
+        } else if (all || (pd->coarse >> i & 1)) {
             sh_pool_issued_any(pool, streams);
+        } else if (pd->others >> i & 1) {
+            size_t n = 0;
+            for (size_t k = 0; k < pd->on; k++)
+                if (pd->odev[k] == i)
+                    bases[n++] = pd->obases[k];
+            sh_pool_issued(pool, bases, n, streams);
+        }
     }
 }
 
@@ -361,7 +374,7 @@ static void mark_issued(void)
         uint64_t streams = sh_slots_tracked() ? SH_SLOTS_ANY : 0;
         sh_pool_issued_any(d->pool, streams);
         if (ndevs() > 1)
-            mark_others(0, 1, 0, streams);
+            mark_others(1, 0, streams);
         pd->quiet = 0;
         return;
     }
@@ -387,24 +400,21 @@ static void mark_issued(void)
     if (pd->opaque)
         sh_pool_issued_opaque(d->pool, streams);
     if (pd->others || (pd->opaque && ndevs() > 1))
-        mark_others(pd->others, 0, pd->opaque, streams);
+        mark_others(0, pd->opaque, streams);
     pd->n = 0;
     pd->found = 0;
     pd->opaque = 0;
     pd->any = 0;
-    pd->others = 0;
+    pd->others = pd->coarse = 0;
+    pd->on = 0;
 }
 
-/* The other devices whose pools hold one of addrs[0..n), as pending.others. */
-static uint32_t others_of(const uintptr_t *addrs, size_t n)
+/* The other devices' regions that hold one of addrs[0..n), to pending. */
+static void others_of(const uintptr_t *addrs, size_t n)
 {
-    uint32_t others = 0;
-    for (size_t i = 0; i < n; i++) {
-        const struct sh_dev *d = sh_dev_of(addrs[i]);
-        for (int k = 1; d && d != sh_dev_main() && k < ndevs(); k++)
-            others |= (uint32_t)(sh_rt.devs[k] == d) << k;
-    }
-    return others;
+    uintptr_t bases[MAX_ADDRS];
+    for (int i = 1; i < ndevs(); i++)
+        add_others(i, bases, sh_pool_bases(sh_rt.devs[i]->pool, addrs, n, bases));
 }
 
 void sh_launch_mark_work(CUstream stream, int any, const uintptr_t *ends, size_t n, int opaque)
@@ -413,7 +423,10 @@ void sh_launch_mark_work(CUstream stream, int any, const uintptr_t *ends, size_t
         return;
     n = n < MAX_ADDRS ? n : MAX_ADDRS;
     pending.n = sh_pool_bases(sh_dev_main()->pool, ends, n, pending.bases);
-    pending.others = ndevs() > 1 ? others_of(ends, n) : 0;
+    pending.others = pending.coarse = 0;
+    pending.on = 0;
+    if (ndevs() > 1)
+        others_of(ends, n);
     pending.found = 0;
     pending.stream = stream;
     pending.any = any;
@@ -571,7 +584,7 @@ static void prepare_others(uint64_t kernel, uint64_t stream, const uintptr_t *va
         struct sh_pool_use u = {.bases = bases};
         memcpy(mine, vals, n * sizeof *vals);
         if (prepare_on(sh_rt.devs[i], kernel, stream, mine, n, t0, &u) > 0)
-            pending.others |= 1u << i;
+            add_others(i, bases, u.nbases);
     }
 }
 
@@ -642,7 +655,8 @@ static int pending_begin(CUstream stream, int graph)
     pd->n = 0;
     pd->found = 0;
     pd->opaque = 0;
-    pd->others = 0;
+    pd->others = pd->coarse = 0;
+    pd->on = 0;
     pd->graph = graph;
     pd->quiet = quiet_launch();
     return pd->quiet;

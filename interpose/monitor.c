@@ -151,6 +151,34 @@ static int regions(void *ctx, struct sh_tm_region *out, int max)
     return (int)n;
 }
 
+/* Each managed device's figures, once there is more than one. */
+static int devices(void *ctx, struct sh_tm_device *out, int max)
+{
+    (void)ctx;
+    int n = atomic_load_explicit(&sh_rt.ndevs, memory_order_acquire);
+    if (n < 2)
+        return 0;
+    for (int i = 0; i < n && i < max; i++) {
+        struct sh_dev *d = sh_rt.devs[i];
+        struct sh_pool_stats st;
+        sh_pool_stats(d->pool, &st);
+        out[i] = (struct sh_tm_device){
+            .device = d->ordinal,
+            .regions = (int32_t)(st.regions[SH_RS_RESIDENT] + st.regions[SH_RS_EVICTING] +
+                                 st.regions[SH_RS_HOST] + st.regions[SH_RS_RESTORING] - st.slabs),
+            .budget = d->engine.cfg.budget,
+            .used = sh_sched_device_bytes(d),
+            .host_bytes = st.host_bytes,
+            .evictions = st.evictions,
+            .restores = st.restores,
+            .d2h_bytes = st.evicted_bytes,
+            .h2d_bytes = st.restored_bytes,
+            .prefetches = st.prefetches,
+            .early_evictions = st.early_evictions};
+    }
+    return n < max ? n : max;
+}
+
 /* The scheduler's own finds, as the explicit marks are shown. */
 static void where(int64_t step, int phase)
 {
@@ -184,6 +212,7 @@ void sh_monitor_start(void)
         .tracking = sh_cupti_mode(),
         .regions = regions,
         .sample = sample,
+        .devices = devices,
     };
     atomic_store(&sh_monitor_on, 1); /* before the thread that samples exists */
     if (sh_tm_start(&p) != 0)

@@ -17,13 +17,13 @@ static size_t room_device_bytes(void *ctx)
     return sh_sched_device_bytes(ctx);
 }
 
-/* The managed device's figures, whichever device the caller has current. */
+/* The device's figures, whichever device the caller has current. */
 static int room_mem_info(void *ctx, size_t *free_b, size_t *total)
 {
-    (void)ctx;
+    const struct sh_dev *d = ctx;
     if (!sh_rt.drv.cuMemGetInfo)
         return -1;
-    int pushed = sh_driver_enter(&sh_rt.drv);
+    int pushed = sh_driver_enter_dev(&d->drvdev);
     CUresult r = sh_rt.drv.cuMemGetInfo(free_b, total);
     sh_driver_leave(&sh_rt.drv, pushed);
     return r == CUDA_SUCCESS ? 0 : -1;

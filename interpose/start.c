@@ -198,6 +198,20 @@ static int try_mover(struct sh_dev *dv)
     return SH_OK;
 }
 
+/* With several devices, a device's bytes may point into any device's
+ * regions (struct sh_pool_mover's targets). */
+static void targets_bounds(void *ctx, uintptr_t *lo, uintptr_t *hi)
+{
+    (void)ctx;
+    sh_dev_bounds(lo, hi);
+}
+
+static int targets_has(void *ctx, uintptr_t v)
+{
+    (void)ctx;
+    return sh_dev_of(v) != NULL;
+}
+
 /* Host slabs and the copy engine; without them the library still manages
  * allocations, it just cannot evict. */
 static void open_mover(struct sh_dev *dv)
@@ -234,24 +248,13 @@ static void open_mover(struct sh_dev *dv)
         m.fingerprint = NULL, m.fingerprint_queue = NULL, m.fingerprint_take = NULL,
         m.ptr_candidates = NULL;
     m.fp_ctx = dv->fp;
+    if (c->general.devices == SH_CONFIG_DEVICES_ALL) {
+        m.targets_bounds = targets_bounds;
+        m.targets_has = targets_has;
+    }
     m.drain_ctx = &dv->drvdev;
     sh_slots_tracked_drain(&m.drain_streams, &m.streams_idle);
     sh_pool_set_mover(dv->pool, &m);
-}
-
-/* [general] devices = all: a pointer in one device's memory to another's
- * regions is not traced yet, and prefetches and a tracked drain rely on
- * seeing every access, so they are off; a move then happens only in a
- * window after every device's work has finished, whatever it touches. */
-static void several_devices_only_safe_moves(struct sh_config *c)
-{
-    if (c->general.devices != SH_CONFIG_DEVICES_ALL ||
-        (!c->policy.prefetch_enabled && c->transfer.drain_mode == SH_CONFIG_DRAIN_DEVICE))
-        return;
-    c->policy.prefetch_enabled = 0;
-    c->transfer.drain_mode = SH_CONFIG_DRAIN_DEVICE;
-    sh_log(SH_LOG_INFO, "[general] devices = all: prefetch_enabled = false and drain_mode = "
-                        "device (pointers between devices' memory are not traced yet)");
 }
 
 static void init(void)
@@ -270,7 +273,6 @@ static void init(void)
         fprintf(stderr, "stagehand: %s\n", err);
         _exit(1); /* the first allocation has not happened yet */
     }
-    several_devices_only_safe_moves(&sh_rt.cfg);
     /* What is set up now (copy streams, events) belongs to the managed
      * device, whichever the program has current. */
     CUcontext popped;

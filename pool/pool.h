@@ -320,6 +320,14 @@ struct sh_pool_mover {
     int (*ptr_candidates)(void *ctx, const uintptr_t *addr, const size_t *len, size_t n,
                           uintptr_t lo, uintptr_t hi, unsigned char *found, uint64_t bus[2]);
     void *fp_ctx;
+    /* Other pools whose regions this pool's bytes may point into (one per
+     * device, in one process): targets_bounds widens *lo, *hi to hold
+     * theirs too, and targets_has says whether v lies in a region of one.
+     * A pointer into them makes a region hold pointers as one into its own
+     * pool does. NULL: this pool's regions only. */
+    void (*targets_bounds)(void *ctx, uintptr_t *lo, uintptr_t *hi);
+    int (*targets_has)(void *ctx, uintptr_t v);
+    void *targets_ctx;
     /* [policy] clean_skip (keep.c): a restore keeps the host copy and its
      * fingerprint; an eviction that finds the bytes unchanged copies
      * nothing. Needs fingerprint. */

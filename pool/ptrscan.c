@@ -24,8 +24,12 @@
  * region is used again, or leaves the host: there sh_pool_scan_settle
  * takes over a scan not begun, or waits for the one under way.
  *
+ * With several devices, a pointer into another device's pool counts too
+ * (the mover's targets): the range looked at widens to hold every pool's.
+ *
  * Locking: pool->lo/hi and region->holds_ptrs are atomics; index lookups
- * take index_lock for reading. pool->scan.mu guards the queue and each
+ * take index_lock for reading (another pool's, through targets_has, with
+ * no lock of that pool held). pool->scan.mu guards the queue and each
  * region's scan state and the counters of prefilters and skipped scans,
  * and is never held while scanning or while taking another pool lock.
  * region->no_ptrs is set, taken and cleared under move_mu (the windows and
@@ -62,6 +66,15 @@ void sh_pool_bounds(struct sh_pool *pool, uintptr_t *lo, uintptr_t *hi)
     *hi = __atomic_load_n(&pool->hi, __ATOMIC_RELAXED);
 }
 
+/* Where a value must lie to point into this pool's regions or its
+ * targets'. */
+static void scan_bounds(struct sh_pool *pool, uintptr_t *lo, uintptr_t *hi)
+{
+    sh_pool_bounds(pool, lo, hi);
+    if (pool->mover.targets_bounds)
+        pool->mover.targets_bounds(pool->mover.targets_ctx, lo, hi);
+}
+
 static uint32_t word_at(const unsigned char *p, size_t i)
 {
     uint32_t w;
@@ -80,6 +93,8 @@ static int is_pointer(struct sh_pool *pool, const unsigned char *p, size_t off, 
     sh_rw_rdlock(&pool->index_lock);
     int found = sh_rindex_lookup(pool->index, v) != NULL;
     sh_rw_unlock(&pool->index_lock);
+    if (!found && pool->mover.targets_has)
+        found = pool->mover.targets_has(pool->mover.targets_ctx, v);
     return found;
 }
 
@@ -107,8 +122,8 @@ static int any_candidate(const unsigned char *p, size_t b, size_t end, uint32_t 
 /* 1 if any 4-byte-aligned 8 bytes of p[0..n) point into a region. */
 static int holds_pointer(struct sh_pool *pool, const unsigned char *p, size_t n)
 {
-    uintptr_t lo = __atomic_load_n(&pool->lo, __ATOMIC_RELAXED);
-    uintptr_t hi = __atomic_load_n(&pool->hi, __ATOMIC_RELAXED);
+    uintptr_t lo, hi;
+    scan_bounds(pool, &lo, &hi);
     if (!p || n < 8 || hi <= lo)
         return 0;
     uint32_t top = (uint32_t)((uint64_t)lo >> 32);
@@ -233,10 +248,10 @@ static int candidates(struct sh_pool *pool, struct region **v, size_t n, const u
             addr[j] = v[k]->va + v[k]->chunks[i].off;
             len[j] = v[k]->chunks[i].size;
         }
+    uintptr_t lo, hi;
+    scan_bounds(pool, &lo, &hi);
     if (rc == 0)
-        rc = pool->mover.ptr_candidates(pool->mover.fp_ctx, addr, len, m,
-                                        __atomic_load_n(&pool->lo, __ATOMIC_RELAXED),
-                                        __atomic_load_n(&pool->hi, __ATOMIC_RELAXED), found, bus);
+        rc = pool->mover.ptr_candidates(pool->mover.fp_ctx, addr, len, m, lo, hi, found, bus);
     free(addr);
     free(len);
     return rc;

@@ -37,6 +37,7 @@ struct publisher {
     int period_ms, interval;
     sh_tm_regions_fn regions;
     sh_tm_sample_fn sample;
+    sh_tm_devices_fn devices;
     void *ctx;
     int jsonl_fd;
     int seg_fd; /* open while published: it holds the segment's lock */
@@ -126,6 +127,14 @@ static void take_regions(struct sh_tm_snapshot *s)
     s->regions_total = all > n ? (uint64_t)all : (uint64_t)n;
 }
 
+static void take_devices(struct sh_tm_snapshot *s)
+{
+    int n = 0;
+    if (pub.devices && !atomic_load(&no_calls))
+        n = pub.devices(pub.ctx, s->devices, SH_TM_MAX_DEVICES);
+    s->n_devices = (uint32_t)(n < 0 ? 0 : n > SH_TM_MAX_DEVICES ? SH_TM_MAX_DEVICES : n);
+}
+
 /* Appends this moment to the rate history and lays it out oldest first. */
 static void take_history(struct sh_tm_snapshot *s)
 {
@@ -175,8 +184,10 @@ static void publish(int callbacks)
     memcpy(s->gauges, g, sizeof g);
     sh_tm_host_snapshot(s->classes, &s->n_classes);
     s->n_events = (uint32_t)sh_tm_events_copy(s->events, SH_TM_MAX_EVENTS, &s->events_total);
-    if (callbacks)
+    if (callbacks) {
         take_regions(s);
+        take_devices(s);
+    }
     take_history(s);
     if (pub.hdr)
         sh_tm_seq_write(&pub.hdr->seq, pub.map + pub.hdr->snap_offset, s, sizeof *s);
@@ -482,6 +493,7 @@ static int start_locked(const struct sh_tm_params *p)
     pub.interval = p->interval_steps > 0 ? p->interval_steps : 1;
     pub.regions = p->regions;
     pub.sample = p->sample;
+    pub.devices = p->devices;
     pub.ctx = p->ctx;
     pub.owner = pid;
     pub.stopping = pub.wake = pub.q_len = pub.q_head = 0;

@@ -182,6 +182,7 @@ static void clamp_to_size(struct sh_tm_snapshot *s, size_t n)
     s->n_hist = min_u32(s->n_hist, fit(n, offsetof(S, hist), sizeof s->hist[0]));
     s->n_regions = min_u32(s->n_regions, fit(n, offsetof(S, regions), sizeof s->regions[0]));
     s->n_events = min_u32(s->n_events, fit(n, offsetof(S, events), sizeof s->events[0]));
+    s->n_devices = min_u32(s->n_devices, fit(n, offsetof(S, devices), sizeof s->devices[0]));
 }
 
 static int pread_all(int fd, void *buf, size_t n, uint64_t off)

@@ -182,6 +182,7 @@ void sh_tm_sanitize(struct sh_tm_snapshot *s)
     s->n_regions = clamp(s->n_regions, SH_TM_MAX_REGIONS);
     s->n_events = clamp(s->n_events, SH_TM_MAX_EVENTS);
     s->n_hist = clamp(s->n_hist, SH_TM_HIST);
+    s->n_devices = clamp(s->n_devices, SH_TM_MAX_DEVICES);
     terminate(s->version, sizeof s->version);
     terminate(s->device_name, sizeof s->device_name);
     terminate(s->cmdline, sizeof s->cmdline);

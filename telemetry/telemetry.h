@@ -224,12 +224,26 @@ struct sh_tm_region {
     int32_t state;
 };
 
+/* One managed device, for a process that manages several (the counters
+ * and gauges are the main device's). */
+#define SH_TM_MAX_DEVICES 16
+struct sh_tm_device {
+    int32_t device; /* its number, as the runtime counts */
+    int32_t regions;
+    uint64_t budget, used; /* device bytes: its budget, what its pool holds */
+    uint64_t host_bytes;   /* its regions' bytes on the host now */
+    uint64_t evictions, restores, d2h_bytes, h2d_bytes;
+    uint64_t prefetches, early_evictions; /* started */
+};
+
 /* Called on the publisher thread. `regions` fills out[0..max) with the
  * largest live regions (any order; the publisher sorts) and returns the count;
  * it may take the library's locks but should not block for long. `sample`,
  * if set, runs first, to refresh gauges that are cheaper to poll than to
- * push (region counts by state, host pool classes). */
+ * push (region counts by state, host pool classes). `devices`, if set,
+ * fills out[0..max) with each managed device and returns the count. */
 typedef int (*sh_tm_regions_fn)(void *ctx, struct sh_tm_region *out, int max);
+typedef int (*sh_tm_devices_fn)(void *ctx, struct sh_tm_device *out, int max);
 typedef void (*sh_tm_sample_fn)(void *ctx);
 
 enum sh_tm_flags {
@@ -249,6 +263,7 @@ struct sh_tm_params {
     int tracking;               /* enum sh_tm_tracking */
     sh_tm_regions_fn regions;   /* may be NULL */
     sh_tm_sample_fn sample;     /* may be NULL */
+    sh_tm_devices_fn devices;   /* may be NULL */
     void *ctx;
     const char *shm_dir; /* NULL = "/dev/shm" (tests point it elsewhere) */
     int flags;           /* enum sh_tm_flags */
@@ -340,6 +355,10 @@ struct sh_tm_snapshot {
     struct sh_tm_sample hist[SH_TM_HIST];           /* oldest first */
     struct sh_tm_region regions[SH_TM_MAX_REGIONS]; /* largest first */
     struct sh_tm_ev events[SH_TM_MAX_EVENTS];       /* oldest first */
+    /* minor 1 */
+    uint32_t n_devices; /* 0 when one device is managed */
+    uint32_t pad_;
+    struct sh_tm_device devices[SH_TM_MAX_DEVICES];
 };
 
 /* ---- the reader ------------------------------------------------------------- */

@@ -13,7 +13,8 @@
  * which needs no peer access. A kernel on device 0 follows a pointer, read
  * from a table in device 0's memory, into a region of device 1 that is on
  * the host: its write is kept. With devices = one (the default) device 1
- * is not managed (test_e2e_peers covers that side).
+ * is not managed (test_e2e_peers covers that side). stagehand-top --json
+ * lists both devices, each with its own budget and evictions.
  *
  * Every case runs in a child of its own (this program again, the case
  * named in E2E_DEVICES_CASE): a fault is sticky to its device.
@@ -30,6 +31,9 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
+#include <json-c/json.h>
+#include <time.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
@@ -39,6 +43,7 @@
 #define REGION_MB 8
 #define WORDS     ((REGION_MB * MiB) / 4)
 #define SLOW_US   200000 /* far longer than the allocations that follow */
+#define BUMP_US   20000  /* a bump that a move's window could overlap */
 #define MAX_FILL  64
 
 static int preloaded;
@@ -60,6 +65,12 @@ static void k_fill(void **a)
 static void k_fill_slow(void **a)
 {
     k_fill(a);
+}
+
+static void k_bump(void **a);
+static void k_bump_slow(void **a)
+{
+    k_bump(a);
 }
 
 /* bump(p, n): p[i] = p[i] * 3 + 1 */
@@ -86,7 +97,8 @@ static int register_kernels(void)
     size_t bump[] = {sizeof(void *), sizeof(size_t)};
     if (simcuda_register_kernel(k_fill, "fill", 3, fill, 0) != 0 ||
         simcuda_register_kernel(k_fill_slow, "fill_slow", 3, fill, SLOW_US) != 0 ||
-        simcuda_register_kernel(k_bump_via, "bump_via", 2, bump, 0) != 0)
+        simcuda_register_kernel(k_bump_via, "bump_via", 2, bump, 0) != 0 ||
+        simcuda_register_kernel(k_bump_slow, "bump_slow", 2, bump, BUMP_US) != 0)
         return -1;
     return simcuda_register_kernel(k_bump, "bump", 2, bump, 0);
 }
@@ -98,11 +110,16 @@ static cudaError_t fill_on(simcuda_kernel_fn k, void *p, uint32_t v, cudaStream_
     return cudaLaunchKernel((const void *)k, one, one, args, 0, s);
 }
 
-static cudaError_t launch2(simcuda_kernel_fn k, void *p)
+static cudaError_t launch2_on(simcuda_kernel_fn k, void *p, cudaStream_t s)
 {
     size_t n = WORDS;
     void *args[] = {&p, &n};
-    return cudaLaunchKernel((const void *)k, one, one, args, 0, NULL);
+    return cudaLaunchKernel((const void *)k, one, one, args, 0, s);
+}
+
+static cudaError_t launch2(simcuda_kernel_fn k, void *p)
+{
+    return launch2_on(k, p, NULL);
 }
 
 /* ---- the library's control API, looked up (absent when not preloaded) ---- */
@@ -209,6 +226,82 @@ static void info_on(int dev, size_t *f, size_t *t)
     assert_int_equal(cudaSetDevice(was), cudaSuccess);
 }
 
+/* stagehand-top --json on this process: its devices list. */
+static json_object *top_devices(json_object **whole)
+{
+    const char *build = getenv("STAGEHAND_TEST_BUILD");
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "%s/stagehand-top --json -p %d", build ? build : "build",
+             (int)getpid());
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    static char buf[1 << 20];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = '\0';
+    assert_int_equal(pclose(f), 0);
+    *whole = json_tokener_parse(buf);
+    json_object *devs = NULL;
+    if (!*whole || !json_object_object_get_ex(*whole, "devices", &devs))
+        fail_msg("stagehand-top --json: no devices list in %.200s", buf);
+    return devs;
+}
+
+static int64_t field(json_object *o, const char *key)
+{
+    json_object *v = NULL;
+    if (!json_object_object_get_ex(o, key, &v))
+        fail_msg("stagehand-top --json: a device has no '%s'", key);
+    return json_object_get_int64(v);
+}
+
+/* Device 1's moves in flight (prefetches and early evictions started), in
+ * stagehand-top --json, once there are any (asked again until the
+ * publisher has caught up, for at most 10 s). */
+static int64_t device1_moves(void)
+{
+    struct timespec t0, now, nap = {0, 50 * 1000 * 1000};
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        json_object *whole = NULL, *devs = top_devices(&whole);
+        int64_t v = 0;
+        for (size_t i = 0; i < json_object_array_length(devs); i++)
+            if (field(json_object_array_get_idx(devs, i), "device") == 1)
+                v = field(json_object_array_get_idx(devs, i), "prefetches") +
+                    field(json_object_array_get_idx(devs, i), "early_evictions");
+        json_object_put(whole);
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (v > 0 || now.tv_sec - t0.tv_sec > 10)
+            return v;
+        nanosleep(&nap, NULL);
+    }
+}
+
+/* The telemetry shows both devices, device 1 with the evictions its budget
+ * forced, once the publisher (every 250 ms) has caught up: asked again
+ * until it has, for at most 10 s. */
+static void shows_both(void)
+{
+    struct timespec t0, now, nap = {0, 50 * 1000 * 1000};
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        json_object *whole = NULL, *devs = top_devices(&whole);
+        int ok = json_object_array_length(devs) == 2;
+        json_object *d1 = ok ? json_object_array_get_idx(devs, 1) : NULL;
+        if (ok && field(d1, "device") == 1 && field(d1, "evictions") > 0) {
+            assert_int_equal(field(d1, "budget"), (int64_t)(BUDGET_MB * MiB));
+            assert_true(field(d1, "host_bytes") > 0);
+            assert_int_equal(field(json_object_array_get_idx(devs, 0), "device"), 0);
+            json_object_put(whole);
+            return;
+        }
+        json_object_put(whole);
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec - t0.tv_sec > 10)
+            fail_msg("stagehand-top never showed device 1's evictions");
+        nanosleep(&nap, NULL);
+    }
+}
+
 /* ---- the cases (children) ---- */
 
 /* Both devices' memory is regions, each device within its own budget. */
@@ -243,6 +336,7 @@ static void case_both(void)
     /* filling device 1 evicts device 1's regions only */
     int n1 = push_out(1, b, more1);
     assert_int_equal(residency(a), 1);
+    shows_both();
     assert_int_equal(device_of(b), 1); /* on the host, still device 1's memory */
     /* and device 0's budget is its own */
     int n0 = push_out(0, a, more0);
@@ -347,6 +441,72 @@ static void case_copy(void)
     assert_int_equal(cudaStreamDestroy(s), cudaSuccess);
 }
 
+/* v + i, bumped k times: what check_k expects of word i. */
+static uint32_t bumped(uint32_t v, int k)
+{
+    for (int j = 0; j < k; j++)
+        v = v * 3 + 1;
+    return v;
+}
+
+static void check_k(const void *d, uint32_t v, int k)
+{
+    uint32_t *h = malloc(WORDS * 4);
+    assert_non_null(h);
+    assert_int_equal(cudaMemcpy(h, d, WORDS * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    size_t bad = 0;
+    for (size_t i = 0; i < WORDS; i += 997) /* a word in every page and more */
+        bad += h[i] != bumped(v + (uint32_t)i, k);
+    free(h);
+    assert_int_equal(bad, 0);
+}
+
+#define WEIGHTS 12 /* 96 MB of weights on device 1, against its 64 MB budget */
+#define STEPS   8
+
+/* Training steps on device 1, more than its budget holds, with step
+ * marks, so that its scheduler learns them and prefetches (and evicts
+ * early) on device 1's own streams; each step a kernel on device 0 also
+ * writes the first weight through a pointer in device 0's memory. The
+ * bumps run on a stream of device 1 and last long enough for a window to
+ * fall inside one: a move that did not wait for it faults it. Every word
+ * must come out bumped as often as it was. */
+static void case_train(void)
+{
+    int64_t (*step)(void) = (int64_t(*)(void))dlsym(RTLD_DEFAULT, "stagehand_step");
+    assert_non_null(step);
+    void *w[WEIGHTS], *table = NULL;
+    assert_int_equal(cudaSetDevice(0), cudaSuccess);
+    assert_int_equal(cudaDeviceEnablePeerAccess(1, 0), cudaSuccess);
+    assert_int_equal(cudaMalloc(&table, REGION_MB * MiB), cudaSuccess); /* device 0 is main */
+    for (int i = 0; i < WEIGHTS; i++)
+        w[i] = region_on(1, 100u * (uint32_t)i);
+    assert_int_equal(cudaMemcpy(table, &w[0], sizeof w[0], cudaMemcpyHostToDevice), cudaSuccess);
+    cudaStream_t s1;
+    assert_int_equal(cudaSetDevice(1), cudaSuccess);
+    assert_int_equal(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking), cudaSuccess);
+    for (int s = 0; s < STEPS; s++) {
+        step();
+        assert_int_equal(cudaSetDevice(1), cudaSuccess);
+        for (int i = 0; i < WEIGHTS; i++)
+            assert_int_equal(launch2_on(k_bump_slow, w[i], s1), cudaSuccess);
+        assert_int_equal(cudaStreamSynchronize(s1), cudaSuccess);
+        assert_int_equal(cudaSetDevice(0), cudaSuccess);
+        assert_int_equal(launch2(k_bump_via, table), cudaSuccess);
+        assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    }
+    check_k(w[0], 0, 2 * STEPS);
+    for (int i = 1; i < WEIGHTS; i++)
+        check_k(w[i], 100u * (uint32_t)i, STEPS);
+    assert_true(device1_moves() > 0); /* the moves under test happened */
+    assert_int_equal(cudaSetDevice(1), cudaSuccess);
+    assert_int_equal(cudaStreamDestroy(s1), cudaSuccess);
+    assert_int_equal(cudaSetDevice(0), cudaSuccess);
+    assert_int_equal(cudaFree(table), cudaSuccess);
+    for (int i = 0; i < WEIGHTS; i++)
+        assert_int_equal(cudaFree(w[i]), cudaSuccess);
+}
+
 static int run_case(const char *name)
 {
     if (register_kernels() != 0)
@@ -359,6 +519,8 @@ static int run_case(const char *name)
         case_table();
     else if (strcmp(name, "copy") == 0)
         case_copy();
+    else if (strcmp(name, "train") == 0)
+        case_train();
     else
         fail_msg("no case %s", name);
     return 0;
@@ -414,6 +576,14 @@ static void test_copy_on_another_device_in_flight(void **state)
     assert_int_equal(rerun("copy", "device"), 0);
 }
 
+static void test_training_steps_on_the_second_device(void **state)
+{
+    (void)state;
+    PARENT();
+    assert_int_equal(rerun("train", "device"), 0);
+    assert_int_equal(rerun("train", "tracked"), 0);
+}
+
 static void test_pointer_from_one_device_into_another(void **state)
 {
     (void)state;
@@ -443,6 +613,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_peer_kernel_on_a_moving_region),
         cmocka_unit_test(test_copy_on_another_device_in_flight),
         cmocka_unit_test(test_pointer_from_one_device_into_another),
+        cmocka_unit_test(test_training_steps_on_the_second_device),
     };
     return cmocka_run_group_tests_name(
         preloaded ? "e2e_devices (preloaded)" : "e2e_devices (disabled)", tests, NULL, NULL);

@@ -193,7 +193,7 @@ static void render_at(const struct top_model *m, int rows, int cols, int utf8)
     top_render(top_grid_canvas(g), m, &v);
     assert_int_equal(top_grid_canvas(g)->offscreen, 0);
     struct top_layout l;
-    top_layout(rows, cols, (int)m->snap.n_classes, &l);
+    top_layout(rows, cols, top_meter_rows(&m->snap), &l);
     struct top_rect r[16];
     int n = top_layout_rects(&l, r, 16);
     for (int y = 0; y < rows; y++) /* every drawn cell belongs to some panel */
@@ -514,6 +514,52 @@ static void test_once_output(void **state)
     free(m);
 }
 
+/* A process that manages two devices: a bar for each under the VRAM bar
+ * (its pool against its own budget, what is on the host), and a devices
+ * list in --json; one device shows neither. */
+static void test_several_devices(void **state)
+{
+    (void)state;
+    struct top_model *m = malloc(sizeof *m);
+    demo_model(m, 12);
+    char *out = capture(once_100, m);
+    assert_null(strstr(out, "GPU1"));
+    free(out);
+    out = capture(top_print_json, m);
+    assert_non_null(strstr(out, "\"devices\":[]"));
+    free(out);
+    m->snap.n_devices = 2;
+    m->snap.devices[0] = (struct sh_tm_device){
+        .device = 0, .regions = 30, .budget = 80 * GiB, .used = 55 * GiB, .host_bytes = 9 * GiB};
+    m->snap.devices[1] = (struct sh_tm_device){.device = 1,
+                                               .regions = 7,
+                                               .budget = 24 * GiB,
+                                               .used = 20 * GiB,
+                                               .host_bytes = 3 * GiB,
+                                               .evictions = 11,
+                                               .restores = 5};
+    out = capture(once_100, m);
+    assert_non_null(strstr(out, "GPU0"));
+    assert_non_null(strstr(out, "GPU1"));
+    assert_non_null(strstr(out, "20G/24G host 3.0G"));
+    free(out);
+    out = capture(top_print_json, m);
+    json_object *o = json_tokener_parse(out);
+    assert_non_null(o);
+    json_object *devs = get(o, "devices");
+    assert_int_equal(json_object_array_length(devs), 2);
+    json_object *d1 = json_object_array_get_idx(devs, 1);
+    assert_int_equal(json_object_get_int(get(d1, "device")), 1);
+    assert_int_equal(json_object_get_int64(get(d1, "budget")), (int64_t)(24 * GiB));
+    assert_int_equal(json_object_get_int(get(d1, "evictions")), 11);
+    json_object_put(o);
+    free(out);
+    static const int sizes[][2] = {{12, 80}, {24, 80}, {30, 120}, {60, 200}};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        render_at(m, sizes[i][0], sizes[i][1], 1);
+    free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -530,6 +576,7 @@ int main(void)
         cmocka_unit_test(test_json_output),
         cmocka_unit_test(test_prometheus_output),
         cmocka_unit_test(test_once_output),
+        cmocka_unit_test(test_several_devices),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

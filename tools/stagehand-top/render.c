@@ -268,9 +268,40 @@ static void vram_bar(struct top_canvas *cv, const struct top_rect *r, const stru
     bar(cv, r, r->y, &b);
 }
 
-static void host_bars(struct top_canvas *cv, const struct top_rect *r, const struct top_model *m)
+int top_meter_rows(const struct sh_tm_snapshot *s)
+{
+    return (int)s->n_classes + (s->n_devices > 1 ? (int)s->n_devices : 0);
+}
+
+/* With several devices, one bar each ("GPU1"): its pool against its own
+ * budget, and what of it is on the host. Returns the rows drawn. */
+static int device_bars(struct top_canvas *cv, const struct top_rect *r, const struct top_model *m)
 {
     const struct sh_tm_snapshot *s = &m->snap;
+    int n = s->n_devices > 1 ? (int)s->n_devices : 0;
+    for (int i = 0; i < n && i < r->h; i++) {
+        const struct sh_tm_device *d = &s->devices[i];
+        char label[16], used[16], budget[16], host[16], text[64];
+        snprintf(label, sizeof label, "GPU%d", (int)d->device);
+        top_human_bytes(used, sizeof used, (double)d->used);
+        top_human_bytes(budget, sizeof budget, (double)d->budget);
+        top_human_bytes(host, sizeof host, (double)d->host_bytes);
+        snprintf(text, sizeof text, "%s/%s host %s", used, budget, host);
+        double f = d->budget ? (double)d->used / (double)d->budget : 0;
+        struct bar_spec b = {label, 5, f, -1, -1, text, f >= 1.0 ? TA_BAD : TA_SPARK_D2H};
+        bar(cv, r, r->y + i, &b);
+    }
+    return n < r->h ? n : r->h;
+}
+
+static void host_bars(struct top_canvas *cv, const struct top_rect *r0, const struct top_model *m)
+{
+    const struct sh_tm_snapshot *s = &m->snap;
+    int used = device_bars(cv, r0, m);
+    struct top_rect rest = {r0->y + used, r0->x, r0->h - used, r0->w};
+    const struct top_rect *r = &rest;
+    if (r->h <= 0)
+        return;
     if (!s->n_classes) {
         top_text(cv, r, r->y, r->x, TA_LABEL, "Host ");
         top_text(cv, r, r->y, r->x + 5, TA_DIM, "pinned pool not reported");
@@ -588,7 +619,7 @@ static void too_small(struct top_canvas *cv, const struct top_layout *l)
 void top_render(struct top_canvas *cv, const struct top_model *m, const struct top_view *v)
 {
     struct top_layout l;
-    top_layout(cv->rows, cv->cols, (int)m->snap.n_classes, &l);
+    top_layout(cv->rows, cv->cols, top_meter_rows(&m->snap), &l);
     if (l.too_small) {
         too_small(cv, &l);
         return;

@@ -115,7 +115,7 @@ int top_once_rows(const struct top_model *m, int cols, int max_regions)
     want = want < 3 ? 3 : want;
     for (int rows = TOP_MIN_ROWS; rows < 200; rows++) {
         struct top_layout l;
-        top_layout(rows, cols, (int)m->snap.n_classes, &l);
+        top_layout(rows, cols, top_meter_rows(&m->snap), &l);
         if (!l.too_small && l.table.h - 1 >= want)
             return rows;
     }
@@ -211,6 +211,25 @@ static void json_host(FILE *out, const struct sh_tm_snapshot *s)
     fputc(']', out);
 }
 
+/* Every managed device, when there are several (else an empty list). */
+static void json_devices(FILE *out, const struct sh_tm_snapshot *s)
+{
+    fputs(",\"devices\":[", out);
+    for (uint32_t i = 0; i < s->n_devices; i++) {
+        const struct sh_tm_device *d = &s->devices[i];
+        fprintf(out,
+                "%s{\"device\":%d,\"regions\":%d,\"budget\":%llu,\"used\":%llu,"
+                "\"host_bytes\":%llu,\"evictions\":%llu,\"restores\":%llu,\"d2h_bytes\":%llu,"
+                "\"h2d_bytes\":%llu,\"prefetches\":%llu,\"early_evictions\":%llu}",
+                i ? "," : "", (int)d->device, (int)d->regions, (unsigned long long)d->budget,
+                (unsigned long long)d->used, (unsigned long long)d->host_bytes,
+                (unsigned long long)d->evictions, (unsigned long long)d->restores,
+                (unsigned long long)d->d2h_bytes, (unsigned long long)d->h2d_bytes,
+                (unsigned long long)d->prefetches, (unsigned long long)d->early_evictions);
+    }
+    fputc(']', out);
+}
+
 static void json_figures(FILE *out, const struct sh_tm_snapshot *s)
 {
     fputs(",\"counters\":{", out);
@@ -292,6 +311,7 @@ int top_print_json(FILE *out, const struct top_model *m)
             sh_tm_phase_name((int)g[SH_TM_G_phase]), sh_tm_tracking_name((int)g[SH_TM_G_tracking]));
     json_vram(out, g);
     json_host(out, s);
+    json_devices(out, s);
     json_figures(out, s);
     json_rates(out, m);
     json_regions(out, m);

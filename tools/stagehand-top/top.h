@@ -81,9 +81,13 @@ struct top_layout {
     struct top_rect status; /* the last line: keys */
 };
 
-/* Pure: depends on nothing but its arguments. nclasses: host pool classes to
- * show (0 still gets one line saying so). */
+/* Pure: depends on nothing but its arguments. nclasses: meter rows under
+ * the VRAM bar, host pool classes and devices (0 still gets one line
+ * saying so). */
 void top_layout(int rows, int cols, int nclasses, struct top_layout *out);
+/* The meter rows a snapshot asks for: a bar per device when it reports
+ * several, then the host pool classes. */
+int top_meter_rows(const struct sh_tm_snapshot *s);
 /* The help box, centred; inside the screen for any size >= TOP_MIN_*. */
 struct top_rect top_help_rect(int rows, int cols);
 /* Number of rects a layout shows, and each one (for tests). */
