@@ -220,12 +220,17 @@ static cudaError_t on_device(int device, const char *what, cudaError_t (*fn)(voi
     if (!real->cudaGetDevice || !real->cudaSetDevice || real->cudaGetDevice(&was) != cudaSuccess)
         return fn(arg);
     if (was != device) {
+        /* The failure is said here and returned: the program's next call
+         * must not find it as its own (unless one of its own was pending). */
+        int clean = real->cudaPeekAtLastError && real->cudaPeekAtLastError() == cudaSuccess;
         cudaError_t e = real->cudaSetDevice(device);
         if (e != cudaSuccess) {
             sh_log(SH_LOG_ERROR,
                    "%s: device %d cannot be made current (CUDA error %d): nothing "
                    "allocated or freed",
                    what, device, (int)e);
+            if (clean && real->cudaGetLastError)
+                real->cudaGetLastError();
             return e;
         }
     }

@@ -343,7 +343,8 @@ static pthread_mutex_t open_mu = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t refused; /* devices that could not be brought up (bit: ordinal) */
 
 /* Device ordinal's context, card, and configuration resolved for it (its
- * budget and watermarks are of its own card). open_mu held. */
+ * budget and watermarks are of its own card). open_mu held. SH_EINVAL,
+ * having said why, when it cannot be managed. */
 static int other_device(struct sh_dev *dv, int ordinal, struct sh_config *c)
 {
     struct sh_driver *d = &sh_rt.drv;
@@ -354,19 +355,17 @@ static int other_device(struct sh_dev *dv, int ordinal, struct sh_config *c)
         d->cuDeviceTotalMem(&dv->card_bytes, dv->dev) != CUDA_SUCCESS) {
         sh_log(SH_LOG_WARN, "device %d: the driver cannot open it; its memory is not managed",
                ordinal);
-        return SH_EDRIVER;
+        return SH_EINVAL;
     }
     if (!attribute(dv, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)) {
-        sh_log(SH_LOG_WARN,
-               "device %d has no virtual memory management; its memory is not "
-               "managed",
+        sh_log(SH_LOG_WARN, "device %d has no virtual memory management; its memory is not managed",
                ordinal);
-        return SH_EDRIVER;
+        return SH_EINVAL;
     }
     *c = sh_rt.cfg;
     if (sh_config_resolve(c, dv->card_bytes, host_ram(), err, sizeof err) != 0) {
         sh_log(SH_LOG_WARN, "device %d: %s; its memory is not managed", ordinal, err);
-        return SH_EDRIVER;
+        return SH_EINVAL;
     }
     sh_driver_dev_init(&dv->drvdev, d, dv->dev, dv->ctx);
     return SH_OK;
@@ -392,8 +391,9 @@ static struct sh_dev *open_other(int ordinal)
     }
     free(c);
     if (rc != SH_OK) {
-        sh_log(SH_LOG_WARN, "device %d: cannot set up its pool; its memory is not managed",
-               ordinal);
+        if (rc != SH_EINVAL) /* else other_device said why */
+            sh_log(SH_LOG_WARN, "device %d: cannot set up its pool; its memory is not managed",
+                   ordinal);
         return NULL; /* dv is kept: a pool that came up may have mappings */
     }
     sh_peers_manage(dv->dev, dv->ctx, sh_rt.drv.several);

@@ -332,6 +332,11 @@ static void case_both(void)
     assert_int_equal(cudaFreeAsync(d, s1), cudaSuccess);
     assert_int_equal(cudaStreamSynchronize(s1), cudaSuccess);
     pfree(c, REGION_MB * MiB, 1);
+    /* a device that is not there: nothing allocated, nothing changed */
+    assert_null(pmalloc(REGION_MB * MiB, 7));
+    assert_null(pmalloc(REGION_MB * MiB, 7)); /* asked again: still no such device */
+    assert_int_equal(current(), 0);
+    assert_int_equal(cudaGetLastError(), cudaSuccess); /* no error left for the program */
 
     /* filling device 1 evicts device 1's regions only */
     int n1 = push_out(1, b, more1);

@@ -346,9 +346,11 @@ static void case_alloc(void)
     assert_int_equal(cudaFreeAsync(c, s0), cudaSuccess);
     assert_int_equal(free_on(1), f1);
 
-    /* a device that is not there: nothing allocated, nothing changed */
+    /* a device that is not there: nothing allocated, nothing changed, no
+     * error left for the program's next call to find */
     assert_null(pmalloc(REGION_MB * MiB, 7));
     assert_int_equal(current(), 1);
+    assert_int_equal(cudaGetLastError(), cudaSuccess);
     assert_int_equal(cudaStreamDestroy(s0), cudaSuccess);
     assert_int_equal(cudaStreamDestroy(s1), cudaSuccess);
     assert_int_equal(cudaFree(a), cudaSuccess);
