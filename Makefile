@@ -251,7 +251,7 @@ test-python: all
 
 # The data-loss programs, STRESS_RUNS times over (not part of make test).
 STRESS_RUNS ?= 20
-STRESS_E2E  := $(addprefix $(BUILD)/tests/e2e/test_e2e_,alloc capture driver opaque evict graph process peers contexts)
+STRESS_E2E  := $(addprefix $(BUILD)/tests/e2e/test_e2e_,alloc capture driver opaque evict graph process peers contexts devices)
 
 stress: all $(STRESS_E2E)
 	@tests/stress.sh $(STRESS_RUNS) $(BUILD) $(STRESS_E2E)
