@@ -144,25 +144,29 @@ int sh_work_open(struct sh_work *w, CUstream stream, int per_thread)
  * by any kernel (it may follow pointers anywhere), by opaque work, or by a
  * range that meets it. The program gets an ordinary error for that call
  * instead of a fault that would end its context. */
+/* 1 when w might reach a hole of pool's (there is one). */
+static int reaches_hole(const struct sh_work *w, struct sh_pool *pool)
+{
+    int hit = w->kind != SH_WORK_ACCESS || w->opaque;
+    for (size_t i = 0; i + 1 < w->n && !hit; i += 2)
+        hit = sh_pool_hole_in(pool, w->ends[i], w->ends[i + 1]);
+    return hit;
+}
+
 int sh_work_refused(const struct sh_work *w)
 {
     if (w->kind == SH_WORK_CAPTURE)
         return 0;
-    int hit = 0;
-    for (int d = 0; d < atomic_load(&sh_rt.ndevs) && !hit; d++) {
-        struct sh_pool *pool = sh_rt.devs[d]->pool;
-        if (sh_pool_heal(pool) == 0)
-            continue;
-        hit = w->kind != SH_WORK_ACCESS || w->opaque;
-        for (size_t i = 0; i + 1 < w->n && !hit; i += 2)
-            hit = sh_pool_hole_in(pool, w->ends[i], w->ends[i + 1]);
-    }
-    if (hit)
-        sh_monitor_event(SH_TM_EV_ERROR, (uint64_t)-SH_ELOST, 0);
-    if (hit && !atomic_exchange(&told_refused, 1))
+    int hit = 0, n = atomic_load_explicit(&sh_rt.ndevs, memory_order_acquire);
+    for (int d = 0; d < n && !hit; d++) /* sh_pool_heal: 0 while there is no hole */
+        hit = sh_pool_heal(sh_rt.devs[d]->pool) != 0 && reaches_hole(w, sh_rt.devs[d]->pool);
+    if (!hit)
+        return 0;
+    sh_monitor_event(SH_TM_EV_ERROR, (uint64_t)-SH_ELOST, 0);
+    if (!atomic_exchange(&told_refused, 1))
         sh_log(SH_LOG_ERROR, "device work refused (out of memory) while memory the driver "
                              "failed to map again cannot be mapped: its bytes are kept");
-    return hit;
+    return 1;
 }
 
 int sh_work_issue(struct sh_work *w)

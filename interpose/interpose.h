@@ -53,6 +53,9 @@ struct sh_dev {
     struct sh_engine engine; /* its pressure and deferred counters too */
     struct sh_sched *sched;
     struct sh_fp *fp; /* NULL when eviction is off */
+    /* engine.pressure as it was when the scheduler last found the pool all
+     * on the device, nothing in flight (sh_sched_quiet). */
+    atomic_ullong quiet_at;
 };
 
 #define SH_DEVICES_MAX 16
@@ -193,7 +196,29 @@ struct sh_layout {
     uint16_t off[SH_LAYOUT_MAX_PARAMS], size[SH_LAYOUT_MAX_PARAMS];
 };
 int sh_layouts_init(void);
-const struct sh_layout *sh_layout_of(const void *key, int kind);
+/* The cache: a slot's key is published last, with release, and a filled
+ * layout never changes, so a hit is read without a lock (inline: every
+ * launch asks); a miss fills a slot under the cache's lock. */
+#define SH_LAYOUTS 4096
+extern struct sh_layout *sh_layouts;
+const struct sh_layout *sh_layout_fill(const void *key, int kind);
+static inline size_t sh_layout_slot(const void *key)
+{
+    return ((uintptr_t)key >> 4) * 0x9e3779b97f4a7c15ull % SH_LAYOUTS;
+}
+static inline const struct sh_layout *sh_layout_of(const void *key, int kind)
+{
+    size_t h = sh_layout_slot(key);
+    for (size_t i = 0; i < SH_LAYOUTS; i++) {
+        const struct sh_layout *l = &sh_layouts[(h + i) % SH_LAYOUTS];
+        const void *k = __atomic_load_n(&l->key, __ATOMIC_ACQUIRE);
+        if (!k)
+            break;
+        if (k == key && l->kind == kind)
+            return l;
+    }
+    return sh_layout_fill(key, kind);
+}
 
 /* Launch tracking (launch.c). begin/end bracket the issue of one launch:
  * begin restores what it points into and enters the remap gate. busy: 1
@@ -375,9 +400,20 @@ void sh_sched_stalls(uint64_t *n, uint64_t *us);
 size_t sh_sched_prefetch_wait(struct sh_dev *d, const uintptr_t *bases, size_t n);
 /* 1 while nothing has been evicted from d since the planner last saw its
  * pool all on the device (a hint: read without a lock). sh_quiet: the same
- * for every device. */
-int sh_sched_quiet(const struct sh_dev *d);
-int sh_quiet(void);
+ * for every device. Inline: every launch asks. */
+static inline int sh_sched_quiet(const struct sh_dev *d)
+{
+    return atomic_load_explicit(&d->quiet_at, memory_order_acquire) ==
+           atomic_load_explicit(&d->engine.pressure, memory_order_acquire);
+}
+static inline int sh_quiet(void)
+{
+    int n = atomic_load_explicit(&sh_rt.ndevs, memory_order_acquire);
+    for (int i = 0; i < n; i++)
+        if (!sh_sched_quiet(sh_rt.devs[i]))
+            return 0;
+    return 1;
+}
 /* Tells the monitor that each region starting at bases[0..n) had an event
  * of kind (SH_TM_EV_*): its id and size. */
 void sh_sched_announce(struct sh_dev *d, const uintptr_t *bases, size_t n, int kind);

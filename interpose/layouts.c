@@ -17,11 +17,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define LAYOUTS    4096
+#define LAYOUTS    SH_LAYOUTS
 #define MAX_PARAMS SH_LAYOUT_MAX_PARAMS
 
 static pthread_mutex_t layout_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct sh_layout *layouts; /* open addressing on key */
+struct sh_layout *sh_layouts; /* open addressing on key */
 static __typeof__(cudaGetFuncBySymbol) *real_get_func;
 static CUresult (*kernel_param_info)(CUkernel, size_t, size_t *, size_t *);
 static CUresult (*func_param_info)(CUfunction, size_t, size_t *, size_t *);
@@ -140,21 +140,13 @@ static int fill_layout(struct sh_layout *l, const void *key)
 /* The cached layout of a function. A slot's key is published last, with
  * release, and a filled layout never changes: a hit reads it without the
  * lock. Misses (one per function) fill a slot under layout_mu. */
-const struct sh_layout *sh_layout_of(const void *key, int kind)
+const struct sh_layout *sh_layout_fill(const void *key, int kind)
 {
-    size_t h = ((uintptr_t)key >> 4) * 0x9e3779b97f4a7c15ull % LAYOUTS;
-    for (size_t i = 0; i < LAYOUTS; i++) {
-        const struct sh_layout *l = &layouts[(h + i) % LAYOUTS];
-        const void *k = __atomic_load_n(&l->key, __ATOMIC_ACQUIRE);
-        if (!k)
-            break;
-        if (k == key && l->kind == kind)
-            return l;
-    }
+    size_t h = sh_layout_slot(key);
     const struct sh_layout *found = NULL;
     pthread_mutex_lock(&layout_mu);
     for (size_t i = 0; i < LAYOUTS && !found; i++) {
-        struct sh_layout *l = &layouts[(h + i) % LAYOUTS];
+        struct sh_layout *l = &sh_layouts[(h + i) % LAYOUTS];
         if (l->key == key && l->kind == kind) {
             found = l;
         } else if (!l->key) {
@@ -171,8 +163,8 @@ const struct sh_layout *sh_layout_of(const void *key, int kind)
 
 int sh_layouts_init(void)
 {
-    layouts = calloc(LAYOUTS, sizeof *layouts);
-    if (!layouts)
+    sh_layouts = calloc(LAYOUTS, sizeof *sh_layouts);
+    if (!sh_layouts)
         return -1;
     real_get_func =
         (__typeof__(cudaGetFuncBySymbol) *)sh_dl_lookup(RTLD_NEXT, "cudaGetFuncBySymbol");

@@ -15,10 +15,10 @@
  *
  * Locking: a device's mu serialises every call into its policy and the
  * trace writer (neither is thread-safe). No CUDA call is made under it:
- * the pool's moves run between two sections. quiet_at is atomic: the
- * device's engine pressure as it was when the planner last found nothing
- * on the host, nothing in flight. While the two are equal (so no eviction
- * since), a program that fits pays for no planning at all.
+ * the pool's moves run between two sections. A device's quiet_at is
+ * atomic: its engine pressure as it was when the planner last found
+ * nothing on the host, nothing in flight. While the two are equal (so no
+ * eviction since), a program that fits pays for no planning at all.
  */
 #include "interpose/interpose.h"
 
@@ -45,7 +45,6 @@ struct sh_sched {
      * launch number since it came back; since_clean: its count of
      * unchanged evictions then (sh_region_info.unchanged). Under mu. */
     struct sh_map since_seq, since_clean;
-    atomic_ullong quiet_at;
     /* Steps and phases the policy found by itself, for the monitor. */
     int64_t shown_step;
     int shown_phase;
@@ -401,30 +400,13 @@ static int prefetching(const struct sh_dev *d)
     return d->sched->policy && d->xfer && sh_rt.cfg.policy.prefetch_enabled;
 }
 
-/* 1 while nothing has been evicted since the planner last saw the pool all
- * on the device: there is nothing to fetch, commit or make room for. */
-int sh_sched_quiet(const struct sh_dev *d)
-{
-    return atomic_load_explicit(&d->sched->quiet_at, memory_order_acquire) ==
-           atomic_load_explicit(&d->engine.pressure, memory_order_acquire);
-}
-
-int sh_quiet(void)
-{
-    int n = atomic_load_explicit(&sh_rt.ndevs, memory_order_acquire);
-    for (int i = 0; i < n; i++)
-        if (!sh_sched_quiet(sh_rt.devs[i]))
-            return 0;
-    return 1;
-}
-
 /* Records that the pool was all on the device, nothing in flight, as of
  * pressure count p (read before the pool was). */
-static void note_quiet(struct sh_sched *sc, uint64_t p, size_t host_bytes, size_t inflight,
+static void note_quiet(struct sh_dev *d, uint64_t p, size_t host_bytes, size_t inflight,
                        size_t evicting)
 {
     if (host_bytes == 0 && inflight == 0 && evicting == 0)
-        atomic_store_explicit(&sc->quiet_at, p, memory_order_release);
+        atomic_store_explicit(&d->quiet_at, p, memory_order_release);
 }
 
 void sh_sched_announce(struct sh_dev *d, const uintptr_t *bases, size_t n, int kind)
@@ -553,7 +535,7 @@ static ALWAYS_INLINE void plan_read(struct sh_dev *d, struct plan_in *in, uint64
     static atomic_uint plans;
     int fresh = atomic_fetch_add_explicit(&plans, 1, memory_order_relaxed) % RESERVE_EVERY == 0;
     in->dev = device_bytes + sh_engine_reserve_recent(&d->engine, device_bytes, fresh);
-    note_quiet(d->sched, pressure, host_bytes, in->inflight, in->evicting);
+    note_quiet(d, pressure, host_bytes, in->inflight, in->evicting);
 }
 
 /* The policy's plan (engine/plan.c); sched_mu held. Returns whether a
