@@ -394,7 +394,9 @@ static struct sh_dev *open_other(int ordinal)
         if (rc != SH_EINVAL) /* else other_device said why */
             sh_log(SH_LOG_WARN, "device %d: cannot set up its pool; its memory is not managed",
                    ordinal);
-        return NULL; /* dv is kept: a pool that came up may have mappings */
+        if (dv && !dv->pool)
+            free(dv); /* else kept: a pool that came up may have mappings */
+        return NULL;
     }
     sh_peers_manage(dv->dev, dv->ctx, sh_rt.drv.several);
     int n = atomic_load_explicit(&sh_rt.ndevs, memory_order_relaxed);
