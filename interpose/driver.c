@@ -87,11 +87,6 @@ static CUresult sync_ctx(const struct sh_driver *drv, CUcontext ctx)
     return r;
 }
 
-CUresult sh_driver_sync(const struct sh_driver *drv)
-{
-    return sync_ctx(drv, drv->ctx);
-}
-
 CUresult sh_driver_sync_dev(const struct sh_driver_dev *dd)
 {
     return sync_ctx(dd->drv, dd->ctx);
@@ -103,11 +98,6 @@ static int enter_ctx(const struct sh_driver *drv, CUcontext ctx)
 {
     return (drv->several || sh_peers_waiting()) && ctx &&
            drv->cuCtxPushCurrent(ctx) == CUDA_SUCCESS;
-}
-
-int sh_driver_enter(const struct sh_driver *drv)
-{
-    return enter_ctx(drv, drv->ctx);
 }
 
 int sh_driver_enter_dev(const struct sh_driver_dev *dd)

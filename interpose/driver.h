@@ -38,25 +38,20 @@ void sh_driver_dev_init(struct sh_driver_dev *dd, struct sh_driver *drv, CUdevic
  * drv->version is the driver's CUDA version (12040 for 12.4). */
 int sh_driver_load(struct sh_driver *drv, const char *path);
 
-/* Waits for all work in the managed device's context (drv->ctx), whatever
- * context the calling thread has current: a program that drives two GPUs
- * calls in with the other one's current, and a wait for that one would
- * let the managed device's kernels run on under a remap. Then for the
- * other contexts that may touch regions (sh_peers_sync): with several
- * devices, those of peers and copies; with one or several, those the
- * program created on the managed device. Before drv->ctx is known: the
- * current context. Returns the managed context's result. */
-CUresult sh_driver_sync(const struct sh_driver *drv);
-/* The same for dd's context, then the other contexts that may touch
- * regions. */
+/* Waits for all work in dd's context, whatever context the calling thread
+ * has current: a program that drives two GPUs calls in with the other
+ * one's current, and a wait for that one would let dd's kernels run on
+ * under a remap. Then for the other contexts that may touch regions
+ * (sh_peers_sync_except): with several devices, those of peers, copies and
+ * the other managed devices; with one or several, those the program
+ * created on a managed device. Before dd->ctx is known: the current
+ * context. Returns dd's context's result. */
 CUresult sh_driver_sync_dev(const struct sh_driver_dev *dd);
 
-/* With several devices, or once the program created a context, makes the
- * managed context current for a call that acts on the current one
- * (creating an event, asking for free memory): returns 1 when it pushed
- * it, for sh_driver_leave. */
-int sh_driver_enter(const struct sh_driver *drv);
-/* The same for dd's context. */
+/* With several devices, or once the program created a context, makes dd's
+ * context current for a call that acts on the current one (creating an
+ * event, asking for free memory): returns 1 when it pushed it, for
+ * sh_driver_leave. */
 int sh_driver_enter_dev(const struct sh_driver_dev *dd);
 void sh_driver_leave(const struct sh_driver *drv, int pushed);
 

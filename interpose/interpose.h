@@ -313,7 +313,7 @@ uint64_t sh_launch_tables_gen(void);
 void sh_launch_prepare(uint64_t kernel, uintptr_t *vals, size_t n);
 /* Commits prefetches of, and restores, the regions at addrs, as a launch
  * would (best effort: check where they are afterwards). */
-void sh_launch_make_resident(const uintptr_t *addrs, size_t n);
+void sh_launch_make_resident(struct sh_dev *d, const uintptr_t *addrs, size_t n);
 /* The most regions one launch names that are followed one by one. */
 #define SH_LAUNCH_MAX_REGIONS 256
 /* restore.c: brings back d's evicted regions of a launch (addrs[0..n), what

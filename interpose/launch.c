@@ -523,9 +523,8 @@ static ALWAYS_INLINE uint64_t make_resident(struct sh_dev *d, const uintptr_t *a
     return sh_clock_us() - t0 + 1;
 }
 
-void sh_launch_make_resident(const uintptr_t *addrs, size_t n)
+void sh_launch_make_resident(struct sh_dev *d, const uintptr_t *addrs, size_t n)
 {
-    struct sh_dev *d = sh_dev_main();
     uintptr_t vals[MAX_ADDRS], bases[MAX_ADDRS];
     struct sh_pool_use u = {.bases = bases};
     n = n < MAX_ADDRS ? n : MAX_ADDRS;

@@ -223,7 +223,7 @@ int sh_pin_region(uintptr_t p)
             sh_sched_pinned(d, info.va);
         if (rc != SH_EBUSY)
             return rc == SH_ENOTFOUND ? 0 : rc;
-        sh_launch_make_resident(&p, 1);
+        sh_launch_make_resident(d, &p, 1);
     }
     sh_log(SH_LOG_ERROR, "0x%llx: cannot bring the region back to the device to share its pages",
            (unsigned long long)p);

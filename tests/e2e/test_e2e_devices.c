@@ -244,6 +244,14 @@ static void case_both(void)
     int n0 = push_out(0, a, more0);
     assert_int_equal(n0 >= BUDGET_MB / REGION_MB - 2, 1);
 
+    /* a handle asked of an evicted device-1 region: brought back to its own
+     * device first, then pinned there */
+    CUmemGenericAllocationHandle h = 0;
+    assert_int_equal(residency(b), 0);
+    assert_int_equal(cuMemRetainAllocationHandle(&h, b), CUDA_SUCCESS);
+    assert_int_equal(residency(b), 1);
+    assert_int_equal(cuMemRelease(h), CUDA_SUCCESS);
+
     /* each device's kernel brings its region back, bytes intact */
     assert_int_equal(cudaSetDevice(1), cudaSuccess);
     assert_int_equal(launch2(k_bump, b), cudaSuccess);
