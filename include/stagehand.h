@@ -149,8 +149,17 @@ typedef struct stagehand_stats {
     uint64_t host_launches;
 } stagehand_stats_t;
 
-/* Fills *out (at most size bytes of it); 0, or -1 if out is NULL. */
+/* Fills *out (at most size bytes of it); 0, or -1 if out is NULL. The
+ * device figures are the main device's ([general] device). */
 int stagehand_get_stats(stagehand_stats_t *out, size_t size);
+
+/* The same with the device figures of device (the runtime's number), one
+ * the library manages ([general] devices = all manages every device the
+ * program allocates on); the process-wide ones (step, phase, passthrough,
+ * oom, launches and their tracking, stalls, remap windows, the node's
+ * budget) are as stagehand_get_stats gives them. 0, or -1 (nothing
+ * written) if out is NULL or the device is not managed. */
+int stagehand_get_device_stats(int device, stagehand_stats_t *out, size_t size);
 
 /* Where the memory at ptr lives now: 1 on the device, 0 in host memory
  * (evicted, or moving), -1 when it is not in a region the library manages

@@ -162,19 +162,17 @@ static int devices(void *ctx, struct sh_tm_device *out, int max)
         struct sh_dev *d = sh_rt.devs[i];
         struct sh_pool_stats st;
         sh_pool_stats(d->pool, &st);
-        out[i] = (struct sh_tm_device){
-            .device = d->ordinal,
-            .regions = (int32_t)(st.regions[SH_RS_RESIDENT] + st.regions[SH_RS_EVICTING] +
-                                 st.regions[SH_RS_HOST] + st.regions[SH_RS_RESTORING] - st.slabs),
-            .budget = d->engine.cfg.budget,
-            .used = sh_sched_device_bytes(d),
-            .host_bytes = st.host_bytes,
-            .evictions = st.evictions,
-            .restores = st.restores,
-            .d2h_bytes = st.evicted_bytes,
-            .h2d_bytes = st.restored_bytes,
-            .prefetches = st.prefetches,
-            .early_evictions = st.early_evictions};
+        out[i] = (struct sh_tm_device){.device = d->ordinal,
+                                       .regions = (int32_t)sh_pool_stats_live(&st),
+                                       .budget = d->engine.cfg.budget,
+                                       .used = sh_sched_device_bytes(d),
+                                       .host_bytes = st.host_bytes,
+                                       .evictions = st.evictions,
+                                       .restores = st.restores,
+                                       .d2h_bytes = st.evicted_bytes,
+                                       .h2d_bytes = st.restored_bytes,
+                                       .prefetches = st.prefetches,
+                                       .early_evictions = st.early_evictions};
     }
     return n < max ? n : max;
 }

@@ -136,6 +136,19 @@ static void host_release(void *ctx, size_t bytes)
     atomic_fetch_sub(&host_pinned, bytes);
 }
 
+/* A slab device ctx waits for did not fit: the other devices give back
+ * idle slabs (each pool grows towards its targets in the background, and
+ * the first device's would otherwise hold the whole budget). */
+static int host_reclaim(void *ctx, size_t bytes)
+{
+    size_t got = 0;
+    int n = atomic_load_explicit(&sh_rt.ndevs, memory_order_acquire);
+    for (int i = 0; i < n && got < bytes; i++)
+        if (sh_rt.devs[i] != ctx && sh_rt.devs[i]->host)
+            got += sh_hostpool_shed(sh_rt.devs[i]->host, bytes - got);
+    return got > 0;
+}
+
 /* [budget] host_ram_scope = node, or auto in a job of several ranks: this
  * process's pinned slabs come out of a budget the user's processes on this
  * machine share. A segment that cannot be used is named with what is
@@ -178,7 +191,7 @@ static int try_mover(struct sh_dev *dv)
                                     .ram_budget = c->budget.host_ram_budget.bytes,
                                     .prepin = c->pool.prepin.bytes,
                                     .grow_in_background = c->pool.grow_in_background};
-    hp.share = (struct sh_hostpool_share){host_reserve, host_release, NULL};
+    hp.share = (struct sh_hostpool_share){host_reserve, host_release, host_reclaim, dv};
     hp.nclasses = c->pool.classes_mb.n;
     for (unsigned i = 0; i < hp.nclasses && i < SH_HOSTPOOL_MAX_CLASSES; i++) {
         hp.class_bytes[i] = (size_t)c->pool.classes_mb.v[i] << 20;

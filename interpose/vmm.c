@@ -4,13 +4,14 @@
  * cudaGetDriverEntryPoint or dlsym (intercept.c and dlsym.c hand out these
  * hooks).
  *
- * A cuMemCreate of device memory on the managed device gets a handle of
- * the library's own, backed by the pool's chunks (pool/adopt.c); cuMemMap
- * of that handle makes the mapped range a region at the program's address,
- * which is evicted and restored like any other. cuMemUnmap, cuMemRelease
- * and cuMemAddressFree give it back. Everything else passes through: other
- * devices, host locations, compressible or RDMA memory, sizes off the
- * pool's granularity, and any handle the driver made. What the library
+ * A cuMemCreate of device memory on a managed device gets a handle of the
+ * library's own, backed by that device's pool's chunks (pool/adopt.c);
+ * cuMemMap of that handle makes the mapped range a region of that pool at
+ * the program's address, which is evicted and restored like any other.
+ * cuMemUnmap, cuMemRelease and cuMemAddressFree give it back. Everything
+ * else passes through: devices not managed, host locations, compressible
+ * memory, sizes off the pool's granularity, and any handle the driver
+ * made. What the library
  * cannot do with one of its handles (map part of it, map it twice, export
  * it to another process) is refused with an error and a line saying what
  * to change; the memory is never lost.
@@ -68,6 +69,7 @@ static void resolve(void)
 
 struct slot {
     struct sh_backing *b; /* NULL: free */
+    struct sh_dev *d;     /* whose pool holds it */
     CUmemAllocationProp prop;
     uint32_t gen; /* bumped as the slot is freed: a stale value finds nothing */
 };
@@ -83,7 +85,8 @@ static CUmemGenericAllocationHandle value_of(size_t i)
 
 /* A slot for b: its own if it has one (a retained reference), else a new
  * one; 0 when the table cannot grow. table_mu held. */
-static CUmemGenericAllocationHandle slot_add(struct sh_backing *b, const CUmemAllocationProp *prop)
+static CUmemGenericAllocationHandle slot_add(struct sh_dev *d, struct sh_backing *b,
+                                             const CUmemAllocationProp *prop)
 {
     size_t i = 0;
     for (; i < nslots && slots[i].b != b; i++)
@@ -103,6 +106,7 @@ static CUmemGenericAllocationHandle slot_add(struct sh_backing *b, const CUmemAl
     if (i == nslots)
         slots[nslots++] = (struct slot){0};
     slots[i].b = b;
+    slots[i].d = d;
     slots[i].prop = *prop;
     slots[i].prop.allocFlags.gpuDirectRDMACapable = 0; /* what the chunks are */
     return value_of(i);
@@ -119,11 +123,16 @@ static struct slot *slot_of(CUmemGenericAllocationHandle h)
     return &slots[i];
 }
 
-static struct sh_backing *backing_of(CUmemGenericAllocationHandle h, CUmemAllocationProp *prop)
+/* The backing h names (NULL when none), with its device and properties
+ * (each may be NULL). */
+static struct sh_backing *backing_of(CUmemGenericAllocationHandle h, struct sh_dev **d,
+                                     CUmemAllocationProp *prop)
 {
     pthread_mutex_lock(&table_mu);
     struct slot *s = slot_of(h);
     struct sh_backing *b = s ? s->b : NULL;
+    if (s && d)
+        *d = s->d;
     if (s && prop)
         *prop = s->prop;
     pthread_mutex_unlock(&table_mu);
@@ -137,8 +146,9 @@ static int ours(CUmemGenericAllocationHandle h)
 
 /* ---- creating and releasing ---- */
 
-/* Memory the pool can hold for the program: pinned device memory on the
- * managed device, whole granules, nothing the pool's chunks lack (the
+/* Memory a pool can hold for the program: pinned device memory on a
+ * managed device (with [general] devices = all, one not managed yet is
+ * brought up), whole granules, nothing the pool's chunks lack (the
  * handle types asked for matter only to an export, refused below).
  * GPUDirect RDMA is asked for by PyTorch wherever the card offers it; the
  * chunks are created without it, so a NIC that tries to register them is
@@ -153,9 +163,8 @@ static struct sh_dev *manageable(size_t size, const CUmemAllocationProp *p,
         p->location.type != CU_MEM_LOCATION_TYPE_DEVICE || p->allocFlags.compressionType ||
         p->allocFlags.usage || (p->requestedHandleTypes & ~types) != 0 || !sh_managed())
         return NULL;
-    /* The program's mappings are the main device's pool's (backings). */
-    struct sh_dev *d = sh_dev_ordinal(p->location.id);
-    return d && d == sh_dev_main() && d->host && size % d->gran == 0 ? d : NULL;
+    struct sh_dev *d = sh_dev_open(p->location.id);
+    return d && d->host && size % d->gran == 0 ? d : NULL;
 }
 
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
@@ -182,7 +191,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     if (rc != SH_OK)
         return real.create(handle, size, prop, flags);
     pthread_mutex_lock(&table_mu);
-    CUmemGenericAllocationHandle h = slot_add(b, prop);
+    CUmemGenericAllocationHandle h = slot_add(d, b, prop);
     pthread_mutex_unlock(&table_mu);
     if (!h) {
         sh_pool_backing_release(d->pool, b);
@@ -197,8 +206,9 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     RESOLVE();
     if (!ours(handle))
         return real.release ? real.release(handle) : CUDA_ERROR_NOT_INITIALIZED;
-    struct sh_backing *b = backing_of(handle, NULL);
-    int rc = b ? sh_pool_backing_release(sh_dev_main()->pool, b) : SH_EINVAL;
+    struct sh_dev *d = NULL;
+    struct sh_backing *b = backing_of(handle, &d, NULL);
+    int rc = b ? sh_pool_backing_release(d->pool, b) : SH_EINVAL;
     if (rc == 1) { /* the last reference: the value names nothing from now on */
         pthread_mutex_lock(&table_mu);
         struct slot *s = slot_of(handle);
@@ -232,16 +242,17 @@ int sh_pin_region(uintptr_t p)
 
 int sh_vmm_retain(uintptr_t addr, CUmemGenericAllocationHandle *handle)
 {
-    struct sh_backing *b = sh_active() ? sh_pool_backing_retain(sh_dev_main()->pool, addr) : NULL;
+    struct sh_dev *d = sh_active() ? sh_dev_of(addr) : NULL;
+    struct sh_backing *b = d ? sh_pool_backing_retain(d->pool, addr) : NULL;
     if (!b)
         return 0;
     CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
-                                .location = {CU_MEM_LOCATION_TYPE_DEVICE, sh_dev_main()->ordinal}};
+                                .location = {CU_MEM_LOCATION_TYPE_DEVICE, d->ordinal}};
     pthread_mutex_lock(&table_mu);
-    CUmemGenericAllocationHandle h = slot_add(b, &prop);
+    CUmemGenericAllocationHandle h = slot_add(d, b, &prop);
     pthread_mutex_unlock(&table_mu);
     if (!h) {
-        sh_pool_backing_release(sh_dev_main()->pool, b);
+        sh_pool_backing_release(d->pool, b);
         return -1;
     }
     *handle = h;
@@ -255,7 +266,7 @@ EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop
     if (!ours(handle))
         return real.props ? real.props(prop, handle) : CUDA_ERROR_NOT_INITIALIZED;
     CUmemAllocationProp p;
-    if (!prop || !backing_of(handle, &p))
+    if (!prop || !backing_of(handle, NULL, &p))
         return CUDA_ERROR_INVALID_VALUE;
     *prop = p;
     return CUDA_SUCCESS;
@@ -271,7 +282,7 @@ EXPORT CUresult cuMemExportToShareableHandle(void *shareable, CUmemGenericAlloca
     if (!ours(handle))
         return real.export_handle ? real.export_handle(shareable, handle, type, flags)
                                   : CUDA_ERROR_NOT_INITIALIZED;
-    if (!backing_of(handle, NULL))
+    if (!backing_of(handle, NULL, NULL))
         return CUDA_ERROR_INVALID_VALUE;
     sh_log(SH_LOG_ERROR,
            "cuMemExportToShareableHandle: stagehand manages this memory and may move it, so it "
@@ -289,7 +300,8 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
     RESOLVE();
     if (!ours(handle))
         return real.map ? real.map(ptr, size, offset, handle, flags) : CUDA_ERROR_NOT_INITIALIZED;
-    struct sh_backing *b = backing_of(handle, NULL);
+    struct sh_dev *d = NULL;
+    struct sh_backing *b = backing_of(handle, &d, NULL);
     if (!b || offset != 0 || flags != 0 || size == 0 || size > sh_pool_backing_size(b))
         return CUDA_ERROR_INVALID_VALUE; /* as the driver answers */
     if (size < sh_pool_backing_size(b)) {
@@ -299,7 +311,7 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                (unsigned long long)ptr, size, sh_pool_backing_size(b));
         return CUDA_ERROR_NOT_SUPPORTED;
     }
-    int rc = sh_pool_backing_map(sh_dev_main()->pool, b, (uintptr_t)ptr);
+    int rc = sh_pool_backing_map(d->pool, b, (uintptr_t)ptr);
     if (rc == SH_EBUSY) {
         sh_log(SH_LOG_ERROR,
                "cuMemMap(0x%llx): the handle is mapped already; stagehand maps each handle at "
@@ -309,51 +321,92 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
     }
     if (rc != SH_OK) /* the driver refused the address (not reserved, or mapped) */
         return rc == SH_ENOMEM ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_INVALID_VALUE;
-    sh_sched_alloc(sh_dev_main(), (uintptr_t)ptr, size, sh_stream_key(NULL));
+    sh_sched_alloc(d, (uintptr_t)ptr, size, sh_stream_key(NULL));
     return CUDA_SUCCESS;
 }
 
-/* The backings mapped in [ptr, ptr + size): a malloc'd array of their
- * starts and one of their sizes (both NULL when none), *n their count.
- * 0, or CUDA_ERROR_INVALID_VALUE when one is cut by the range or a region
- * that is not the program's lies in it (the program's call would reach
- * memory it does not own). */
-static CUresult backings_in(CUdeviceptr ptr, size_t size, uintptr_t **va, size_t **len, size_t *n)
+/* A backing mapped where the program asked, and the device whose pool
+ * holds it. */
+struct mapped {
+    uintptr_t va;
+    size_t len;
+    struct sh_dev *d;
+};
+
+static int by_address(const void *a, const void *b)
 {
-    *va = NULL;
-    *len = NULL;
+    uintptr_t x = ((const struct mapped *)a)->va, y = ((const struct mapped *)b)->va;
+    return (x > y) - (x < y);
+}
+
+/* Device d's backings in [ptr, ptr + size), appended to m[*n..cap). -1
+ * when a region that is not the program's lies in the range. */
+static int device_mappings(struct sh_dev *d, CUdeviceptr ptr, size_t size, struct mapped *m,
+                           size_t *n, size_t cap)
+{
+    uintptr_t va[64];
+    size_t len[64], got, at = ptr, end = ptr + size;
     int other = 0;
-    *n = sh_pool_backings_in(sh_dev_main()->pool, ptr, ptr + size, NULL, NULL, 0, &other);
-    if (other)
-        return CUDA_ERROR_INVALID_VALUE;
+    do { /* in slices of 64, address order */
+        got = sh_pool_backings_in(d->pool, at, end, va, len, 64, &other);
+        if (other)
+            return -1;
+        for (size_t k = 0; k < got && k < 64; k++) {
+            if (*n < cap && m)
+                m[*n] = (struct mapped){va[k], len[k], d};
+            ++*n;
+            at = va[k] + len[k];
+        }
+    } while (got > 64);
+    return 0;
+}
+
+/* The backings mapped in [ptr, ptr + size), on every managed device: a
+ * malloc'd array in address order (NULL when none), *n their count. 0, or
+ * CUDA_ERROR_INVALID_VALUE when one is cut by the range or a region that
+ * is not the program's lies in it (the program's call would reach memory
+ * it does not own). */
+static CUresult mappings_in(CUdeviceptr ptr, size_t size, struct mapped **m, size_t *n)
+{
+    int ndevs = atomic_load_explicit(&sh_rt.ndevs, memory_order_acquire);
+    size_t cap = 0;
+    *m = NULL;
+    for (int pass = 0; pass < 2; pass++) { /* count, then fill */
+        *n = 0;
+        for (int i = 0; i < ndevs; i++)
+            if (device_mappings(sh_rt.devs[i], ptr, size, *m, n, cap) != 0)
+                return CUDA_ERROR_INVALID_VALUE;
+        if (*n == 0 || *m)
+            break;
+        cap = *n;
+        if (!(*m = malloc(cap * sizeof **m)))
+            return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *n = *n < cap ? *n : cap;
     if (*n == 0)
         return CUDA_SUCCESS;
-    *va = malloc(*n * sizeof **va);
-    *len = malloc(*n * sizeof **len);
-    if (!*va || !*len)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    *n = sh_pool_backings_in(sh_dev_main()->pool, ptr, ptr + size, *va, *len, *n, &other);
+    qsort(*m, *n, sizeof **m, by_address);
     for (size_t k = 0; k < *n; k++)
-        if ((*va)[k] < ptr || (*va)[k] + (*len)[k] > ptr + size)
+        if ((*m)[k].va < ptr || (*m)[k].va + (*m)[k].len > ptr + size)
             return CUDA_ERROR_INVALID_VALUE; /* the driver unmaps whole mappings only */
     return CUDA_SUCCESS;
 }
 
 /* Calls fn on every part of [ptr, ptr + size) that none of the n sorted
- * backings covers: the driver's own mappings there. */
-static CUresult each_gap(CUdeviceptr ptr, size_t size, const uintptr_t *va, const size_t *len,
-                         size_t n, CUresult (*fn)(CUdeviceptr, size_t, void *), void *arg)
+ * mappings covers: the driver's own mappings there. */
+static CUresult each_gap(CUdeviceptr ptr, size_t size, const struct mapped *m, size_t n,
+                         CUresult (*fn)(CUdeviceptr, size_t, void *), void *arg)
 {
     uintptr_t at = ptr, end = ptr + size;
     for (size_t k = 0; k <= n; k++) {
-        uintptr_t next = k < n ? va[k] : end;
+        uintptr_t next = k < n ? m[k].va : end;
         if (next > at) {
             CUresult r = fn(at, next - at, arg);
             if (r != CUDA_SUCCESS)
                 return r;
         }
         if (k < n)
-            at = va[k] + len[k];
+            at = m[k].va + m[k].len;
     }
     return CUDA_SUCCESS;
 }
@@ -371,19 +424,18 @@ EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!sh_active() || size == 0)
         return real.unmap(ptr, size);
-    uintptr_t *va;
-    size_t *len, n;
-    CUresult r = backings_in(ptr, size, &va, &len, &n);
+    struct mapped *m;
+    size_t n;
+    CUresult r = mappings_in(ptr, size, &m, &n);
     if (r == CUDA_SUCCESS && n == 0)
         r = real.unmap(ptr, size);
     else if (r == CUDA_SUCCESS) /* the driver's own mappings first: it may refuse them */
-        r = each_gap(ptr, size, va, len, n, unmap_gap, NULL);
+        r = each_gap(ptr, size, m, n, unmap_gap, NULL);
     for (size_t k = 0; r == CUDA_SUCCESS && k < n; k++) {
-        sh_sched_free(sh_dev_main(), va[k]);
-        sh_pool_backing_unmap(sh_dev_main()->pool, va[k]);
+        sh_sched_free(m[k].d, m[k].va);
+        sh_pool_backing_unmap(m[k].d->pool, m[k].va);
     }
-    free(va);
-    free(len);
+    free(m);
     return r;
 }
 
@@ -398,20 +450,22 @@ static CUresult access_gap(CUdeviceptr p, size_t size, void *arg)
     return real.set_access(p, size, a->desc, a->count);
 }
 
-/* 1 when every entry asks for what the library's mappings always give:
- * read and write for the managed device. */
-static int access_is_ours(const CUmemAccessDesc *desc, size_t count)
+/* 1 when every entry asks, for every mapping, what the library's mappings
+ * always give: read and write for the device whose pool holds it. */
+static int access_is_ours(const CUmemAccessDesc *desc, size_t count, const struct mapped *m,
+                          size_t n)
 {
-    for (size_t i = 0; i < count; i++)
-        if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
-            desc[i].location.id != sh_dev_main()->ordinal ||
-            desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
-            return 0;
+    for (size_t k = 0; k < n; k++)
+        for (size_t i = 0; i < count; i++)
+            if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+                desc[i].location.id != m[k].d->ordinal ||
+                desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+                return 0;
     return 1;
 }
 
-/* The library's mappings already give the managed device read and write,
- * at every address a region moves to. Any other access (a peer device, read
+/* The library's mappings already give their device read and write, at
+ * every address a region moves to. Any other access (a peer device, read
  * only) is set on the mappings there now, so those regions are pinned
  * first: a move would map them again without it. */
 EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
@@ -422,20 +476,19 @@ EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!sh_active() || !desc || count == 0 || size == 0)
         return real.set_access(ptr, size, desc, count);
-    uintptr_t *va;
-    size_t *len, n;
-    CUresult r = backings_in(ptr, size, &va, &len, &n);
+    struct mapped *m;
+    size_t n;
+    CUresult r = mappings_in(ptr, size, &m, &n);
     struct access a = {desc, count};
-    if (r == CUDA_SUCCESS && n > 0 && access_is_ours(desc, count)) {
-        r = each_gap(ptr, size, va, len, n, access_gap, &a);
+    if (r == CUDA_SUCCESS && n > 0 && access_is_ours(desc, count, m, n)) {
+        r = each_gap(ptr, size, m, n, access_gap, &a);
     } else if (r == CUDA_SUCCESS) {
         for (size_t k = 0; r == CUDA_SUCCESS && k < n; k++)
-            r = sh_pin_region(va[k]) == 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+            r = sh_pin_region(m[k].va) == 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
         if (r == CUDA_SUCCESS)
             r = real.set_access(ptr, size, desc, count);
     }
-    free(va);
-    free(len);
+    free(m);
     return r;
 }
 
@@ -444,9 +497,10 @@ EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
     RESOLVE();
     if (!real.address_free)
         return CUDA_ERROR_NOT_INITIALIZED;
-    size_t n = sh_active() && size
-                   ? sh_pool_backings_in(sh_dev_main()->pool, ptr, ptr + size, NULL, NULL, 0, NULL)
-                   : 0;
+    size_t n = 0;
+    int ndevs = sh_active() && size ? atomic_load_explicit(&sh_rt.ndevs, memory_order_acquire) : 0;
+    for (int i = 0; i < ndevs; i++)
+        n += sh_pool_backings_in(sh_rt.devs[i]->pool, ptr, ptr + size, NULL, NULL, 0, NULL);
     if (n) {
         sh_log(SH_LOG_ERROR, "cuMemAddressFree(0x%llx): %zu mapping(s) still there; unmap first",
                (unsigned long long)ptr, n);

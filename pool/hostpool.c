@@ -105,10 +105,16 @@ static void share_give(struct sh_hostpool *hp, size_t bytes)
         hp->share.release(hp->share.ctx, bytes);
 }
 
-/* slab_make within the shared budget; *refused set when it said no. */
-static int slab_pin(struct sh_hostpool *hp, unsigned c, struct sh_slab **out, int *refused)
+/* slab_make within the shared budget; *refused set when it said no. A
+ * slab a caller waits for (wanted) may have other pools give back idle
+ * ones first. */
+static int slab_pin(struct sh_hostpool *hp, unsigned c, int wanted, struct sh_slab **out,
+                    int *refused)
 {
-    *refused = share_take(hp, hp->cls[c].size);
+    size_t size = hp->cls[c].size;
+    *refused = share_take(hp, size);
+    if (*refused && wanted && hp->share.reclaim && hp->share.reclaim(hp->share.ctx, size))
+        *refused = share_take(hp, size);
     if (*refused)
         return SH_ENOMEM;
     int rc = slab_make(hp, c, out);
@@ -174,26 +180,32 @@ static int grow_choice(const struct sh_hostpool *hp)
     return best;
 }
 
+/* Takes the first free slab of class k off the pool; mu held. */
+static struct sh_slab *unlink_free(struct sh_hostpool *hp, unsigned k)
+{
+    struct slab_class *sc = &hp->cls[k];
+    struct sh_slab *s = sc->free, **pp = &hp->all;
+    sc->free = s->next;
+    sc->free_count--;
+    sc->total--;
+    hp->pinned -= s->size;
+    while (*pp != s)
+        pp = &(*pp)->all_next;
+    *pp = s->all_next;
+    return s;
+}
+
 /* Takes idle slabs of other classes, smallest first, off the pool until a
  * slab of class c fits the budget; they are unpinned without mu. mu held. */
 static struct sh_slab *reclaim(struct sh_hostpool *hp, unsigned c)
 {
     struct sh_slab *out = NULL;
-    for (unsigned k = 0; k < hp->nclasses && !fits(hp, c, 0); k++) {
-        struct slab_class *sc = &hp->cls[k];
-        while (k != c && sc->free && !fits(hp, c, 0)) {
-            struct sh_slab *s = sc->free, **pp = &hp->all;
-            sc->free = s->next;
-            sc->free_count--;
-            sc->total--;
-            hp->pinned -= s->size;
-            while (*pp != s)
-                pp = &(*pp)->all_next;
-            *pp = s->all_next;
+    for (unsigned k = 0; k < hp->nclasses && !fits(hp, c, 0); k++)
+        while (k != c && hp->cls[k].free && !fits(hp, c, 0)) {
+            struct sh_slab *s = unlink_free(hp, k);
             s->next = out;
             out = s;
         }
-    }
     return out;
 }
 
@@ -218,6 +230,7 @@ static void *grower_main(void *arg)
             continue;
         }
         struct sh_slab *idle = reclaim(hp, (unsigned)c);
+        int wanted = hp->cls[c].wanted != 0;
         hp->pinned += hp->cls[c].size; /* claim the budget before dropping the lock */
         pthread_mutex_unlock(&hp->mu);
         while (idle) { /* unpinned before the new slab is pinned */
@@ -227,7 +240,7 @@ static void *grower_main(void *arg)
         }
         struct sh_slab *s = NULL;
         int refused = 0;
-        int rc = slab_pin(hp, (unsigned)c, &s, &refused);
+        int rc = slab_pin(hp, (unsigned)c, wanted, &s, &refused);
         pthread_mutex_lock(&hp->mu);
         hp->pinned -= hp->cls[c].size;
         if (refused) {
@@ -262,7 +275,7 @@ static int prepin(struct sh_hostpool *hp, size_t bytes)
             if (after > bytes || after > hp->budget)
                 break;
             struct sh_slab *s;
-            int refused = 0, rc = slab_pin(hp, c, &s, &refused);
+            int refused = 0, rc = slab_pin(hp, c, 0, &s, &refused);
             if (refused) {
                 hp->st.refused++;
                 hp->share_full = 1;
@@ -427,6 +440,36 @@ int sh_hostpool_get(struct sh_hostpool *hp, size_t bytes, unsigned wait_ms, stru
         return SH_ENOMEM;
     *out = s;
     return 0;
+}
+
+/* Takes free slabs off the pool, smallest first, until at least bytes or
+ * none is left; mu held. */
+static struct sh_slab *shed_list(struct sh_hostpool *hp, size_t bytes, size_t *got)
+{
+    struct sh_slab *out = NULL;
+    for (unsigned k = 0; k < hp->nclasses && *got < bytes; k++)
+        while (hp->cls[k].free && *got < bytes) {
+            struct sh_slab *s = unlink_free(hp, k);
+            *got += s->size;
+            s->next = out;
+            out = s;
+        }
+    return out;
+}
+
+size_t sh_hostpool_shed(struct sh_hostpool *hp, size_t bytes)
+{
+    size_t got = 0;
+    pthread_mutex_lock(&hp->mu);
+    struct sh_slab *s = shed_list(hp, bytes, &got);
+    hp->st.shed += got;
+    pthread_mutex_unlock(&hp->mu);
+    while (s) { /* unpinned without mu, as the grower does */
+        struct sh_slab *next = s->next;
+        slab_unmake(hp, s);
+        s = next;
+    }
+    return got;
 }
 
 void sh_hostpool_put(struct sh_hostpool *hp, struct sh_slab *s)

@@ -147,6 +147,13 @@ int sh_pool_pin(struct sh_pool *pool, uintptr_t addr);
  * bytes are returned or nothing is left; returns the bytes released. */
 size_t sh_pool_trim(struct sh_pool *pool, size_t bytes);
 void sh_pool_stats(struct sh_pool *pool, struct sh_pool_stats *st);
+/* The regions the program holds (not freed), the sub-allocator's slabs
+ * left out. */
+static inline size_t sh_pool_stats_live(const struct sh_pool_stats *st)
+{
+    return st->regions[SH_RS_RESIDENT] + st->regions[SH_RS_EVICTING] + st->regions[SH_RS_HOST] +
+           st->regions[SH_RS_RESTORING] - st->slabs;
+}
 /* The two figures of sh_pool_stats a launch's planning needs, without the
  * rest's copy: device_bytes and host_bytes. */
 void sh_pool_bytes(struct sh_pool *pool, size_t *device, size_t *host);
@@ -221,12 +228,18 @@ struct sh_slab {
     struct sh_slab *next, *all_next;
 };
 
-/* A budget the pool shares with other processes (node/): asked before a slab
- * is pinned, told after one is unpinned. reserve returns 0, or non-zero
- * when the shared budget cannot spare the bytes now. */
+/* A budget the pool shares with other pools (other devices' in the
+ * process, other processes' through node/): asked before a slab is pinned,
+ * told after one is unpinned. reserve returns 0, or non-zero when the
+ * shared budget cannot spare the bytes now. When it refuses a slab a
+ * caller waits for, reclaim (may be NULL) asks the other pools to give
+ * back idle slabs (sh_hostpool_shed): non-zero when some came back, and
+ * reserve is asked again. Slabs only kept ready are never reclaimed for,
+ * so pools do not take idle slabs from each other back and forth. */
 struct sh_hostpool_share {
     int (*reserve)(void *ctx, size_t bytes);
     void (*release)(void *ctx, size_t bytes);
+    int (*reclaim)(void *ctx, size_t bytes);
     void *ctx;
 };
 
@@ -255,6 +268,7 @@ struct sh_hostpool_stats {
     unsigned class_total[SH_HOSTPOOL_MAX_CLASSES], class_free[SH_HOSTPOOL_MAX_CLASSES];
     uint64_t hits, fallbacks, misses, waits, grown; /* fallbacks: always 0 (whole maps only) */
     uint64_t refused; /* slabs the shared budget would not let it pin */
+    uint64_t shed;    /* bytes unpinned for other pools (sh_hostpool_shed) */
 };
 
 struct sh_hostpool;
@@ -269,6 +283,11 @@ void sh_hostpool_destroy(struct sh_hostpool *hp);
 int sh_hostpool_get(struct sh_hostpool *hp, size_t bytes, unsigned wait_ms, struct sh_slab **out);
 void sh_hostpool_put(struct sh_hostpool *hp, struct sh_slab *s);
 void sh_hostpool_stats(struct sh_hostpool *hp, struct sh_hostpool_stats *st);
+/* Unpins free slabs, smallest first, until at least bytes are given back
+ * to the budget or none is free; returns the bytes given back. The pool
+ * keeps its targets but grows towards them again only when a caller takes
+ * a slab. */
+size_t sh_hostpool_shed(struct sh_hostpool *hp, size_t bytes);
 
 /* ---- moving regions between device and host (evict.c) --------------------- */
 

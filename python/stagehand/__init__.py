@@ -21,6 +21,7 @@ the package also serves scripts and tools that never touch a GPU.
 import ctypes
 import enum
 import functools
+import operator
 import warnings
 
 from . import _lib
@@ -131,9 +132,19 @@ def mark_phase(name):
         raise StagehandError("the library refused phase %d" % phase_id)
 
 
-def stats():
-    """The library's live figures as a dict (stagehand_stats_t, docs/TELEMETRY.md)."""
+def stats(device=None):
+    """The library's live figures as a dict (stagehand_stats_t, docs/TELEMETRY.md).
+
+    The device figures are the main device's, or those of `device` (a CUDA
+    device number) when given: one the library manages, else StagehandError.
+    """
     st = _lib.StatsStruct()
-    if _lib.handle().stagehand_get_stats(ctypes.byref(st), ctypes.sizeof(st)) != 0:
-        raise StagehandError("stagehand_get_stats failed")
+    h = _lib.handle()
+    if device is None:
+        if h.stagehand_get_stats(ctypes.byref(st), ctypes.sizeof(st)) != 0:
+            raise StagehandError("stagehand_get_stats failed")
+    elif h.stagehand_get_device_stats(operator.index(device), ctypes.byref(st),
+                                      ctypes.sizeof(st)) != 0:
+        raise StagehandError("device %d is not managed by stagehand ([general] devices = all "
+                             "manages every device the program allocates on)" % device)
     return {name: getattr(st, name) for name, _ in STATS_FIELDS}

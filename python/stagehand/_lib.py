@@ -157,6 +157,9 @@ _handle = None
 def _bind(lib):
     lib.stagehand_get_stats.argtypes = [ctypes.POINTER(StatsStruct), ctypes.c_size_t]
     lib.stagehand_get_stats.restype = ctypes.c_int
+    lib.stagehand_get_device_stats.argtypes = [ctypes.c_int, ctypes.POINTER(StatsStruct),
+                                               ctypes.c_size_t]
+    lib.stagehand_get_device_stats.restype = ctypes.c_int
     lib.stagehand_step.argtypes = []
     lib.stagehand_step.restype = ctypes.c_int64
     lib.stagehand_phase.argtypes = [ctypes.c_int]

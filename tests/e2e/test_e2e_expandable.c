@@ -18,6 +18,10 @@
  * IPC handle is refused rather than shared while it may move, and memory
  * on another device passes through. Every check holds with the library
  * disabled too, where the simulated driver does it all.
+ *
+ * A third run does it all on device 1 with [general] devices = all (device
+ * 0 the main one): the segments are device 1's regions, evicted within its
+ * own budget, and memory on device 0 is a region of device 0's.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -54,6 +58,9 @@ static struct {
     __typeof__(cuMemExportToShareableHandle) *export_handle;
 } drv;
 
+static int seg_dev; /* the device the segments are on (E2E_EXPANDABLE_DEVICE) */
+static int other;   /* and the other one */
+
 /* Under the library, with [regions] manage_program_vmm on (a second run
  * turns it off: every call then goes to the driver). */
 static int managed(void)
@@ -61,14 +68,27 @@ static int managed(void)
     return !getenv("STAGEHAND_DISABLE") && !getenv("E2E_EXPANDABLE_OFF");
 }
 
+/* Both devices managed ([general] devices = all). */
+static int every_device(void)
+{
+    const char *v = getenv("STAGEHAND_GENERAL_DEVICES");
+    return managed() && v && !strcmp(v, "all");
+}
+
+/* The library's figures for device d (all 0 where it manages none). */
+static stagehand_stats_t stats_of(int d)
+{
+    int (*get)(int, stagehand_stats_t *, size_t) = (int (*)(int, stagehand_stats_t *, size_t))dlsym(
+        RTLD_DEFAULT, "stagehand_get_device_stats");
+    stagehand_stats_t st = {0};
+    if (get && get(d, &st, sizeof st) != 0)
+        memset(&st, 0, sizeof st);
+    return st;
+}
+
 static stagehand_stats_t stats(void)
 {
-    int (*get)(stagehand_stats_t *, size_t) =
-        (int (*)(stagehand_stats_t *, size_t))dlsym(RTLD_DEFAULT, "stagehand_get_stats");
-    stagehand_stats_t st = {0};
-    if (get)
-        get(&st, sizeof st);
-    return st;
+    return stats_of(seg_dev);
 }
 
 static int from_stagehand(void *f)
@@ -144,6 +164,7 @@ static void *entry(const char *name)
 static void test_lookups_land_on_the_hooks(void **state)
 {
     (void)state;
+    assert_int_equal(cudaSetDevice(seg_dev), cudaSuccess);
     assert_int_equal(cudaFree(0), cudaSuccess); /* a context, as PyTorch has by then */
     drv.reserve = entry("cuMemAddressReserve");
     drv.address_free = entry("cuMemAddressFree");
@@ -207,7 +228,7 @@ static void set_access(CUdeviceptr p, size_t size, int dev)
  * releases what this call created and is returned. */
 static CUresult seg_grow(struct segment *s, size_t begin, size_t end)
 {
-    CUmemAllocationProp p = device_prop(0);
+    CUmemAllocationProp p = device_prop(seg_dev);
     for (size_t i = begin; i < end; i++) {
         CUresult r = drv.create(&s->h[i], SEG, &p, 0);
         if (r == CUDA_ERROR_OUT_OF_MEMORY) {
@@ -221,7 +242,7 @@ static CUresult seg_grow(struct segment *s, size_t begin, size_t end)
     }
     for (size_t i = begin; i < end; i++)
         assert_int_equal(drv.map(s->ptr + i * SEG, SEG, 0, s->h[i], 0), CUDA_SUCCESS);
-    set_access(s->ptr + begin * SEG, (end - begin) * SEG, 0);
+    set_access(s->ptr + begin * SEG, (end - begin) * SEG, seg_dev);
     return CUDA_SUCCESS;
 }
 
@@ -291,7 +312,7 @@ static void test_segments_are_evicted_byte_exact(void **state)
 static void test_out_of_memory_is_an_error_code(void **state)
 {
     (void)state;
-    CUmemAllocationProp p = device_prop(0);
+    CUmemAllocationProp p = device_prop(seg_dev);
     CUmemGenericAllocationHandle h = 0;
     /* Larger than the card (and the budget): refused at once. */
     assert_int_equal(drv.create(&h, 512 * MiB, &p, 0), CUDA_ERROR_OUT_OF_MEMORY);
@@ -372,7 +393,7 @@ static void test_handle_keeps_its_bytes(void **state)
         assert_int_equal(drv.unmap(a.ptr + (size_t)i * SEG, SEG), CUDA_SUCCESS);
         assert_int_equal(drv.map(b.ptr + (size_t)(1 - i) * SEG, SEG, 0, a.h[i], 0), CUDA_SUCCESS);
     }
-    set_access(b.ptr, 2 * SEG, 0);
+    set_access(b.ptr, 2 * SEG, seg_dev);
     b.h[1] = a.h[0];
     b.h[0] = a.h[1];
     a.h[0] = a.h[1] = 0;
@@ -402,7 +423,7 @@ static void test_ipc_handle(void **state)
     CUmemAllocationProp got;
     assert_int_equal(drv.props(&got, s.h[0]), CUDA_SUCCESS);
     assert_int_equal(got.location.type, CU_MEM_LOCATION_TYPE_DEVICE);
-    assert_int_equal(got.location.id, 0);
+    assert_int_equal(got.location.id, seg_dev);
     int fd = -1;
     CUresult r = drv.export_handle(&fd, s.h[0], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
     if (managed()) {
@@ -415,27 +436,34 @@ static void test_ipc_handle(void **state)
     seg_close(&s);
 }
 
-/* Memory on another device, or in host memory, is the driver's; a peer
- * device given access to a managed segment pins it in place. */
+/* Memory on a device not managed is the driver's; on another managed
+ * device it is that device's region. A peer device given
+ * access to a managed segment pins it in place. */
 static void test_what_passes_through(void **state)
 {
     (void)state;
-    stagehand_stats_t before = stats();
-    CUmemAllocationProp p1 = device_prop(1);
+    stagehand_stats_t before = stats(), before_other = stats_of(other);
+    CUmemAllocationProp p1 = device_prop(other);
     CUmemGenericAllocationHandle h1 = 0;
     assert_int_equal(drv.create(&h1, SEG, &p1, 0), CUDA_SUCCESS);
     struct segment s;
     seg_open(&s, 2);
     assert_int_equal(drv.map(s.ptr, SEG, 0, h1, 0), CUDA_SUCCESS);
-    set_access(s.ptr, SEG, 1);
-    if (managed())
-        assert_int_equal(stats().live_bytes, before.live_bytes); /* not a region */
+    set_access(s.ptr, SEG, other);
+    if (managed()) {
+        assert_int_equal(stats().live_bytes, before.live_bytes); /* not this device's */
+        assert_int_equal(stats_of(other).live_bytes,
+                         before_other.live_bytes + (every_device() ? SEG : 0));
+        assert_int_equal(stats_of(other).regions_pinned, before_other.regions_pinned);
+    }
     assert_int_equal(drv.unmap(s.ptr, SEG), CUDA_SUCCESS);
     assert_int_equal(drv.release(h1), CUDA_SUCCESS);
+    if (managed())
+        assert_int_equal(stats_of(other).live_bytes, before_other.live_bytes);
 
     assert_int_equal(seg_grow(&s, 1, 2), CUDA_SUCCESS);
     fill(s.ptr + SEG, SEGWORDS, 5);
-    set_access(s.ptr + SEG, SEG, 1);
+    set_access(s.ptr + SEG, SEG, other);
     if (managed())
         assert_int_equal(stats().regions_pinned, before.regions_pinned + 1);
     assert_int_equal(wrong_words(s.ptr + SEG, SEGWORDS, 5, 0), 0);
@@ -455,6 +483,8 @@ int main(int argc, char **argv)
         e2e_reexec(argv);
         return 1;
     }
+    seg_dev = getenv("E2E_EXPANDABLE_DEVICE") ? atoi(getenv("E2E_EXPANDABLE_DEVICE")) : 0;
+    other = 1 - seg_dev;
     size_t fill_sizes[] = {sizeof(void *), sizeof(size_t), sizeof(uint32_t)};
     if (simcuda_register_kernel(k_fill, "fill", 3, fill_sizes, 0) != 0 ||
         simcuda_register_kernel(k_bump, "bump", 2, fill_sizes, 0) != 0)
@@ -469,10 +499,13 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_what_passes_through),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
-    if (!failed && managed()) {
+    if (!failed && managed() && seg_dev == 0) {
         static const char *const off[] = {"E2E_EXPANDABLE_OFF=1",
                                           "STAGEHAND_REGIONS_MANAGE_PROGRAM_VMM=false", NULL};
-        failed = e2e_rerun(argv, off) != 0;
+        static const char *const all[] = {"E2E_EXPANDABLE_DEVICE=1",
+                                          "STAGEHAND_GENERAL_DEVICES=all",
+                                          "STAGEHAND_GENERAL_DEVICE=0", NULL};
+        failed = e2e_rerun(argv, off) != 0 || e2e_rerun(argv, all) != 0;
     }
     return failed;
 }

@@ -45,6 +45,30 @@ print(json.dumps(seen))
     assert freed["frees"] == 1 and freed["regions_live"] == 0 and freed["live_bytes"] == 0
 
 
+def test_stats_of_each_device(lib):
+    # Two simulated devices, both managed: each one's figures are its own.
+    out = run_json(CUDA + """
+import stagehand
+p0 = cuda_malloc(64 << 20)
+assert _g.cudaSetDevice(1) == 0
+p1 = cuda_malloc(32 << 20)
+q1 = cuda_malloc(32 << 20)
+seen = [stagehand.stats(), stagehand.stats(device=0), stagehand.stats(device=1)]
+try:
+    stagehand.stats(device=2)
+    seen.append("no error")
+except stagehand.StagehandError as e:
+    seen.append(str(e))
+print(json.dumps(seen))
+""", extra_env={"SIMCUDA_DEVICES": "2", "STAGEHAND_GENERAL_DEVICES": "all"})
+    main, dev0, dev1, missing = out
+    assert main == dev0
+    assert dev0["regions_live"] == 1 and dev0["live_bytes"] == 64 * MB
+    assert dev1["regions_live"] == 2 and dev1["live_bytes"] == 64 * MB and dev1["allocs"] == 2
+    assert dev1["active"] == 1 and dev1["budget_bytes"] > 0
+    assert "device 2 is not managed" in missing
+
+
 def test_step_and_phase_marks_reach_the_library(lib):
     out = run_json("""
 import json, stagehand

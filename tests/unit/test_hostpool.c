@@ -1043,7 +1043,7 @@ static void test_shared_budget(void **state)
     (void)state;
     fs = (struct fshare){.mu = PTHREAD_MUTEX_INITIALIZER, .budget = 3 * G};
     struct sh_hostpool_params p = params3(2, 1, 0, 64 * M, M, 1);
-    p.share = (struct sh_hostpool_share){fs_reserve, fs_release, &fs};
+    p.share = (struct sh_hostpool_share){.reserve = fs_reserve, .release = fs_release, .ctx = &fs};
     struct sh_hostpool *hp = mk(&p);
     /* Pre-pinning stops where the shared budget does, not at its targets. */
     struct sh_hostpool_stats st = hstats(hp);
@@ -1078,6 +1078,96 @@ static void test_shared_budget(void **state)
     assert_true((size_t)fk.host_peak <= fs.peak);
     assert_int_equal(fs.used, 0);
     assert_int_equal(fs.releases, fk.creates);
+    books_balance();
+}
+
+/* Two pools on one budget (two devices' in a process): one pool's idle
+ * slabs are given back for a slab the other's caller waits for, never for
+ * the other's growth towards its targets. */
+struct pshare {
+    struct sh_hostpool *other;
+    int reclaims;
+};
+
+static int ps_reserve(void *ctx, size_t bytes)
+{
+    (void)ctx;
+    return fs_reserve(&fs, bytes);
+}
+
+static void ps_release(void *ctx, size_t bytes)
+{
+    (void)ctx;
+    fs_release(&fs, bytes);
+}
+
+static int ps_reclaim(void *ctx, size_t bytes)
+{
+    struct pshare *ps = ctx;
+    __atomic_fetch_add(&ps->reclaims, 1, __ATOMIC_SEQ_CST);
+    struct sh_hostpool *other = __atomic_load_n(&ps->other, __ATOMIC_ACQUIRE);
+    return other && sh_hostpool_shed(other, bytes) > 0;
+}
+
+static int fs_refusals(void)
+{
+    pthread_mutex_lock(&fs.mu);
+    int n = fs.refusals;
+    pthread_mutex_unlock(&fs.mu);
+    return n;
+}
+
+static void test_pools_share_idle_slabs(void **state)
+{
+    (void)state;
+    fs = (struct fshare){.mu = PTHREAD_MUTEX_INITIALIZER, .budget = 4 * G};
+    struct pshare for_a = {0}, for_b = {0};
+    struct sh_hostpool_params pa = params3(4, 0, 0, 64 * M, 4 * G, 1);
+    pa.share = (struct sh_hostpool_share){ps_reserve, ps_release, ps_reclaim, &for_a};
+    struct sh_hostpool *a = mk(&pa);
+    assert_int_equal(hstats(a).pinned_bytes, 4 * G); /* the whole budget, kept ready */
+    struct sh_hostpool_params pb = params3(2, 0, 0, 64 * M, 2 * G, 1);
+    pb.share = (struct sh_hostpool_share){ps_reserve, ps_release, ps_reclaim, &for_b};
+    struct sh_hostpool *b = NULL;
+    assert_int_equal(sh_hostpool_create(&pb, &ops, &b), 0);
+    __atomic_store_n(&for_a.other, b, __ATOMIC_RELEASE);
+    __atomic_store_n(&for_b.other, a, __ATOMIC_RELEASE);
+    /* Pre-pinning takes nothing from a: b starts with nothing. */
+    assert_int_equal(hstats(b).pinned_bytes, 0);
+    assert_int_equal(for_b.reclaims, 0);
+    /* A caller of b waits for a slab: a gives back one idle slab for it. */
+    struct sh_slab *b1 = get(b, G, 2000);
+    assert_int_equal(hstats(a).pinned_bytes, 3 * G);
+    assert_int_equal(hstats(a).shed, G);
+    assert_int_equal(hstats(b).pinned_bytes, G);
+    /* a's callers take what it has left, which asks a's grower to grow back
+     * towards its targets: refused, and it takes nothing from b. */
+    int refusals = fs_refusals();
+    struct sh_slab *a1 = get(a, G, 0), *a2 = get(a, G, 0), *a3 = get(a, G, 0);
+    for (int i = 0; i < 2000 && fs_refusals() == refusals; i++)
+        usleep(1000); /* until a's grower has asked */
+    assert_true(fs_refusals() > refusals);
+    assert_int_equal(hstats(b).pinned_bytes, G);
+    assert_int_equal(hstats(b).shed, 0);
+    /* Nothing idle anywhere: a caller of b is refused, and nothing moved. */
+    struct sh_slab *x = NULL;
+    assert_int_equal(sh_hostpool_get(b, G, 2000, &x), SH_ENOMEM);
+    assert_null(x);
+    assert_int_equal(hstats(a).pinned_bytes + hstats(b).pinned_bytes, 4 * G);
+    /* b's slab comes back idle: a caller of a gets it through a's grower. */
+    sh_hostpool_put(b, b1);
+    struct sh_slab *a4 = get(a, G, 2000);
+    assert_int_equal(hstats(b).shed, G);
+    sh_hostpool_put(a, a1);
+    sh_hostpool_put(a, a2);
+    sh_hostpool_put(a, a3);
+    sh_hostpool_put(a, a4);
+    __atomic_store_n(&for_a.other, NULL, __ATOMIC_RELEASE);
+    __atomic_store_n(&for_b.other, NULL, __ATOMIC_RELEASE);
+    sh_hostpool_destroy(b);
+    destroy(a);
+    assert_true(fs.peak <= 4 * G); /* the two never pinned more together */
+    assert_int_equal(fs.used, 0);
     books_balance();
 }
 
@@ -1142,6 +1232,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_idle_slabs_make_room, setup, teardown),
         cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shared_budget, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pools_share_idle_slabs, setup, teardown),
     };
     return cmocka_run_group_tests_name("hostpool", tests, NULL, NULL);
 }
