@@ -180,11 +180,23 @@ static int absolute(const struct sh_config *cfg, int k)
            !((const struct sh_size_opt *)cfield_of(cfg, &sh_cfg_keys[k]))->is_pct;
 }
 
+/* Without the helper thread only prepin_mb is ever pinned: with none,
+ * nothing could be evicted. A percentage is known once resolved. */
+static int check_pinning(const struct sh_config *cfg, int resolved, char *err, size_t errlen)
+{
+    if (cfg->pool.grow_in_background || (!resolved && !absolute(cfg, KEY_pool_prepin_mb)) ||
+        cfg->pool.prepin.bytes > 0)
+        return 0;
+    return sh_cfg_blame(cfg, KEY_pool_grow_in_background, err, errlen,
+                        "is false and prepin_mb is 0: no host memory would ever be pinned, so "
+                        "nothing could be evicted (set prepin_mb, or leave it true)");
+}
+
 /* The relations between keys that are both known at load time, so that a
  * contradiction written in the file stops the program before it starts. */
 int sh_cfg_check_static(const struct sh_config *cfg, char *err, size_t errlen)
 {
-    if (check_segment(cfg, err, errlen))
+    if (check_segment(cfg, err, errlen) || check_pinning(cfg, 0, err, errlen))
         return SH_EINVAL;
     for (size_t i = 0; i < sizeof rels / sizeof rels[0]; i++)
         if (absolute(cfg, rels[i].a) && absolute(cfg, rels[i].b) &&
@@ -206,7 +218,8 @@ int sh_config_resolve(struct sh_config *cfg, uint64_t card_bytes, uint64_t host_
     for (size_t i = 0; i < sizeof rels / sizeof rels[0]; i++)
         if (check_rel(&tmp, &rels[i], err, errlen))
             return SH_EINVAL;
-    if (check_slabs(&tmp, err, errlen) || check_segment(&tmp, err, errlen))
+    if (check_slabs(&tmp, err, errlen) || check_segment(&tmp, err, errlen) ||
+        check_pinning(&tmp, 1, err, errlen))
         return SH_EINVAL;
     tmp.resolved = 1;
     *cfg = tmp;

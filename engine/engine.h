@@ -74,6 +74,9 @@ struct sh_engine_ops {
     void (*pressure)(void *ctx, size_t device_bytes); /* an eviction begins */
     /* The copies allowed in flight per direction changed (sh_engine_hints). */
     void (*set_caps)(void *ctx, unsigned max_d2h, unsigned max_h2d);
+    /* Called once, when the pool first holds record_pct of its limit:
+     * evictions may come, so the host side gets ready (may be NULL). */
+    void (*near_limit)(void *ctx);
 
     /* What a decision point does (sh_engine_decide, decide.c); each is
      * needed there, and only there. Early evictions whose copies have
@@ -103,6 +106,7 @@ struct sh_engine {
     atomic_ullong pressure;            /* bumped before and after every eviction */
     atomic_ullong deferred;            /* evictions put off by a stream capture */
     atomic_int armed;                  /* launches are recorded */
+    atomic_int neared;                 /* the pool has held record_pct of its limit */
     atomic_size_t outside;             /* held outside the pool, last measured; SIZE_MAX: never */
     atomic_size_t hint_high, hint_low; /* the Conductor's watermarks; SIZE_MAX: none */
     atomic_uint caps;                  /* in force: max_d2h << 16 | max_h2d */

@@ -19,6 +19,7 @@ void sh_engine_init(struct sh_engine *e, const struct sh_engine_cfg *cfg,
     atomic_init(&e->pressure, 0);
     atomic_init(&e->deferred, 0);
     atomic_init(&e->armed, cfg->record_pct == 0);
+    atomic_init(&e->neared, 0);
     atomic_init(&e->outside, SIZE_MAX);
     atomic_init(&e->hint_high, SIZE_MAX);
     atomic_init(&e->hint_low, SIZE_MAX);
@@ -106,12 +107,16 @@ static size_t evict_floor(const struct sh_engine *e, size_t high)
 }
 
 /* A program far below its limit never evicts: its launches need no
- * recording until the pool first holds record_pct of the limit. */
+ * recording, nor host memory pinned ahead, until the pool first holds
+ * record_pct of the limit. */
 static void arm_at(struct sh_engine *e, size_t held, size_t limit)
 {
-    if (!atomic_load_explicit(&e->armed, memory_order_relaxed) &&
-        (uint64_t)held * 100 >= (uint64_t)limit * (uint64_t)e->cfg.record_pct)
-        atomic_store(&e->armed, 1);
+    if (atomic_load_explicit(&e->neared, memory_order_relaxed) ||
+        (uint64_t)held * 100 < (uint64_t)limit * (uint64_t)e->cfg.record_pct)
+        return;
+    atomic_store(&e->armed, 1);
+    if (!atomic_exchange(&e->neared, 1) && e->ops.near_limit)
+        e->ops.near_limit(e->ctx);
 }
 
 /* Device bytes above goal, as the pool holds them now: each link is asked

@@ -119,6 +119,15 @@ static void room_set_caps(void *ctx, unsigned max_d2h, unsigned max_h2d)
         sh_xfer_set_caps(d->xfer, max_d2h, max_h2d);
 }
 
+/* Slabs are pinned ahead of need only from now on: a program far below
+ * its limit pins no host memory. */
+static void room_near_limit(void *ctx)
+{
+    const struct sh_dev *d = ctx;
+    if (d->host)
+        sh_hostpool_wake(d->host);
+}
+
 void sh_room_init(struct sh_dev *d, const struct sh_config *c)
 {
     const struct sh_engine_cfg cfg = {
@@ -144,6 +153,7 @@ void sh_room_init(struct sh_dev *d, const struct sh_config *c)
         .host_bytes = room_host_bytes,
         .pressure = room_pressure,
         .set_caps = room_set_caps,
+        .near_limit = room_near_limit,
         .evicted_ready = sh_sched_evicted_ready,
         .commit_evicted = sh_sched_commit_evicted,
         .read = sh_sched_read,

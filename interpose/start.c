@@ -190,7 +190,8 @@ static int try_mover(struct sh_dev *dv)
                                     .chunk_max = max_chunk(dv),
                                     .ram_budget = c->budget.host_ram_budget.bytes,
                                     .prepin = c->pool.prepin.bytes,
-                                    .grow_in_background = c->pool.grow_in_background};
+                                    .grow_in_background = c->pool.grow_in_background,
+                                    .dormant = 1}; /* woken near the limit (room.c) */
     hp.share = (struct sh_hostpool_share){host_reserve, host_release, host_reclaim, dv};
     hp.nclasses = c->pool.classes_mb.n;
     for (unsigned i = 0; i < hp.nclasses && i < SH_HOSTPOOL_MAX_CLASSES; i++) {

@@ -5,10 +5,12 @@
  * copies and checksums work on it while it is also mapped at a region's
  * address. Slabs come in size classes; a request takes the class of its
  * own size, since the driver maps a handle only whole. Pinning is slow
- * (1-2 GB/s), so it never happens on the caller's path: slabs are
- * pre-pinned at start and a background thread grows each class towards its
- * target of free slabs, up to the RAM budget. A caller that finds nothing free waits for it; when
- * the budget is spent, idle slabs of other classes make room for its slab.
+ * (1-2 GB/s), so it stays off the caller's path where it can: some slabs
+ * may be pinned at create, and a background thread grows each class
+ * towards its target of free slabs, up to the RAM budget; a dormant pool
+ * (a device far below its limit) only from sh_hostpool_wake on. A caller
+ * that finds nothing free waits for it; when the budget is spent, idle
+ * slabs of other classes make room for its slab.
  *
  * With a shared budget (params.share: processes on one node), every slab's
  * bytes are reserved from it before the slab is pinned and given back after
@@ -48,6 +50,7 @@ struct sh_hostpool {
     pthread_cond_t more, grow;
     pthread_t grower;
     int running, stop, exhausted_logged;
+    int awake;      /* grows towards the targets (sh_hostpool_wake) */
     int share_full; /* the shared budget refused the last slab asked for */
     struct sh_hostpool_share share;
     struct sh_slab *all; /* every slab, for teardown */
@@ -174,7 +177,7 @@ static int grow_choice(const struct sh_hostpool *hp)
         const struct slab_class *k = &hp->cls[c];
         if (k->wanted && fits(hp, c, 1))
             return (int)c;
-        if (best < 0 && !hp->share_full && k->free_count < k->target && fits(hp, c, 0))
+        if (best < 0 && hp->awake && !hp->share_full && k->free_count < k->target && fits(hp, c, 0))
             best = (int)c;
     }
     return best;
@@ -334,6 +337,7 @@ int sh_hostpool_create(const struct sh_hostpool_params *p, const struct sh_vmm_o
     hp->gran = p->granularity;
     hp->budget = p->ram_budget;
     hp->share = p->share;
+    hp->awake = !p->dormant;
     if (p->chunk_max)
         chunk_classes(hp, p);
     else
@@ -455,6 +459,16 @@ static struct sh_slab *shed_list(struct sh_hostpool *hp, size_t bytes, size_t *g
             out = s;
         }
     return out;
+}
+
+void sh_hostpool_wake(struct sh_hostpool *hp)
+{
+    pthread_mutex_lock(&hp->mu);
+    if (!hp->awake) {
+        hp->awake = 1;
+        pthread_cond_signal(&hp->grow);
+    }
+    pthread_mutex_unlock(&hp->mu);
 }
 
 size_t sh_hostpool_shed(struct sh_hostpool *hp, size_t bytes)

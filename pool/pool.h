@@ -258,6 +258,9 @@ struct sh_hostpool_params {
     size_t ram_budget; /* pinned bytes never exceed this */
     size_t prepin;     /* pinned at create */
     int grow_in_background;
+    /* Set: no growth towards the targets until sh_hostpool_wake (a slab a
+     * caller waits for is pinned all the same). */
+    int dormant;
     struct sh_hostpool_share share; /* reserve NULL: this process's budget only */
 };
 
@@ -283,6 +286,8 @@ void sh_hostpool_destroy(struct sh_hostpool *hp);
 int sh_hostpool_get(struct sh_hostpool *hp, size_t bytes, unsigned wait_ms, struct sh_slab **out);
 void sh_hostpool_put(struct sh_hostpool *hp, struct sh_slab *s);
 void sh_hostpool_stats(struct sh_hostpool *hp, struct sh_hostpool_stats *st);
+/* The grower starts growing towards the targets (a dormant pool's). */
+void sh_hostpool_wake(struct sh_hostpool *hp);
 /* Unpins free slabs, smallest first, until at least bytes are given back
  * to the budget or none is free; returns the bytes given back. The pool
  * keeps its targets but grows towards them again only when a caller takes

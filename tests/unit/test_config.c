@@ -88,7 +88,7 @@ static void assert_defaults(const struct sh_config *c)
     assert_int_equal(c->regions.suballoc_max.bytes, 1024 * 1024);
     assert_list(&c->pool.classes_mb, 5, classes);
     assert_list(&c->pool.slabs_per_class, 5, slabs);
-    assert_int_equal(c->pool.prepin.bytes, 256 * MiB);
+    assert_int_equal(c->pool.prepin.bytes, 0);
     assert_int_equal(c->pool.grow_in_background, 1);
     assert_int_equal(c->transfer.max_inflight_d2h, 2);
     assert_int_equal(c->transfer.max_inflight_h2d, 2);
@@ -330,6 +330,9 @@ static const struct bad bads[] = {
      "2: max_chunk_mb: must not exceed pinned_pool_classes_mb (512 > 256)"},
     {"bad_budget_over_card.ini", 1,
      "2: vram_budget_mb: must not exceed the card's memory (32768 > 16384)"},
+    {"bad_no_pinning.ini", 1,
+     "2: grow_in_background: is false and prepin_mb is 0: no host memory would ever be pinned, "
+     "so nothing could be evicted (set prepin_mb, or leave it true)"},
 };
 
 static void test_bad_file(void **state)

@@ -49,6 +49,7 @@ static struct fake {
     char fail;                   /* the move that fails, or 0 */
     int locked;                  /* the policy lock is held */
     size_t started_evict, started_fetch;
+    int neared; /* near_limit calls */
 } f;
 
 /* Logs move m; nonzero when it is the one that fails. */
@@ -235,7 +236,14 @@ static void hints(void *ctx, const struct sh_policy_hints *h)
     moved('H');
 }
 
+static void near_limit(void *ctx)
+{
+    (void)ctx;
+    f.neared++;
+}
+
 static const struct sh_engine_ops ops = {
+    .near_limit = near_limit,
     .device_bytes = device_bytes,
     .mem_info = mem_info,
     .capturing = capturing,
@@ -583,7 +591,8 @@ static void test_capture_defers(void **state)
 }
 
 /* Launches are recorded once the pool has held half its limit, and from
- * then on; with record_pct 0 from the start. */
+ * then on; with record_pct 0 from the start. The host side is told once,
+ * at that moment (near_limit), and not by sh_engine_arm (a trace's). */
 static void test_arming(void **state)
 {
     (void)state;
@@ -591,11 +600,16 @@ static void test_arming(void **state)
     f.dev = 30 * MB;
     assert_int_equal(make_room(9), SH_OK); /* 39 of 80 */
     assert_false(sh_engine_armed(&e));
+    assert_int_equal(f.neared, 0);
     assert_int_equal(make_room(10), SH_OK); /* 40 of 80 */
     assert_true(sh_engine_armed(&e));
+    assert_int_equal(f.neared, 1);
     f.dev = 0;
     assert_int_equal(make_room(1), SH_OK);
+    f.dev = 70 * MB;
+    assert_int_equal(make_room(1), SH_OK);
     assert_true(sh_engine_armed(&e)); /* for good */
+    assert_int_equal(f.neared, 1);    /* once */
     struct sh_engine_cfg cfg = e.cfg;
     sh_engine_destroy(&e);
     cfg.record_pct = 0;
@@ -607,6 +621,13 @@ static void test_arming(void **state)
     assert_false(sh_engine_armed(&e));
     sh_engine_arm(&e);
     assert_true(sh_engine_armed(&e));
+    f.neared = 0;
+    f.dev = 10 * MB;
+    assert_int_equal(make_room(1), SH_OK); /* armed by a trace, far below: not near */
+    assert_int_equal(f.neared, 0);
+    f.dev = 50 * MB;
+    assert_int_equal(make_room(1), SH_OK);
+    assert_int_equal(f.neared, 1);
 }
 
 /* The hints as the policy gives them, watermarks in MB. */

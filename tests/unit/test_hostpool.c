@@ -504,6 +504,31 @@ static void test_growth_to_targets(void **state)
     books_balance();
 }
 
+/* A dormant pool (a device far below its limit) pins nothing ahead of
+ * need: a caller still gets its slab, and growth towards the targets
+ * starts once the pool is woken. */
+static void test_dormant_until_woken(void **state)
+{
+    (void)state;
+    struct sh_hostpool_params p = params3(3, 2, 0, 64 * M, 0, 1);
+    p.dormant = 1;
+    struct sh_hostpool *hp = mk(&p);
+    struct sh_hostpool_stats st = settle(hp, 0);
+    assert_int_equal(st.pinned_bytes, 0);
+    struct sh_slab *a = get(hp, G, 2000); /* asked for: pinned all the same */
+    st = settle(hp, 1);
+    assert_int_equal(st.pinned_bytes, G);
+    sh_hostpool_wake(hp);
+    st = settle(hp, 6); /* class 0 back to 3 free, class 1 to 2 */
+    assert_int_equal(st.class_free[0], 3);
+    assert_int_equal(st.class_free[1], 2);
+    sh_hostpool_wake(hp); /* twice: nothing more */
+    st = settle(hp, 6);
+    sh_hostpool_put(hp, a);
+    destroy(hp);
+    books_balance();
+}
+
 static void test_budget_never_exceeded(void **state)
 {
     (void)state;
@@ -1217,6 +1242,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_never_larger, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exhaustion, setup, teardown),
         cmocka_unit_test_setup_teardown(test_growth_to_targets, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_dormant_until_woken, setup, teardown),
         cmocka_unit_test_setup_teardown(test_budget_never_exceeded, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wait_satisfied_by_growth, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wait_ignores_other_growth, setup, teardown),
