@@ -421,12 +421,39 @@ static struct sh_dev *open_other(int ordinal)
     return dv;
 }
 
+/* With devices = one, the first call for another device says, once, that
+ * its memory is CUDA's: a rank of a job whose first allocation landed on
+ * the wrong device learns which one is managed, and how to change it. */
+static void say_unmanaged(int ordinal)
+{
+    static atomic_ullong told;
+    if (atomic_load_explicit(&told, memory_order_relaxed) >> ordinal & 1 ||
+        atomic_fetch_or(&told, 1ull << ordinal) >> ordinal & 1)
+        return;
+    int count = 0;
+    if (sh_rt.drv.cuDeviceGetCount(&count) != CUDA_SUCCESS || ordinal >= count)
+        return; /* no such device: the call's own error says so */
+    const struct sh_dev *m = sh_dev_main();
+    const char *rank = sh_config_secure() ? NULL : getenv("LOCAL_RANK");
+    int chosen = sh_rt.cfg.general.device >= 0;
+    sh_log(chosen ? SH_LOG_INFO : SH_LOG_WARN,
+           "device %d is not managed: its allocations go to CUDA and are never evicted; "
+           "stagehand manages device %d (%s%s%.12s); set [general] device = %d "
+           "(STAGEHAND_GENERAL_DEVICE=%d) to manage it instead, or devices = all for every device",
+           ordinal, m->ordinal, chosen ? "[general] device" : "current at the first allocation",
+           rank && !chosen ? ", LOCAL_RANK is " : "", rank && !chosen ? rank : "", ordinal,
+           ordinal);
+}
+
 struct sh_dev *sh_dev_open(int ordinal)
 {
     struct sh_dev *d = sh_dev_ordinal(ordinal);
-    if (d || sh_rt.cfg.general.devices != SH_CONFIG_DEVICES_ALL || ordinal < 0 || ordinal >= 64 ||
-        !sh_active())
+    if (d || ordinal < 0 || ordinal >= 64 || !sh_active())
         return d;
+    if (sh_rt.cfg.general.devices != SH_CONFIG_DEVICES_ALL) {
+        say_unmanaged(ordinal);
+        return NULL;
+    }
     pthread_mutex_lock(&open_mu);
     d = sh_dev_ordinal(ordinal);
     if (!d && !(refused >> ordinal & 1) && atomic_load(&sh_rt.ndevs) < SH_DEVICES_MAX &&

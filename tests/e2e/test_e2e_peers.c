@@ -41,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #define MAX_FILL 64
 
@@ -182,9 +183,42 @@ static void *region_on_1(uint32_t v)
 
 /* Device 0 is managed (current at the first allocation); every path asked
  * for device 1 gets device 1's own memory, freed there. */
+/* stderr goes to a file from here on; what was written, read back. */
+static int log_to_file(void)
+{
+    FILE *f = tmpfile();
+    assert_non_null(f);
+    int saved = dup(STDERR_FILENO);
+    assert_true(saved >= 0);
+    assert_true(dup2(fileno(f), STDERR_FILENO) >= 0);
+    return saved;
+}
+
+static size_t read_log(int saved, char *buf, size_t cap)
+{
+    assert_true(lseek(STDERR_FILENO, 0, SEEK_SET) == 0);
+    ssize_t n = read(STDERR_FILENO, buf, cap - 1);
+    assert_true(dup2(saved, STDERR_FILENO) >= 0);
+    close(saved);
+    buf[n > 0 ? n : 0] = '\0';
+    return n > 0 ? (size_t)n : 0;
+}
+
+static size_t count_of(const char *text, const char *what)
+{
+    size_t n = 0;
+    for (const char *p = text; (p = strstr(p, what)); p += strlen(what))
+        n++;
+    return n;
+}
+
 static void case_alloc(void)
 {
     void *a = NULL, *b = NULL, *c = NULL;
+    /* How a rank of a job learns that its first allocation chose the
+     * managed device: a line, once for device 1, naming it and the fix. */
+    setenv("LOCAL_RANK", "1", 1);
+    int saved = log_to_file();
     assert_int_equal(cudaSetDevice(0), cudaSuccess);
     assert_int_equal(cudaMalloc(&a, REGION_MB * MiB), cudaSuccess);
     assert_int_equal(residency(a), 1);
@@ -250,6 +284,12 @@ static void case_alloc(void)
     assert_int_equal(cudaStreamDestroy(s0), cudaSuccess);
     assert_int_equal(cudaStreamDestroy(s1), cudaSuccess);
     assert_int_equal(cudaFree(a), cudaSuccess);
+    char log[8192];
+    read_log(saved, log, sizeof log);
+    assert_int_equal(count_of(log, "device 1 is not managed"), 1);
+    assert_non_null(strstr(log, "stagehand manages device 0 (current at the first allocation, "
+                                "LOCAL_RANK is 1); set [general] device = 1"));
+    assert_int_equal(count_of(log, "device 7 is not managed"), 0); /* there is none */
 }
 
 /* Device 1 is managed; device 0 opens it (before the region exists, or
