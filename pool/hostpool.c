@@ -110,13 +110,16 @@ static void share_give(struct sh_hostpool *hp, size_t bytes)
 
 /* slab_make within the shared budget; *refused set when it said no. A
  * slab a caller waits for (wanted) may have other pools give back idle
- * ones first. */
+ * ones first (a few times: another pool's grower may take the bytes back
+ * before this one asks again). */
 static int slab_pin(struct sh_hostpool *hp, unsigned c, int wanted, struct sh_slab **out,
                     int *refused)
 {
     size_t size = hp->cls[c].size;
     *refused = share_take(hp, size);
-    if (*refused && wanted && hp->share.reclaim && hp->share.reclaim(hp->share.ctx, size))
+    for (int tries = 0; *refused && wanted && hp->share.reclaim && tries < 3 &&
+                        hp->share.reclaim(hp->share.ctx, size);
+         tries++)
         *refused = share_take(hp, size);
     if (*refused)
         return SH_ENOMEM;
