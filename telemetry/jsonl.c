@@ -170,6 +170,51 @@ static void regions(struct jbuf *b, const struct sh_tm_steprec *z)
               (long long)g[SH_TM_G_regions_pinned]);
 }
 
+/* Device d's record in r, or NULL (not managed then). */
+static const struct sh_tm_device *device_in(const struct sh_tm_steprec *r, int32_t d)
+{
+    for (int i = 0; i < r->n_devices; i++)
+        if (r->devices[i].device == d)
+            return &r->devices[i];
+    return NULL;
+}
+
+static uint64_t since(uint64_t now, uint64_t then)
+{
+    return now >= then ? now - then : 0;
+}
+
+/* With several devices managed, each one's moves in the steps the line
+ * covers and its memory at their end (the counters above are the main
+ * device's). */
+static void devices(struct jbuf *b, const struct sh_tm_steprec *a, const struct sh_tm_steprec *z)
+{
+    if (z->n_devices < 2)
+        return;
+    jb_printf(b, ",\"devices\":[");
+    for (int i = 0; i < z->n_devices; i++) {
+        const struct sh_tm_device *d = &z->devices[i], none = {0}, *p = device_in(a, d->device);
+        if (!p)
+            p = &none;
+        jb_printf(b,
+                  "%s{\"device\":%d,\"evictions\":%llu,\"restores\":%llu,\"d2h_bytes\":%llu,"
+                  "\"h2d_bytes\":%llu,\"prefetch_issued\":%llu,\"early_evictions\":%llu",
+                  i ? "," : "", (int)d->device,
+                  (unsigned long long)since(d->evictions, p->evictions),
+                  (unsigned long long)since(d->restores, p->restores),
+                  (unsigned long long)since(d->d2h_bytes, p->d2h_bytes),
+                  (unsigned long long)since(d->h2d_bytes, p->h2d_bytes),
+                  (unsigned long long)since(d->prefetches, p->prefetches),
+                  (unsigned long long)since(d->early_evictions, p->early_evictions));
+        key_f(b, "vram_used_mb", mb((int64_t)d->used), 1);
+        key_f(b, "vram_budget_mb", mb((int64_t)d->budget), 1);
+        key_f(b, "host_mb", mb((int64_t)d->host_bytes), 1);
+        key_i(b, "regions", d->regions);
+        jb_printf(b, "}");
+    }
+    jb_printf(b, "]");
+}
+
 size_t sh_tm_jsonl_format(char *buf, size_t len, int pid, const struct sh_tm_steprec *prev,
                           const struct sh_tm_steprec *cur)
 {
@@ -189,6 +234,7 @@ size_t sh_tm_jsonl_format(char *buf, size_t len, int pid, const struct sh_tm_ste
     conductor(&b, cur);
     phases(&b, prev, cur);
     regions(&b, cur);
+    devices(&b, prev, cur);
     jb_printf(&b, ",\"tracking\":\"%s\"}\n", sh_tm_tracking_name((int)cur->g[SH_TM_G_tracking]));
     return b.full ? 0 : b.len;
 }

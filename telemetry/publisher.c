@@ -614,6 +614,11 @@ void sh_tm_step(int64_t step)
         return;
     struct sh_tm_steprec r;
     sh_tm_capture(&r);
+    r.n_devices = 0;
+    if (pub.devices && !atomic_load(&no_calls)) { /* as the monitor reads the pools at a mark */
+        int n = pub.devices(pub.ctx, r.devices, SH_TM_MAX_DEVICES);
+        r.n_devices = n < 0 ? 0 : n > SH_TM_MAX_DEVICES ? SH_TM_MAX_DEVICES : n;
+    }
     r.step = step;
     r.step_peak = atomic_exchange(&peak_accum, 0);
     pub_lock();

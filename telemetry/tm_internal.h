@@ -29,7 +29,7 @@
 #define SH_TM_HDR_SIZE   128
 #define SH_TM_MAX_SNAP   (16u << 20) /* a reader refuses anything larger */
 #define SH_TM_READ_WAIT  500000      /* us a reader waits for a stable copy */
-#define SH_TM_JSONL_LINE 4096        /* the longest JSONL line */
+#define SH_TM_JSONL_LINE 8192        /* the longest JSONL line (16 devices fit) */
 #define SH_TM_EVENT_RING 1024        /* in-process event ring (power of two) */
 #define SH_TM_STEP_RING  64          /* captured step records not yet written */
 
@@ -80,6 +80,8 @@ struct sh_tm_steprec {
     int64_t step_peak; /* vram_step_peak of the steps that ended */
     struct sh_tm_host classes[SH_TM_MAX_CLASSES];
     int n_classes;
+    struct sh_tm_device devices[SH_TM_MAX_DEVICES]; /* taken at step marks */
+    int n_devices;
 };
 
 /* One JSONL line ('\n' included) for the steps between prev and cur, into

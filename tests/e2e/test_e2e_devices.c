@@ -447,14 +447,48 @@ static void test_case(void **state)
 
 /* ---- the parent ---- */
 
-static int rerun(const char *name, const char *drain)
+/* The case in a child, with one more variable when extra is set. */
+static int rerun_with(const char *name, const char *drain, const char *extra)
 {
     char c[64], d[64];
     snprintf(c, sizeof c, "E2E_DEVICES_CASE=%s", name);
     snprintf(d, sizeof d, "STAGEHAND_TRANSFER_DRAIN_MODE=%s", drain);
     /* copies take time on the bus (8 MB: 4 ms), so one can be caught in flight */
-    const char *env[] = {c, d, "SIMCUDA_PCIE_GBPS=2", NULL};
+    const char *env[] = {c, d, "SIMCUDA_PCIE_GBPS=2", extra, NULL};
     return e2e_rerun(saved_argv, env);
+}
+
+static int rerun(const char *name, const char *drain)
+{
+    return rerun_with(name, drain, NULL);
+}
+
+/* The per-step lines of a telemetry file: device 1's evictions and
+ * restores over all of them, and the lines that listed both devices. */
+static int jsonl_devices(const char *path, uint64_t *evictions, uint64_t *restores)
+{
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char line[16384];
+    int both = 0;
+    *evictions = *restores = 0;
+    while (fgets(line, sizeof line, f)) {
+        json_object *o = json_tokener_parse(line), *list = NULL;
+        assert_non_null(o);
+        if (json_object_object_get_ex(o, "devices", &list) && json_object_array_length(list) == 2) {
+            both++;
+            json_object *d1 = json_object_array_get_idx(list, 1), *v;
+            assert_true(json_object_object_get_ex(d1, "device", &v));
+            assert_int_equal(json_object_get_int(v), 1);
+            assert_true(json_object_object_get_ex(d1, "evictions", &v));
+            *evictions += (uint64_t)json_object_get_int64(v);
+            assert_true(json_object_object_get_ex(d1, "restores", &v));
+            *restores += (uint64_t)json_object_get_int64(v);
+        }
+        json_object_put(o);
+    }
+    fclose(f);
+    return both;
 }
 
 #define PARENT()                                                                                   \
@@ -490,7 +524,17 @@ static void test_training_steps_on_the_second_device(void **state)
 {
     (void)state;
     PARENT();
-    assert_int_equal(rerun("train", "device"), 0);
+    char path[] = "/tmp/stagehand-e2e-devices-XXXXXX.jsonl", env[96];
+    int fd = mkstemps(path, 6);
+    assert_true(fd >= 0);
+    close(fd);
+    snprintf(env, sizeof env, "STAGEHAND_TELEMETRY_TELEMETRY_FILE=%s", path);
+    assert_int_equal(rerun_with("train", "device", env), 0);
+    /* The per-step lines list both devices, with device 1's moves. */
+    uint64_t evictions, restores;
+    assert_true(jsonl_devices(path, &evictions, &restores) >= STEPS - 2);
+    assert_true(evictions > 0 && restores > 0);
+    unlink(path);
     assert_int_equal(rerun("train", "tracked"), 0);
 }
 

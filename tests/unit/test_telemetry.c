@@ -405,6 +405,69 @@ static void test_jsonl_format_fields(void **state)
     assert_int_equal(sh_tm_jsonl_format(line, 100, 1, &a, &b), 0);
 }
 
+/* With several devices managed, each one's moves in the steps a line
+ * covers; a device managed since the last line counts from zero; with one
+ * device there is no list. */
+static void test_jsonl_devices(void **state)
+{
+    (void)state;
+    struct sh_tm_steprec a, b;
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
+    a.step = 3;
+    b.step = 4;
+    a.n_devices = 1;
+    a.devices[0] = (struct sh_tm_device){.device = 0, .evictions = 10, .d2h_bytes = 100 * MiB};
+    b.n_devices = 2;
+    b.devices[0] = (struct sh_tm_device){.device = 0,
+                                         .regions = 7,
+                                         .budget = 8 * GiB,
+                                         .used = 6 * GiB,
+                                         .evictions = 14,
+                                         .d2h_bytes = 164 * MiB};
+    b.devices[1] = (struct sh_tm_device){
+        .device = 1, .budget = 4 * GiB, .host_bytes = 512 * MiB, .restores = 5, .prefetches = 2};
+    char line[SH_TM_JSONL_LINE];
+    assert_true(sh_tm_jsonl_format(line, sizeof line, 1, &a, &b) > 0);
+    json_object *o = json_tokener_parse(line);
+    assert_non_null(o);
+    json_object *d = field(o, "devices");
+    assert_int_equal(json_object_array_length(d), 2);
+    json_object *d0 = json_object_array_get_idx(d, 0), *d1 = json_object_array_get_idx(d, 1);
+    assert_int_equal(ifield(d0, "device"), 0);
+    assert_int_equal(ifield(d0, "evictions"), 4);
+    assert_int_equal(ifield(d0, "d2h_bytes"), 64 * MiB);
+    assert_int_equal(ifield(d0, "regions"), 7);
+    assert_true(fabs(json_object_get_double(field(d0, "vram_used_mb")) - 6144.0) < 1e-6);
+    assert_true(fabs(json_object_get_double(field(d0, "vram_budget_mb")) - 8192.0) < 1e-6);
+    assert_int_equal(ifield(d1, "device"), 1);
+    assert_int_equal(ifield(d1, "restores"), 5);
+    assert_int_equal(ifield(d1, "prefetch_issued"), 2);
+    assert_true(fabs(json_object_get_double(field(d1, "host_mb")) - 512.0) < 1e-6);
+    json_object_put(o);
+    /* Sixteen devices still fit one line. */
+    b.n_devices = SH_TM_MAX_DEVICES;
+    for (int i = 0; i < SH_TM_MAX_DEVICES; i++)
+        b.devices[i] = (struct sh_tm_device){.device = i,
+                                             .budget = UINT64_MAX / 4,
+                                             .used = UINT64_MAX / 4,
+                                             .host_bytes = UINT64_MAX / 4,
+                                             .evictions = UINT64_MAX,
+                                             .restores = UINT64_MAX,
+                                             .d2h_bytes = UINT64_MAX,
+                                             .h2d_bytes = UINT64_MAX,
+                                             .prefetches = UINT64_MAX,
+                                             .early_evictions = UINT64_MAX};
+    memset(&a, 0, sizeof a);
+    for (int i = 0; i < SH_TM_NCOUNTERS; i++)
+        b.c[i] = UINT64_MAX;
+    assert_true(sh_tm_jsonl_format(line, sizeof line, 1, &a, &b) > 0);
+    /* One device: no list. */
+    b.n_devices = 1;
+    assert_true(sh_tm_jsonl_format(line, sizeof line, 1, &a, &b) > 0);
+    assert_null(strstr(line, "\"devices\""));
+}
+
 static void test_jsonl_no_hits_is_null(void **state)
 {
     (void)state;
@@ -766,6 +829,7 @@ int main(void)
         cmocka_unit_test(test_events_newest_in_order),
         cmocka_unit_test(test_events_concurrent_never_torn),
         cmocka_unit_test(test_jsonl_format_fields),
+        cmocka_unit_test(test_jsonl_devices),
         cmocka_unit_test(test_jsonl_no_hits_is_null),
         cmocka_unit_test_teardown(test_jsonl_one_line_per_step, stop_publisher),
         cmocka_unit_test_teardown(test_jsonl_interval, stop_publisher),
