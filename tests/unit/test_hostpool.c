@@ -1134,12 +1134,14 @@ static int ps_reclaim(void *ctx, size_t bytes)
     return other && sh_hostpool_shed(other, bytes) > 0;
 }
 
-static int fs_refusals(void)
+/* Until the shared budget has refused hp n slabs it grew towards its
+ * targets or was asked for (its grower's attempt has ended: its figures
+ * hold still). */
+static void await_refused(struct sh_hostpool *hp, uint64_t n)
 {
-    pthread_mutex_lock(&fs.mu);
-    int n = fs.refusals;
-    pthread_mutex_unlock(&fs.mu);
-    return n;
+    for (int i = 0; i < 5000 && hstats(hp).refused < n; i++)
+        usleep(1000);
+    assert_true(hstats(hp).refused >= n);
 }
 
 static void test_pools_share_idle_slabs(void **state)
@@ -1151,6 +1153,11 @@ static void test_pools_share_idle_slabs(void **state)
     pa.share = (struct sh_hostpool_share){ps_reserve, ps_release, ps_reclaim, &for_a};
     struct sh_hostpool *a = mk(&pa);
     assert_int_equal(hstats(a).pinned_bytes, 4 * G); /* the whole budget, kept ready */
+    /* A slab taken asks a's grower to grow back: refused, it stops growing
+     * towards its targets until a growth succeeds. */
+    struct sh_slab *t = get(a, G, 0);
+    await_refused(a, 1);
+    sh_hostpool_put(a, t);
     struct sh_hostpool_params pb = params3(2, 0, 0, 64 * M, 2 * G, 1);
     pb.share = (struct sh_hostpool_share){ps_reserve, ps_release, ps_reclaim, &for_b};
     struct sh_hostpool *b = NULL;
@@ -1160,18 +1167,18 @@ static void test_pools_share_idle_slabs(void **state)
     /* Pre-pinning takes nothing from a: b starts with nothing. */
     assert_int_equal(hstats(b).pinned_bytes, 0);
     assert_int_equal(for_b.reclaims, 0);
-    /* A caller of b waits for a slab: a gives back one idle slab for it. */
+    /* A caller of b waits for a slab: a gives back one idle slab for it.
+     * (Refused first; and b's growth towards its targets after, which
+     * takes nothing from a.) */
+    assert_int_equal(hstats(b).refused, 1); /* its pre-pinning */
     struct sh_slab *b1 = get(b, G, 2000);
+    await_refused(b, 2);
     assert_int_equal(hstats(a).pinned_bytes, 3 * G);
     assert_int_equal(hstats(a).shed, G);
     assert_int_equal(hstats(b).pinned_bytes, G);
-    /* a's callers take what it has left, which asks a's grower to grow back
-     * towards its targets: refused, and it takes nothing from b. */
-    int refusals = fs_refusals();
+    /* a's callers take what it has left: a does not grow back towards its
+     * targets at b's expense. */
     struct sh_slab *a1 = get(a, G, 0), *a2 = get(a, G, 0), *a3 = get(a, G, 0);
-    for (int i = 0; i < 2000 && fs_refusals() == refusals; i++)
-        usleep(1000); /* until a's grower has asked */
-    assert_true(fs_refusals() > refusals);
     assert_int_equal(hstats(b).pinned_bytes, G);
     assert_int_equal(hstats(b).shed, 0);
     /* Nothing idle anywhere: a caller of b is refused, and nothing moved. */
