@@ -408,6 +408,19 @@ class Report:
         self.alternatives()
         self.launch_cost()
 
+    def fit_footprint(self, lib):
+        """What the library moved and pinned in the runs that fit: nothing, by design."""
+        ends = [r["summary"].get("sh") for r in lib if r["summary"].get("sh")]
+        if not ends:
+            return
+        moved = max(e.get("d2h_bytes", 0) + e.get("h2d_bytes", 0) for e in ends)
+        pinned = max(e.get("pinned_bytes", 0) for e in ends)
+        self.out("Footprint with the library (the most of %d run(s)): %s moved, %.0f MB of host "
+                 "memory pinned (a program far below its limit should move and pin nothing)."
+                 % (len(ends), "nothing" if moved == 0 else "%.0f MB" % (moved / 2**20),
+                    pinned / 2**20))
+        self.out()
+
     def overhead(self):
         self.out("#### 3a. Step-time overhead when the model fits (target ≤ 1%)")
         self.out()
@@ -434,6 +447,7 @@ class Report:
                  "steps 0 and 1 left out." % (ml, mp, over * 100,
                                               "meets" if over <= OVERHEAD_TARGET else "misses"))
         self.out()
+        self.fit_footprint(lib)
         pa, la = self.runs.get("measure/fit-plain-async"), self.runs.get("measure/fit-lib-async")
         if pa and la and pa["steps"] and la["steps"]:
             mpa = median_after(pa["steps"], "step_s")
@@ -757,7 +771,7 @@ def self_test():
         text = rep.build()
         expect = ["bit-exact (3 steps)", "**DIFFER** from step 2", "+0.67%", "meets",
                   "3.00x", "skipped: accelerate not installed", "+600 ns", "L 2, A 1",
-                  "equal", "above its 12.0 GB budget", "against 0.3000 s without: **+2.00%**", "| 64 MB | 812.5 | 640.0 | 9000.0 / 8000.0 | 3.10 | 11.50 |", "**cupti** before and **hooks** during",
+                  "equal", "above its 12.0 GB budget", "nothing moved, 0 MB of host memory pinned", "against 0.3000 s without: **+2.00%**", "| 64 MB | 812.5 | 640.0 | 9000.0 / 8000.0 | 3.10 | 11.50 |", "**cupti** before and **hooks** during",
                   "77 device events", "reference for oversub-cudnn", "within 0.005",
                   "cut by the deadline (`run.sh --short`): train/profiler-window, measure/save-on-cpu",
                   "| default | 0.900 s | 600 ms | 100 ms | 400 ms | 50 ms | 12 (550 ms) | 3.0 GB, 300 ms (200 ms waited) | 20 ms, 7 ms | 40% | 3 | 0 |"]

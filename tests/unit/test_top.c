@@ -554,6 +554,15 @@ static void test_several_devices(void **state)
     assert_int_equal(json_object_get_int(get(d1, "evictions")), 11);
     json_object_put(o);
     free(out);
+    out = capture(top_print_prometheus, m);
+    assert_non_null(strstr(out, "# TYPE stagehand_device_evictions_total counter\n"));
+    assert_non_null(
+        strstr(out, "stagehand_device_evictions_total{pid=\"4242\",device=\"1\"} 11\n"));
+    assert_non_null(
+        strstr(out, "stagehand_device_budget_bytes{pid=\"4242\",device=\"1\"} 25769803776\n"));
+    assert_non_null(
+        strstr(out, "stagehand_device_host_bytes{pid=\"4242\",device=\"0\"} 9663676416\n"));
+    free(out);
     static const int sizes[][2] = {{12, 80}, {24, 80}, {30, 120}, {60, 200}};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
         render_at(m, sizes[i][0], sizes[i][1], 1);

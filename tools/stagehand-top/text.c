@@ -6,6 +6,7 @@
 #include "tools/stagehand-top/top.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -344,6 +345,42 @@ static void prom_one(FILE *out, const char *name, const char *help, const char *
         fprintf(out, "%.9g\n", isfinite(v) ? v : 0.0);
 }
 
+/* With several devices managed, each one's figures, labelled by device
+ * (the unlabelled ones above are the main device's). */
+static void prom_devices(FILE *out, const struct top_model *m)
+{
+    static const struct {
+        const char *name, *help, *type;
+        size_t off;
+    } f[] = {
+#define DEV(field, name, help, type) {name, help, type, offsetof(struct sh_tm_device, field)}
+        DEV(budget, "stagehand_device_budget_bytes", "the device's budget", "gauge"),
+        DEV(used, "stagehand_device_used_bytes", "device memory its pool holds", "gauge"),
+        DEV(host_bytes, "stagehand_device_host_bytes", "its regions' bytes on the host", "gauge"),
+        DEV(evictions, "stagehand_device_evictions_total", "regions moved to the host", "counter"),
+        DEV(restores, "stagehand_device_restores_total", "regions brought back", "counter"),
+        DEV(d2h_bytes, "stagehand_device_d2h_bytes_total", "bytes copied to the host", "counter"),
+        DEV(h2d_bytes, "stagehand_device_h2d_bytes_total", "bytes copied to the device", "counter"),
+        DEV(prefetches, "stagehand_device_prefetches_total", "prefetches started", "counter"),
+        DEV(early_evictions, "stagehand_device_early_evictions_total", "early evictions started",
+            "counter"),
+#undef DEV
+    };
+    const struct sh_tm_snapshot *s = &m->snap;
+    uint32_t n = s->n_devices < SH_TM_MAX_DEVICES ? s->n_devices : SH_TM_MAX_DEVICES;
+    if (n == 0)
+        return;
+    for (size_t k = 0; k < sizeof f / sizeof f[0]; k++) {
+        fprintf(out, "# HELP %s %s\n# TYPE %s %s\n", f[k].name, f[k].help, f[k].name, f[k].type);
+        for (uint32_t i = 0; i < n; i++) {
+            uint64_t v;
+            memcpy(&v, (const char *)&s->devices[i] + f[k].off, sizeof v);
+            fprintf(out, "%s{pid=\"%d\",device=\"%d\"} %llu\n", f[k].name, m->pid,
+                    (int)s->devices[i].device, (unsigned long long)v);
+        }
+    }
+}
+
 int top_print_prometheus(FILE *out, const struct top_model *m)
 {
     const struct sh_tm_snapshot *s = &m->snap;
@@ -372,5 +409,6 @@ int top_print_prometheus(FILE *out, const struct top_model *m)
                 m->pid, (unsigned long long)h->class_bytes, (unsigned long long)h->in_use, m->pid,
                 (unsigned long long)h->class_bytes, (unsigned long long)h->total);
     }
+    prom_devices(out, m);
     return ferror(out) ? -1 : 0;
 }
