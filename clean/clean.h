@@ -35,6 +35,10 @@ extern "C" { /* tests/gpu's fingerprint.cu checks the kernel against this */
 #define SH_CLEAN_BLOCK    4096 /* bytes per block */
 #define SH_CLEAN_NH_ROUND 4    /* NH sums per block */
 #define SH_CLEAN_NH_WORDS (SH_CLEAN_BLOCK / 4 + 4 * (SH_CLEAN_NH_ROUND - 1))
+/* The device memory the library's fingerprint and prefilter kernels use
+ * (their key and result slots), from the first eviction on: counted
+ * against the budget, and by stagehand-sim's model of it. */
+#define SH_CLEAN_DEVICE_BYTES ((size_t)64 << 10)
 
 /* The kernel reads this struct from device memory as it is laid out here. */
 struct sh_clean_key {

@@ -43,8 +43,9 @@ struct sh_engine_cfg {
 };
 
 /* What a decision point reads: device bytes in use as the plan counts
- * them, the copies in flight each way (slots busy), and the prefetches
- * finished and waiting for their window. */
+ * them, the moves whose copies are still on the link each way (slots
+ * busy), and the prefetches finished and waiting for their window (they
+ * hold device memory, counted in dev, but no slot). */
 struct sh_engine_plan_in {
     size_t dev;
     size_t fetching, evicting;

@@ -48,7 +48,7 @@
 #define QSLOTS 1024 /* ranges queued, across the early evictions in flight */
 /* The key and the slots in one allocation of whole pages, so that what the
  * driver counts is what the library reports (sh_fingerprint_device_bytes). */
-#define DEVICE_BYTES ((size_t)64 << 10)
+#define DEVICE_BYTES SH_CLEAN_DEVICE_BYTES
 _Static_assert(sizeof(struct sh_clean_key) + (SLOTS + QSLOTS) * 16 <= DEVICE_BYTES,
                "key and slots fit");
 

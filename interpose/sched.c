@@ -517,10 +517,23 @@ static int planning(const struct sh_dev *d)
     return prefetching(d) && !sh_capturing() && !sh_sched_quiet(d);
 }
 
-/* What a plan reads from the pool, read before sched_mu. */
+/* What a plan reads from the pool, read before sched_mu: evicting counts
+ * the early evictions whose copies are on the link, inflight every
+ * prefetch not yet committed, ready those whose copies are done. */
 struct plan_in {
     size_t evicting, inflight, ready, dev;
 };
+
+/* The engine's view: a prefetch whose copies are done waits for its
+ * commit, not for the link, so it takes none of the max_inflight_h2d
+ * slots (its device chunks count in dev); stagehand-sim counts the same. */
+static ALWAYS_INLINE struct sh_engine_plan_in engine_in(const struct plan_in *in)
+{
+    return (struct sh_engine_plan_in){.dev = in->dev,
+                                      .fetching = in->inflight - in->ready,
+                                      .evicting = in->evicting,
+                                      .fetched = in->ready};
+}
 
 /* Reads the pool for a plan; evicting as sh_pool_evict_ready found it;
  * moving 0: sh_pool_moving() said nothing is in flight. */
@@ -544,8 +557,7 @@ static ALWAYS_INLINE void plan_read(struct sh_dev *d, struct plan_in *in, uint64
 static ALWAYS_INLINE int plan_locked(struct sh_dev *d, const struct plan_in *in,
                                      const uintptr_t *bases, size_t nb, struct sh_policy_plan *plan)
 {
-    const struct sh_engine_plan_in pin = {
-        .dev = in->dev, .fetching = in->inflight, .evicting = in->evicting, .fetched = in->ready};
+    const struct sh_engine_plan_in pin = engine_in(in);
     struct sh_policy_hints h;
     int changed = 0;
     plan->fetch_max = plan->evict_max = MAX_PLAN;
@@ -577,10 +589,10 @@ void sh_sched_read(void *ctx, struct sh_engine_plan_in *out)
     struct sh_dev *d = ctx;
     struct plan_in in = {0};
     uint64_t pressure = atomic_load_explicit(&d->engine.pressure, memory_order_acquire);
-    sh_pool_evict_ready(d->pool, &in.evicting);
+    size_t done = sh_pool_evict_ready(d->pool, &in.evicting);
+    in.evicting -= done; /* finished, not committed (a window that failed): no slot */
     plan_read(d, &in, pressure, 1);
-    *out = (struct sh_engine_plan_in){
-        .dev = in.dev, .fetching = in.inflight, .evicting = in.evicting, .fetched = in.ready};
+    *out = engine_in(&in);
 }
 
 void sh_sched_lock(void *ctx)

@@ -280,8 +280,10 @@ static void write_trace(const struct tiny *k, const char *path)
 
 static char out[16384];
 
-/* Runs stagehand-sim on k's trace at 1 unit per second of link; returns the
- * bound it prints, and checks every policy ran no faster than fastest. */
+/* Runs stagehand-sim on k's trace at 1 unit per second of link, on a card
+ * where the library holds nothing beside the regions (as the search
+ * models it); returns the bound it prints, and checks every policy ran no
+ * faster than fastest. */
 static double sim_bound(const struct tiny *k, uint64_t fastest_ns)
 {
     char path[] = "/tmp/test_sim_bound.XXXXXX";
@@ -293,7 +295,7 @@ static double sim_bound(const struct tiny *k, uint64_t fastest_ns)
     char cmd[1024];
     snprintf(cmd, sizeof cmd,
              "%s/stagehand-sim --trace %s --vram-gb %g --pcie-gbps %.9f --duplex %s "
-             "--remap-us 0 --map-us 0 2>&1",
+             "--remap-us 0 --map-us 0 --own-kb 0 --granule-mb 0 2>&1",
              build ? build : "build", path, k->vram / 4.0, (double)UNIT / 1e9,
              k->shared ? "shared" : "full");
     FILE *p = popen(cmd, "r");

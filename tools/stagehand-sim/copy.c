@@ -134,6 +134,8 @@ int start_copy(struct run *r, size_t g, int dir, int demand)
     }
     int c = (int)r->ncp++;
     struct sreg *s = &r->reg[g];
+    if (dir == D2H)
+        r->own = r->sp->own_bytes; /* the fingerprint and prefilter buffers, set up */
     r->cp[c] =
         (struct copy){.reg = g, .dir = dir, .demand = demand, .bytes = s->bytes, .link = s->bytes};
     if (dir == D2H && !demand) {

@@ -7,6 +7,7 @@
  */
 #include "tools/stagehand-sim/sim.h"
 
+#include "clean/clean.h"
 #include "config/config.h"
 #include "policy/policy.h"
 #include "policy/trace.h"
@@ -45,6 +46,10 @@ static void usage(FILE *f)
           "                       optimizer's kernels\n"
           "  --prefilter-gbps X (the --hbm-gbps rate)  what the pointer prefilter reads\n"
           "                       each evicted region at, in its window\n"
+          "  --own-kb X (64)      device memory the library itself holds from its first\n"
+          "                       eviction (fingerprint and prefilter buffers)\n"
+          "  --granule-mb X (2)   the card's allocation granule: with the watermarks auto,\n"
+          "                       the room kept free beside the pool\n"
           "  --config FILE        stagehand.ini for [budget] [transfer] [policy] [conductor]\n"
           "  --ignore-marks       the policy finds the steps itself, as for a program that marks\n"
           "                       none (the trace's marks still delimit the steps measured)\n"
@@ -64,6 +69,7 @@ struct opts {
     struct gen_params g;
     double vram_gb, oversub, pcie_gbps, remap_us, map_us, default_us;
     double prefilter_gbps; /* 0: hbm_gbps */
+    double own_kb, granule_mb;
     int shared;
     int policy; /* -1 = all */
     long bench_writer;
@@ -102,6 +108,8 @@ enum {
     O_NOMARKS,
     O_HBM,
     O_PREFILTER,
+    O_OWN,
+    O_GRANULE,
     O_HELP
 };
 
@@ -138,6 +146,8 @@ static const struct option longopts[] = {
     {"ignore-marks", no_argument, 0, O_NOMARKS},
     {"hbm-gbps", required_argument, 0, O_HBM},
     {"prefilter-gbps", required_argument, 0, O_PREFILTER},
+    {"own-kb", required_argument, 0, O_OWN},
+    {"granule-mb", required_argument, 0, O_GRANULE},
     {"help", no_argument, 0, O_HELP},
     {0, 0, 0, 0},
 };
@@ -188,6 +198,8 @@ static const struct numopt numopts[] = {
     {O_BENCHW, 1, 1e9, 1, OFF(bench_writer)},
     {O_HBM, 0.001, 1e6, 0, OFF(g.hbm_gbps)},
     {O_PREFILTER, 0.001, 1e6, 0, OFF(prefilter_gbps)},
+    {O_OWN, 0, 1e9, 0, OFF(own_kb)},
+    {O_GRANULE, 0, 1e6, 0, OFF(granule_mb)},
 };
 
 /* One option with a numeric argument into the right field; the message names
@@ -243,6 +255,8 @@ static int parse(int argc, char **argv, struct opts *o)
     o->remap_us = 20;
     o->map_us = 20;
     o->default_us = 10;
+    o->own_kb = (double)(SH_CLEAN_DEVICE_BYTES >> 10);
+    o->granule_mb = 2; /* the granule of CUDA's VMM on every GPU so far */
     o->policy = -1;
     int c;
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
@@ -418,6 +432,8 @@ static int run_policies(const struct opts *o, const struct sh_trace *t, const ch
     if (load_params(o, sp.vram_bytes, &pp, &sp))
         return 1;
     sp.chunk_bytes = 64ull << 20;
+    sp.own_bytes = (uint64_t)(o->own_kb * 1024);
+    sp.gran_bytes = (uint64_t)(o->granule_mb * (1 << 20));
     uint64_t unavoidable;
     double step_lb = sim_lower_bound(&shape, &sp, &unavoidable), seg_lb = 0;
     if (sim_segment_bound(t, &sp, &seg_lb)) {

@@ -120,8 +120,17 @@ static int compares(const struct run *r, int dirs, size_t from)
     return 0;
 }
 
+/* A window waited for the work issued so far (--verbose x4 says when). */
+static void mark_drained(struct run *r)
+{
+    r->drained = r->clock;
+    if (r->sp->verbose > 3)
+        fprintf(stderr, "      drained at %.3f ms\n", (double)r->now / 1e6);
+}
+
 int drain(struct run *r)
 {
+    mark_drained(r); /* tracked: the program's stream is among those waited for */
     if (!r->sp->drain_copies)
         return 0;
     uint64_t t0 = r->now;
@@ -182,8 +191,10 @@ int commit_window(struct run *r, int dirs, size_t from, int kind)
     int cmp = compares(r, dirs, from); /* the whole device drains, whatever drain_mode says */
     if (cmp ? advance(r, copies_done_ns(r)) : drain(r))
         return SH_EINVAL;
-    if (cmp)
+    if (cmp) {
         tally(r)->drain_ns += r->now - t0;
+        mark_drained(r);
+    }
     uint64_t cost = r->sp->remap_base_ns;
     size_t keep = 0;
     for (size_t i = 0; i < r->nready; i++) {
@@ -272,18 +283,43 @@ int sim_commit_evicted(void *ctx)
     return commit_window(ctx, 1 << D2H, 0, W_EARLY);
 }
 
+/* The device bytes a plan counts, as the library's sh_sched_read: the
+ * regions', and with the watermarks auto the room kept beside the pool. */
+static uint64_t plan_dev(struct run *r)
+{
+    return r->used + r->held + sh_engine_reserve_recent(&r->eng, r->used + r->own, 0);
+}
+
 void sim_read(void *ctx, struct sh_engine_plan_in *in)
 {
     struct run *r = ctx;
-    *in = (struct sh_engine_plan_in){.dev = r->used + r->held,
+    *in = (struct sh_engine_plan_in){.dev = plan_dev(r),
                                      .fetching = (size_t)busy(r, H2D),
                                      .evicting = (size_t)busy(r, D2H),
                                      .fetched = r->nready_dir[H2D]};
 }
 
+/* The library starts an early eviction only for a region nothing it knows
+ * of may still be running on (pool/early.c's ev_idle): under a
+ * whole-device drain, one no launch used since the last window; tracked,
+ * also one whose stream has moved on, which the model's launches, run one
+ * at a time, take to be any but the last. The others stay. */
+static int idle(const struct run *r, const struct sreg *s)
+{
+    return s->issued <= r->drained || (!r->sp->drain_copies && s->issued < r->clock);
+}
+
 int sim_start_evictions(void *ctx, const uint64_t *ids, size_t n)
 {
-    return evict_list(ctx, ids, n, 0);
+    struct run *r = ctx;
+    for (size_t i = 0; i < n && !r->failed; i++) {
+        size_t g = reg_of(r, ids[i]);
+        if (g != SIZE_MAX && !idle(r, &r->reg[g]))
+            continue;
+        if (evict_list(r, &ids[i], 1, 0))
+            return SH_EINVAL;
+    }
+    return r->failed ? SH_EINVAL : 0;
 }
 
 int sim_start_fetches(void *ctx, const uint64_t *ids, size_t n)
@@ -294,6 +330,9 @@ int sim_start_fetches(void *ctx, const uint64_t *ids, size_t n)
         if (g == SIZE_MAX || r->reg[g].res != SH_RES_HOST)
             return run_fail(r, "policy fetched region %llu, which is not on the host",
                             (unsigned long long)ids[i]);
+        /* as the library's fetches_fitting: what no longer fits waits */
+        if (plan_dev(r) + r->own + r->reg[g].bytes > r->eng.cfg.budget)
+            break;
         if (r->used + r->held + r->reg[g].bytes > r->sp->vram_bytes)
             return run_fail(r, "policy fetch of region %llu would pass the VRAM size",
                             (unsigned long long)ids[i]);
@@ -520,6 +559,12 @@ static int on_launch(struct run *r, const struct sh_trace_event *e)
     r->nprot = e->n;
     if (known_regions(r, e))
         return SH_EINVAL;
+    if (r->sp->verbose > 3) {
+        fprintf(stderr, "      launch at %.3f ms:", (double)r->now / 1e6);
+        for (size_t k = 0; k < e->n; k++)
+            fprintf(stderr, " %llu", (unsigned long long)e->ids[k]);
+        fputc('\n', stderr);
+    }
     if (make_resident(r, e->ids, e->n))
         return SH_EINVAL;
     /* what it reaches on the host, before the plan made after it moves any */
@@ -534,6 +579,9 @@ static int on_launch(struct run *r, const struct sh_trace_event *e)
     r->launches++;
     if (decide(r))
         return SH_EINVAL;
+    r->clock++; /* issued: what it names was used since the last drain */
+    for (size_t k = 0; k < e->n; k++)
+        r->reg[reg_of(r, e->ids[k])].issued = r->clock;
     uint64_t dur = e->dur_us == SH_TRACE_NO_DUR ? r->sp->default_ns : e->dur_us * 1000;
     tally(r)->compute_ns += dur;
     return advance(r, r->now + over_the_bus(r, host, dur));

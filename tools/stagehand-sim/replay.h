@@ -21,10 +21,11 @@ enum { W_PREFETCH, W_EARLY, W_EVICT, W_RESTORE, W_KINDS };
 
 struct sreg {
     uint64_t id, bytes;
-    int live;      /* allocated and not freed */
-    int res;       /* enum sh_policy_residency, as the policy was told */
-    int copy;      /* active copy, -1 for none */
-    uint64_t seen; /* run.stamp when last counted */
+    int live;        /* allocated and not freed */
+    int res;         /* enum sh_policy_residency, as the policy was told */
+    int copy;        /* active copy, -1 for none */
+    uint64_t seen;   /* run.stamp when last counted */
+    uint64_t issued; /* run.clock of the last launch that named it */
     /* clean_skip: a host copy is kept since the last restore; a launch
      * wrote the region since; what its evictions taught (clean.h). */
     int kept, dirty;
@@ -67,6 +68,9 @@ struct run {
     uint64_t evicting; /* bytes under an eviction not yet committed */
     uint64_t held;     /* room an allocation waits for: no plan restores into it */
     uint64_t stamp;    /* marks a launch's regions as counted (sreg.seen) */
+    uint64_t own;      /* the library's own device bytes (sim_params.own_bytes, once used) */
+    uint64_t clock;    /* launches issued */
+    uint64_t drained;  /* clock at the last window that waited for the whole device */
     /* the launch being issued or running */
     const uint64_t *prot;
     size_t nprot;

@@ -27,7 +27,19 @@ _Static_assert(sizeof(uintptr_t) == sizeof(uint64_t), "region ids are passed as 
 
 static size_t device_bytes(void *ctx)
 {
-    return (size_t)((struct run *)ctx)->used;
+    const struct run *r = ctx;
+    return (size_t)(r->used + r->own);
+}
+
+/* The card as the driver would report it: the regions and the library's
+ * own buffers are all it holds. */
+static int mem_info(void *ctx, size_t *free_bytes, size_t *total)
+{
+    const struct run *r = ctx;
+    uint64_t held = r->used + r->own;
+    *total = (size_t)r->sp->vram_bytes;
+    *free_bytes = held < r->sp->vram_bytes ? (size_t)(r->sp->vram_bytes - held) : 0;
+    return 0;
 }
 
 static uint64_t released_since(const struct run *r, uint64_t before)
@@ -129,7 +141,7 @@ void room_init(struct run *r, const struct sh_policy_params *pp)
         .low = pp->low_watermark,
         .high_auto = r->sp->high_auto,
         .low_auto = r->sp->low_auto,
-        .gran = r->sp->chunk_bytes,
+        .gran = r->sp->gran_bytes,
         .record_pct = 0, /* a trace holds every launch: the library recording it records all */
         .max_d2h = (unsigned)pp->max_inflight_d2h,
         .max_h2d = (unsigned)pp->max_inflight_h2d,
@@ -145,6 +157,7 @@ void room_init(struct run *r, const struct sh_policy_params *pp)
         .start_evictions = sim_start_evictions,
         .start_fetches = sim_start_fetches,
         .commit_fetched = sim_commit_fetched,
+        .mem_info = mem_info,
     };
     sh_engine_init(&r->eng, &cfg, &ops, r);
 }

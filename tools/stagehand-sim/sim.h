@@ -54,8 +54,15 @@ struct sim_params {
     int shared_link;         /* both directions share one link */
     uint64_t remap_base_ns;  /* each remap window (drain) */
     uint64_t map_ns;         /* per chunk committed */
-    int drain_copies;        /* drain_mode = device: a window waits for copies in flight */
+    /* drain_mode = device: a window waits for the whole device (copies in
+     * flight), and an early eviction starts only for a region no launch
+     * used since the last such wait (pool/early.c's ev_idle). */
+    int drain_copies;
     uint64_t chunk_bytes;
+    /* What the library holds on the device beside the regions: its
+     * fingerprint and prefilter buffers from the first eviction, and with
+     * the watermarks auto one allocation granule kept free (engine/room.c). */
+    uint64_t own_bytes, gran_bytes;
     uint64_t default_ns; /* launches with no duration */
     /* [policy] clean_skip: a restore keeps a host copy; an eviction of a
      * region no launch wrote since copies nothing. Fingerprints (one at the
