@@ -128,7 +128,38 @@ static void sample(void *ctx)
     sh_monitor_sync();
 }
 
-static int regions(void *ctx, struct sh_tm_region *out, int max)
+/* d's largest regions into out[at..max), each with its device; returns
+ * how many out holds now. Past max, one replaces the smallest held, so
+ * that the largest of every device are what the snapshot shows. */
+static int device_regions(struct sh_dev *d, struct sh_pool_region_report *r, size_t nr,
+                          struct sh_tm_region *out, int32_t *device, int at, int max)
+{
+    for (size_t i = 0; i < nr; i++) {
+        int slot = at;
+        if (at == max) {
+            slot = 0;
+            for (int k = 1; k < max; k++)
+                if (out[k].size < out[slot].size)
+                    slot = k;
+            if (out[slot].size >= r[i].size)
+                continue;
+        } else {
+            at++;
+        }
+        out[slot] = (struct sh_tm_region){r[i].va,
+                                          r[i].size,
+                                          r[i].id,
+                                          r[i].last_use_us,
+                                          r[i].evictions,
+                                          r[i].restores,
+                                          sh_sched_class(d, r[i].va),
+                                          r[i].state};
+        device[slot] = d->ordinal;
+    }
+    return at;
+}
+
+static int regions(void *ctx, struct sh_tm_region *out, int32_t *device, int max)
 {
     (void)ctx;
     if (max <= 0)
@@ -136,19 +167,13 @@ static int regions(void *ctx, struct sh_tm_region *out, int max)
     struct sh_pool_region_report *r = calloc((size_t)max, sizeof *r);
     if (!r)
         return 0;
-    struct sh_dev *d = sh_dev_main();
-    size_t n = sh_pool_regions(d->pool, r, (size_t)max);
-    for (size_t i = 0; i < n; i++)
-        out[i] = (struct sh_tm_region){r[i].va,
-                                       r[i].size,
-                                       r[i].id,
-                                       r[i].last_use_us,
-                                       r[i].evictions,
-                                       r[i].restores,
-                                       sh_sched_class(d, r[i].va),
-                                       r[i].state};
+    int n = 0, ndevs = atomic_load_explicit(&sh_rt.ndevs, memory_order_acquire);
+    for (int i = 0; i < ndevs; i++) {
+        struct sh_dev *d = sh_rt.devs[i];
+        n = device_regions(d, r, sh_pool_regions(d->pool, r, (size_t)max), out, device, n, max);
+    }
     free(r);
-    return (int)n;
+    return n;
 }
 
 /* Each managed device's figures, once there is more than one. */

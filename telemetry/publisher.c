@@ -48,6 +48,7 @@ struct publisher {
     /* thread-owned while it runs */
     struct sh_tm_snapshot *snap;
     struct sh_tm_region *rbuf;
+    int32_t rdev[SH_TM_MAX_REGIONS]; /* rbuf[i]'s device */
     struct sh_tm_sample hist[SH_TM_HIST];
     uint64_t hist_n;
     struct sh_tm_steprec last; /* the previous JSONL line's boundary */
@@ -104,26 +105,40 @@ static void init_once(void)
 
 /* ---- the snapshot ------------------------------------------------------------ */
 
+/* Positions in pub.rbuf, its largest regions first (the publisher's thread
+ * alone sorts). */
 static int by_size(const void *a, const void *b)
 {
-    const struct sh_tm_region *x = a, *y = b;
+    const struct sh_tm_region *x = &pub.rbuf[*(const int *)a], *y = &pub.rbuf[*(const int *)b];
     if (x->size != y->size)
         return x->size < y->size ? 1 : -1;
     return (x->va > y->va) - (x->va < y->va);
 }
 
+/* After take_devices: with several devices the count is theirs together
+ * (the gauges are the main device's). */
 static void take_regions(struct sh_tm_snapshot *s)
 {
-    int n = 0;
+    int n = 0, order[SH_TM_MAX_REGIONS];
     if (pub.regions && !atomic_load(&no_calls))
-        n = pub.regions(pub.ctx, pub.rbuf, SH_TM_MAX_REGIONS);
+        n = pub.regions(pub.ctx, pub.rbuf, pub.rdev, SH_TM_MAX_REGIONS);
     n = n < 0 ? 0 : n > SH_TM_MAX_REGIONS ? SH_TM_MAX_REGIONS : n;
-    qsort(pub.rbuf, (size_t)n, sizeof *pub.rbuf, by_size);
-    memcpy(s->regions, pub.rbuf, (size_t)n * sizeof *pub.rbuf);
+    for (int i = 0; i < n; i++)
+        order[i] = i;
+    qsort(order, (size_t)n, sizeof order[0], by_size);
+    for (int i = 0; i < n; i++) {
+        s->regions[i] = pub.rbuf[order[i]];
+        s->region_device[i] = pub.rdev[order[i]];
+    }
     s->n_regions = (uint32_t)n;
     const int64_t *g = s->gauges;
     int64_t all = g[SH_TM_G_regions_resident] + g[SH_TM_G_regions_evicting] +
                   g[SH_TM_G_regions_host] + g[SH_TM_G_regions_restoring];
+    if (s->n_devices) {
+        all = 0;
+        for (uint32_t i = 0; i < s->n_devices; i++)
+            all += s->devices[i].regions;
+    }
     s->regions_total = all > n ? (uint64_t)all : (uint64_t)n;
 }
 
@@ -185,8 +200,8 @@ static void publish(int callbacks)
     sh_tm_host_snapshot(s->classes, &s->n_classes);
     s->n_events = (uint32_t)sh_tm_events_copy(s->events, SH_TM_MAX_EVENTS, &s->events_total);
     if (callbacks) {
-        take_regions(s);
         take_devices(s);
+        take_regions(s);
     }
     take_history(s);
     if (pub.hdr)

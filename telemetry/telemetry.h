@@ -242,7 +242,9 @@ struct sh_tm_device {
  * if set, runs first, to refresh gauges that are cheaper to poll than to
  * push (region counts by state, host pool classes). `devices`, if set,
  * fills out[0..max) with each managed device and returns the count. */
-typedef int (*sh_tm_regions_fn)(void *ctx, struct sh_tm_region *out, int max);
+/* Fills up to max regions, in any order (the snapshot keeps them largest
+ * first), and device[i] with out[i]'s device; returns how many. */
+typedef int (*sh_tm_regions_fn)(void *ctx, struct sh_tm_region *out, int32_t *device, int max);
 typedef int (*sh_tm_devices_fn)(void *ctx, struct sh_tm_device *out, int max);
 typedef void (*sh_tm_sample_fn)(void *ctx);
 
@@ -359,6 +361,8 @@ struct sh_tm_snapshot {
     uint32_t n_devices; /* 0 when one device is managed */
     uint32_t pad_;
     struct sh_tm_device devices[SH_TM_MAX_DEVICES];
+    /* minor 2 */
+    int32_t region_device[SH_TM_MAX_REGIONS]; /* regions[i]'s device */
 };
 
 /* ---- the reader ------------------------------------------------------------- */

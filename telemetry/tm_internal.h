@@ -25,7 +25,7 @@
 
 #define SH_TM_MAGIC      "SHTMSEG1" /* 8 bytes, no NUL stored */
 #define SH_TM_MAJOR      1
-#define SH_TM_MINOR      1
+#define SH_TM_MINOR      2
 #define SH_TM_HDR_SIZE   128
 #define SH_TM_MAX_SNAP   (16u << 20) /* a reader refuses anything larger */
 #define SH_TM_READ_WAIT  500000      /* us a reader waits for a stable copy */

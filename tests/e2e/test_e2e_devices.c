@@ -147,7 +147,7 @@ static int64_t field(json_object *o, const char *key)
 {
     json_object *v = NULL;
     if (!json_object_object_get_ex(o, key, &v))
-        fail_msg("stagehand-top --json: a device has no '%s'", key);
+        fail_msg("stagehand-top --json: no '%s' where one was expected", key);
     return json_object_get_int64(v);
 }
 
@@ -173,6 +173,25 @@ static int64_t device1_moves(void)
     }
 }
 
+/* The regions table holds regions of both devices, each saying whose, and
+ * counts them all (the same publish's device figures). */
+static void regions_of_both(json_object *whole, json_object *devs)
+{
+    json_object *regs = NULL, *total = NULL;
+    assert_true(json_object_object_get_ex(whole, "regions", &regs));
+    assert_true(json_object_object_get_ex(whole, "regions_total", &total));
+    int64_t on[2] = {0, 0};
+    for (size_t i = 0; i < json_object_array_length(regs); i++) {
+        int64_t d = field(json_object_array_get_idx(regs, i), "device");
+        assert_true(d == 0 || d == 1);
+        on[d]++;
+    }
+    assert_true(on[0] > 0 && on[1] > 0);
+    assert_int_equal(json_object_get_int64(total),
+                     field(json_object_array_get_idx(devs, 0), "regions") +
+                         field(json_object_array_get_idx(devs, 1), "regions"));
+}
+
 /* The telemetry shows both devices, device 1 with the evictions its budget
  * forced, once the publisher (every 250 ms) has caught up: asked again
  * until it has, for at most 10 s. */
@@ -188,6 +207,7 @@ static void shows_both(void)
             assert_int_equal(field(d1, "budget"), (int64_t)(BUDGET_MB * MiB));
             assert_true(field(d1, "host_bytes") > 0);
             assert_int_equal(field(json_object_array_get_idx(devs, 0), "device"), 0);
+            regions_of_both(whole, devs);
             json_object_put(whole);
             return;
         }

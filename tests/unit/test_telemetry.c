@@ -705,9 +705,10 @@ static void test_jsonl_survives_sigkill(void **state)
 
 static uint64_t demo_t0;
 
-static int demo_regions(void *ctx, struct sh_tm_region *out, int max)
+static int demo_regions(void *ctx, struct sh_tm_region *out, int32_t *device, int max)
 {
     (void)ctx;
+    (void)device; /* one device: 0, as the buffer holds */
     uint64_t now = sh_tm_now_us(), tick = (now - demo_t0) / 700000;
     int n = DEMO_REGIONS < max ? DEMO_REGIONS : max;
     for (int i = 0; i < n; i++) {

@@ -152,18 +152,21 @@ static void test_seqlock_busy_when_writer_died_mid_write(void **state)
 static atomic_uint_fast64_t region_calls;
 
 /* 200 regions offered (the publisher keeps the largest 128), all stamped
- * with this call's number so a torn snapshot would show two stamps. */
-static int stamped_regions(void *ctx, struct sh_tm_region *out, int max)
+ * with this call's number so a torn snapshot would show two stamps; each
+ * region's device is its size's remainder by 3, to follow the sort. */
+static int stamped_regions(void *ctx, struct sh_tm_region *out, int32_t *device, int max)
 {
     (void)ctx;
     uint64_t call = atomic_fetch_add(&region_calls, 1) + 1;
-    for (int i = 0; i < max; i++)
+    for (int i = 0; i < max; i++) {
         out[i] = (struct sh_tm_region){.va = 0x7f0000000000ull + (uint64_t)i * 64 * MiB,
                                        .size = (uint64_t)(i % 50 + 1) * MiB,
                                        .id = call,
                                        .evictions = (uint32_t)call,
                                        .state = i % 3,
                                        .cls = 1 + i % 2};
+        device[i] = (int32_t)((i % 50 + 1) % 3);
+    }
     sh_tm_set(SH_TM_G_regions_resident, 200);
     return max + 72; /* a buggy count: must be clamped */
 }
@@ -221,6 +224,8 @@ static void test_publish_and_read(void **state)
     assert_int_equal(s->n_regions, SH_TM_MAX_REGIONS);
     for (uint32_t i = 1; i < s->n_regions; i++)
         assert_true(s->regions[i - 1].size >= s->regions[i].size); /* largest first */
+    for (uint32_t i = 0; i < s->n_regions; i++) /* each with its own device, sorted with it */
+        assert_int_equal(s->region_device[i], (int32_t)(s->regions[i].size / MiB % 3));
     assert_int_equal(s->n_classes, 1);
     assert_int_equal(s->classes[0].total, 8);
     assert_true(s->n_events >= 1);

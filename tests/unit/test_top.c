@@ -524,10 +524,19 @@ static void test_several_devices(void **state)
     demo_model(m, 12);
     char *out = capture(once_100, m);
     assert_null(strstr(out, "GPU1"));
+    assert_null(strstr(out, "GPU ADDRESS")); /* one device: no column for it */
     free(out);
     out = capture(top_print_json, m);
     assert_non_null(strstr(out, "\"devices\":[]"));
+    json_object *one = json_tokener_parse(out), *regs = get(one, "regions"), *unused;
+    for (size_t i = 0; i < json_object_array_length(regs); i++) /* nor a device per region */
+        assert_false(
+            json_object_object_get_ex(json_object_array_get_idx(regs, i), "device", &unused));
+    json_object_put(one);
     free(out);
+    assert_true(m->snap.n_regions >= 2);
+    for (uint32_t i = 0; i < m->snap.n_regions; i++)
+        m->snap.region_device[i] = (int32_t)(i % 2);
     m->snap.n_devices = 2;
     m->snap.devices[0] = (struct sh_tm_device){
         .device = 0, .regions = 30, .budget = 80 * GiB, .used = 55 * GiB, .host_bytes = 9 * GiB};
@@ -542,6 +551,7 @@ static void test_several_devices(void **state)
     assert_non_null(strstr(out, "GPU0"));
     assert_non_null(strstr(out, "GPU1"));
     assert_non_null(strstr(out, "20G/24G host 3.0G"));
+    assert_non_null(strstr(out, "GPU ADDRESS")); /* the regions table says whose */
     free(out);
     out = capture(top_print_json, m);
     json_object *o = json_tokener_parse(out);
@@ -552,6 +562,11 @@ static void test_several_devices(void **state)
     assert_int_equal(json_object_get_int(get(d1, "device")), 1);
     assert_int_equal(json_object_get_int64(get(d1, "budget")), (int64_t)(24 * GiB));
     assert_int_equal(json_object_get_int(get(d1, "evictions")), 11);
+    regs = get(o, "regions");
+    assert_int_equal(json_object_array_length(regs), m->snap.n_regions);
+    for (uint32_t i = 0; i < m->snap.n_regions; i++) /* each region's device, in the shown order */
+        assert_int_equal(json_object_get_int(get(json_object_array_get_idx(regs, i), "device")),
+                         m->snap.region_device[m->order[i]]);
     json_object_put(o);
     free(out);
     out = capture(top_print_prometheus, m);

@@ -455,16 +455,32 @@ static void spark(struct top_canvas *cv, const struct top_rect *r, const char *n
 
 /* ---- the regions table ------------------------------------------------------------------ */
 
-enum { COL_ADDR, COL_SIZE, COL_CLASS, COL_STATE, COL_LAST, COL_EVICT, COL_REST, COL_ID, NCOLS };
+enum {
+    COL_GPU, /* only with several devices managed */
+    COL_ADDR,
+    COL_SIZE,
+    COL_CLASS,
+    COL_STATE,
+    COL_LAST,
+    COL_EVICT,
+    COL_REST,
+    COL_ID,
+    NCOLS
+};
 
 static const struct {
     const char *name;
     int w, right, sort; /* sort: the enum top_sort this column orders by, or -1 */
 } table_cols[NCOLS] = {
-    {"ADDRESS", 14, 0, -1}, {"SIZE", 7, 1, TOP_SORT_SIZE},
-    {"CLASS", 10, 0, -1},   {"STATE", 9, 0, TOP_SORT_STATE},
-    {"LAST USE", 8, 1, -1}, {"EVICT", 6, 1, TOP_SORT_EVICTIONS},
-    {"REST", 5, 1, -1},     {"ID", 8, 1, -1},
+    {"GPU", 3, 1, -1},
+    {"ADDRESS", 14, 0, -1},
+    {"SIZE", 7, 1, TOP_SORT_SIZE},
+    {"CLASS", 10, 0, -1},
+    {"STATE", 9, 0, TOP_SORT_STATE},
+    {"LAST USE", 8, 1, -1},
+    {"EVICT", 6, 1, TOP_SORT_EVICTIONS},
+    {"REST", 5, 1, -1},
+    {"ID", 8, 1, -1},
 };
 
 static int state_attr(int state)
@@ -483,9 +499,12 @@ static int state_attr(int state)
 }
 
 static void cell_text(char *buf, size_t len, const struct top_model *m,
-                      const struct sh_tm_region *g, int col)
+                      const struct sh_tm_region *g, int device, int col)
 {
     switch (col) {
+    case COL_GPU:
+        snprintf(buf, len, "%d", device);
+        break;
     case COL_ADDR:
         snprintf(buf, len, "0x%012llx", (unsigned long long)g->va);
         break;
@@ -515,21 +534,27 @@ static void cell_text(char *buf, size_t len, const struct top_model *m,
     }
 }
 
-/* Columns that fit in w, in order; the later ones go first when short. */
-static int visible_cols(int w)
+/* The columns shown, in order, into cols: those that fit in w (the later
+ * ones go first when short), the device's only when there are several. */
+static int visible_cols(const struct top_model *m, int w, int *cols)
 {
     int n = 0, used = 0;
-    while (n < NCOLS && used + table_cols[n].w + 1 <= w)
-        used += table_cols[n++].w + 1;
+    for (int c = m->snap.n_devices > 1 ? 0 : COL_ADDR; c < NCOLS; c++) {
+        if (used + table_cols[c].w + 1 > w)
+            break;
+        used += table_cols[c].w + 1;
+        cols[n++] = c;
+    }
     return n;
 }
 
 static void table_header(struct top_canvas *cv, const struct top_rect *r, const struct top_model *m,
-                         int ncols)
+                         const int *cols, int ncols)
 {
     fill(cv, r, r->y, TA_HEADER);
     int x = r->x;
-    for (int c = 0; c < ncols; c++) {
+    for (int i = 0; i < ncols; i++) {
+        int c = cols[i];
         int sorted = table_cols[c].sort == m->sort;
         char name[24];
         snprintf(name, sizeof name, "%s%s", table_cols[c].name,
@@ -549,8 +574,8 @@ static void table_header(struct top_canvas *cv, const struct top_rect *r, const 
 
 static void table(struct top_canvas *cv, const struct top_rect *r, const struct top_model *m)
 {
-    int ncols = visible_cols(r->w);
-    table_header(cv, r, m, ncols);
+    int cols[NCOLS], ncols = visible_cols(m, r->w, cols);
+    table_header(cv, r, m, cols, ncols);
     if (!m->snap.n_regions) {
         top_text(cv, r, r->y + 1, r->x + 1, TA_DIM, "no regions reported yet");
         return;
@@ -558,9 +583,10 @@ static void table(struct top_canvas *cv, const struct top_rect *r, const struct 
     for (int row = 0; row < r->h - 1 && row < (int)m->snap.n_regions; row++) {
         const struct sh_tm_region *g = &m->snap.regions[m->order[row]];
         int x = r->x, y = r->y + 1 + row;
-        for (int c = 0; c < ncols; c++) {
+        for (int i = 0; i < ncols; i++) {
+            int c = cols[i];
             char buf[32];
-            cell_text(buf, sizeof buf, m, g, c);
+            cell_text(buf, sizeof buf, m, g, m->snap.region_device[m->order[row]], c);
             int attr = c == COL_STATE                   ? state_attr(g->state)
                        : c == COL_ADDR                  ? TA_DIM
                        : c == COL_EVICT && g->evictions ? TA_WARN

@@ -263,12 +263,14 @@ static void json_regions(FILE *out, const struct top_model *m)
             (unsigned long long)s->regions_total, top_sort_name(m->sort));
     for (uint32_t i = 0; i < s->n_regions; i++) {
         const struct sh_tm_region *g = &s->regions[m->order[i]];
+        fputs(i ? ",{" : "{", out);
+        if (s->n_devices) /* several managed: whose region it is */
+            fprintf(out, "\"device\":%d,", (int)s->region_device[m->order[i]]);
         fprintf(out,
-                "%s{\"address\":\"0x%llx\",\"size\":%llu,\"id\":%llu,\"class\":\"%s\","
+                "\"address\":\"0x%llx\",\"size\":%llu,\"id\":%llu,\"class\":\"%s\","
                 "\"state\":\"%s\",\"evictions\":%u,\"restores\":%u,\"last_use_s_ago\":",
-                i ? "," : "", (unsigned long long)g->va, (unsigned long long)g->size,
-                (unsigned long long)g->id, sh_tm_class_name(g->cls), sh_tm_state_name(g->state),
-                g->evictions, g->restores);
+                (unsigned long long)g->va, (unsigned long long)g->size, (unsigned long long)g->id,
+                sh_tm_class_name(g->cls), sh_tm_state_name(g->state), g->evictions, g->restores);
         if (!g->last_use_us)
             fputs("null", out);
         else
