@@ -119,7 +119,7 @@ static int by_size(const void *a, const void *b)
  * (the gauges are the main device's). */
 static void take_regions(struct sh_tm_snapshot *s)
 {
-    int n = 0, order[SH_TM_MAX_REGIONS];
+    int n = 0, order[SH_TM_MAX_REGIONS] = {0};
     if (pub.regions && !atomic_load(&no_calls))
         n = pub.regions(pub.ctx, pub.rbuf, pub.rdev, SH_TM_MAX_REGIONS);
     n = n < 0 ? 0 : n > SH_TM_MAX_REGIONS ? SH_TM_MAX_REGIONS : n;
