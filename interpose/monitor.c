@@ -128,52 +128,57 @@ static void sample(void *ctx)
     sh_monitor_sync();
 }
 
-/* d's largest regions into out[at..max), each with its device; returns
- * how many out holds now. Past max, one replaces the smallest held, so
- * that the largest of every device are what the snapshot shows. */
-static int device_regions(struct sh_dev *d, struct sh_pool_region_report *r, size_t nr,
-                          struct sh_tm_region *out, int32_t *device, int at, int max)
+/* A device's region, as its pool reported it. */
+struct dev_region {
+    struct sh_pool_region_report r;
+    struct sh_dev *d;
+};
+
+static int larger_first(const void *a, const void *b)
 {
-    for (size_t i = 0; i < nr; i++) {
-        int slot = at;
-        if (at == max) {
-            slot = 0;
-            for (int k = 1; k < max; k++)
-                if (out[k].size < out[slot].size)
-                    slot = k;
-            if (out[slot].size >= r[i].size)
-                continue;
-        } else {
-            at++;
-        }
-        out[slot] = (struct sh_tm_region){r[i].va,
-                                          r[i].size,
-                                          r[i].id,
-                                          r[i].last_use_us,
-                                          r[i].evictions,
-                                          r[i].restores,
-                                          sh_sched_class(d, r[i].va),
-                                          r[i].state};
-        device[slot] = d->ordinal;
-    }
-    return at;
+    size_t x = ((const struct dev_region *)a)->r.size, y = ((const struct dev_region *)b)->r.size;
+    return (x < y) - (x > y);
 }
 
+/* The largest regions of every managed device: each pool's largest max,
+ * then the largest max of those all. */
 static int regions(void *ctx, struct sh_tm_region *out, int32_t *device, int max)
 {
     (void)ctx;
-    if (max <= 0)
+    int ndevs = atomic_load_explicit(&sh_rt.ndevs, memory_order_acquire);
+    if (max <= 0 || ndevs <= 0)
         return 0;
     struct sh_pool_region_report *r = calloc((size_t)max, sizeof *r);
-    if (!r)
+    struct dev_region *all = calloc((size_t)ndevs * (size_t)max, sizeof *all);
+    size_t n = 0;
+    if (!r || !all) {
+        free(all);
+        free(r);
         return 0;
-    int n = 0, ndevs = atomic_load_explicit(&sh_rt.ndevs, memory_order_acquire);
+    }
     for (int i = 0; i < ndevs; i++) {
         struct sh_dev *d = sh_rt.devs[i];
-        n = device_regions(d, r, sh_pool_regions(d->pool, r, (size_t)max), out, device, n, max);
+        size_t k = sh_pool_regions(d->pool, r, (size_t)max);
+        for (size_t j = 0; j < k; j++)
+            all[n++] = (struct dev_region){r[j], d};
     }
+    qsort(all, n, sizeof *all, larger_first);
+    n = n < (size_t)max ? n : (size_t)max;
+    for (size_t i = 0; i < n; i++) {
+        const struct sh_pool_region_report *g = &all[i].r;
+        out[i] = (struct sh_tm_region){g->va,
+                                       g->size,
+                                       g->id,
+                                       g->last_use_us,
+                                       g->evictions,
+                                       g->restores,
+                                       sh_sched_class(all[i].d, g->va),
+                                       g->state};
+        device[i] = all[i].d->ordinal;
+    }
+    free(all);
     free(r);
-    return n;
+    return (int)n;
 }
 
 /* Each managed device's figures, once there is more than one. */
