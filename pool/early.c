@@ -96,7 +96,9 @@ static int ev_start_one(struct sh_pool *pool, struct region *r)
         sh_pool_move_push(pool, &pool->ev, r, &pool->st.early_evictions);
         return 0;
     }
-    if (sh_pool_get_slabs(pool, r, 0) != 0) {
+    /* Copied ahead: its slabs were taken above, and taking more here
+     * would lose those for the process's life. */
+    if (!r->ahead && sh_pool_get_slabs(pool, r, 0) != 0) {
         sh_pool_finish_state(pool, r, SH_RS_RESIDENT);
         return SH_ENOMEM;
     }

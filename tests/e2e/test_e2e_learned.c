@@ -184,6 +184,23 @@ static int scheduler_followed(void)
            st.prefetch_commits >= 1 && st.window_us >= st.drain_us + st.copy_wait_us + st.remap_us;
 }
 
+/* The host memory pinned is what the regions hold there: each slab out is
+ * a region's evicted bytes, its kept copy, or a copy made ahead of its
+ * early eviction, so at most two for each byte managed (no slab is kept
+ * ready: the parent sets slabs_per_class and prepin_mb to 0). More is host
+ * memory lost to the process. */
+static int host_memory_held(size_t managed)
+{
+    stagehand_stats_t st = {0};
+    int (*get)(stagehand_stats_t *, size_t) =
+        (int (*)(stagehand_stats_t *, size_t))dlsym(RTLD_DEFAULT, "stagehand_get_stats");
+    if (!get || get(&st, sizeof st) != 0 || st.pinned_bytes <= 2 * managed)
+        return 1;
+    fprintf(stderr, "%llu MB of host memory pinned for %zu MB of regions\n",
+            (unsigned long long)(st.pinned_bytes >> 20), managed >> 20);
+    return 0;
+}
+
 /* What the simulated card's remaps cost in this run, which stagehand-sim
  * is told (as the links' rates): each chunk's unmap and map, and each
  * window's own cost beyond its drain, copies, remaps and kernels (waking
@@ -253,6 +270,8 @@ static int child_main(void)
         return 5;
     if (getenv("E2E_LEARNED_EXPECT") && !scheduler_followed())
         return 6;
+    if (!host_memory_held(3 * BLOCKS * bytes + (2u << 20)))
+        return 7;
     if (getenv("E2E_LEARNED_EXPECT") || getenv("E2E_LEARNED_COSTS"))
         print_card_costs();
     printf("step_s=%.6f\n", sum / (STEPS - 2));

@@ -171,10 +171,35 @@ static void sys_start(const struct opts *o, const struct sh_copy_ops *copy)
     sh_pool_set_mover(sys.pool, &m);
 }
 
-/* Tears down and checks that no handle, mapping or reservation is left. */
+/* Slabs taken from the host pool and not given back. */
+static inline unsigned slabs_out(void)
+{
+    struct sh_hostpool_stats hs;
+    sh_hostpool_stats(sys.host, &hs);
+    unsigned out = 0;
+    for (unsigned c = 0; c < hs.nclasses; c++)
+        out += hs.class_total[c] - hs.class_free[c];
+    return out;
+}
+
+/* Every slab the host pool pinned is back on its free lists: the pool,
+ * destroyed, gave back every slab its regions held, so one still out was
+ * lost on the way (and would stay pinned for the process's life). */
+static void assert_slabs_back(void)
+{
+    struct sh_hostpool_stats hs;
+    sh_hostpool_stats(sys.host, &hs);
+    for (unsigned c = 0; c < hs.nclasses; c++)
+        assert_int_equal(hs.class_free[c], hs.class_total[c]);
+}
+
+/* Tears down and checks that no slab, handle, mapping or reservation is
+ * left. */
 static void stop(void)
 {
     sh_pool_destroy(sys.pool);
+    sys.pool = NULL;
+    assert_slabs_back();
     sh_hostpool_destroy(sys.host);
     sh_xfer_destroy(sys.xfer);
     sh_gate_destroy(sys.gate);
