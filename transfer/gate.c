@@ -9,10 +9,15 @@
  * reader (and waits for it to leave) or the reader sees the flag (and
  * backs out). Whoever must wait does it under mu, on cv.
  *
+ * Work that may touch several devices' memory takes their gates' read
+ * sides as one set, always in the callers' one order (device order): a
+ * reader waits only for gates after those it holds, and a writer holds no
+ * read side (sh_gate_lock refuses), so no wait closes a cycle.
+ *
  * Locking: readers and writer are atomics; mu guards the waits (a reader
  * that drains the gate under a waiting writer wakes it under mu, so the
- * wake-up is never lost). The per-thread depth is thread-local (one gate
- * per process in practice, so one depth counter suffices and is checked).
+ * wake-up is never lost). The thread's depth and the set its outermost
+ * enter took are thread-local.
  */
 #include "transfer/transfer.h"
 
@@ -35,8 +40,8 @@ struct sh_gate {
 };
 
 static _Thread_local struct {
-    const struct sh_gate *gate; /* the one held */
-    unsigned depth;
+    struct sh_gate *gates[SH_GATE_SET_MAX]; /* the set held, in the order taken */
+    unsigned n, depth;
 } held;
 
 int sh_gate_create(struct sh_gate **out)
@@ -100,33 +105,56 @@ static void read_wait(struct sh_gate *g)
     __atomic_sub_fetch(&g->waiting, 1, __ATOMIC_RELAXED);
 }
 
-void sh_gate_enter(struct sh_gate *g)
+void sh_gate_enter_set(struct sh_gate *const *gates, unsigned n)
 {
     __typeof__(held) *h = &held;
-    if (h->depth++ == 0) {
+    if (h->depth++ > 0)
+        return;
+    h->n = n < SH_GATE_SET_MAX ? n : SH_GATE_SET_MAX;
+    for (unsigned i = 0; i < h->n; i++) {
+        struct sh_gate *g = h->gates[i] = gates[i];
         if (!read_try(g))
             read_wait(g);
-        h->gate = g;
     }
+}
+
+void sh_gate_leave_set(void)
+{
+    __typeof__(held) *h = &held;
+    if (h->depth > 0 && --h->depth == 0) {
+        while (h->n > 0)
+            read_release(h->gates[--h->n]);
+    }
+}
+
+void sh_gate_enter(struct sh_gate *g)
+{
+    sh_gate_enter_set(&g, 1);
 }
 
 void sh_gate_leave(struct sh_gate *g)
 {
-    __typeof__(held) *h = &held;
-    if (h->depth > 0 && --h->depth == 0) {
-        h->gate = NULL;
-        read_release(g);
-    }
+    (void)g; /* the one the outermost enter took */
+    sh_gate_leave_set();
 }
 
 int sh_gate_held(const struct sh_gate *g)
 {
-    return held.depth > 0 && held.gate == g;
+    const __typeof__(held) *h = &held;
+    for (unsigned i = 0; h->depth > 0 && i < h->n; i++)
+        if (h->gates[i] == g)
+            return 1;
+    return 0;
+}
+
+int sh_gate_held_any(void)
+{
+    return held.depth > 0;
 }
 
 int sh_gate_lock(struct sh_gate *g)
 {
-    if (sh_gate_held(g))
+    if (sh_gate_held_any())
         return SH_EBUSY;
     pthread_mutex_lock(&g->mu);
     while (atomic_load(&g->writer)) /* another window */

@@ -72,16 +72,24 @@ struct sh_gate;
 
 int sh_gate_create(struct sh_gate **out);
 void sh_gate_destroy(struct sh_gate *g);
-/* Read side: issuing work. Nests per thread. */
+/* Read side: issuing work. Nests per thread: only the outermost enter of
+ * a thread takes anything, and its leave gives it back. */
 void sh_gate_enter(struct sh_gate *g);
 void sh_gate_leave(struct sh_gate *g);
+/* The read sides of gates[0..n) as one (work that may touch several
+ * devices' memory; n = 0: none), at most SH_GATE_SET_MAX. Every caller
+ * gives gates in one order, so that readers never wait in a cycle. */
+#define SH_GATE_SET_MAX 16
+void sh_gate_enter_set(struct sh_gate *const *gates, unsigned n);
+void sh_gate_leave_set(void);
 /* Write side: a remap window. Must not be called while holding the read
- * side (returns SH_EBUSY instead of deadlocking). Writers go before new
- * readers, so a window is never starved by a busy launch loop. */
+ * side of any gate (returns SH_EBUSY instead of deadlocking). Writers go
+ * before new readers, so a window is never starved by a busy launch loop. */
 int sh_gate_lock(struct sh_gate *g);
 void sh_gate_unlock(struct sh_gate *g);
-/* 1 while the calling thread holds the read side. */
+/* 1 while the calling thread holds g's read side; _any: any gate's. */
 int sh_gate_held(const struct sh_gate *g);
+int sh_gate_held_any(void);
 /* Windows opened so far. */
 uint64_t sh_gate_windows(const struct sh_gate *g);
 /* Microseconds windows have been open, in all: no work was issued then. */

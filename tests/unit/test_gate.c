@@ -1,7 +1,8 @@
 /* test_gate.c — the remap gate: the read side nests per thread, a writer
  * holding the read side is refused instead of deadlocking, readers wait out
- * a window, no reader section ever overlaps a window, and a continuous
- * stream of readers does not starve a writer. */
+ * a window, no reader section ever overlaps a window, a continuous
+ * stream of readers does not starve a writer, and gates taken as sets
+ * hold back only their own windows, without deadlock. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -39,6 +40,8 @@ static struct sh_gate *mk(void)
 
 struct trier {
     struct sh_gate *g;
+    struct sh_gate *set[2]; /* nset > 0: enters these as one set instead */
+    unsigned nset;
     int write;          /* lock instead of enter */
     atomic_int inside;  /* 1 once through */
     atomic_int release; /* set by the test: leave/unlock now */
@@ -51,6 +54,9 @@ static void *trier_main(void *arg)
     struct trier *w = arg;
     if (w->write) {
         w->lock_rc = sh_gate_lock(w->g);
+    } else if (w->nset) {
+        sh_gate_enter_set(w->set, w->nset);
+        w->held_in = sh_gate_held(w->set[0]) && sh_gate_held(w->set[w->nset - 1]);
     } else {
         sh_gate_enter(w->g);
         w->held_in = sh_gate_held(w->g);
@@ -60,6 +66,8 @@ static void *trier_main(void *arg)
         usleep(200);
     if (w->write)
         sh_gate_unlock(w->g);
+    else if (w->nset)
+        sh_gate_leave_set();
     else
         sh_gate_leave(w->g);
     return NULL;
@@ -70,6 +78,16 @@ static void trier_start(struct trier *w, struct sh_gate *g, int write)
     memset(w, 0, sizeof *w);
     w->g = g;
     w->write = write;
+    assert_int_equal(pthread_create(&w->t, NULL, trier_main, w), 0);
+}
+
+/* A trier entering a and b as one set. */
+static void trier_start_set(struct trier *w, struct sh_gate *a, struct sh_gate *b)
+{
+    memset(w, 0, sizeof *w);
+    w->set[0] = a;
+    w->set[1] = b;
+    w->nset = 2;
     assert_int_equal(pthread_create(&w->t, NULL, trier_main, w), 0);
 }
 
@@ -387,6 +405,122 @@ static void test_no_launch_inside_window(void **state)
     sh_gate_destroy(ov.g);
 }
 
+/* ---- gates taken as a set (work that may touch several devices) ---------------------- */
+
+/* A set is held as one: each of its gates until the outermost leave, a
+ * nested enter taking nothing more. Holding it refuses every window of
+ * this thread's; another thread's window on a gate outside the set goes
+ * ahead, one on a gate inside waits for the set to be left. */
+static void test_set_held_as_one(void **state)
+{
+    (void)state;
+    struct sh_gate *g = mk(), *h = mk(), *k = mk();
+    struct sh_gate *set[] = {g, h};
+    assert_false(sh_gate_held_any());
+    sh_gate_enter_set(set, 2);
+    assert_true(sh_gate_held(g) && sh_gate_held(h) && sh_gate_held_any());
+    assert_false(sh_gate_held(k));
+    sh_gate_enter(k); /* nested: the outermost enter's set stays the one held */
+    assert_false(sh_gate_held(k));
+    assert_int_equal(sh_gate_lock(k), SH_EBUSY); /* a window under any read side would deadlock */
+    sh_gate_leave(k);
+    assert_true(sh_gate_held(g) && sh_gate_held(h));
+    struct trier other, inside;
+    trier_start(&other, k, 1);
+    assert_true(trier_through(&other, 2000));
+    assert_int_equal(other.lock_rc, 0);
+    trier_finish(&other);
+    trier_start(&inside, h, 1);
+    assert_false(trier_through(&inside, 50));
+    sh_gate_leave_set();
+    assert_false(sh_gate_held_any());
+    assert_true(trier_through(&inside, 2000));
+    assert_int_equal(inside.lock_rc, 0);
+    trier_finish(&inside);
+    sh_gate_enter_set(set, 0); /* an empty set: counts, holds nothing */
+    assert_true(sh_gate_held_any());
+    assert_false(sh_gate_held(g));
+    sh_gate_leave_set();
+    assert_false(sh_gate_held_any());
+    sh_gate_destroy(g);
+    sh_gate_destroy(h);
+    sh_gate_destroy(k);
+}
+
+/* A window on one gate holds back the readers of sets that hold it, and
+ * only those. */
+static void test_window_holds_back_its_sets(void **state)
+{
+    (void)state;
+    struct sh_gate *g = mk(), *h = mk();
+    assert_int_equal(sh_gate_lock(g), 0);
+    struct trier alone, both;
+    trier_start(&alone, h, 0);
+    trier_start_set(&both, g, h);
+    assert_true(trier_through(&alone, 2000));
+    assert_false(trier_through(&both, 50));
+    sh_gate_unlock(g);
+    assert_true(trier_through(&both, 2000));
+    assert_true(both.held_in);
+    trier_finish(&alone);
+    trier_finish(&both);
+    sh_gate_destroy(g);
+    sh_gate_destroy(h);
+}
+
+/* Readers take random sets of three gates (in one order, nesting a single
+ * gate under them) while writers lock random gates: every thread finishes.
+ * A cycle of waits would hang it, which the deadline catches. */
+#define SET_GATES 3
+static struct {
+    struct sh_gate *g[SET_GATES];
+    atomic_int finished;
+} mix;
+
+static void *mix_thread(void *arg)
+{
+    unsigned seed = (unsigned)(uintptr_t)arg, writer = seed & 1;
+    for (int i = 0; i < 2000; i++) {
+        unsigned pick = (unsigned)rand_r(&seed);
+        if (writer) {
+            struct sh_gate *g = mix.g[pick % SET_GATES];
+            assert_int_equal(sh_gate_lock(g), 0);
+            sh_gate_unlock(g);
+            continue;
+        }
+        struct sh_gate *set[SET_GATES];
+        unsigned n = 0;
+        for (unsigned k = 0; k < SET_GATES; k++)
+            if (pick >> k & 1)
+                set[n++] = mix.g[k];
+        sh_gate_enter_set(set, n);
+        sh_gate_enter(mix.g[pick % SET_GATES]);
+        sh_gate_leave(mix.g[pick % SET_GATES]);
+        sh_gate_leave_set();
+    }
+    atomic_fetch_add(&mix.finished, 1);
+    return NULL;
+}
+
+static void test_sets_never_deadlock(void **state)
+{
+    (void)state;
+    memset(&mix, 0, sizeof mix);
+    for (int k = 0; k < SET_GATES; k++)
+        mix.g[k] = mk();
+    pthread_t t[6];
+    for (uintptr_t i = 0; i < 6; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, mix_thread, (void *)(i + 1)), 0);
+    double t0 = now_ms();
+    while (atomic_load(&mix.finished) < 6 && now_ms() - t0 < 60000)
+        usleep(1000);
+    assert_int_equal(atomic_load(&mix.finished), 6); /* else a thread is stuck: do not join */
+    for (int i = 0; i < 6; i++)
+        pthread_join(t[i], NULL);
+    for (int k = 0; k < SET_GATES; k++)
+        sh_gate_destroy(mix.g[k]);
+}
+
 /* ---- writers are not starved ----------------------------------------------------------- */
 
 static struct {
@@ -469,6 +603,9 @@ int main(void)
         cmocka_unit_test(test_nested_enter_with_writer_waiting),
         cmocka_unit_test(test_no_launch_inside_window),
         cmocka_unit_test(test_writer_not_starved),
+        cmocka_unit_test(test_set_held_as_one),
+        cmocka_unit_test(test_window_holds_back_its_sets),
+        cmocka_unit_test(test_sets_never_deadlock),
     };
     return cmocka_run_group_tests_name("gate", tests, NULL, NULL);
 }
