@@ -134,8 +134,10 @@ static void process_stats(stagehand_stats_t *s)
     s->launches_unscanned = sh_launch_unscanned();
     s->host_launches = sh_launch_host_launches();
     sh_sched_stalls(&s->stalls, &s->stall_us);
-    s->remap_windows = sh_gate_windows(sh_rt.gate);
-    s->window_us = sh_gate_open_us(sh_rt.gate);
+    for (int i = 0; i < atomic_load(&sh_rt.ndevs); i++) { /* every device's windows */
+        s->remap_windows += sh_gate_windows(sh_rt.devs[i]->gate);
+        s->window_us += sh_gate_open_us(sh_rt.devs[i]->gate);
+    }
     if (sh_rt.node) {
         struct sh_node_stats ns;
         sh_node_stats(sh_rt.node, &ns);

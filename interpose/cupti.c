@@ -406,7 +406,7 @@ static void set_mode(int m)
  * inside its own callback). */
 static int inside_work(void)
 {
-    return sh_launch_busy() || (sh_rt.gate && sh_gate_held(sh_rt.gate));
+    return sh_launch_busy() || sh_gate_held_any();
 }
 
 /* The hooks take over, then no launch left to CUPTI is still being issued

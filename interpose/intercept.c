@@ -169,6 +169,15 @@ int sh_work_refused(const struct sh_work *w)
     return 1;
 }
 
+/* The gates of the devices w's ranges may reach; with none named, the
+ * main device's, as every entry of the table has always waited out its
+ * windows (test_intercept). */
+static uint32_t access_gates(const struct sh_work *w)
+{
+    uint32_t devs = sh_gates_ranges(w->ends, w->n);
+    return devs ? devs : 1;
+}
+
 int sh_work_issue(struct sh_work *w)
 {
     if ((w->refused = sh_work_refused(w)))
@@ -200,8 +209,8 @@ int sh_work_issue(struct sh_work *w)
             return (w->refused = 1);
         }
         return 0;
-    default:
-        sh_gate_enter(sh_rt.gate);
+    default: /* a capture's start or end, or work reaching the ranges it names */
+        sh_gates_enter(w->kind == SH_WORK_CAPTURE || w->opaque ? SH_GATES_ALL : access_gates(w));
         return 0;
     }
 }
@@ -220,12 +229,12 @@ void sh_work_end(struct sh_work *w, int result)
         break;
     case SH_WORK_CAPTURE:
         sh_graph_capture(w->begin, result);
-        sh_gate_leave(sh_rt.gate);
+        sh_gates_leave();
         break;
     default:
-        /* Still inside the gate: no window between the issue and the mark. */
+        /* Still inside the gates: no window between the issue and the mark. */
         sh_launch_mark_work(w->stream, w->any_stream, w->ends, w->n, w->opaque);
-        sh_gate_leave(sh_rt.gate);
+        sh_gates_leave();
     }
     sh_work_depth--;
 }

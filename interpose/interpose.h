@@ -48,6 +48,7 @@ struct sh_dev {
     size_t card_bytes, gran;
     struct sh_driver_dev drvdev; /* its copy streams and fences (driver.h) */
     struct sh_pool *pool;
+    struct sh_gate *gate;     /* its remap gate: its windows, and the work that may reach it */
     struct sh_hostpool *host; /* NULL when eviction is off */
     struct sh_xfer *xfer;
     struct sh_engine engine; /* its pressure and deferred counters too */
@@ -65,7 +66,6 @@ struct sh_runtime {
     struct sh_real real;
     struct sh_driver drv;
     struct sh_node *node; /* the node's shared host budget; NULL: per process */
-    struct sh_gate *gate; /* one for every device: a window stops all launches */
     struct sh_dev *devs[SH_DEVICES_MAX];
     atomic_int ndevs; /* devs[0..ndevs) are published */
     atomic_ullong passthrough, oom, launches;
@@ -182,6 +182,21 @@ void sh_slots_forget_context(CUcontext ctx);
  * every drain waits for s's context from now on (sh_peers_note). */
 int sh_stream_device(CUstream s);
 void sh_stream_note(CUstream s);
+
+/* The remap gates work takes (gates.c), as a mask of sh_rt.devs indices
+ * (bit i: devs[i]'s gate). sh_gates_kernel: those a kernel on stream s may
+ * reach, its device's and its peer links' (every one when s's device
+ * cannot be told; with one device, that one). sh_gates_ranges: the devices
+ * whose pools may meet the ranges [ends[k], ends[k + 1]) of ends[0..n).
+ * sh_gates_enter takes them in device order, sh_gates_leave gives them
+ * back; only a thread's outermost call does, nested ones count.
+ * sh_gates_held: the devices whose gates the thread holds (0 outside). */
+#define SH_GATES_ALL 0xffffffffu
+uint32_t sh_gates_kernel(CUstream s);
+uint32_t sh_gates_ranges(const uintptr_t *ends, size_t n);
+void sh_gates_enter(uint32_t devs);
+void sh_gates_leave(void);
+uint32_t sh_gates_held(void);
 
 /* Kernel parameter layouts (layouts.c). sh_layout_of: the layout of the
  * function key of kind (enum sh_key_kind), filled on first use; NULL when

@@ -344,13 +344,16 @@ static void add_others(int i, const uintptr_t *bases, size_t n)
 
 /* The other devices' regions the launch uses: each device's own (a
  * device with more than the list holds, or all), or every region of every
- * device as used (all, or opaque). */
-static void mark_others(int all, int opaque, uint64_t streams)
+ * device as used (all, or opaque). Only on the devices whose gates it
+ * holds (held): it reaches no other's regions (gates.c). */
+static void mark_others(int all, int opaque, uint64_t streams, uint32_t held)
 {
     __typeof__(pending) *pd = &pending;
     uintptr_t bases[MAX_ADDRS];
     for (int i = 1; i < ndevs(); i++) {
         struct sh_pool *pool = sh_rt.devs[i]->pool;
+        if (!(held >> i & 1))
+            continue;
         if (opaque) {
             sh_pool_issued_opaque(pool, streams);
         } else if (all || (pd->coarse >> i & 1)) {
@@ -369,19 +372,21 @@ static void mark_issued(void)
 {
     __typeof__(pending) *pd = &pending; /* one thread-local lookup */
     struct sh_dev *d = sh_dev_main();
+    uint32_t held = sh_gates_held();
     if (pd->quiet) {
         /* the next move's drain waits for the whole device */
         uint64_t streams = sh_slots_tracked() ? SH_SLOTS_ANY : 0;
-        sh_pool_issued_any(d->pool, streams);
+        if (held & 1)
+            sh_pool_issued_any(d->pool, streams);
         if (ndevs() > 1)
-            mark_others(1, 0, streams);
+            mark_others(1, 0, streams, held);
         pd->quiet = 0;
         return;
     }
     /* region pointers in a module global: any launch may follow them */
     pd->opaque |= atomic_load_explicit(&hidden_pointers, memory_order_relaxed);
-    if (pd->n == 0 && !pd->opaque && !pd->others)
-        return;
+    if (held == 0 || (pd->n == 0 && !pd->opaque && !pd->others))
+        return; /* it reaches no region: nothing to mark */
     uint64_t streams = 0;
     if (sh_slots_tracked()) {
         if (sh_stream_capturing(pd->stream)) {
@@ -392,15 +397,17 @@ static void mark_issued(void)
     }
     /* nothing moves: no region needs its own stamp; else the regions the
      * scan found, not looked up twice */
-    if (streams == 0 && pd->n && sh_sched_quiet(d))
-        sh_pool_issued_any(d->pool, 0);
-    else
-        sh_pool_issued_found(d->pool, pd->bases, pd->found ? pd->regions : NULL, pd->n, pd->gen,
-                             streams);
-    if (pd->opaque)
-        sh_pool_issued_opaque(d->pool, streams);
+    if (held & 1) { /* else the main device's regions are out of its reach */
+        if (streams == 0 && pd->n && sh_sched_quiet(d))
+            sh_pool_issued_any(d->pool, 0);
+        else
+            sh_pool_issued_found(d->pool, pd->bases, pd->found ? pd->regions : NULL, pd->n,
+                                 pd->gen, streams);
+        if (pd->opaque)
+            sh_pool_issued_opaque(d->pool, streams);
+    }
     if (pd->others || (pd->opaque && ndevs() > 1))
-        mark_others(0, pd->opaque, streams);
+        mark_others(0, pd->opaque, streams, held);
     pd->n = 0;
     pd->found = 0;
     pd->opaque = 0;
@@ -661,12 +668,24 @@ static int pending_begin(CUstream stream, int graph)
     return pd->quiet;
 }
 
+/* The gates the launch takes: with several devices, those its kernel may
+ * reach and those of the regions it names; a graph's, every one. */
+static uint32_t launch_gates(void)
+{
+    const __typeof__(pending) *pd = &pending;
+    if (ndevs() == 1)
+        return 1;
+    if (pd->graph)
+        return SH_GATES_ALL;
+    return sh_gates_kernel(pd->stream) | (pd->n ? 1u : 0) | pd->others;
+}
+
 void sh_launch_begin(const void *key, int kind, void **args, CUstream stream)
 {
     if (pending.depth++ == 0) {
         if (!pending_begin(stream, 0))
             prepare(key, kind, args);
-        sh_gate_enter(sh_rt.gate);
+        sh_gates_enter(launch_gates());
     }
 }
 
@@ -677,7 +696,7 @@ void sh_launch_begin_addrs(uint64_t key, const uintptr_t *addrs, size_t n, int o
         int quiet = pending_begin(stream, 1);
         pending.opaque = opaque || n > MAX_ADDRS; /* beyond MAX_ADDRS: not stamped one by one */
         if (quiet) {
-            sh_gate_enter(sh_rt.gate);
+            sh_gates_enter(launch_gates());
             return;
         }
         uintptr_t vals[MAX_ADDRS];
@@ -685,7 +704,7 @@ void sh_launch_begin_addrs(uint64_t key, const uintptr_t *addrs, size_t n, int o
         if (n > 0) /* addrs may be NULL when there are none */
             memcpy(vals, addrs, n * sizeof *vals);
         sh_launch_prepare(key, vals, n);
-        sh_gate_enter(sh_rt.gate);
+        sh_gates_enter(launch_gates());
     }
 }
 
@@ -697,8 +716,8 @@ void sh_launch_end(void)
             note_other(pd->stream);
             pd->graph = 0;
         }
-        mark_issued(); /* still inside the gate: no window between issue and mark */
-        sh_gate_leave(sh_rt.gate);
+        mark_issued(); /* still inside the gates: no window between issue and mark */
+        sh_gates_leave();
     }
 }
 

@@ -65,6 +65,7 @@ static CUcontext *others;
 static size_t nothers, capothers;
 static atomic_size_t waited;   /* nothers, for the drain's lock-free test */
 static atomic_uint generation; /* bumped when a context is forgotten */
+static _Atomic uint64_t reach[MAX_DEVS]; /* bit t: a link lets device d reach device t */
 static pthread_rwlock_t life_lock = PTHREAD_RWLOCK_INITIALIZER;
 
 /* ---- the mapping table: open addressing on va ---- */
@@ -244,6 +245,12 @@ void sh_peers_link(const struct sh_driver *drv, CUcontext ctx, int from, int to,
     if (on && (!managed || is_managed(to)))
         add_other(ctx);
     int after = opened(from, to);
+    if (from < MAX_DEVS && to < 64) {
+        if (after)
+            atomic_fetch_or(&reach[from], 1ull << to);
+        else
+            atomic_fetch_and(&reach[from], ~(1ull << to));
+    }
     if (several && is_managed(to) && from < MAX_DEVS && (before > 0) != (after > 0))
         set_all(drv, from, to,
                 after ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_NONE);
@@ -339,6 +346,11 @@ void sh_peers_forget(CUcontext ctx)
     atomic_store_explicit(&waited, nothers, memory_order_relaxed);
     atomic_fetch_add(&generation, 1);
     pthread_mutex_unlock(&peers_mu);
+}
+
+uint64_t sh_peers_reach(int from)
+{
+    return from >= 0 && from < MAX_DEVS ? atomic_load(&reach[from]) : 0;
 }
 
 unsigned sh_peers_generation(void)

@@ -20,6 +20,8 @@
  * drain from then on. sh_peers_mapped: a mapping was just made on device
  * dev at [va, va + size): lists it and sets its access (dev, and every
  * device with a link to dev); on failure it is not listed.
+ * sh_peers_reach: the devices (bit d: device d) that links let `from`
+ * reach now (one atomic load: every launch with several devices asks).
  * sh_peers_listed: lists (1) or forgets (0) a mapping on dev without
  * touching its access. sh_peers_note: work on a stream
  * of ctx used regions: drains wait for ctx from now on. sh_peers_own: the
@@ -42,6 +44,7 @@ void sh_peers_own(CUcontext ctx, int dev);
 void sh_peers_destroying(int on);
 void sh_peers_forget(CUcontext ctx);
 unsigned sh_peers_generation(void);
+uint64_t sh_peers_reach(int from);
 int sh_peers_waiting(void);
 void sh_peers_sync(const struct sh_driver *drv);
 void sh_peers_sync_except(const struct sh_driver *drv, CUcontext done);

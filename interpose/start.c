@@ -98,6 +98,8 @@ static int open_pool(struct sh_dev *dv)
     if (!gran)
         return SH_EDRIVER;
     dv->gran = gran;
+    if (sh_gate_create(&dv->gate) != SH_OK)
+        return SH_ENOMEM;
     const struct sh_config *c = &sh_rt.cfg;
     struct sh_pool_params p = {.granularity = gran,
                                .max_chunk = max_chunk(dv),
@@ -249,7 +251,7 @@ static void open_mover(struct sh_dev *dv)
     dv->fp = sh_fingerprint_new(&dv->drvdev);
     struct sh_pool_mover m = {.host = dv->host,
                               .xfer = dv->xfer,
-                              .gate = sh_rt.gate,
+                              .gate = dv->gate,
                               .checksums = c->debug.debug_checksums,
                               .verify_moves = c->debug.debug_verify_moves,
                               .slab_wait_ms = 2000,
@@ -295,7 +297,7 @@ static void init(void)
                dv->ordinal);
         return;
     }
-    if (sh_gate_create(&sh_rt.gate) != SH_OK || open_pool(dv) != SH_OK) {
+    if (open_pool(dv) != SH_OK) {
         sh_log(SH_LOG_WARN, "cannot set up the region pool; passing all calls through");
         sh_rt.drv.cuCtxPopCurrent(&popped);
         return;
@@ -408,8 +410,10 @@ static struct sh_dev *open_other(int ordinal)
         if (rc != SH_EINVAL) /* else other_device said why */
             sh_log(SH_LOG_WARN, "device %d: cannot set up its pool; its memory is not managed",
                    ordinal);
-        if (dv && !dv->pool)
-            free(dv); /* else kept: a pool that came up may have mappings */
+        if (dv && !dv->pool) { /* else kept: a pool that came up may have mappings */
+            sh_gate_destroy(dv->gate);
+            free(dv);
+        }
         return NULL;
     }
     sh_peers_manage(dv->dev, dv->ctx, sh_rt.drv.several);

@@ -46,16 +46,16 @@ static void test_every_entry_waits_out_a_window(void **state)
     size_t gated = 0;
     for (size_t i = 0; i < sh_icept_count; i++) {
         struct caller c = {.entry = i};
-        assert_int_equal(sh_gate_lock(sh_rt.gate), 0);
+        assert_int_equal(sh_gate_lock(sh_dev_main()->gate), 0);
         pthread_t t;
         assert_int_equal(pthread_create(&t, NULL, call, &c), 0);
         /* The caller either blocks on the gate or gets past it: wait for
          * one of the two, then check which. */
-        while (sh_gate_waiting(sh_rt.gate) == 0 && !atomic_load(&c.done))
+        while (sh_gate_waiting(sh_dev_main()->gate) == 0 && !atomic_load(&c.done))
             sched_yield();
         if (atomic_load(&c.done))
             fail_msg("%s reached the driver inside a remap window", sh_icept_table[i].name);
-        sh_gate_unlock(sh_rt.gate);
+        sh_gate_unlock(sh_dev_main()->gate);
         pthread_join(t, NULL);
         assert_true(atomic_load(&c.done));
         gated++;
