@@ -401,8 +401,8 @@ static void mark_issued(void)
         if (streams == 0 && pd->n && sh_sched_quiet(d))
             sh_pool_issued_any(d->pool, 0);
         else
-            sh_pool_issued_found(d->pool, pd->bases, pd->found ? pd->regions : NULL, pd->n,
-                                 pd->gen, streams);
+            sh_pool_issued_found(d->pool, pd->bases, pd->found ? pd->regions : NULL, pd->n, pd->gen,
+                                 streams);
         if (pd->opaque)
             sh_pool_issued_opaque(d->pool, streams);
     }

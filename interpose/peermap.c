@@ -63,8 +63,8 @@ static struct maprec *maps;
 static size_t mcap, mused, mlive; /* slots, slots not empty, live records */
 static CUcontext *others;
 static size_t nothers, capothers;
-static atomic_size_t waited;   /* nothers, for the drain's lock-free test */
-static atomic_uint generation; /* bumped when a context is forgotten */
+static atomic_size_t waited;             /* nothers, for the drain's lock-free test */
+static atomic_uint generation;           /* bumped when a context is forgotten */
 static _Atomic uint64_t reach[MAX_DEVS]; /* bit t: a link lets device d reach device t */
 static pthread_rwlock_t life_lock = PTHREAD_RWLOCK_INITIALIZER;
 

@@ -14,7 +14,11 @@
  * from a table in device 0's memory, into a region of device 1 that is on
  * the host: its write is kept. With devices = one (the default) device 1
  * is not managed (test_e2e_peers covers that side). stagehand-top --json
- * lists both devices, each with its own budget and evictions.
+ * lists both devices, each with its own budget and evictions. A window on
+ * device 1 holds back no work on device 0 that cannot reach device 1's
+ * regions (a kernel on device 1 waits for one on device 0 while device
+ * 1's eviction drains it), and holds back a kernel on device 0 once peer
+ * access lets it reach them.
  *
  * Every case runs in a child of its own (this program again, the case
  * named in E2E_DEVICES_CASE): a fault is sticky to its device.
@@ -28,10 +32,15 @@
 #include "reexec.h"
 #include "twogpu.h"
 
+#include "stagehand.h"
+
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <json-c/json.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <time.h>
 #include <unistd.h>
 #include <stdlib.h>
@@ -61,11 +70,45 @@ static void k_bump_via(void **a)
         p[i] = p[i] * 3 + 1;
 }
 
+/* wait_go(flag, n): spins until a kernel elsewhere sets *flag, or gives
+ * up after wait_go_s (spin_gave_up), so that a test that would hang fails */
+#define WAIT_GO_S 10
+static double wait_go_s = WAIT_GO_S;
+static atomic_int spin_gave_up;
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static void k_wait_go(void **a)
+{
+    atomic_int *go = *(atomic_int **)a[0];
+    double until = now_s() + wait_go_s;
+    while (!atomic_load(go)) {
+        if (now_s() > until) {
+            atomic_store(&spin_gave_up, 1);
+            return;
+        }
+        sched_yield();
+    }
+}
+
+/* set_go(flag, n): *flag = 1 */
+static void k_set_go(void **a)
+{
+    atomic_store(*(atomic_int **)a[0], 1);
+}
+
 static int register_kernels(void)
 {
     size_t two[] = {sizeof(void *), sizeof(size_t)};
     if (register_twogpu_kernels() != 0 ||
-        simcuda_register_kernel(k_bump_via, "bump_via", 2, two, 0) != 0)
+        simcuda_register_kernel(k_bump_via, "bump_via", 2, two, 0) != 0 ||
+        simcuda_register_kernel(k_wait_go, "wait_go", 2, two, 0) != 0 ||
+        simcuda_register_kernel(k_set_go, "set_go", 2, two, 0) != 0)
         return -1;
     return simcuda_register_kernel(k_bump_slow, "bump_slow", 2, two, BUMP_US);
 }
@@ -371,6 +414,94 @@ static void case_copy(void)
     assert_int_equal(cudaStreamDestroy(s), cudaSuccess);
 }
 
+/* Windows opened so far, on every device. */
+static uint64_t windows(void)
+{
+    stagehand_stats_t st = {0};
+    int (*get)(stagehand_stats_t *, size_t) =
+        (int (*)(stagehand_stats_t *, size_t))dlsym(RTLD_DEFAULT, "stagehand_get_stats");
+    assert_non_null(get);
+    assert_int_equal(get(&st, sizeof st), 0);
+    return st.remap_windows;
+}
+
+struct pusher {
+    const void *r;
+    void *more[MAX_FILL];
+    int n, evicted;
+};
+
+/* push_out on device 1 from another thread (no cmocka asserts here). */
+static void *push_thread(void *arg)
+{
+    struct pusher *p = arg;
+    while (p->n < MAX_FILL && residency(p->r) == 1 &&
+           (p->more[p->n] = pmalloc(REGION_MB * MiB, 1)) != NULL)
+        p->n++;
+    p->evicted = residency(p->r) == 0;
+    return NULL;
+}
+
+/* Both devices managed, device 1's eviction opens a window whose drain
+ * waits for a kernel on device 1, which waits for a kernel on device 0
+ * launched while the window is open. Returns whether the kernel on device
+ * 1 gave up waiting: the launch on device 0 waited for the window. */
+static int launch_in_window(int peer)
+{
+    static atomic_int go;
+    cudaStream_t s1;
+    atomic_store(&spin_gave_up, 0);
+    assert_int_equal(cudaSetDevice(0), cudaSuccess);
+    if (peer)
+        assert_int_equal(cudaDeviceEnablePeerAccess(1, 0), cudaSuccess);
+    void *r0 = region_on(0, 9);
+    assert_int_equal(cudaSetDevice(1), cudaSuccess);
+    assert_int_equal(cudaStreamCreate(&s1), cudaSuccess);
+    void *r = region_on(1, 5);
+    atomic_store(&go, 0);
+    assert_int_equal(launch2_on(k_wait_go, (void *)&go, s1), cudaSuccess);
+    uint64_t before = windows();
+    struct pusher p = {.r = r};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, push_thread, &p), 0);
+    double until = now_s() + WAIT_GO_S;
+    while (windows() == before && now_s() < until) /* the window is open: its drain waits */
+        sched_yield();
+    assert_true(windows() > before);
+    assert_int_equal(cudaSetDevice(0), cudaSuccess);
+    assert_int_equal(launch2_on(k_set_go, (void *)&go, NULL), cudaSuccess);
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    pthread_join(t, NULL);
+    assert_int_equal(cudaStreamSynchronize(s1), cudaSuccess);
+    assert_true(atomic_load(&go)); /* the launch on device 0 ran, in the end */
+    assert_true(p.evicted);
+    check(r, 5, 0);
+    check(r0, 9, 0);
+    free_all(1, p.more, p.n);
+    assert_int_equal(cudaFree(r), cudaSuccess);
+    assert_int_equal(cudaFree(r0), cudaSuccess);
+    assert_int_equal(cudaStreamDestroy(s1), cudaSuccess);
+    return atomic_load(&spin_gave_up);
+}
+
+/* Without peer access the launch on device 0 reaches no region of device
+ * 1, so device 1's gate does not hold it back. With one gate for both
+ * devices it would wait for the window, and the kernel on device 1 would
+ * give up. */
+static void case_apart(void)
+{
+    assert_false(launch_in_window(0));
+}
+
+/* With peer access from device 0 to device 1, a kernel on device 0 may
+ * reach device 1's regions: the same launch waits for the window, so the
+ * kernel on device 1 gives up (after a second), and the window closes. */
+static void case_held(void)
+{
+    wait_go_s = 1;
+    assert_true(launch_in_window(1));
+}
+
 /* v + i, bumped k times: what check_k expects of word i. */
 static uint32_t bumped(uint32_t v, int k)
 {
@@ -451,6 +582,10 @@ static int run_case(const char *name)
         case_copy();
     else if (strcmp(name, "train") == 0)
         case_train();
+    else if (strcmp(name, "apart") == 0)
+        case_apart();
+    else if (strcmp(name, "held") == 0)
+        case_held();
     else
         fail_msg("no case %s", name);
     return 0;
@@ -558,6 +693,15 @@ static void test_training_steps_on_the_second_device(void **state)
     assert_int_equal(rerun("train", "tracked"), 0);
 }
 
+static void test_window_holds_back_only_its_device(void **state)
+{
+    (void)state;
+    PARENT();
+    assert_int_equal(rerun("apart", "device"), 0);
+    assert_int_equal(rerun("apart", "tracked"), 0);
+    assert_int_equal(rerun("held", "device"), 0);
+}
+
 static void test_pointer_from_one_device_into_another(void **state)
 {
     (void)state;
@@ -588,6 +732,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_copy_on_another_device_in_flight),
         cmocka_unit_test(test_pointer_from_one_device_into_another),
         cmocka_unit_test(test_training_steps_on_the_second_device),
+        cmocka_unit_test(test_window_holds_back_only_its_device),
     };
     return cmocka_run_group_tests_name(
         preloaded ? "e2e_devices (preloaded)" : "e2e_devices (disabled)", tests, NULL, NULL);
