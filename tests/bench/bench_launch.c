@@ -8,6 +8,9 @@
  * synchronisation that ends it) is instrumented: tests/bench/launch.sh runs
  * it under `valgrind --tool=callgrind --instr-atstart=no`, directly on the
  * simulated driver and under LD_PRELOAD=libstagehand.so, and divides.
+ * BENCH_SECOND_DEVICE=1 then allocates one buffer on device 1, which
+ * [general] devices = all then manages too (SIMCUDA_DEVICES=2): the
+ * launches, on device 0, are those of a process with two devices managed.
  */
 #include <cuda_runtime_api.h>
 #include <simcuda.h>
@@ -43,7 +46,7 @@ int main(int argc, char **argv)
     const size_t sizes[ARGS + 1] = {8, 8, 8, 8, 8};
     if (simcuda_register_kernel(kernel4, "kernel4", ARGS + 1, sizes, 0) != 0)
         die("simcuda_register_kernel");
-    void **buf = calloc((size_t)nregions, sizeof *buf);
+    void **buf = calloc((size_t)nregions, sizeof *buf), *other = NULL;
     if (!buf)
         die("calloc");
     /* Filled as a model's tensors are (0x3c3c3c3c: about 0.0115 as a float):
@@ -53,6 +56,10 @@ int main(int argc, char **argv)
         if (cudaMalloc(&buf[i], bytes) != cudaSuccess ||
             cudaMemset(buf[i], 0x3c, bytes) != cudaSuccess)
             die("cudaMalloc");
+    if (getenv("BENCH_SECOND_DEVICE") &&
+        (cudaSetDevice(1) != cudaSuccess || cudaMalloc(&other, bytes) != cudaSuccess ||
+         cudaSetDevice(0) != cudaSuccess))
+        die("a buffer on device 1");
     /* The working set is spread over the whole set, as a model's layers are. */
     long stride = nregions / WORKING_SET;
     for (long n = 0; n < WARMUP + launches; n++) {
@@ -78,6 +85,7 @@ int main(int argc, char **argv)
     CALLGRIND_STOP_INSTRUMENTATION;
     for (long i = 0; i < nregions; i++)
         cudaFree(buf[i]);
+    cudaFree(other);
     free(buf);
     return 0;
 }
