@@ -16,13 +16,10 @@
  *    must not meet any window: every device;
  *  - work on a stream whose device the driver cannot name: every device.
  *
- * Shared state: none; the thread's held mask and its context cache are
- * thread-local.
+ * Shared state: none; the thread's context cache is thread-local.
  */
 #include "interpose/interpose.h"
 #include "interpose/peermap.h"
-
-static _Thread_local uint32_t held; /* the outermost enter's devices */
 
 static int ndevs(void)
 {
@@ -87,11 +84,21 @@ uint32_t sh_gates_ranges(const uintptr_t *ends, size_t n)
     return mask;
 }
 
-void sh_gates_enter(uint32_t devs)
+/* The devices whose gates the thread holds, from the gates themselves. */
+static uint32_t held_now(void)
+{
+    uint32_t mask = 0;
+    int n = ndevs();
+    for (int i = 0; i < n; i++)
+        mask |= sh_gate_held(sh_rt.devs[i]->gate) ? 1u << i : 0;
+    return mask;
+}
+
+uint32_t sh_gates_enter_set(uint32_t devs)
 {
     if (sh_gate_held_any()) { /* nested: the outermost call's gates hold */
         sh_gate_enter_set(NULL, 0);
-        return;
+        return held_now();
     }
     _Static_assert(SH_DEVICES_MAX <= SH_GATE_SET_MAX, "a set holds every device's gate");
     struct sh_gate *set[SH_DEVICES_MAX];
@@ -103,18 +110,6 @@ void sh_gates_enter(uint32_t devs)
             set[k++] = sh_rt.devs[i]->gate;
             taken |= 1u << i;
         }
-    held = taken; /* a device published meanwhile is not held */
     sh_gate_enter_set(set, k);
-}
-
-void sh_gates_leave(void)
-{
-    sh_gate_leave_set();
-    if (!sh_gate_held_any())
-        held = 0;
-}
-
-uint32_t sh_gates_held(void)
-{
-    return held;
+    return taken; /* a device published meanwhile is not held */
 }

@@ -210,7 +210,8 @@ int sh_work_issue(struct sh_work *w)
         }
         return 0;
     default: /* a capture's start or end, or work reaching the ranges it names */
-        sh_gates_enter(w->kind == SH_WORK_CAPTURE || w->opaque ? SH_GATES_ALL : access_gates(w));
+        w->gates = sh_gates_enter(w->kind == SH_WORK_CAPTURE || w->opaque ? SH_GATES_ALL
+                                                                          : access_gates(w));
         return 0;
     }
 }
@@ -233,7 +234,7 @@ void sh_work_end(struct sh_work *w, int result)
         break;
     default:
         /* Still inside the gates: no window between the issue and the mark. */
-        sh_launch_mark_work(w->stream, w->any_stream, w->ends, w->n, w->opaque);
+        sh_launch_mark_work(w->stream, w->any_stream, w->ends, w->n, w->opaque, w->gates);
         sh_gates_leave();
     }
     sh_work_depth--;

@@ -43,6 +43,7 @@ struct sh_work {
     int pass;        /* left to CUPTI's callbacks (sh_cupti_pass_begin) */
     int begin;       /* SH_WORK_CAPTURE: 1 begins, 0 ends */
     int refused;     /* sh_work_issue refused it: nothing to end */
+    uint32_t gates;  /* the devices whose gates it holds (interpose.h) */
     const void *key; /* SH_WORK_LAUNCH, SH_WORK_GRAPH */
     int key_kind;
     void **params;

@@ -188,15 +188,30 @@ void sh_stream_note(CUstream s);
  * reach, its device's and its peer links' (every one when s's device
  * cannot be told; with one device, that one). sh_gates_ranges: the devices
  * whose pools may meet the ranges [ends[k], ends[k + 1]) of ends[0..n).
- * sh_gates_enter takes them in device order, sh_gates_leave gives them
- * back; only a thread's outermost call does, nested ones count.
- * sh_gates_held: the devices whose gates the thread holds (0 outside). */
+ * sh_gates_enter takes them in device order and returns the devices whose
+ * gates the thread holds (those of devs published then), sh_gates_leave
+ * gives them back; only a thread's outermost call takes or gives, nested
+ * ones count. With one device, inline: its gate, whatever devs says
+ * (every launch comes here). */
 #define SH_GATES_ALL 0xffffffffu
 uint32_t sh_gates_kernel(CUstream s);
 uint32_t sh_gates_ranges(const uintptr_t *ends, size_t n);
-void sh_gates_enter(uint32_t devs);
-void sh_gates_leave(void);
-uint32_t sh_gates_held(void);
+uint32_t sh_gates_enter_set(uint32_t devs);
+static inline uint32_t sh_gates_enter(uint32_t devs)
+{
+    if (atomic_load_explicit(&sh_rt.ndevs, memory_order_acquire) != 1)
+        return sh_gates_enter_set(devs);
+    sh_gate_enter(sh_rt.devs[0]->gate);
+    return 1;
+}
+static inline void sh_gates_leave(void)
+{
+    /* Devices are never withdrawn: one now means one at the enter. */
+    if (atomic_load_explicit(&sh_rt.ndevs, memory_order_acquire) == 1)
+        sh_gate_leave(sh_rt.devs[0]->gate);
+    else
+        sh_gate_leave_set();
+}
 
 /* Kernel parameter layouts (layouts.c). sh_layout_of: the layout of the
  * function key of kind (enum sh_key_kind), filled on first use; NULL when
@@ -253,7 +268,8 @@ void sh_launch_begin_addrs(uint64_t key, const uintptr_t *addrs, size_t n, int o
  * ends[0..n) take the issue stamp and, with a tracked drain, the stream.
  * any: its streams cannot be named (a drain waits for the whole device);
  * opaque: it counts as touching every region. */
-void sh_launch_mark_work(CUstream stream, int any, const uintptr_t *ends, size_t n, int opaque);
+void sh_launch_mark_work(CUstream stream, int any, const uintptr_t *ends, size_t n, int opaque,
+                         uint32_t gates);
 /* Between sh_launch_begin and sh_launch_end: the launch is opaque. */
 void sh_launch_set_opaque(void);
 /* Region pointers were copied where no scan can read them: from now on

@@ -43,6 +43,7 @@ static _Thread_local struct {
     int quiet;       /* not scanned: it counts as using every region on any stream */
     int graph;       /* a graph: its copies may use regions from another device's stream */
     int depth;       /* launch calls open on the thread: the outermost is the launch */
+    uint32_t held;   /* the devices whose gates it holds (sh_gates_enter) */
     uint32_t others; /* bit i: it uses regions of sh_rt.devs[i], i > 0 (the main
                       * device's are in bases) */
     uint32_t coarse; /* bit i: ... more than obases holds: stamped as a whole */
@@ -372,7 +373,7 @@ static void mark_issued(void)
 {
     __typeof__(pending) *pd = &pending; /* one thread-local lookup */
     struct sh_dev *d = sh_dev_main();
-    uint32_t held = sh_gates_held();
+    uint32_t held = pd->held;
     if (pd->quiet) {
         /* the next move's drain waits for the whole device */
         uint64_t streams = sh_slots_tracked() ? SH_SLOTS_ANY : 0;
@@ -424,7 +425,8 @@ static void others_of(const uintptr_t *addrs, size_t n)
         add_others(i, bases, sh_pool_bases(sh_rt.devs[i]->pool, addrs, n, bases));
 }
 
-void sh_launch_mark_work(CUstream stream, int any, const uintptr_t *ends, size_t n, int opaque)
+void sh_launch_mark_work(CUstream stream, int any, const uintptr_t *ends, size_t n, int opaque,
+                         uint32_t gates)
 {
     if (!sh_active())
         return;
@@ -437,6 +439,7 @@ void sh_launch_mark_work(CUstream stream, int any, const uintptr_t *ends, size_t
     pending.found = 0;
     pending.stream = stream;
     pending.any = any;
+    pending.held = gates;
     if (opaque)
         opaque_because("a copy or call the scan cannot bound", (int)n);
     pending.opaque = opaque || hidden_pointers;
@@ -685,7 +688,7 @@ void sh_launch_begin(const void *key, int kind, void **args, CUstream stream)
     if (pending.depth++ == 0) {
         if (!pending_begin(stream, 0))
             prepare(key, kind, args);
-        sh_gates_enter(launch_gates());
+        pending.held = sh_gates_enter(launch_gates());
     }
 }
 
@@ -696,7 +699,7 @@ void sh_launch_begin_addrs(uint64_t key, const uintptr_t *addrs, size_t n, int o
         int quiet = pending_begin(stream, 1);
         pending.opaque = opaque || n > MAX_ADDRS; /* beyond MAX_ADDRS: not stamped one by one */
         if (quiet) {
-            sh_gates_enter(launch_gates());
+            pending.held = sh_gates_enter(launch_gates());
             return;
         }
         uintptr_t vals[MAX_ADDRS];
@@ -704,7 +707,7 @@ void sh_launch_begin_addrs(uint64_t key, const uintptr_t *addrs, size_t n, int o
         if (n > 0) /* addrs may be NULL when there are none */
             memcpy(vals, addrs, n * sizeof *vals);
         sh_launch_prepare(key, vals, n);
-        sh_gates_enter(launch_gates());
+        pending.held = sh_gates_enter(launch_gates());
     }
 }
 

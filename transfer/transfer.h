@@ -73,7 +73,8 @@ struct sh_gate;
 int sh_gate_create(struct sh_gate **out);
 void sh_gate_destroy(struct sh_gate *g);
 /* Read side: issuing work. Nests per thread: only the outermost enter of
- * a thread takes anything, and its leave gives it back. */
+ * a thread takes anything, and its leave gives it back (sh_gate_leave's g
+ * must be the one gate it took). */
 void sh_gate_enter(struct sh_gate *g);
 void sh_gate_leave(struct sh_gate *g);
 /* The read sides of gates[0..n) as one (work that may touch several
