@@ -26,10 +26,11 @@ static int ndevs(void)
     return atomic_load_explicit(&sh_rt.ndevs, memory_order_acquire);
 }
 
-/* The CUdevice of s's context, -1 when the driver cannot say. One context
- * is remembered per thread, until a context is forgotten (its address may
- * come back as another device's). */
-static int stream_cudevice(CUstream s)
+/* The CUdevice of s's context, -1 when the driver cannot say. A managed
+ * device's primary context (the library holds it) is known; of the others,
+ * one is remembered per thread until a context is destroyed (its address
+ * may come back as another device's). */
+static int stream_cudevice(CUstream s, int n)
 {
     static _Thread_local struct {
         CUcontext ctx;
@@ -39,11 +40,13 @@ static int stream_cudevice(CUstream s)
     CUcontext c = NULL;
     if (sh_rt.drv.cuStreamGetCtx(s, &c) != CUDA_SUCCESS || !c)
         return -1;
+    for (int i = 0; i < n; i++)
+        if (sh_rt.devs[i]->ctx == c)
+            return (int)sh_rt.devs[i]->dev;
     unsigned gen = sh_peers_generation();
     if (c == last.ctx && gen == last.gen)
         return last.dev;
-    const struct sh_dev *m = sh_dev_main();
-    int dev = c == m->ctx ? (int)m->dev : sh_driver_ctx_device(&sh_rt.drv, c);
+    int dev = sh_driver_ctx_device(&sh_rt.drv, c);
     if (dev >= 0) {
         last.ctx = c;
         last.dev = dev;
@@ -57,7 +60,7 @@ uint32_t sh_gates_kernel(CUstream s)
     int n = ndevs();
     if (n == 1)
         return 1;
-    int dev = stream_cudevice(s);
+    int dev = stream_cudevice(s, n);
     if (dev < 0 || dev >= 64)
         return SH_GATES_ALL;
     uint64_t reach = sh_peers_reach(dev) | 1ull << dev;
