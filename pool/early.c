@@ -192,14 +192,15 @@ static int ev_switch(struct sh_pool *pool, struct region *r)
 /* The regions of v that took kept copies and were not used since their
  * start: fingerprinted here (drained, gated), their changed chunks copied
  * now. Those whose copies fail are marked in bad[]. */
-static void ev_compare(struct sh_pool *pool, struct region **v, size_t n, char *bad)
+static void ev_compare(struct sh_pool *pool, struct region **v, size_t n, uint64_t window,
+                       char *bad)
 {
     struct region **sel = malloc(n * sizeof *sel);
     size_t m = 0;
     for (size_t k = 0; sel && k < n; k++)
         if (v[k]->from_kept && sh_pool_issued_at(pool, v[k]) == v[k]->ev_issued)
             sel[m++] = v[k];
-    sh_pool_kept_compare(pool, sel, m);
+    sh_pool_kept_compare(pool, sel, m, window);
     int failed = 0;
     for (size_t j = 0; j < m; j++)
         if (sel[j]->ahead) /* copied ahead, unused since: each chunk picks its slab */
@@ -219,6 +220,16 @@ static void ev_compare(struct sh_pool *pool, struct region **v, size_t n, char *
     free(sel);
 }
 
+/* 1 when r's chunks hold the bytes its copy ahead read: clean against its
+ * kept copy, or now_fp (this window's) equal to ev_fp (its start's). */
+static int same_as_start(const struct region *r)
+{
+    int same = 1;
+    for (unsigned i = 0; i < r->nchunks; i++)
+        same &= r->chunks[i].clean || sh_clean_fp_equal(r->chunks[i].now_fp, r->chunks[i].ev_fp);
+    return same;
+}
+
 /* In the window (drained), for each region of v that cand[k] names (its
  * copies done, no work issued on it since its start): whether its device
  * bytes are those its copy ahead read, by fingerprint, into verdict[k]: 1
@@ -227,8 +238,8 @@ static void ev_compare(struct sh_pool *pool, struct region **v, size_t n, char *
  * their kept copy and need no match; a region whose copies were all made
  * in the window (kept copies, nothing copied ahead) needs none. One call
  * to the device for all. */
-static void ev_unchanged(struct sh_pool *pool, struct region **v, size_t n, const char *cand,
-                         signed char *verdict)
+static void ev_unchanged(struct sh_pool *pool, struct region **v, size_t n, uint64_t window,
+                         const char *cand, signed char *verdict)
 {
     struct region **sel = malloc((n ? n : 1) * (sizeof *sel + sizeof(size_t)));
     size_t *idx = sel ? (size_t *)(sel + (n ? n : 1)) : NULL, m = 0;
@@ -239,6 +250,8 @@ static void ev_unchanged(struct sh_pool *pool, struct region **v, size_t n, cons
             continue;
         if ((r->from_kept && !r->ahead) || pool->mover.plant_lost_write) {
             verdict[k] = 1;
+        } else if (r->now_window == window && ev_fp_take(pool, r, 1) == 0) {
+            verdict[k] = (signed char)same_as_start(r); /* ev_compare fingerprinted it */
         } else if (ev_fp_take(pool, r, 1) == 0 && sel) {
             sel[m] = r;
             idx[m++] = k;
@@ -248,10 +261,9 @@ static void ev_unchanged(struct sh_pool *pool, struct region **v, size_t n, cons
     if (m && sh_pool_fingerprint_all(pool, sel, NULL, m, &now) == 0)
         for (size_t s = 0, j = 0; s < m; s++) {
             struct region *r = sel[s];
-            int same = 1;
             for (unsigned i = 0; i < r->nchunks; i++, j++)
-                same &= r->chunks[i].clean || sh_clean_fp_equal(now[j], r->chunks[i].ev_fp);
-            verdict[idx[s]] = (signed char)same;
+                r->chunks[i].now_fp = now[j];
+            verdict[idx[s]] = (signed char)same_as_start(r);
         }
     free(now);
     free(sel);
@@ -301,7 +313,8 @@ static void ev_window(struct sh_pool *pool, struct region **v, size_t n, char *o
     memset(ok, 0, n);
     if (sh_pool_drain(pool, v, n) != 0)
         return;
-    ev_compare(pool, v, n, ok); /* ok[k] says "failed" until the loop below */
+    uint64_t window = ++pool->ev_windows; /* fingerprints taken in it serve it alone */
+    ev_compare(pool, v, n, window, ok);   /* ok[k] says "failed" until the loop below */
     char *cand = malloc((n ? n : 1) * 2);
     signed char *verdict = cand ? (signed char *)cand + n : NULL;
     for (size_t k = 0; k < n; k++) {
@@ -317,7 +330,7 @@ static void ev_window(struct sh_pool *pool, struct region **v, size_t n, char *o
     }
     if (!cand)
         return; /* they all stay */
-    ev_unchanged(pool, v, n, cand, verdict);
+    ev_unchanged(pool, v, n, window, cand, verdict);
     for (size_t k = 0; k < n; k++) {
         ok[k] = verdict[k] == 1 ? 2 : 0; /* 2: to move */
         if (verdict[k] == 0)

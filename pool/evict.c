@@ -197,7 +197,7 @@ static size_t evict_window(struct sh_pool *pool, struct region **v, size_t n)
     struct sh_xfer *x = pool->mover.xfer;
     if (sh_pool_drain(pool, v, n) != 0)
         return 0;
-    sh_pool_kept_compare(pool, v, n); /* chunks whose kept copy is still right stay uncopied */
+    sh_pool_kept_compare(pool, v, n, 0); /* chunks whose kept copy is still right stay uncopied */
     for (size_t k = 0; k < n; k++)
         for (unsigned i = 0; i < v[k]->nchunks; i++) {
             struct chunk *c = &v[k]->chunks[i];
@@ -295,12 +295,14 @@ static void evict_batch(struct sh_pool *pool, struct candidates *c, size_t n, si
 }
 
 /* 1 when this caller may open a remap window now. A caller issuing work
- * (holding the gate) cannot; it must not wait for move_mu either: its
- * holder may be waiting for the gate. While a hole stays open (repair.c)
- * the driver maps nothing: no move starts that would make another. */
+ * (holding any device's gate) cannot; it must not wait for move_mu either:
+ * its holder may be waiting for a gate this caller holds, or for the
+ * readers of its own, one of which may wait for another pool's move_mu.
+ * While a hole stays open (repair.c) the driver maps nothing: no move
+ * starts that would make another. */
 int sh_pool_can_move(struct sh_pool *pool)
 {
-    return pool->mover.xfer && !sh_gate_held(pool->mover.gate) && sh_pool_heal(pool) == 0;
+    return pool->mover.xfer && !sh_gate_held_any() && sh_pool_heal(pool) == 0;
 }
 
 int sh_pool_evict_these(struct sh_pool *pool, const uintptr_t *vas, size_t n, size_t *released,
@@ -517,7 +519,7 @@ int sh_pool_restore(struct sh_pool *pool, const uintptr_t *addrs, size_t n)
 {
     if (!pool->mover.xfer || n == 0)
         return 0;
-    if (sh_gate_held(pool->mover.gate))
+    if (sh_gate_held_any())
         return SH_EBUSY; /* as in sh_pool_evict_these */
     if (sh_pool_heal(pool) != 0)
         return SH_ELOST;

@@ -249,7 +249,7 @@ static int drain_all(struct sh_pool *pool)
     return rc;
 }
 
-void sh_pool_kept_compare(struct sh_pool *pool, struct region **v, size_t n)
+void sh_pool_kept_compare(struct sh_pool *pool, struct region **v, size_t n, uint64_t window)
 {
     struct region **sel = malloc((n ? n : 1) * sizeof *sel);
     size_t m = 0;
@@ -264,8 +264,10 @@ void sh_pool_kept_compare(struct sh_pool *pool, struct region **v, size_t n)
             int dirty = 0;
             for (unsigned i = 0; i < r->nchunks; i++, j++) {
                 r->chunks[i].clean = sh_clean_fp_equal(now[j], r->chunks[i].fp);
+                r->chunks[i].now_fp = now[j];
                 dirty |= !r->chunks[i].clean;
             }
+            r->now_window = window;
             /* Changed, and no work named it since its restore: copied in
              * this window all the same, but something writes through
              * pointers the library cannot see. */

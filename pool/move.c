@@ -143,7 +143,7 @@ int sh_pool_move_commit(struct sh_pool *pool, struct move_list *l, int all, size
     *nout = *nback = 0;
     if (!pool->mover.xfer || max == 0)
         return 0;
-    if (sh_gate_held(pool->mover.gate))
+    if (sh_gate_held_any())
         return SH_EBUSY; /* as in sh_pool_evict_these */
     struct region **v = malloc(max * (sizeof *v + 1));
     if (!v)

@@ -36,8 +36,9 @@ struct chunk {
     struct sh_clean_fp fp;
     int clean;
     /* An early eviction's (move.c): the device bytes' fingerprint before
-     * its copy ahead, which its window compares again. */
-    struct sh_clean_fp ev_fp;
+     * its copy ahead, which its window compares again; and in that window,
+     * the one taken there already (region->now_window). */
+    struct sh_clean_fp ev_fp, now_fp;
 };
 
 /* Moves in flight whose copies go one way (prefetches: H2D; early
@@ -114,6 +115,7 @@ struct region {
      * keeps its slabs; learn, what its evictions taught. */
     struct region *kept_prev, *kept_next;
     int has_kept, from_kept, spoiled, ahead, keep_next;
+    uint64_t now_window;  /* the early-eviction window that fingerprinted it (now_fp) */
     uint64_t kept_issued; /* its issue stamp when the kept copy was taken */
     struct sh_clean_learn learn;
     unsigned nchunks;
@@ -140,6 +142,7 @@ struct sh_pool {
     /* Work issued at or before this clock has finished: the last window
      * that drained the whole device read it. */
     uint64_t drained;
+    uint64_t ev_windows; /* early-eviction windows so far (move_mu) */
     /* Opaque work (accesses unbounded) counts as using every region: the
      * clock when it was last issued, and (tracked drain) its streams. */
     uint64_t opaque, opaque_streams;
@@ -343,7 +346,11 @@ void sh_pool_kept_ahead_off(struct region *r);
 struct sh_slab *sh_pool_kept_detach(struct sh_pool *pool, struct region *r);
 void sh_pool_kept_put(struct sh_pool *pool, struct sh_slab *list);
 size_t sh_pool_kept_reclaim(struct sh_pool *pool);
-void sh_pool_kept_compare(struct sh_pool *pool, struct region **v, size_t n);
+/* In a window (drained, gated): sets each chunk's clean from a fingerprint
+ * of the device bytes, for the regions of v with kept copies; with window
+ * nonzero, also keeps it (chunk->now_fp, region->now_window = window) for
+ * the window's other comparisons: nothing changes the bytes meanwhile. */
+void sh_pool_kept_compare(struct sh_pool *pool, struct region **v, size_t n, uint64_t window);
 void sh_pool_kept_mark(struct sh_pool *pool, struct region **v, const uintptr_t *base, size_t n);
 void sh_pool_kept_restored(struct sh_pool *pool, struct region *r);
 void sh_pool_kept_unevict(struct sh_pool *pool, struct region *r);

@@ -847,6 +847,16 @@ static void test_gate_held_by_caller(void **state)
     assert_true(all_at(b, CH, SH_LOC_DEVICE));
     assert_int_equal(hstats().class_free[2], 6);
     sh_gate_leave(sys.gate);
+    /* Inside another device's gate, the same: this pool's window, or a
+     * wait for its move_mu, could close a cycle with that gate's readers. */
+    struct sh_gate *other = NULL;
+    assert_int_equal(sh_gate_create(&other), 0);
+    sh_gate_enter(other);
+    assert_int_equal(restore1(a), SH_EBUSY);
+    assert_int_equal(evict(CH, NULL, 0, &released), SH_ENOMEM);
+    assert_int_equal(state_of(b), SH_RS_RESIDENT);
+    sh_gate_leave(other);
+    sh_gate_destroy(other);
     struct sh_pool_stats st = pstats();
     assert_int_equal(st.regions[SH_RS_HOST], 1);
     assert_int_equal(st.regions[SH_RS_RESIDENT], 1);

@@ -430,6 +430,45 @@ static void test_early_eviction_copies_ahead(void **state)
     stop();
 }
 
+/* A kept region that copies ahead is fingerprinted once in its window:
+ * the comparison with its kept copy and the one with its start share the
+ * call (nothing changes the bytes between them). A write after its start
+ * that no stamp saw still keeps it resident, its bytes whole. */
+static void test_early_ahead_fingerprinted_once(void **state)
+{
+    (void)state;
+    sys_start_ops(&clean_opts);
+    uintptr_t a = alloc(RSIZE);
+    volatile uint32_t *w = (volatile uint32_t *)a;
+    fill(a, RSIZE, 13);
+    evict_one(a);
+    restore_one(a);
+    w[RSIZE / 4 - 1] ^= 1; /* changed since its restore, by a launch: it copies ahead */
+    issue(a);
+    evict_one(alloc(G)); /* a window drains what was issued */
+    size_t back = 0;
+    assert_int_equal(start_early(a), 1);
+    int calls = fpk.calls;
+    assert_int_equal(commit_early(&back), 1);
+    assert_int_equal(fpk.calls, calls + 1);
+    restore_one(a);
+    w[RSIZE / 4 - 1] ^= 1;
+    assert_int_equal(bad_words(a, RSIZE, 13), 0);
+    w[0] ^= 1; /* changed again: ahead again */
+    issue(a);
+    evict_one(alloc(G));
+    assert_int_equal(start_early(a), 1);
+    w[RSIZE / 4 - 1] ^= 2; /* after its copy, by nothing the library saw */
+    assert_int_equal(commit_early(&back), 0);
+    assert_int_equal(back, 1);
+    assert_int_equal(state_of(a), SH_RS_RESIDENT);
+    assert_int_equal(pstats().unseen_writes, 1);
+    w[0] ^= 1;
+    w[RSIZE / 4 - 1] ^= 2;
+    assert_int_equal(bad_words(a, RSIZE, 13), 0);
+    stop();
+}
+
 /* A prefetch's commit keeps the slabs too. */
 static void test_prefetch_keeps(void **state)
 {
@@ -496,6 +535,7 @@ int main(void)
         cmocka_unit_test_teardown(test_one_fingerprint_call_per_window, teardown),
         cmocka_unit_test_teardown(test_early_eviction_of_kept, teardown),
         cmocka_unit_test_teardown(test_early_eviction_copies_ahead, teardown),
+        cmocka_unit_test_teardown(test_early_ahead_fingerprinted_once, teardown),
         cmocka_unit_test_teardown(test_prefetch_keeps, teardown),
         cmocka_unit_test_teardown(test_always_dirty_stops_fingerprinting, teardown),
     };
