@@ -477,6 +477,9 @@ static const char *host_side(const struct sh_dev *d, char *buf, size_t len)
     int n = snprintf(buf, len, "host side: %zu MB pinned of a %zu MB budget%s",
                      hs.pinned_bytes >> 20, hs.budget_bytes >> 20,
                      hs.pinned_bytes + (2u << 20) > hs.budget_bytes ? ", exhausted" : "");
+    if (hs.timeouts && n > 0 && (size_t)n < len) /* pinning slower than an eviction waits */
+        n += snprintf(buf + n, len - (size_t)n, ", %llu wait(s) for a slab to be pinned timed out",
+                      (unsigned long long)hs.timeouts);
     if (sh_rt.node && n > 0 && (size_t)n < len) {
         struct sh_node_stats ns;
         sh_node_stats(sh_rt.node, &ns);

@@ -437,6 +437,7 @@ int sh_hostpool_get(struct sh_hostpool *hp, size_t bytes, unsigned wait_ms, stru
         asked = 1;
         if (pthread_cond_timedwait(&hp->more, &hp->mu, &deadline) == ETIMEDOUT) {
             s = take(hp, c);
+            hp->st.timeouts += !s && wait_ms > 0;
             break;
         }
     }

@@ -270,8 +270,9 @@ struct sh_hostpool_stats {
     size_t class_bytes[SH_HOSTPOOL_MAX_CLASSES];
     unsigned class_total[SH_HOSTPOOL_MAX_CLASSES], class_free[SH_HOSTPOOL_MAX_CLASSES];
     uint64_t hits, fallbacks, misses, waits, grown; /* fallbacks: always 0 (whole maps only) */
-    uint64_t refused; /* slabs the shared budget would not let it pin */
-    uint64_t shed;    /* bytes unpinned for other pools (sh_hostpool_shed) */
+    uint64_t refused;  /* slabs the shared budget would not let it pin */
+    uint64_t shed;     /* bytes unpinned for other pools (sh_hostpool_shed) */
+    uint64_t timeouts; /* waits that ended with no slab: pinning took longer */
 };
 
 struct sh_hostpool;

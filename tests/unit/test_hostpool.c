@@ -327,12 +327,16 @@ static void test_wait_times_out(void **state)
     struct sh_hostpool_stats st = hstats(hp);
     assert_int_equal(st.misses, 1);
     assert_int_equal(st.waits, 1);
+    assert_int_equal(st.timeouts, 1); /* what an out-of-memory line says */
     /* The slab asked for still arrives, and the next caller gets it at once. */
     st = settle(hp, 1);
     assert_int_equal(st.class_free[0], 1);
     t0 = now_ms();
     s = get(hp, G, 0);
     assert_true(now_ms() - t0 < 100);
+    struct sh_slab *x = NULL; /* a caller that does not wait does not time out */
+    assert_int_equal(sh_hostpool_get(hp, G, 0, &x), SH_ENOMEM);
+    assert_int_equal(hstats(hp).timeouts, 1);
     sh_hostpool_put(hp, s);
     destroy(hp);
     books_balance();
