@@ -442,12 +442,18 @@ static void *push_thread(void *arg)
     return NULL;
 }
 
+/* What is issued on device 0 while device 1's window is open. */
+enum in_window { KERNEL, KERNEL_PEER, COPY };
+
 /* Both devices managed, device 1's eviction opens a window whose drain
- * waits for a kernel on device 1, which waits for a kernel on device 0
- * launched while the window is open. Returns whether the kernel on device
- * 1 gave up waiting: the launch on device 0 waited for the window. */
-static int launch_in_window(int peer)
+ * waits for a kernel on device 1, which waits for work on device 0 issued
+ * while the window is open: a kernel that sets the flag, or a copy into
+ * it of the first word of the region being evicted (5). Returns whether
+ * the kernel on device 1 gave up waiting: the work on device 0 waited for
+ * the window. */
+static int launch_in_window(enum in_window what)
 {
+    int peer = what == KERNEL_PEER;
     static atomic_int go;
     cudaStream_t s1;
     atomic_store(&spin_gave_up, 0);
@@ -469,11 +475,15 @@ static int launch_in_window(int peer)
         sched_yield();
     assert_true(windows() > before);
     assert_int_equal(cudaSetDevice(0), cudaSuccess);
-    assert_int_equal(launch2_on(k_set_go, (void *)&go, NULL), cudaSuccess);
+    if (what == COPY)
+        assert_int_equal(cudaMemcpyAsync((void *)&go, r, sizeof go, cudaMemcpyDeviceToHost, NULL),
+                         cudaSuccess);
+    else
+        assert_int_equal(launch2_on(k_set_go, (void *)&go, NULL), cudaSuccess);
     assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
     pthread_join(t, NULL);
     assert_int_equal(cudaStreamSynchronize(s1), cudaSuccess);
-    assert_true(atomic_load(&go)); /* the launch on device 0 ran, in the end */
+    assert_true(atomic_load(&go)); /* the work on device 0 ran, in the end */
     assert_true(p.evicted);
     check(r, 5, 0);
     check(r0, 9, 0);
@@ -490,7 +500,7 @@ static int launch_in_window(int peer)
  * give up. */
 static void case_apart(void)
 {
-    assert_false(launch_in_window(0));
+    assert_false(launch_in_window(KERNEL));
 }
 
 /* With peer access from device 0 to device 1, a kernel on device 0 may
@@ -499,7 +509,15 @@ static void case_apart(void)
 static void case_held(void)
 {
     wait_go_s = 1;
-    assert_true(launch_in_window(1));
+    assert_true(launch_in_window(KERNEL_PEER));
+}
+
+/* A copy names its memory: one on device 0's stream reading a region of
+ * device 1 waits for device 1's window, peer access or not. */
+static void case_copy_held(void)
+{
+    wait_go_s = 1;
+    assert_true(launch_in_window(COPY));
 }
 
 /* v + i, bumped k times: what check_k expects of word i. */
@@ -586,6 +604,8 @@ static int run_case(const char *name)
         case_apart();
     else if (strcmp(name, "held") == 0)
         case_held();
+    else if (strcmp(name, "copy_held") == 0)
+        case_copy_held();
     else
         fail_msg("no case %s", name);
     return 0;
@@ -700,6 +720,7 @@ static void test_window_holds_back_only_its_device(void **state)
     assert_int_equal(rerun("apart", "device"), 0);
     assert_int_equal(rerun("apart", "tracked"), 0);
     assert_int_equal(rerun("held", "device"), 0);
+    assert_int_equal(rerun("copy_held", "device"), 0);
 }
 
 static void test_pointer_from_one_device_into_another(void **state)
