@@ -448,6 +448,7 @@ static inline int sh_quiet(void)
 /* Tells the monitor that each region starting at bases[0..n) had an event
  * of kind (SH_TM_EV_*): its id and size. */
 void sh_sched_announce(struct sh_dev *d, const uintptr_t *bases, size_t n, int kind);
+/* The room lock (sh_engine_lock) held by the caller: */
 size_t sh_sched_evict_commit(struct sh_dev *d, int all);
 /* Commits every prefetch in flight; returns how many regions landed. */
 size_t sh_sched_commit_all(struct sh_dev *d);

@@ -54,6 +54,9 @@ void sh_launch_restore(struct sh_dev *d, const uintptr_t *addrs, size_t n,
     size_t nwas = in_state(d, u->bases, u->nbases, SH_RS_HOST, was);
     int room = sh_engine_resident(&d->engine, was, nwas, addrs, n, fit, &nfit);
     int rc = nfit ? sh_pool_restore(d->pool, fit, nfit) : 0;
+    /* told under the lock too: a region restored here and evicted by the
+     * next caller must reach the policy in that order */
+    report_residency(d, u->bases, u->nbases, was, nwas);
     sh_engine_unlock(&d->engine);
     rc = rc ? rc : room;
     uintptr_t left[MAX_ADDRS];
@@ -68,5 +71,4 @@ void sh_launch_restore(struct sh_dev *d, const uintptr_t *addrs, size_t n,
                "on the host, %zu still are",
                room ? "no room for all" : "the restore failed", rc, nwas, u->nbases, host >> 20,
                nleft);
-    report_residency(d, u->bases, u->nbases, was, nwas);
 }

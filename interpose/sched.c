@@ -458,7 +458,12 @@ void sh_sched_stall(struct sh_dev *d, uintptr_t base, uint64_t wait_us)
 }
 
 /* Commits every prefetch in flight. The window's drain waits for all copies
- * queued anyway, so those not finished yet cost no more than the others. */
+ * queued anyway, so those not finished yet cost no more than the others.
+ * The room lock held: a move and the policy's hearing of it happen as one
+ * to a caller making room. Else, between a commit taking its regions off
+ * their list and telling the policy they landed, an allocation on another
+ * thread found their device memory neither a victim's nor in flight, and
+ * ran out of memory (test_e2e_evict's stress, about one run in thirty). */
 size_t sh_sched_commit_all(struct sh_dev *d)
 {
     size_t max = sh_rt.cfg.transfer.batch_max > 0 ? (size_t)sh_rt.cfg.transfer.batch_max : 16;
@@ -481,11 +486,15 @@ size_t sh_sched_prefetch_wait(struct sh_dev *d, const uintptr_t *bases, size_t n
 {
     if (!d->xfer || sh_sched_quiet(d) || sh_pool_prefetch_needed(d->pool, bases, n) == 0)
         return 0;
-    return sh_sched_commit_all(d);
+    sh_engine_lock(&d->engine);
+    size_t landed = sh_sched_commit_all(d);
+    sh_engine_unlock(&d->engine);
+    return landed;
 }
 
 /* Commits early evictions: all, or those whose copies have finished.
- * Returns the device bytes released. */
+ * Returns the device bytes released. The room lock held, as for
+ * sh_sched_commit_all. */
 size_t sh_sched_evict_commit(struct sh_dev *d, int all)
 {
     if (!d->xfer)
@@ -580,7 +589,9 @@ size_t sh_sched_evicted_ready(void *ctx)
 int sh_sched_commit_evicted(void *ctx)
 {
     struct sh_dev *d = ctx;
+    sh_engine_lock(&d->engine);
     sh_sched_evict_commit(d, 0);
+    sh_engine_unlock(&d->engine);
     return 0;
 }
 
@@ -613,10 +624,12 @@ int sh_sched_start_evictions(void *ctx, const uint64_t *ids, size_t n)
     uintptr_t moved[MAX_PLAN];
     size_t nm = 0;
     n = n < MAX_PLAN ? n : MAX_PLAN;
+    sh_engine_lock(&d->engine); /* started and told as one (sh_sched_commit_all) */
     if (sh_pool_evict_start(d->pool, (const uintptr_t *)ids, n, moved, &nm) == SH_OK) {
         atomic_fetch_add(&d->engine.pressure, 1); /* not quiet while they fly */
         tell(d, moved, nm, SH_RES_TO_HOST);
     }
+    sh_engine_unlock(&d->engine);
     return 0; /* what could not start stays where it is: the next plan sees it */
 }
 
@@ -654,18 +667,18 @@ int sh_sched_start_fetches(void *ctx, const uint64_t *ids, size_t n)
     n = n < MAX_PLAN ? n : MAX_PLAN;
     sh_engine_lock(&d->engine);
     n = fetches_fitting(d, ids, n);
-    int started =
-        n > 0 && sh_pool_prefetch_start(d->pool, (const uintptr_t *)ids, n, moved, &nm) == SH_OK;
-    sh_engine_unlock(&d->engine);
-    if (started)
+    if (n > 0 && sh_pool_prefetch_start(d->pool, (const uintptr_t *)ids, n, moved, &nm) == SH_OK)
         tell(d, moved, nm, SH_RES_TO_DEVICE);
+    sh_engine_unlock(&d->engine);
     return 0;
 }
 
 int sh_sched_commit_fetched(void *ctx)
 {
     struct sh_dev *d = ctx;
+    sh_engine_lock(&d->engine);
     sh_sched_commit_all(d);
+    sh_engine_unlock(&d->engine);
     return 0;
 }
 
