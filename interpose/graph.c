@@ -56,22 +56,35 @@ static struct learned *graphs;
 
 /* Counted once per capture, by the outermost intercepted call: the
  * interception table's depth keeps the runtime's own call into the driver
- * from counting it twice. */
-void sh_graph_capture(int begin, int result)
+ * from counting it twice. Returns 1 when the last capture ended: the
+ * evictions that waited for it are due, once the caller has left the
+ * gates (sh_graph_captures_ended). */
+int sh_graph_capture(int begin, int result)
 {
-    if (!sh_active()) /* inside an intercepted call: sh_managed() said so */
-        return;
     if (begin) {
         if (result == 0)
             atomic_fetch_add(&sh_rt.captures, 1);
-        return;
+        return 0;
     }
     /* An invalidated capture has ended too (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
-     * and cudaErrorStreamCaptureInvalidated are both 901). */
-    if ((result == 0 || result == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED) &&
-        atomic_fetch_sub(&sh_rt.captures, 1) == 1)
-        for (int i = 0; i < atomic_load(&sh_rt.ndevs); i++) /* the evictions that waited for it */
-            sh_engine_make_room(&sh_rt.devs[i]->engine, 0, NULL, 0);
+     * and cudaErrorStreamCaptureInvalidated are both 901). Never below
+     * zero: a count gone negative would hide the next capture. */
+    if (result != 0 && result != CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
+        return 0;
+    int left = atomic_load(&sh_rt.captures);
+    while (left > 0 && !atomic_compare_exchange_weak(&sh_rt.captures, &left, left - 1))
+        ;
+    return left == 1;
+}
+
+void sh_graph_captures_ended(void)
+{
+    for (int i = 0; i < atomic_load(&sh_rt.ndevs); i++) {
+        struct sh_dev *d = sh_rt.devs[i];
+        sh_engine_lock(&d->engine);
+        sh_engine_make_room(&d->engine, 0, NULL, 0);
+        sh_engine_unlock(&d->engine);
+    }
 }
 
 /* ---- learning a graph's regions at instantiation ---- */

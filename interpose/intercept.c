@@ -129,6 +129,11 @@ EXPORT cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **p
 
 /* ---- the work of one call ---- */
 
+int sh_work_open_capture(struct sh_work *w, CUstream stream, int per_thread)
+{
+    return sh_managed() && sh_work_open(w, stream, per_thread);
+}
+
 int sh_work_open(struct sh_work *w, CUstream stream, int per_thread)
 {
     if (!sh_active() || !sh_managed())
@@ -229,8 +234,12 @@ void sh_work_end(struct sh_work *w, int result)
             sh_launch_end();
         break;
     case SH_WORK_CAPTURE:
-        sh_graph_capture(w->begin, result);
-        sh_gates_leave();
+        if (sh_graph_capture(w->begin, result)) {
+            sh_gates_leave(); /* a window may open now */
+            sh_graph_captures_ended();
+        } else {
+            sh_gates_leave();
+        }
         break;
     default:
         /* Still inside the gates: no window between the issue and the mark. */

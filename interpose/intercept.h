@@ -87,6 +87,14 @@ static inline int sh_work_begin(struct sh_work *w, CUstream stream, int per_thre
 {
     return sh_work_depth > 0 ? 0 : sh_work_open(w, stream, per_thread);
 }
+/* A capture's start or end: the library starts managing at the first one
+ * if it has not yet, so that no capture runs uncounted (a window then
+ * would break it). */
+int sh_work_open_capture(struct sh_work *w, CUstream stream, int per_thread);
+static inline int sh_work_begin_capture(struct sh_work *w, CUstream stream, int per_thread)
+{
+    return sh_work_depth > 0 ? 0 : sh_work_open_capture(w, stream, per_thread);
+}
 int sh_work_issue(struct sh_work *w); /* nonzero: refused, do not issue */
 /* 1 when w might reach memory the pool cannot map again (pool/repair.c);
  * it is said once. */

@@ -527,8 +527,11 @@ int sh_sched_class(struct sh_dev *d, uintptr_t va);
  * break the capture (runtime.c: sh_rt.captures). */
 int sh_capturing(void);
 /* Stream capture and graphs (graph.c). sh_graph_capture: a capture began
- * (begin = 1) or ended, with the call's result. */
-void sh_graph_capture(int begin, int result);
+ * (begin = 1) or ended, with the call's result (inside the gates); 1 when
+ * the last one ended. sh_graph_captures_ended: then, outside the gates,
+ * the evictions that waited for the captures. */
+int sh_graph_capture(int begin, int result);
+void sh_graph_captures_ended(void);
 void sh_graph_launch_begin(CUgraphExec exec, CUstream stream);
 
 #endif

@@ -167,6 +167,8 @@ def wrapper(idx, name, rtype, plist, access):
     missing = "CUDA_ERROR_NOT_FOUND" if rtype == "CUresult" else "cudaErrorSymbolNotFound"
     # Work that might reach memory the library cannot map again (sh_work_issue).
     refused = "CUDA_ERROR_OUT_OF_MEMORY" if rtype == "CUresult" else "cudaErrorMemoryAllocation"
+    # A capture is counted even before the library manages anything.
+    begin = "sh_work_begin_capture" if access.startswith("capture(") else "sh_work_begin"
     return """
 EXPORT %(rtype)s %(name)s(%(decl)s);
 %(rtype)s %(name)s(%(decl)s)
@@ -175,7 +177,7 @@ EXPORT %(rtype)s %(name)s(%(decl)s);
     if (!real)
         return %(missing)s;
     struct sh_work w;
-    if (!sh_work_begin(&w, (CUstream)%(stream)s, %(ptsz)d))
+    if (!%(begin)s(&w, (CUstream)%(stream)s, %(ptsz)d))
         return real(%(args)s);
     %(access)s;
     %(rtype)s r = sh_work_issue(&w) ? %(refused)s : real(%(args)s);
@@ -183,7 +185,7 @@ EXPORT %(rtype)s %(name)s(%(decl)s);
     return r;
 }
 """ % dict(rtype=rtype, name=name, decl=decl, idx=idx, missing=missing, stream=stream, ptsz=ptsz,
-           types=types, args=args, access=access, refused=refused)
+           types=types, args=args, access=access, refused=refused, begin=begin)
 
 
 def zero_call(idx, name, rtype, plist):

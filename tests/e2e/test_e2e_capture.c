@@ -756,6 +756,47 @@ static void test_launch_beside_capture(void **state)
     free_all(r);
 }
 
+/* Allocations made while a stream captures go past the high watermark (a
+ * remap would break the capture) up to the budget; the capture's end
+ * evicts down to the watermark at once. It ran inside the capture call's
+ * remap gate, where no window may open, so nothing was evicted until the
+ * next allocation or launch. (Run in a child with fixed watermarks:
+ * test_watermarks.) */
+static void stats(stagehand_stats_t *st)
+{
+    int (*get)(stagehand_stats_t *, size_t) =
+        (int (*)(stagehand_stats_t *, size_t))dlsym(RTLD_DEFAULT, "stagehand_get_stats");
+    assert_non_null(get);
+    assert_int_equal(get(st, sizeof *st), 0);
+}
+
+static void test_capture_end_evicts(void **state)
+{
+    (void)state;
+    if (!preloaded || !getenv("E2E_CAPTURE_WATERMARKS"))
+        skip();
+    enum { N = 12 }; /* 48 MB: above the 32 MB high watermark, within the 64 MB budget */
+    void *r[N];
+    cudaStream_t s;
+    cudaGraph_t g;
+    stagehand_stats_t st;
+    assert_int_equal(cudaStreamCreate(&s), cudaSuccess);
+    assert_int_equal(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(cudaMalloc(&r[i], REGION), cudaSuccess);
+    stats(&st);
+    assert_true(st.device_bytes > st.high_watermark); /* deferred */
+    assert_int_equal(st.evictions, 0);
+    assert_int_equal(cudaStreamEndCapture(s, &g), cudaSuccess);
+    stats(&st);
+    assert_true(st.device_bytes <= st.high_watermark);
+    assert_true(st.evictions > 0);
+    cudaGraphDestroy(g);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(cudaFree(r[i]), cudaSuccess);
+    cudaStreamDestroy(s);
+}
+
 /* ---- the other configurations ---- */
 
 static void test_tracked(void **state)
@@ -776,6 +817,20 @@ static void test_learned_prefetch(void **state)
     static const char *const env[] = {"E2E_CAPTURE_VARIANT=learned",
                                       "STAGEHAND_POLICY_EVICTION=learned",
                                       "STAGEHAND_POLICY_PREFETCH_ENABLED=true", NULL};
+    assert_int_equal(e2e_rerun(saved_argv, env), 0);
+}
+
+static void test_watermarks(void **state)
+{
+    (void)state;
+    if (!preloaded || getenv("E2E_CAPTURE_VARIANT"))
+        skip();
+    static const char *const env[] = {"E2E_CAPTURE_VARIANT=watermarks",
+                                      "E2E_CAPTURE_WATERMARKS=1",
+                                      "E2E_CAPTURE_ONLY=test_capture_end_evicts",
+                                      "STAGEHAND_BUDGET_VRAM_HIGH_WATERMARK_MB=32",
+                                      "STAGEHAND_BUDGET_VRAM_LOW_WATERMARK_MB=24",
+                                      NULL};
     assert_int_equal(e2e_rerun(saved_argv, env), 0);
 }
 
@@ -819,8 +874,10 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_graph_exec_pointed_elsewhere),
         cmocka_unit_test(test_graph_exec_generic_node_update),
         cmocka_unit_test(test_launch_beside_capture),
+        cmocka_unit_test(test_capture_end_evicts),
         cmocka_unit_test(test_tracked),
         cmocka_unit_test(test_learned_prefetch),
+        cmocka_unit_test(test_watermarks),
     };
     struct CMUnitTest tests[sizeof all / sizeof all[0]];
     size_t n = 0;
