@@ -158,7 +158,7 @@ static int reaches_hole(const struct sh_work *w, struct sh_pool *pool)
     return hit;
 }
 
-int sh_work_refused(const struct sh_work *w)
+int sh_work_refused_slow(const struct sh_work *w)
 {
     if (w->kind == SH_WORK_CAPTURE)
         return 0;

@@ -97,8 +97,12 @@ static inline int sh_work_begin_capture(struct sh_work *w, CUstream stream, int 
 }
 int sh_work_issue(struct sh_work *w); /* nonzero: refused, do not issue */
 /* 1 when w might reach memory the pool cannot map again (pool/repair.c);
- * it is said once. */
-int sh_work_refused(const struct sh_work *w);
+ * it is said once. Inline: with no hole anywhere, one load. */
+int sh_work_refused_slow(const struct sh_work *w);
+static inline int sh_work_refused(const struct sh_work *w)
+{
+    return sh_pool_any_hole() && sh_work_refused_slow(w);
+}
 void sh_work_end(struct sh_work *w, int result);
 
 /* The verbs intercept.def writes accesses in. */

@@ -439,6 +439,13 @@ int sh_pool_restore(struct sh_pool *pool, const uintptr_t *addrs, size_t n);
  * else SH_ELOST. sh_pool_hole_in: 1 if [lo, hi] (inclusive) meets one;
  * work that would must not be issued. */
 int sh_pool_heal(struct sh_pool *pool);
+/* Holes open in any pool of the process (atomic): while there is none, work
+ * needs no look at the pools at all (the launch path's one load). */
+extern size_t sh_pool_holes_open;
+static inline int sh_pool_any_hole(void)
+{
+    return __atomic_load_n(&sh_pool_holes_open, __ATOMIC_ACQUIRE) != 0;
+}
 int sh_pool_hole_in(struct sh_pool *pool, uintptr_t lo, uintptr_t hi);
 
 /* ---- prefetch: restores whose copy overlaps compute (evict.c) -------------

@@ -31,11 +31,20 @@
 
 #define REMAP_TRIES 3
 
+size_t sh_pool_holes_open;
+
+/* pool's holes, and the process's, by one either way */
+static void holes_add(struct sh_pool *pool, int one)
+{
+    __atomic_add_fetch(&pool->holes, (size_t)one, __ATOMIC_RELEASE);
+    __atomic_add_fetch(&sh_pool_holes_open, (size_t)one, __ATOMIC_RELEASE);
+}
+
 static void hole_open(struct sh_pool *pool, struct region *r, struct chunk *c, uint64_t whole)
 {
     r->stuck = 1;
     __atomic_store_n(&c->hole, whole, __ATOMIC_RELEASE);
-    __atomic_add_fetch(&pool->holes, 1, __ATOMIC_RELEASE);
+    holes_add(pool, 1);
     sh_log(SH_LOG_ERROR,
            "cannot map 0x%llx (%zu bytes) again after a failed remap: work that may reach it "
            "is refused until the driver maps it (its bytes are kept)",
@@ -88,7 +97,7 @@ static int heal_visit(void *arg, uintptr_t start, size_t len, void *payload)
             continue;
         __atomic_add_fetch(&pool->st.vmm_maps, 1, __ATOMIC_RELAXED);
         __atomic_store_n(&c->hole, 0, __ATOMIC_RELEASE);
-        __atomic_sub_fetch(&pool->holes, 1, __ATOMIC_RELEASE);
+        holes_add(pool, -1);
         sh_log(SH_LOG_WARN, "0x%llx (%zu bytes) is mapped again",
                (unsigned long long)(r->va + c->off), c->size);
     }
@@ -139,7 +148,7 @@ int sh_pool_hole_in(struct sh_pool *pool, uintptr_t lo, uintptr_t hi)
 void sh_pool_hole_close(struct sh_pool *pool, struct chunk *c)
 {
     if (__atomic_exchange_n(&c->hole, 0, __ATOMIC_ACQ_REL))
-        __atomic_sub_fetch(&pool->holes, 1, __ATOMIC_RELEASE);
+        holes_add(pool, -1);
 }
 
 /* ---- stranded scratch mappings ---- */
