@@ -33,10 +33,15 @@ static cudaError_t managed_alloc(struct sh_dev *d, void **ptr, size_t size, int 
 {
     uintptr_t va = 0;
     size_t need = (size + d->gran - 1) / d->gran * d->gran;
+    struct sh_region_info info;
     sh_engine_lock(&d->engine);
     int rc = sh_engine_make_room(&d->engine, need, NULL, 0);
     if (rc == SH_OK)
         rc = sh_pool_alloc(d->pool, size, path, sh_stream_key((CUstream)stream), &va);
+    /* the policy knows the region before another caller looks for victims */
+    if (rc == SH_OK && sh_pool_lookup(d->pool, va, &info) == SH_OK && info.va == va &&
+        info.path != SH_PATH_SLAB)
+        sh_sched_alloc(d, va, size, sh_stream_key((CUstream)stream)); /* a region, not a block */
     sh_engine_unlock(&d->engine);
     if (rc == SH_ENOMEM || rc == SH_ERANGE) {
         *ptr = NULL;
@@ -44,9 +49,6 @@ static cudaError_t managed_alloc(struct sh_dev *d, void **ptr, size_t size, int 
     }
     if (rc != SH_OK)
         return cudaErrorUnknown; /* the caller falls back to the real call */
-    struct sh_region_info info;
-    if (sh_pool_lookup(d->pool, va, &info) == SH_OK && info.va == va && info.path != SH_PATH_SLAB)
-        sh_sched_alloc(d, va, size, sh_stream_key((CUstream)stream)); /* a region, not a block */
     *ptr = (void *)va;
     return cudaSuccess;
 }
