@@ -233,14 +233,13 @@ void sh_work_end(struct sh_work *w, int result)
         else
             sh_launch_end();
         break;
-    case SH_WORK_CAPTURE:
-        if (sh_graph_capture(w->begin, result)) {
-            sh_gates_leave(); /* a window may open now */
+    case SH_WORK_CAPTURE: {
+        int ended = sh_graph_capture(w->begin, result);
+        sh_gates_leave();
+        if (ended) /* outside the gates: a window may open */
             sh_graph_captures_ended();
-        } else {
-            sh_gates_leave();
-        }
         break;
+    }
     default:
         /* Still inside the gates: no window between the issue and the mark. */
         sh_launch_mark_work(w->stream, w->any_stream, w->ends, w->n, w->opaque, w->gates);

@@ -463,7 +463,7 @@ void sh_sched_stall(struct sh_dev *d, uintptr_t base, uint64_t wait_us)
  * to a caller making room. Else, between a commit taking its regions off
  * their list and telling the policy they landed, an allocation on another
  * thread found their device memory neither a victim's nor in flight, and
- * ran out of memory (test_e2e_evict's stress, about one run in thirty). */
+ * ran out of memory (test_e2e_evict's stress, one run in fifteen to thirty). */
 size_t sh_sched_commit_all(struct sh_dev *d)
 {
     size_t max = sh_rt.cfg.transfer.batch_max > 0 ? (size_t)sh_rt.cfg.transfer.batch_max : 16;

@@ -756,12 +756,6 @@ static void test_launch_beside_capture(void **state)
     free_all(r);
 }
 
-/* Allocations made while a stream captures go past the high watermark (a
- * remap would break the capture) up to the budget; the capture's end
- * evicts down to the watermark at once. It ran inside the capture call's
- * remap gate, where no window may open, so nothing was evicted until the
- * next allocation or launch. (Run in a child with fixed watermarks:
- * test_watermarks.) */
 static void stats(stagehand_stats_t *st)
 {
     int (*get)(stagehand_stats_t *, size_t) =
@@ -770,6 +764,13 @@ static void stats(stagehand_stats_t *st)
     assert_int_equal(get(st, sizeof *st), 0);
 }
 
+/* Allocations made while a stream captures go past the high watermark (a
+ * remap would break the capture) up to the budget; the capture's end
+ * evicts down to the watermark at once. It ran inside the capture call's
+ * remap gate, where no window may open, so nothing was evicted until the
+ * next allocation or launch. The capture begins before the library manages
+ * anything: uncounted, its allocations evicted and the drain broke it.
+ * (Run in a child with fixed watermarks: test_watermarks.) */
 static void test_capture_end_evicts(void **state)
 {
     (void)state;
