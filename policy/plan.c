@@ -154,12 +154,17 @@ struct walk {
     size_t fetch_max, evict_max;
     size_t ncand; /* exchange candidates, collected on first need */
     int collected;
+    uint64_t at; /* the position being walked */
     struct sh_policy_plan *plan;
 };
 
+/* Launches between a region's last use in a walk and a need its memory
+ * meets there: time for a later plan to evict it. */
+#define DEFER_LEAD 2
+
 /* The best candidate not yet needed by the walk nor chosen; NULL if none.
  * A linear scan: a plan picks few victims, so this beats sorting them all. */
-static struct region *best_candidate(struct sh_policy *p, struct walk *w)
+static const struct victim *best_candidate(struct sh_policy *p, struct walk *w)
 {
     const struct victim *best = NULL;
     for (size_t i = 0; i < w->ncand; i++) {
@@ -169,11 +174,32 @@ static struct region *best_candidate(struct sh_policy *p, struct walk *w)
         if (!best || victim_before(p, v, best))
             best = v;
     }
-    return best ? &p->tab[best->slot] : NULL;
+    return best;
+}
+
+/* Counts towards deficit the regions on the device that the walk needs only
+ * DEFER_LEAD or more positions before this one: a later plan, past those
+ * uses, evicts them (or what it then finds better). Returns what is left. */
+static int64_t defer_room(struct sh_policy *p, struct walk *w, int64_t deficit)
+{
+    for (size_t k = 0; deficit > 0 && k < p->ndset; k++) {
+        struct region *r = &p->tab[p->dset[k]];
+        if (r->mark != p->stamp || r->vmark == p->stamp || r->prot == p->stamp || r->pinned ||
+            r->res != SH_RES_DEVICE || r->wlast + DEFER_LEAD > w->at)
+            continue;
+        r->vmark = p->stamp; /* counted: its free gives nothing back (give_back) */
+        w->proj += (int64_t)r->bytes;
+        deficit -= (int64_t)r->bytes;
+    }
+    return deficit;
 }
 
 /* Evicts, best victim first, regions needed later than anything walked so
- * far until deficit bytes are on their way out; 0 when that worked. */
+ * far until deficit bytes are on their way out; 0 when that worked. When
+ * the best victim is needed again soon (a copy out and one back within the
+ * window), regions whose uses in the walk end early enough count first
+ * instead: evicting now would choose among the regions needed after this
+ * position only, where a later plan may choose among those too. */
 static int make_room(struct sh_policy *p, struct walk *w, int64_t deficit)
 {
     struct sh_policy_plan *pl = w->plan;
@@ -183,8 +209,12 @@ static int make_room(struct sh_policy *p, struct walk *w, int64_t deficit)
         w->ncand = collect_victims(p);
         w->collected = 1;
     }
+    const struct victim *best = best_candidate(p, w);
+    if (!best || best->group == VG_SOON)
+        deficit = defer_room(p, w, deficit);
     while (deficit > 0) {
-        struct region *r = best_candidate(p, w);
+        best = best_candidate(p, w);
+        struct region *r = best ? &p->tab[best->slot] : NULL;
         if (!r)
             return -1;
         if (pl->nevict >= w->evict_max)
@@ -200,6 +230,7 @@ static int make_room(struct sh_policy *p, struct walk *w, int64_t deficit)
 /* One region needed at walk position i; 0 to go on, -1 to stop. */
 static int want_region(struct sh_policy *p, struct walk *w, struct region *r, uint64_t i)
 {
+    r->wlast = i;
     if (r->mark == p->stamp)
         return 0;
     r->mark = p->stamp;
@@ -357,6 +388,7 @@ static int idle_holds(const struct sh_policy *p, uint64_t device_bytes, uint64_t
  * known, else a stop. */
 static int walk_at(struct sh_policy *p, struct walk *w, uint64_t i)
 {
+    w->at = i;
     int rc = kind_is(p, SH_POLICY_BELADY) ? walk_future(p, w, i) : walk_recording(p, w, i);
     return rc ? rc : w->blocked && !w->exchange ? -1 : 0;
 }

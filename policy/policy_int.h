@@ -64,6 +64,7 @@ struct region {
     uint8_t freed;
     uint8_t kept;   /* keeps a host copy (sh_policy_kept) */
     uint8_t pinned; /* never moves again (sh_policy_pinned) */
+    uint64_t wlast; /* the last position the plan's walk needs it at (with mark) */
 };
 
 /* An identity as recorded: id, allocation number, allocation position,

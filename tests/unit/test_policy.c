@@ -698,6 +698,36 @@ static void test_plan_never_evicts_sooner(void **state)
     sh_policy_destroy(p);
 }
 
+/* The loop X P H Y, each region 100 bytes, each used once a step. At the
+ * launch of P in step 2, with Y on the host and no room: Y's restore needs
+ * X or P to go. X is needed again in three launches (soon), P only two
+ * launches before Y: P's memory goes to Y once P has run, from a later
+ * plan, and nothing goes now. That later plan, past P, evicts P. */
+static void test_plan_defers_to_regions_used_before(void **state)
+{
+    (void)state;
+    enum { X = 1, P = 2, H = 3, Y = 4 };
+    struct sh_policy *p = mk(SH_POLICY_LEARNED);
+    for (uint64_t id = X; id <= Y; id++)
+        assert_int_equal(sh_policy_alloc(p, t_now, id, 100, 7), 0);
+    for (int s = 0; s < 2; s++)
+        for (uint64_t id = X; id <= Y; id++)
+            launch1(p, KF, id);
+    launch1(p, KF, X); /* step 2, following */
+    assert_int_equal(sh_policy_residency(p, Y, SH_RES_HOST), 0);
+    uint64_t f[8], e[8];
+    struct sh_policy_plan plan = {.fetch = f, .fetch_max = 8, .evict = e, .evict_max = 8};
+    assert_int_equal(sh_policy_plan(p, 800, NULL, 0, &plan), 0);
+    assert_int_equal(plan.nevict, 0); /* not X: needed soon; P counts */
+    assert_int_equal(plan.nfetch, 0);
+    launch1(p, KF, P);
+    /* H runs next and Y right after: too close to wait for H's use */
+    assert_int_equal(sh_policy_plan(p, 800, NULL, 0, &plan), 0);
+    assert_int_equal(plan.nevict, 1);
+    assert_int_equal(e[0], P); /* needed after X */
+    sh_policy_destroy(p);
+}
+
 static void test_plan_lru_has_no_exchange(void **state)
 {
     (void)state;
@@ -1124,6 +1154,7 @@ int main(void)
         cmocka_unit_test(test_no_prefetch_without_trace_or_reactive),
         cmocka_unit_test(test_plan_exchange),
         cmocka_unit_test(test_plan_never_evicts_sooner),
+        cmocka_unit_test(test_plan_defers_to_regions_used_before),
         cmocka_unit_test(test_plan_lru_has_no_exchange),
         cmocka_unit_test(test_plan_room_for_allocations),
         cmocka_unit_test(test_plan_counts_frees_of_walked_allocations),
