@@ -179,11 +179,13 @@ static const struct victim *best_candidate(struct sh_policy *p, struct walk *w)
 
 /* Counts towards deficit the regions on the device that the walk needs only
  * DEFER_LEAD or more positions before this one: a later plan, past those
- * uses, evicts them (or what it then finds better). Returns what is left. */
+ * uses, evicts them (or what it then finds better). Returns what is left.
+ * Looks only at what the walk needed (its cost is the walk's, not the
+ * number of regions). */
 static int64_t defer_room(struct sh_policy *p, struct walk *w, int64_t deficit)
 {
-    for (size_t k = 0; deficit > 0 && k < p->ndset; k++) {
-        struct region *r = &p->tab[p->dset[k]];
+    for (size_t k = 0; deficit > 0 && k < p->nwanted; k++) {
+        struct region *r = &p->tab[p->wanted[k]];
         if (r->mark != p->stamp || r->vmark == p->stamp || r->prot == p->stamp || r->pinned ||
             r->res != SH_RES_DEVICE || r->wlast + DEFER_LEAD > w->at)
             continue;
@@ -234,6 +236,8 @@ static int want_region(struct sh_policy *p, struct walk *w, struct region *r, ui
     if (r->mark == p->stamp)
         return 0;
     r->mark = p->stamp;
+    if (r->res == SH_RES_DEVICE && RESERVE(p->wanted, p->cap_wanted, p->nwanted + 1) == 0)
+        p->wanted[p->nwanted++] = (uint32_t)(r - p->tab); /* else not deferred to: safe */
     if (r->res == SH_RES_DEVICE || r->res == SH_RES_TO_DEVICE)
         return 0;
     int64_t need = (int64_t)r->bytes;
@@ -457,6 +461,7 @@ int sh_policy_plan(struct sh_policy *p, uint64_t device_bytes, const uint64_t *p
     }
     p->idle_until = 0;
     mark_protected(p, protect, np);
+    p->nwanted = 0;
     int rc = 0;
     for (uint64_t i = 0; i < horizon && rc == 0; i++)
         rc = walk_at(p, &w, i);

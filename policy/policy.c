@@ -137,6 +137,7 @@ void sh_policy_destroy(struct sh_policy *p)
     pol_future_free(&p->fut);
     free(p->vic);
     free(p->dset);
+    free(p->wanted);
     free(p->dedup);
     free(p->dreg);
     free(p->scratch);

@@ -271,6 +271,8 @@ struct sh_policy {
     size_t cap_dreg;
     uint32_t *scratch; /* building a recording */
     size_t cap_scratch;
+    uint32_t *wanted; /* slots of the regions a plan's walk needs, on the device then */
+    size_t nwanted, cap_wanted;
 };
 
 /* ---------------------------------------------------------------------- */
