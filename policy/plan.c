@@ -189,7 +189,7 @@ static int64_t defer_room(struct sh_policy *p, struct walk *w, int64_t deficit)
         if (r->mark != p->stamp || r->vmark == p->stamp || r->prot == p->stamp || r->pinned ||
             r->res != SH_RES_DEVICE || r->wlast + DEFER_LEAD > w->at)
             continue;
-        r->vmark = p->stamp; /* counted: its free gives nothing back (give_back) */
+        r->vmark = r->dmark = p->stamp; /* counted: its free gives nothing back */
         w->proj += (int64_t)r->bytes;
         deficit -= (int64_t)r->bytes;
     }
@@ -233,6 +233,12 @@ static int make_room(struct sh_policy *p, struct walk *w, int64_t deficit)
 static int want_region(struct sh_policy *p, struct walk *w, struct region *r, uint64_t i)
 {
     r->wlast = i;
+    if (r->dmark == p->stamp) { /* needed again after all: the room it was to make is not */
+        r->dmark = r->vmark = 0;
+        w->proj -= (int64_t)r->bytes;
+        if (w->proj + w->freed < 0 && make_room(p, w, -(w->proj + w->freed)))
+            return -1;
+    }
     if (r->mark == p->stamp)
         return 0;
     r->mark = p->stamp;

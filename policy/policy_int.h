@@ -65,6 +65,7 @@ struct region {
     uint8_t kept;   /* keeps a host copy (sh_policy_kept) */
     uint8_t pinned; /* never moves again (sh_policy_pinned) */
     uint64_t wlast; /* the last position the plan's walk needs it at (with mark) */
+    uint64_t dmark; /* plan stamp: counted as room a later plan makes (defer_room) */
 };
 
 /* An identity as recorded: id, allocation number, allocation position,

@@ -728,6 +728,35 @@ static void test_plan_defers_to_regions_used_before(void **state)
     sh_policy_destroy(p);
 }
 
+/* The loop X P H Y P (X, P, Y 100 bytes, H 10), with a window of 8. At the
+ * launch of P in step 2, with Y on the host and no room: P, used before Y,
+ * first counts as the room; but P is needed again right after Y, so that
+ * room is not there. H, too small, cannot stand in: X (needed soon) goes. */
+static void test_plan_defers_only_to_regions_done_with(void **state)
+{
+    (void)state;
+    enum { X = 1, P = 2, H = 3, Y = 4 };
+    struct sh_policy_params q = params(SH_POLICY_LEARNED);
+    q.prefetch_window = 8;
+    struct sh_policy *p = NULL;
+    assert_int_equal(sh_policy_create(&q, &p), 0);
+    static const uint64_t bytes[] = {100, 100, 10, 100};
+    for (uint64_t id = X; id <= Y; id++)
+        assert_int_equal(sh_policy_alloc(p, t_now, id, bytes[id - 1], 7), 0);
+    static const uint64_t loop[] = {X, P, H, Y, P};
+    for (int s = 0; s < 2; s++)
+        for (size_t k = 0; k < 5; k++)
+            launch1(p, KF, loop[k]);
+    launch1(p, KF, X); /* step 2, following */
+    assert_int_equal(sh_policy_residency(p, Y, SH_RES_HOST), 0);
+    uint64_t f[8], e[8];
+    struct sh_policy_plan plan = {.fetch = f, .fetch_max = 8, .evict = e, .evict_max = 8};
+    assert_int_equal(sh_policy_plan(p, 800, NULL, 0, &plan), 0);
+    assert_int_equal(plan.nevict, 1);
+    assert_int_equal(e[0], X);
+    sh_policy_destroy(p);
+}
+
 static void test_plan_lru_has_no_exchange(void **state)
 {
     (void)state;
@@ -1155,6 +1184,7 @@ int main(void)
         cmocka_unit_test(test_plan_exchange),
         cmocka_unit_test(test_plan_never_evicts_sooner),
         cmocka_unit_test(test_plan_defers_to_regions_used_before),
+        cmocka_unit_test(test_plan_defers_only_to_regions_done_with),
         cmocka_unit_test(test_plan_lru_has_no_exchange),
         cmocka_unit_test(test_plan_room_for_allocations),
         cmocka_unit_test(test_plan_counts_frees_of_walked_allocations),
