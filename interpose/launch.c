@@ -386,8 +386,14 @@ static void mark_issued(void)
     }
     /* region pointers in a module global: any launch may follow them */
     pd->opaque |= atomic_load_explicit(&hidden_pointers, memory_order_relaxed);
-    if (held == 0 || (pd->n == 0 && !pd->opaque && !pd->others))
-        return; /* it reaches no region: nothing to mark */
+    if (held == 0 || (pd->n == 0 && !pd->opaque && !pd->others)) {
+        /* It names no region: nothing to stamp. A tracked drain that waits
+         * for its stream must still wait for it: it may write a region
+         * through a pointer no scan saw (a table a kernel built). */
+        if (held && sh_slots_tracked() && !pd->any && !sh_stream_capturing(pd->stream))
+            sh_slots_record(pd->stream);
+        return;
+    }
     uint64_t streams = 0;
     if (sh_slots_tracked()) {
         if (sh_stream_capturing(pd->stream)) {

@@ -3,8 +3,11 @@
  * Each stream that issues work on regions gets a slot (up to 63) and an
  * event; the work's issue re-records the slot's event on its stream, and a
  * region remembers the slots that used it (a bit mask). A remap window then
- * waits for those events only, not for the whole device. Bit 63 names work
- * on a stream without a slot: its drain waits for the whole device.
+ * waits for those events only, not for the whole device. Work that names no
+ * region re-records its stream's event too (interpose/launch.c): it may
+ * write one through a pointer no scan saw, and the stream's event must mark
+ * the end of everything issued on it. Bit 63 names work on a stream
+ * without a slot: its drain waits for the whole device.
  *
  * Locking: slots_mu guards the slots. A slot's event is read without it by
  * the launch that records it, whose stream's context cannot be destroyed

@@ -17,6 +17,14 @@
  * does that all the time): the move must wait for the managed device's
  * kernels, not for the current context's.
  *
+ * Last, with drain_mode = tracked and a region on the host (launches are
+ * scanned), a slow kernel that names no region writes one through a table
+ * a kernel built on the device, on the stream that last used the region:
+ * evicting that region must wait for it, as a tracked drain waits for the
+ * streams that used the region and this work is on one of them. A window
+ * that waited only for the last launch naming the region would copy it
+ * while the kernel still ran.
+ *
  * The program re-executes itself to set the card and the configuration
  * before anything (the library reads them as it loads).
  */
@@ -32,14 +40,16 @@
 
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
 
-#define REGION_MB 8
-#define WORDS     (((size_t)REGION_MB << 20) / 4)
-#define SLOW_US   200000 /* far longer than the allocations that follow */
-#define MAX_FILL  64     /* regions allocated to push the first one out */
+#define REGION_MB  8
+#define WORDS      (((size_t)REGION_MB << 20) / 4)
+#define SLOW_US    200000  /* far longer than the allocations that follow */
+#define MAX_FILL   64      /* regions allocated to push the first one out */
+#define UNNAMED_US 2000000 /* the unnamed writer: far longer than pushing a region out */
 
 static int preloaded;
 static char **saved_argv;
@@ -52,6 +62,22 @@ static void k_fill(void **a)
     uint32_t v = *(uint32_t *)a[2];
     for (size_t i = 0; i < n; i++)
         p[i] = v + (uint32_t)i;
+}
+
+/* build(table, region): the table's first word is the region's address. */
+static void k_build(void **a)
+{
+    **(void ***)a[0] = *(void **)a[1];
+}
+
+static atomic_int unnamed_done;
+
+/* bump(table): adds 1 to the first word of the region the table points to. */
+static void k_bump(void **a)
+{
+    uint32_t *p = **(uint32_t ***)a[0];
+    p[0] += 1;
+    atomic_store(&unnamed_done, 1);
 }
 
 static void stats(stagehand_stats_t *st)
@@ -76,6 +102,13 @@ static cudaError_t fill(void *p, uint32_t v, const void *kernel, cudaStream_t s)
     void *args[] = {&p, &n, &v};
     dim3 one = {1, 1, 1};
     return cudaLaunchKernel(kernel, one, one, args, 0, s);
+}
+
+static uint32_t word0(const void *d)
+{
+    uint32_t v = 0;
+    assert_int_equal(cudaMemcpy(&v, d, sizeof v, cudaMemcpyDeviceToHost), cudaSuccess);
+    return v;
 }
 
 static void check(const void *d, uint32_t v)
@@ -159,12 +192,54 @@ static void quiet_then_evicted(void)
     assert_int_equal(cudaStreamDestroy(s), cudaSuccess);
 }
 
+/* The unnamed writer's story (drain_mode = tracked, in a child). */
+static void unnamed_writer_waited_for(void)
+{
+    void *a, *b, *tab, *more[MAX_FILL], *bmore[MAX_FILL];
+    cudaStream_t s;
+    dim3 one = {1, 1, 1};
+    assert_int_equal(cudaStreamCreate(&s), cudaSuccess);
+    assert_int_equal(cudaMalloc(&b, (size_t)REGION_MB << 20), cudaSuccess);
+    int nb = push_out(b, bmore); /* a region on the host: launches are scanned */
+    assert_int_equal(cudaMalloc(&a, (size_t)REGION_MB << 20), cudaSuccess);
+    assert_int_equal(cudaMemset(a, 0, (size_t)REGION_MB << 20), cudaSuccess);
+    assert_int_equal(cudaMalloc(&tab, sizeof(void *)), cudaSuccess); /* too small: no region */
+    void *bargs[] = {&tab, &a}, *targs[] = {&tab};
+    assert_int_equal(cudaLaunchKernel((const void *)k_build, one, one, bargs, 0, s), cudaSuccess);
+    assert_int_equal(cudaLaunchKernel((const void *)k_bump, one, one, targs, 0, s), cudaSuccess);
+    int n = push_out(a, more);
+    assert_int_equal(atomic_load(&unnamed_done), 1); /* the eviction waited for it */
+    assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+    assert_int_equal(word0(a), 1);
+    for (int i = 0; i < n; i++)
+        assert_int_equal(cudaFree(more[i]), cudaSuccess);
+    for (int i = 0; i < nb; i++)
+        assert_int_equal(cudaFree(bmore[i]), cudaSuccess);
+    assert_int_equal(cudaFree(a), cudaSuccess);
+    assert_int_equal(cudaFree(b), cudaSuccess);
+    assert_int_equal(cudaFree(tab), cudaSuccess);
+    assert_int_equal(cudaStreamDestroy(s), cudaSuccess);
+}
+
 static void test_in_child(void **state)
 {
     (void)state;
     if (!preloaded || !getenv("E2E_QUIET_CHILD"))
         skip();
-    quiet_then_evicted();
+    if (getenv("E2E_QUIET_UNNAMED"))
+        unnamed_writer_waited_for();
+    else
+        quiet_then_evicted();
+}
+
+static void test_tracked_unnamed_writer(void **state)
+{
+    (void)state;
+    if (!preloaded || getenv("E2E_QUIET_CHILD"))
+        skip();
+    static const char *const env[] = {"E2E_QUIET_CHILD=1", "E2E_QUIET_UNNAMED=1",
+                                      "STAGEHAND_TRANSFER_DRAIN_MODE=tracked", NULL};
+    assert_int_equal(e2e_rerun(saved_argv, env), 0);
 }
 
 static void test_tracked_drain(void **state)
@@ -212,7 +287,9 @@ static int setup(void **state)
 {
     (void)state;
     size_t sizes[] = {sizeof(void *), sizeof(size_t), sizeof(uint32_t)};
-    return simcuda_register_kernel(k_fill, "fill", 3, sizes, SLOW_US);
+    return simcuda_register_kernel(k_fill, "fill", 3, sizes, SLOW_US) ||
+           simcuda_register_kernel(k_build, "build", 2, sizes, 0) ||
+           simcuda_register_kernel(k_bump, "bump", 1, sizes, UNNAMED_US);
 }
 
 int main(int argc, char **argv)
@@ -233,6 +310,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_tracked_drain),
         cmocka_unit_test(test_device_drain),
         cmocka_unit_test(test_other_device_current),
+        cmocka_unit_test(test_tracked_unnamed_writer),
     };
     return cmocka_run_group_tests_name(preloaded ? "e2e_quiet (preloaded)" : "e2e_quiet (disabled)",
                                        tests, setup, NULL);
