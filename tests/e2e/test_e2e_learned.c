@@ -46,6 +46,7 @@
 #define BUDGET_MB 64 /* weights, gradients and states: 192 MB */
 #define VRAM_MB   256
 #define PCIE_GBPS "2"
+#define PCIE_RATE 2.0 /* the same, as a number */
 /* The simulated card reads its memory (the library's fingerprint and
  * pointer prefilter) at this rate, below what its CPU stand-ins do even on
  * a busy 2-core machine, so that they take the modelled time, as copies
@@ -202,21 +203,29 @@ static int host_memory_held(size_t managed)
 }
 
 /* What the simulated card's remaps cost in this run, which stagehand-sim
- * is told (as the links' rates): each chunk's unmap and map, and each
- * window's own cost beyond its drain, copies, remaps and kernels (waking
- * the streams, the driver calls of a window). On stdout. */
+ * is told: each chunk's unmap and map, and each window's own cost beyond
+ * its drain, copies, remaps and kernels (waking the streams, the driver
+ * calls of a window); and the rate its copies ran at each way, which is
+ * the link's modelled rate or less (bytes moved into pages touched for the
+ * first time, the copy's own start and end). On stdout. */
 static void print_card_costs(void)
 {
     stagehand_stats_t st = {0};
+    simcuda_stats_t card;
     int (*get)(stagehand_stats_t *, size_t) =
         (int (*)(stagehand_stats_t *, size_t))dlsym(RTLD_DEFAULT, "stagehand_get_stats");
     if (!get || get(&st, sizeof st) != 0 || !st.vmm_unmaps || !st.remap_windows)
         return;
+    simcuda_get_stats(&card);
+    if (!card.us_h2d || !card.us_d2h)
+        return;
     double parts =
         (double)(st.drain_us + st.copy_wait_us + st.remap_us + st.prefilter_us + st.fingerprint_us);
     double rest = (double)st.window_us > parts ? (double)st.window_us - parts : 0;
-    printf("card_map_us=%.1f card_window_us=%.1f\n", (double)st.remap_us / (double)st.vmm_unmaps,
-           rest / (double)st.remap_windows);
+    printf("card_map_us=%.1f card_window_us=%.1f card_h2d_gbps=%.4f card_d2h_gbps=%.4f\n",
+           (double)st.remap_us / (double)st.vmm_unmaps, rest / (double)st.remap_windows,
+           (double)card.bytes_h2d / (double)card.us_h2d / 1e3,
+           (double)card.bytes_d2h / (double)card.us_d2h / 1e3);
 }
 
 /* The loop; prints "step_s=..." (steady mean) on stdout. */
@@ -290,7 +299,7 @@ static const char *build_dir(void)
 /* A child's run: its steady step time (-1: it failed), and the simulated
  * card's remap costs it measured (print_card_costs; -1: none). */
 struct run {
-    double step, map_us, window_us;
+    double step, map_us, window_us, h2d_gbps, d2h_gbps;
 };
 
 /* Runs the loop under an eviction policy, with or without prefetch. */
@@ -306,10 +315,11 @@ static struct run run_child(const char *config, const char *policy, int prefetch
         config, policy, prefetch ? "true" : "false", trace, env, (int)getpid());
     FILE *f = popen(cmd, "r");
     assert_non_null(f);
-    struct run r = {-1, -1, -1};
+    struct run r = {-1, -1, -1, -1, -1};
     char line[256];
     while (fgets(line, sizeof line, f)) {
-        sscanf(line, "card_map_us=%lf card_window_us=%lf", &r.map_us, &r.window_us);
+        sscanf(line, "card_map_us=%lf card_window_us=%lf card_h2d_gbps=%lf card_d2h_gbps=%lf",
+               &r.map_us, &r.window_us, &r.h2d_gbps, &r.d2h_gbps);
         if (sscanf(line, "step_s=%lf", &r.step) == 1)
             break;
     }
@@ -321,36 +331,37 @@ static struct run run_child(const char *config, const char *policy, int prefetch
     return r;
 }
 
-/* What the model is told of a card beside its link: the rate it reads its
- * memory at (GB/s), a chunk's remap and a window's own cost (us). */
+/* What the model is told of a card: the rate it reads its memory at
+ * (GB/s), a chunk's remap and a window's own cost (us), and its link's
+ * rates each way (GB/s). */
 struct card {
     const char *hbm_gbps;
-    double map_us, window_us;
+    double map_us, window_us, h2d_gbps, d2h_gbps;
 };
 
 /* The simulated card, as a child measured it. */
 static struct card simulated_card(const char *policy, const struct run *r)
 {
-    printf("%s: the simulated card remapped a chunk in %.1f us, and spent %.1f us a window "
-           "besides\n",
-           policy, r->map_us, r->window_us);
-    return (struct card){HBM_GBPS, r->map_us, r->window_us};
+    printf("%s: the simulated card remapped a chunk in %.1f us, spent %.1f us a window "
+           "besides, and copied at %.3f GB/s to the device, %.3f GB/s from it\n",
+           policy, r->map_us, r->window_us, r->h2d_gbps, r->d2h_gbps);
+    return (struct card){HBM_GBPS, r->map_us, r->window_us, r->h2d_gbps, r->d2h_gbps};
 }
 
-/* A GPU's memory and remaps: stagehand-sim's defaults. */
-static const struct card a_gpu = {"2000", 20, 20};
+/* A GPU's memory and remaps, on the modelled link: stagehand-sim's defaults. */
+static const struct card a_gpu = {"2000", 20, 20, PCIE_RATE, PCIE_RATE};
 
 /* stagehand-sim's steady step for a trace under a policy, or -1. */
 static double simulate(const char *config, const char *trace, const char *policy, struct card c)
 {
     char cmd[1024];
-    if (c.map_us < 0)
+    if (c.map_us < 0 || c.h2d_gbps <= 0 || c.d2h_gbps <= 0)
         return -1;
     snprintf(cmd, sizeof cmd,
-             "%s/stagehand-sim --trace %s --config %s --vram-gb %.6f --pcie-gbps %s "
-             "--hbm-gbps %s --map-us %.1f --remap-us %.1f --policy %s",
-             build_dir(), trace, config, (double)BUDGET_MB / 1024.0, PCIE_GBPS, c.hbm_gbps,
-             c.map_us, c.window_us, policy);
+             "%s/stagehand-sim --trace %s --config %s --vram-gb %.6f --pcie-gbps %.4f "
+             "--d2h-gbps %.4f --hbm-gbps %s --map-us %.1f --remap-us %.1f --policy %s",
+             build_dir(), trace, config, (double)BUDGET_MB / 1024.0, c.h2d_gbps, c.d2h_gbps,
+             c.hbm_gbps, c.map_us, c.window_us, policy);
     FILE *f = popen(cmd, "r");
     assert_non_null(f);
     double step = -1;

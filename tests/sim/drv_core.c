@@ -710,4 +710,6 @@ SIM_EXPORT void simcuda_get_stats(simcuda_stats_t *out)
     out->bytes_d2h = atomic_load(&sim_stats.bytes_d2h);
     out->launches = atomic_load(&sim_stats.launches);
     out->faults = atomic_load(&sim_stats.faults);
+    out->us_h2d = atomic_load(&sim_stats.us_h2d);
+    out->us_d2h = atomic_load(&sim_stats.us_d2h);
 }

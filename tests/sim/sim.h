@@ -106,6 +106,7 @@ extern const size_t sim_cu_errors_count, sim_rt_errors_count;
 
 struct sim_stats {
     atomic_ullong copies_h2d, copies_d2h, bytes_h2d, bytes_d2h, launches, faults;
+    atomic_ullong us_h2d, us_d2h; /* what the copies over the modelled link took */
 };
 extern struct sim_stats sim_stats;
 

@@ -56,6 +56,10 @@ CUresult simcuda_launch_unhooked(CUfunction f, unsigned int grid, unsigned int b
 typedef struct {
     size_t device_bytes_in_use, device_bytes_peak, host_bytes_in_use;
     unsigned long long copies_h2d, copies_d2h, bytes_h2d, bytes_d2h, launches, faults;
+    /* Microseconds the copies over the modelled link (SIMCUDA_PCIE_GBPS) took,
+     * each from its start to its end: never less than modelled, more when
+     * moving the bytes here took longer (pages touched for the first time). */
+    unsigned long long us_h2d, us_d2h;
 } simcuda_stats_t;
 
 void simcuda_get_stats(simcuda_stats_t *out);

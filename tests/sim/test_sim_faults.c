@@ -316,6 +316,9 @@ static int s_copy_in_flight_when_remapped(void)
     CHECK(cuMemcpyHtoDAsync(va, host, GRAN, s) == CUDA_SUCCESS);
     CHECK(cuStreamSynchronize(s) == CUDA_SUCCESS);
     CHECK(faults() == 0);
+    simcuda_stats_t st;
+    simcuda_get_stats(&st); /* what it took: never less than 40 bytes a microsecond allow */
+    CHECK(st.bytes_h2d == GRAN && st.us_h2d >= GRAN / 40 && st.us_d2h == 0);
     CHECK(cuMemcpyDtoHAsync(host, va, GRAN, s) == CUDA_SUCCESS);
     CHECK(cuMemUnmap(va, GRAN) == CUDA_SUCCESS);
     CHECK(cuMemMap(va, GRAN, 0, h2, 0) == CUDA_SUCCESS);

@@ -363,6 +363,28 @@ static void test_prefilter_cost(void **state)
     assert_true(slow >= fast + RO / 1e9);
 }
 
+/* --d2h-gbps sets the device-to-host rate alone (by default the
+ * --pcie-gbps rate): each step's eviction copies out at it, and the bound
+ * takes each direction at its own rate. */
+static void test_d2h_rate(void **state)
+{
+    (void)state;
+    const char *base = "--trace " DIR "sim_launch_over_vram.trace --vram-gb 1.5 --pcie-gbps 25 "
+                       "--policy reactive";
+    char args[512];
+    assert_int_equal(sim(base), 0);
+    double same = field("reactive", "step_s"), moved = field("reactive", "d2h_bytes");
+    assert_true(moved > 0);
+    snprintf(args, sizeof args, "%s --d2h-gbps 25", base);
+    assert_int_equal(sim(args), 0);
+    assert_true(field("reactive", "step_s") == same);
+    snprintf(args, sizeof args, "%s --d2h-gbps 5", base);
+    assert_int_equal(sim(args), 0);
+    assert_true(field("reactive", "step_s") >= same + moved * (1 / 5e9 - 1 / 25e9) * 0.999);
+    assert_true(field("reactive", "ratio") >= 1.0);
+    assert_int_not_equal(sim("--trace " DIR "sim_launch_over_vram.trace --d2h-gbps 0"), 0);
+}
+
 /* What the library holds beside the regions counts against the card: two
  * regions that fill it exactly cannot both stay resident beside the
  * granule the auto watermarks keep free; without it they both fit. */
@@ -454,6 +476,7 @@ int main(void)
         cmocka_unit_test(test_old_traces_write_everything),
         cmocka_unit_test(test_fingerprint_cost),
         cmocka_unit_test(test_prefilter_cost),
+        cmocka_unit_test(test_d2h_rate),
         cmocka_unit_test(test_room_beside_the_regions),
         cmocka_unit_test(test_early_evictions_wait_for_a_drain),
     };

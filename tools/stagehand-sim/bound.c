@@ -276,9 +276,9 @@ static uint64_t seg_next(const struct seg_in *in, const struct seg_acc *acc, uin
 static double link_s(const struct sim_params *sp, uint64_t h2d, uint64_t d2h)
 {
     uint64_t v = sp->vram_bytes;
-    double in = h2d > v ? (double)(h2d - v) : 0, out = d2h > v ? (double)(d2h - v) : 0;
-    double bytes = sp->shared_link ? in + out : in > out ? in : out;
-    return bytes / sp->pcie_bytes_per_s;
+    double in = h2d > v ? (double)(h2d - v) / sp->pcie_bytes_per_s : 0;
+    double out = d2h > v ? (double)(d2h - v) / sp->d2h_bytes_per_s : 0;
+    return sp->shared_link ? in + out : in > out ? in : out;
 }
 
 static double segment_dp(const struct seg_in *in, const struct sim_params *sp, uint64_t *stamp,
@@ -488,6 +488,8 @@ double sim_lower_bound(const struct sim_shape *s, const struct sim_params *sp,
      * out before the peak or back after it. Not twice on a shared link: a
      * region evicted and never used again only goes out (the segment bound
      * counts both directions where both are due). */
-    double link = (double)over / sp->pcie_bytes_per_s;
+    double fast =
+        sp->pcie_bytes_per_s > sp->d2h_bytes_per_s ? sp->pcie_bytes_per_s : sp->d2h_bytes_per_s;
+    double link = (double)over / fast; /* whichever way each byte crosses */
     return s->compute_s > link ? s->compute_s : link;
 }

@@ -63,9 +63,10 @@ static int link_of(const struct run *r, int dir)
     return r->sp->shared_link ? 0 : dir;
 }
 
-static uint64_t copy_ns(const struct run *r, uint64_t bytes)
+static uint64_t copy_ns(const struct run *r, int dir, uint64_t bytes)
 {
-    return (uint64_t)((double)bytes / r->sp->pcie_bytes_per_s * 1e9 + 0.5);
+    double rate = dir == D2H ? r->sp->d2h_bytes_per_s : r->sp->pcie_bytes_per_s;
+    return (uint64_t)((double)bytes / rate * 1e9 + 0.5);
 }
 
 /* One fingerprint of the region's bytes on the device. */
@@ -88,7 +89,7 @@ static void issue(struct run *r, int c)
     struct copy *cp = &r->cp[c];
     int l = link_of(r, cp->dir);
     uint64_t start = r->link_free[l] > r->now ? r->link_free[l] : r->now;
-    cp->done_ns = start + cp->pre_ns + copy_ns(r, cp->link);
+    cp->done_ns = start + cp->pre_ns + copy_ns(r, cp->dir, cp->link);
     if (cp->link)
         r->link_free[l] = cp->done_ns;
     cp->state = C_ISSUED;
@@ -96,7 +97,7 @@ static void issue(struct run *r, int c)
         fprintf(stderr, "      %s region %llu %s %.3f..%.3f ms %llu\n",
                 cp->dir == H2D ? "h2d" : "d2h", (unsigned long long)r->reg[cp->reg].id,
                 cp->demand ? "demand" : "ahead",
-                (double)(cp->done_ns - cp->pre_ns - copy_ns(r, cp->link)) / 1e6,
+                (double)(cp->done_ns - cp->pre_ns - copy_ns(r, cp->dir, cp->link)) / 1e6,
                 (double)cp->done_ns / 1e6, (unsigned long long)cp->link);
     fifo_push(&r->issued[cp->dir], c, 0);
     if (cp->dir == H2D)

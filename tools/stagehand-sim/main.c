@@ -38,6 +38,7 @@ static void usage(FILE *f)
           "model:\n"
           "  --vram-gb X | --oversub X   VRAM size, or footprint / X (default 2.0)\n"
           "  --pcie-gbps X (25)   per direction, GB/s (1e9 bytes)\n"
+          "  --d2h-gbps X (the --pcie-gbps rate)  device to host alone\n"
           "  --duplex full|shared (full)   shared: both directions share one link\n"
           "  --remap-us X (20)    each remap window     --map-us X (20) per chunk committed\n"
           "  --default-us X (10)  launches with no duration in the trace\n"
@@ -67,7 +68,7 @@ struct opts {
     const char *trace, *write, *config;
     int gen, header, verbose, no_conductor, ignore_marks;
     struct gen_params g;
-    double vram_gb, oversub, pcie_gbps, remap_us, map_us, default_us;
+    double vram_gb, oversub, pcie_gbps, d2h_gbps, remap_us, map_us, default_us;
     double prefilter_gbps; /* 0: hbm_gbps */
     double own_kb, granule_mb;
     int shared;
@@ -94,6 +95,7 @@ enum {
     O_VRAM,
     O_OVERSUB,
     O_PCIE,
+    O_D2H,
     O_DUPLEX,
     O_REMAP,
     O_MAP,
@@ -132,6 +134,7 @@ static const struct option longopts[] = {
     {"vram-gb", required_argument, 0, O_VRAM},
     {"oversub", required_argument, 0, O_OVERSUB},
     {"pcie-gbps", required_argument, 0, O_PCIE},
+    {"d2h-gbps", required_argument, 0, O_D2H},
     {"duplex", required_argument, 0, O_DUPLEX},
     {"remap-us", required_argument, 0, O_REMAP},
     {"map-us", required_argument, 0, O_MAP},
@@ -191,6 +194,7 @@ static const struct numopt numopts[] = {
     {O_VRAM, 0.001, 1e6, 0, OFF(vram_gb)},
     {O_OVERSUB, 0.01, 1000, 0, OFF(oversub)},
     {O_PCIE, 0.001, 1e5, 0, OFF(pcie_gbps)},
+    {O_D2H, 0.001, 1e5, 0, OFF(d2h_gbps)},
     {O_REMAP, 0, 1e6, 0, OFF(remap_us)},
     {O_MAP, 0, 1e6, 0, OFF(map_us)},
     {O_DEFAULT, 0, 1e6, 0, OFF(default_us)},
@@ -417,6 +421,7 @@ static int run_policies(const struct opts *o, const struct sh_trace *t, const ch
     }
     struct sim_params sp = {
         .pcie_bytes_per_s = o->pcie_gbps * 1e9,
+        .d2h_bytes_per_s = (o->d2h_gbps > 0 ? o->d2h_gbps : o->pcie_gbps) * 1e9,
         .shared_link = o->shared,
         .remap_base_ns = (uint64_t)(o->remap_us * 1000),
         .map_ns = (uint64_t)(o->map_us * 1000),

@@ -50,7 +50,8 @@ int gen_trace(const struct gen_params *g, struct sh_trace **out, char *desc, siz
 /* ---- the model (replay.c) ---- */
 struct sim_params {
     uint64_t vram_bytes;
-    double pcie_bytes_per_s; /* per direction */
+    double pcie_bytes_per_s; /* per direction; host to device alone with d2h */
+    double d2h_bytes_per_s;  /* device to host */
     int shared_link;         /* both directions share one link */
     uint64_t remap_base_ns;  /* each remap window (drain) */
     uint64_t map_ns;         /* per chunk committed */
