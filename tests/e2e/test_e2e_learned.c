@@ -45,8 +45,9 @@
 #define REGION_MB 8
 #define BUDGET_MB 64 /* weights, gradients and states: 192 MB */
 #define VRAM_MB   256
-#define PCIE_GBPS "2"
-#define PCIE_RATE 2.0 /* the same, as a number */
+#define PCIE_GBPS 2
+#define STR_(x)   #x
+#define STR(x)    STR_(x)
 /* The simulated card reads its memory (the library's fingerprint and
  * pointer prefilter) at this rate, below what its CPU stand-ins do even on
  * a busy 2-core machine, so that they take the modelled time, as copies
@@ -349,7 +350,7 @@ static struct card simulated_card(const char *policy, const struct run *r)
 }
 
 /* A GPU's memory and remaps, on the modelled link: stagehand-sim's defaults. */
-static const struct card a_gpu = {"2000", 20, 20, PCIE_RATE, PCIE_RATE};
+static const struct card a_gpu = {"2000", 20, 20, PCIE_GBPS, PCIE_GBPS};
 
 /* stagehand-sim's steady step for a trace under a policy, or -1. */
 static double simulate(const char *config, const char *trace, const char *policy, struct card c)
@@ -493,7 +494,7 @@ int main(int argc, char **argv)
         /* The library reads its configuration at load: set it, start again. */
         setenv("E2E_LEARNED_CONFIGURED", "1", 1);
         setenv("SIMCUDA_VRAM_MB", "256", 1);
-        setenv("SIMCUDA_PCIE_GBPS", PCIE_GBPS, 1);
+        setenv("SIMCUDA_PCIE_GBPS", STR(PCIE_GBPS), 1);
         setenv("SIMCUDA_HBM_GBPS", HBM_GBPS, 1);
         setenv("STAGEHAND_BUDGET_VRAM_BUDGET_MB", "64", 1);
         setenv("STAGEHAND_POOL_SLABS_PER_CLASS", "0", 1);
