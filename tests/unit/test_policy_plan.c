@@ -200,6 +200,26 @@ static void test_plan_never_evicts_sooner(void **state)
     sh_policy_destroy(p);
 }
 
+/* The loop's regions X P H Y (sizes bytes[0..3]), each step launching
+ * loop[0..n) one region at a time, twice, then the first of step 2 (the
+ * recording followed), with Y on the host; window: the prefetch window. */
+enum { X = 1, P = 2, H = 3, Y = 4 };
+static struct sh_policy *looped(const uint64_t *bytes, const uint64_t *loop, size_t n, int window)
+{
+    struct sh_policy_params q = params(SH_POLICY_LEARNED);
+    q.prefetch_window = window;
+    struct sh_policy *p = NULL;
+    assert_int_equal(sh_policy_create(&q, &p), 0);
+    for (uint64_t id = X; id <= Y; id++)
+        assert_int_equal(sh_policy_alloc(p, t_now, id, bytes[id - 1], 7), 0);
+    for (int s = 0; s < 2; s++)
+        for (size_t k = 0; k < n; k++)
+            launch1(p, KF, loop[k]);
+    launch1(p, KF, loop[0]);
+    assert_int_equal(sh_policy_residency(p, Y, SH_RES_HOST), 0);
+    return p;
+}
+
 /* The loop X P H Y, each region 100 bytes, each used once a step. At the
  * launch of P in step 2, with Y on the host and no room: Y's restore needs
  * X or P to go. X is needed again in three launches (soon), P only two
@@ -208,15 +228,8 @@ static void test_plan_never_evicts_sooner(void **state)
 static void test_plan_defers_to_regions_used_before(void **state)
 {
     (void)state;
-    enum { X = 1, P = 2, H = 3, Y = 4 };
-    struct sh_policy *p = mk(SH_POLICY_LEARNED);
-    for (uint64_t id = X; id <= Y; id++)
-        assert_int_equal(sh_policy_alloc(p, t_now, id, 100, 7), 0);
-    for (int s = 0; s < 2; s++)
-        for (uint64_t id = X; id <= Y; id++)
-            launch1(p, KF, id);
-    launch1(p, KF, X); /* step 2, following */
-    assert_int_equal(sh_policy_residency(p, Y, SH_RES_HOST), 0);
+    static const uint64_t bytes[] = {100, 100, 100, 100}, loop[] = {X, P, H, Y};
+    struct sh_policy *p = looped(bytes, loop, 4, 4);
     uint64_t f[8], e[8];
     struct sh_policy_plan plan = {.fetch = f, .fetch_max = 8, .evict = e, .evict_max = 8};
     assert_int_equal(sh_policy_plan(p, 800, NULL, 0, &plan), 0);
@@ -237,20 +250,8 @@ static void test_plan_defers_to_regions_used_before(void **state)
 static void test_plan_defers_only_to_regions_done_with(void **state)
 {
     (void)state;
-    enum { X = 1, P = 2, H = 3, Y = 4 };
-    struct sh_policy_params q = params(SH_POLICY_LEARNED);
-    q.prefetch_window = 8;
-    struct sh_policy *p = NULL;
-    assert_int_equal(sh_policy_create(&q, &p), 0);
-    static const uint64_t bytes[] = {100, 100, 10, 100};
-    for (uint64_t id = X; id <= Y; id++)
-        assert_int_equal(sh_policy_alloc(p, t_now, id, bytes[id - 1], 7), 0);
-    static const uint64_t loop[] = {X, P, H, Y, P};
-    for (int s = 0; s < 2; s++)
-        for (size_t k = 0; k < 5; k++)
-            launch1(p, KF, loop[k]);
-    launch1(p, KF, X); /* step 2, following */
-    assert_int_equal(sh_policy_residency(p, Y, SH_RES_HOST), 0);
+    static const uint64_t bytes[] = {100, 100, 10, 100}, loop[] = {X, P, H, Y, P};
+    struct sh_policy *p = looped(bytes, loop, 5, 8);
     uint64_t f[8], e[8];
     struct sh_policy_plan plan = {.fetch = f, .fetch_max = 8, .evict = e, .evict_max = 8};
     assert_int_equal(sh_policy_plan(p, 800, NULL, 0, &plan), 0);
