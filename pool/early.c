@@ -159,6 +159,41 @@ static int ev_startable(struct sh_pool *pool, struct region *r)
     return 1;
 }
 
+/* 1 when a region at vas[0..n) could move early but for work issued
+ * against it since the last drain. */
+static int any_used(struct sh_pool *pool, const uintptr_t *vas, size_t n)
+{
+    uint64_t drained = __atomic_load_n(&pool->drained, __ATOMIC_RELAXED);
+    int used = 0;
+    pthread_mutex_lock(&pool->mu);
+    sh_rw_rdlock(&pool->index_lock);
+    for (size_t i = 0; i < n && !used; i++) {
+        const struct region *r = sh_rindex_lookup(pool->index, vas[i]);
+        used = r && r->va == vas[i] && r->path != SH_PATH_SLAB && !r->pinned &&
+               __atomic_load_n(&r->state, __ATOMIC_RELAXED) == SH_RS_RESIDENT &&
+               sh_pool_issued_at(pool, r) > drained;
+    }
+    sh_rw_unlock(&pool->index_lock);
+    pthread_mutex_unlock(&pool->mu);
+    return used;
+}
+
+/* Under pressure the windows that drain come as moves land or allocations
+ * wait, and a region used since the last one waited for the next while the
+ * link idled: ResNet-50's first activations went out only once the card was
+ * full. A drain now costs what a window's does (the work issued so far and
+ * the copies on the link) and lets the planner's choice start at once. */
+int sh_pool_evict_drain(struct sh_pool *pool, const uintptr_t *vas, size_t n)
+{
+    if (n == 0 || pool->mover.drain_streams || !pool->mover.xfer || sh_gate_held_any() ||
+        __atomic_load_n(&pool->no_early, __ATOMIC_RELAXED) || !any_used(pool, vas, n) ||
+        sh_gate_lock(pool->mover.gate) != 0)
+        return 0;
+    int rc = sh_pool_drain_device(pool);
+    sh_gate_unlock(pool->mover.gate);
+    return rc == 0;
+}
+
 int sh_pool_evict_start(struct sh_pool *pool, const uintptr_t *vas, size_t n, uintptr_t *started,
                         size_t *nstarted)
 {

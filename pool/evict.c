@@ -120,18 +120,22 @@ void sh_pool_make_stuck(struct sh_pool *pool, struct region *r, const char *what
     sh_pool_finish_state(pool, r, SH_RS_HOST);
 }
 
+int sh_pool_drain_device(struct sh_pool *pool)
+{
+    /* No work is being issued (the gate is held): all issued so far ends. */
+    uint64_t now = __atomic_load_n(&pool->clock, __ATOMIC_RELAXED);
+    int rc = sh_xfer_drain(pool->mover.xfer);
+    if (rc == 0)
+        __atomic_store_n(&pool->drained, now, __ATOMIC_RELAXED);
+    return rc;
+}
+
 /* Waits for the work that may touch the regions of a window: the whole
  * device, or with a tracked drain only the streams that used them. */
 static int drain(struct sh_pool *pool, struct region **v, size_t n)
 {
-    if (!pool->mover.drain_streams) {
-        /* No work is being issued (the gate is held): all issued so far ends. */
-        uint64_t now = __atomic_load_n(&pool->clock, __ATOMIC_RELAXED);
-        int rc = sh_xfer_drain(pool->mover.xfer);
-        if (rc == 0)
-            __atomic_store_n(&pool->drained, now, __ATOMIC_RELAXED);
-        return rc;
-    }
+    if (!pool->mover.drain_streams)
+        return sh_pool_drain_device(pool);
     /* Opaque work may use any region: its streams are drained too; so are
      * those of work on a neighbour that may reach into the window's. */
     uint64_t mask = __atomic_exchange_n(&pool->opaque_streams, 0, __ATOMIC_RELAXED);

@@ -242,11 +242,7 @@ static int drain_all(struct sh_pool *pool)
 {
     if (!pool->mover.drain_streams)
         return 0; /* the window drained the device already */
-    uint64_t now = __atomic_load_n(&pool->clock, __ATOMIC_RELAXED);
-    int rc = sh_xfer_drain(pool->mover.xfer);
-    if (rc == 0)
-        __atomic_store_n(&pool->drained, now, __ATOMIC_RELAXED);
-    return rc;
+    return sh_pool_drain_device(pool);
 }
 
 void sh_pool_kept_compare(struct sh_pool *pool, struct region **v, size_t n, uint64_t window)

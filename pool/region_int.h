@@ -279,6 +279,9 @@ int sh_pool_drain(struct sh_pool *pool, struct region **v, size_t n);
 int sh_pool_window_copy(struct sh_pool *pool, int dir, uintptr_t dst, uintptr_t src, size_t n);
 int sh_pool_flush(struct sh_pool *pool, int dir);
 uint64_t sh_pool_issued_at(const struct sh_pool *pool, const struct region *r);
+/* Drains the whole device (the gate closed: no work between its issue and
+ * its stamp) and notes the stamp all work up to has finished. */
+int sh_pool_drain_device(struct sh_pool *pool);
 
 /* r may be reached by work whose pointer lands in another region: the
  * program's own mappings, which it places side by side (PyTorch's

@@ -391,6 +391,52 @@ static void test_early_eviction_exact(void **state)
     stop();
 }
 
+/* Under the whole-device drain an early eviction the planner wants now need
+ * not wait for the next window: sh_pool_evict_drain drains the device (the
+ * copies on the link with it) when one of the regions named was used since
+ * the last drain, and then it starts. It drains for nothing else: a region
+ * idle already, one on the host, or under the tracked drain. */
+static void test_early_eviction_drains_to_start(void **state)
+{
+    (void)state;
+    start(&std_opts);
+    uintptr_t a = alloc(RSIZE), b = alloc(RSIZE), c = alloc(RSIZE);
+    fill(a, RSIZE, 5);
+    fill(b, RSIZE, 6);
+    evict_one(c); /* a window: a, b and c idle */
+    uint64_t drains = fk.drains;
+    assert_int_equal(sh_pool_evict_drain(sys.pool, &b, 1), 0); /* idle: nothing to wait for */
+    assert_int_equal(sh_pool_evict_drain(sys.pool, &c, 1), 0); /* on the host */
+    assert_int_equal(fk.drains, drains);
+    assert_int_equal(start_prefetch(c), 1); /* a copy on the link */
+    issue(a);
+    assert_int_equal(start_early(a), 0); /* that work may still be writing it */
+    uintptr_t both[2] = {b, a};
+    assert_int_equal(sh_pool_evict_drain(sys.pool, both, 2), 1);
+    assert_int_equal(fk.drains, drains + 1);
+    assert_int_equal(sh_pool_prefetch_ready(sys.pool, NULL), 1); /* waited for with it */
+    assert_int_equal(start_early(a), 1);
+    assert_int_equal(commit_early(0, NULL), 1);
+    assert_int_equal(state_of(a), SH_RS_HOST);
+    assert_int_equal(bad_words(a, RSIZE, 5), 0);
+    assert_int_equal(commit(0), 1);
+    assert_int_equal(bad_words(b, RSIZE, 6), 0);
+    stop();
+    const struct opts o = {.device_cache = 4 * M,
+                           .slabs = {8, 8, 8},
+                           .drain_streams = t_drain,
+                           .streams_idle = t_idle};
+    start(&o);
+    a = alloc(RSIZE);
+    sh_pool_issued(sys.pool, &a, 1, 1u << 2);
+    busy_mask = 1u << 2;
+    drains = fk.drains;
+    assert_int_equal(sh_pool_evict_drain(sys.pool, &a, 1), 0); /* tracked: the streams decide */
+    assert_int_equal(fk.drains, drains);
+    assert_int_equal(start_early(a), 0);
+    stop();
+}
+
 /* A write that no work named (through a pointer the scan never saw) under
  * an early eviction's copy: the window's fingerprint differs from the
  * start's, so the region stays on the device with the write, the pool
@@ -935,6 +981,7 @@ int main(void)
         cmocka_unit_test_teardown(test_prefetch_redo_issued_late, teardown),
         cmocka_unit_test_teardown(test_prefetch_redo_issued_before_start, teardown),
         cmocka_unit_test_teardown(test_early_eviction_exact, teardown),
+        cmocka_unit_test_teardown(test_early_eviction_drains_to_start, teardown),
         cmocka_unit_test_teardown(test_early_eviction_abandoned, teardown),
         cmocka_unit_test_teardown(test_early_eviction_unseen_write, teardown),
         cmocka_unit_test_teardown(test_early_eviction_needs_fingerprint, teardown),

@@ -460,6 +460,30 @@ static void test_early_evictions_wait_for_a_drain(void **state)
     }
 }
 
+/* Under drain_mode = device an early eviction the planner wants for a
+ * region named since the last window drains the device itself rather than
+ * wait for one (pool/early.c's sh_pool_evict_drain): in this trace nothing
+ * else moves between the use of region 3 and the allocation that needs its
+ * room, so without the drain the allocation waits for an eviction on demand
+ * every step. */
+static void test_early_eviction_drains(void **state)
+{
+    (void)state;
+    static const char *const planners[] = {"learned", "belady"};
+    for (size_t i = 0; i < sizeof planners / sizeof planners[0]; i++) {
+        char args[256];
+        snprintf(args, sizeof args,
+                 "--trace " DIR "sim_early_drain.trace --vram-gb 1 --pcie-gbps 25 --policy %s "
+                 "--verbose",
+                 planners[i]);
+        assert_int_equal(sim(args), 0);
+        const char *steady = strstr(out, "steady step:");
+        assert_non_null(steady);
+        assert_non_null(strstr(steady, "alloc waits 0,"));
+        assert_true(field(planners[i], "d2h_bytes") >= 536870912); /* region 3 went out */
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -479,6 +503,7 @@ int main(void)
         cmocka_unit_test(test_d2h_rate),
         cmocka_unit_test(test_room_beside_the_regions),
         cmocka_unit_test(test_early_evictions_wait_for_a_drain),
+        cmocka_unit_test(test_early_eviction_drains),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

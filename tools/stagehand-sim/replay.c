@@ -303,15 +303,31 @@ void sim_read(void *ctx, struct sh_engine_plan_in *in)
  * of may still be running on (pool/early.c's ev_idle): under a
  * whole-device drain, one no launch used since the last window; tracked,
  * also one whose stream has moved on, which the model's launches, run one
- * at a time, take to be any but the last. The others stay. */
+ * at a time, take to be any but the last. The others stay (tracked) or
+ * have the device drained first (drain_for_early). */
 static int idle(const struct run *r, const struct sreg *s)
 {
     return s->issued <= r->drained || (!r->sp->drain_copies && s->issued < r->clock);
 }
 
+/* pool/early.c's sh_pool_evict_drain: an early eviction that cannot start
+ * for a launch since the last window drains the device now (the copies on
+ * the link too) rather than wait for the next window. Not when tracked. */
+static int drain_for_early(struct run *r, const uint64_t *ids, size_t n)
+{
+    for (size_t i = 0; i < n && r->sp->drain_copies; i++) {
+        size_t g = reg_of(r, ids[i]);
+        if (g != SIZE_MAX && r->reg[g].res == SH_RES_DEVICE && !idle(r, &r->reg[g]))
+            return drain(r);
+    }
+    return 0;
+}
+
 int sim_start_evictions(void *ctx, const uint64_t *ids, size_t n)
 {
     struct run *r = ctx;
+    if (drain_for_early(r, ids, n))
+        return SH_EINVAL;
     for (size_t i = 0; i < n && !r->failed; i++) {
         size_t g = reg_of(r, ids[i]);
         if (g != SIZE_MAX && !idle(r, &r->reg[g]))
