@@ -1,7 +1,7 @@
 /* policy_loop.h — the policy tests' synthetic loop: parameters, a policy
  * of a kind, launches by kernel and ids on one stream, and a loop of four
  * weights (forward W1..W4, backward W4..W1) trained for one step. Shared by
- * test_policy.c and test_policy_plan.c; include it once, after cmocka and
+ * the test_policy*.c files; include it once, after cmocka and
  * policy/policy.h. */
 #ifndef TESTS_UNIT_POLICY_LOOP_H
 #define TESTS_UNIT_POLICY_LOOP_H

@@ -14,32 +14,7 @@
 
 #include <string.h>
 
-enum { KF = 11, KB = 12 };
-
-static struct sh_policy *mk(int kind)
-{
-    struct sh_policy_params q = {
-        .kind = kind,
-        .budget_bytes = 1000,
-        .high_watermark = 800,
-        .low_watermark = 600,
-        .prefetch_window = 4,
-        .prefetch_enabled = 1,
-        .max_inflight_h2d = 8,
-        .max_inflight_d2h = 8,
-        .batch_max = 4,
-    };
-    struct sh_policy *p = NULL;
-    assert_int_equal(sh_policy_create(&q, &p), 0);
-    return p;
-}
-
-static uint64_t t_now;
-
-static void launch(struct sh_policy *p, uint64_t kernel, const uint64_t *ids, size_t n)
-{
-    assert_int_equal(sh_policy_launch(p, t_now++, kernel, 7, ids, n), 0);
-}
+#include "policy_loop.h"
 
 static void alloc(struct sh_policy *p, uint64_t id)
 {
@@ -55,16 +30,7 @@ static void release(struct sh_policy *p, uint64_t id)
 
 static int following(const struct sh_policy *p)
 {
-    struct sh_policy_stats st;
-    sh_policy_stats(p, &st);
-    return st.following;
-}
-
-static uint64_t next_use(struct sh_policy *p, uint64_t id)
-{
-    uint64_t d = 0;
-    assert_int_equal(sh_policy_next_use(p, id, &d), 0);
-    return d;
+    return stats(p).following;
 }
 
 /* One step with weights 1 and 2: activation X at the step's start, Y after

@@ -20,49 +20,25 @@
 #include <string.h>
 
 /* Kernels of the synthetic loop. */
-enum { KF = 11, KB = 12, KO = 13, KX = 14, KZ = 15, KM = 16, KC = 17 };
+#include "policy_loop.h"
 
-static struct sh_policy_params params(int kind, int conductor)
+/* Kernels beside the loop's. */
+enum { KZ = 15, KM = 16, KC = 17 };
+
+/* The loop's parameters, with the Conductor's rules on or off. */
+static struct sh_policy_params cparams(int kind, int conductor)
 {
-    struct sh_policy_params q = {
-        .kind = kind,
-        .budget_bytes = 1000,
-        .high_watermark = 800,
-        .low_watermark = 600,
-        .prefetch_window = 4,
-        .prefetch_enabled = 1,
-        .max_inflight_h2d = 8,
-        .max_inflight_d2h = 8,
-        .batch_max = 4,
-        .conductor_enabled = conductor,
-        .backward_pressure_pct = 80,
-        .backward_prefetch_window = 1,
-        .optimizer_max_inflight_h2d = 1,
-        .contention_checks = 2,
-    };
+    struct sh_policy_params q = params(kind);
+    q.conductor_enabled = conductor;
     return q;
 }
 
-static struct sh_policy *mk(int kind, int conductor)
+static struct sh_policy *mkc(int kind, int conductor)
 {
-    struct sh_policy_params q = params(kind, conductor);
+    struct sh_policy_params q = cparams(kind, conductor);
     struct sh_policy *p = NULL;
     assert_int_equal(sh_policy_create(&q, &p), 0);
     return p;
-}
-
-static uint64_t t_now;
-
-static void launch1(struct sh_policy *p, uint64_t kernel, uint64_t id)
-{
-    assert_int_equal(sh_policy_launch(p, t_now++, kernel, 7, &id, 1), 0);
-}
-
-static struct sh_policy_stats stats(const struct sh_policy *p)
-{
-    struct sh_policy_stats st;
-    sh_policy_stats(p, &st);
-    return st;
 }
 
 static struct sh_policy_hints hints(const struct sh_policy *p)
@@ -117,7 +93,7 @@ static int masked_step(struct sh_policy *p, uint64_t first_act)
 static void test_repeats_within_a_step(void **state)
 {
     (void)state;
-    struct sh_policy *p = mk(SH_POLICY_LEARNED, 0);
+    struct sh_policy *p = mkc(SH_POLICY_LEARNED, 0);
     weights(p);
     assert_int_equal(sh_policy_alloc(p, t_now, 100, 10, 7), 0); /* the mask */
     int per_step = 0;
@@ -135,7 +111,7 @@ static void test_repeats_within_a_step(void **state)
  * from the policy, told everything but the marks. */
 static size_t step_starts(const struct sh_trace *t, int found, uint64_t *out, size_t max)
 {
-    struct sh_policy_params q = params(SH_POLICY_LEARNED, 1);
+    struct sh_policy_params q = cparams(SH_POLICY_LEARNED, 1);
     struct sh_policy *p = NULL;
     assert_int_equal(sh_policy_create(&q, &p), 0);
     size_t k = 0;
@@ -245,7 +221,7 @@ static void confident_fwd_bwd(struct sh_policy *p)
 static void test_confident_where_steps_agreed(void **state)
 {
     (void)state;
-    struct sh_policy *p = mk(SH_POLICY_LEARNED, 1);
+    struct sh_policy *p = mkc(SH_POLICY_LEARNED, 1);
     weights(p);
     marked_step(p, 0, 0);
     marked_step(p, 0, 1);
@@ -271,7 +247,7 @@ static void test_confident_where_steps_agreed(void **state)
 static void test_confident_past_a_block_the_step_before_ran(void **state)
 {
     (void)state;
-    struct sh_policy *p = mk(SH_POLICY_LEARNED, 1);
+    struct sh_policy *p = mkc(SH_POLICY_LEARNED, 1);
     weights(p);
     marked_step(p, 1, 0);
     marked_step(p, 0, 0);
@@ -291,7 +267,7 @@ static void test_confident_past_a_block_the_step_before_ran(void **state)
 static void test_one_block_skipped(void **state)
 {
     (void)state;
-    struct sh_policy *p = mk(SH_POLICY_LEARNED, 1);
+    struct sh_policy *p = mkc(SH_POLICY_LEARNED, 1);
     weights(p);
     marked_step(p, 1, 0);
     marked_step(p, 0, 3);
@@ -312,7 +288,7 @@ static void test_one_block_skipped(void **state)
 static void test_no_confidence_without_agreement(void **state)
 {
     (void)state;
-    struct sh_policy *p = mk(SH_POLICY_LEARNED, 1);
+    struct sh_policy *p = mkc(SH_POLICY_LEARNED, 1);
     weights(p);
     marked_step(p, 1, 0);
     assert_int_equal(sh_policy_step(p, t_now), 0);
