@@ -490,9 +490,11 @@ void sh_pool_prefetch_cancel_all(struct sh_pool *pool);
  * sh_pool_evict_drain: when one of them is RESIDENT but cannot start for
  * work issued since the last drain, drains the whole device as a window
  * would (gate closed; the copies on the link are waited for too), so that
- * sh_pool_evict_start can start it now; 1 when it drained. The caller makes
- * sure no stream captures. Nothing happens under the tracked drain (whose
- * early evictions ask the streams) or inside a gate.
+ * sh_pool_evict_start can start it now; 1 when it drained. `held`, when
+ * not NULL, is asked once the gate is closed (no capture can begin then):
+ * nonzero calls the drain off (a stream captures, and a drain would break
+ * its capture). Nothing happens under the tracked drain (whose early
+ * evictions ask the streams) or inside a gate.
  *
  * sh_pool_evict_commit: in one remap window, maps the slabs of early
  * evictions at their addresses and releases their device chunks: all of
@@ -511,7 +513,7 @@ void sh_pool_prefetch_cancel_all(struct sh_pool *pool);
  * runs, is not noticed (verify_moves reports it). */
 int sh_pool_evict_start(struct sh_pool *pool, const uintptr_t *vas, size_t n, uintptr_t *started,
                         size_t *nstarted);
-int sh_pool_evict_drain(struct sh_pool *pool, const uintptr_t *vas, size_t n);
+int sh_pool_evict_drain(struct sh_pool *pool, const uintptr_t *vas, size_t n, int (*held)(void));
 int sh_pool_evict_commit(struct sh_pool *pool, int all, uintptr_t *out, uintptr_t *back, size_t max,
                          size_t *nout, size_t *nback, size_t *released);
 size_t sh_pool_evict_ready(struct sh_pool *pool, size_t *inflight);

@@ -391,6 +391,11 @@ static void test_early_eviction_exact(void **state)
     stop();
 }
 
+static int capturing(void)
+{
+    return 1;
+}
+
 /* Under the whole-device drain an early eviction the planner wants now need
  * not wait for the next window: sh_pool_evict_drain drains the device (the
  * copies on the link with it) when one of the regions named was used since
@@ -405,14 +410,16 @@ static void test_early_eviction_drains_to_start(void **state)
     fill(b, RSIZE, 6);
     evict_one(c); /* a window: a, b and c idle */
     uint64_t drains = fk.drains;
-    assert_int_equal(sh_pool_evict_drain(sys.pool, &b, 1), 0); /* idle: nothing to wait for */
-    assert_int_equal(sh_pool_evict_drain(sys.pool, &c, 1), 0); /* on the host */
+    assert_int_equal(sh_pool_evict_drain(sys.pool, &b, 1, NULL), 0); /* idle: nothing to wait for */
+    assert_int_equal(sh_pool_evict_drain(sys.pool, &c, 1, NULL), 0); /* on the host */
     assert_int_equal(fk.drains, drains);
     assert_int_equal(start_prefetch(c), 1); /* a copy on the link */
     issue(a);
     assert_int_equal(start_early(a), 0); /* that work may still be writing it */
     uintptr_t both[2] = {b, a};
-    assert_int_equal(sh_pool_evict_drain(sys.pool, both, 2), 1);
+    assert_int_equal(sh_pool_evict_drain(sys.pool, both, 2, capturing), 0); /* a capture */
+    assert_int_equal(fk.drains, drains);
+    assert_int_equal(sh_pool_evict_drain(sys.pool, both, 2, NULL), 1);
     assert_int_equal(fk.drains, drains + 1);
     assert_int_equal(sh_pool_prefetch_ready(sys.pool, NULL), 1); /* waited for with it */
     assert_int_equal(start_early(a), 1);
@@ -431,7 +438,8 @@ static void test_early_eviction_drains_to_start(void **state)
     sh_pool_issued(sys.pool, &a, 1, 1u << 2);
     busy_mask = 1u << 2;
     drains = fk.drains;
-    assert_int_equal(sh_pool_evict_drain(sys.pool, &a, 1), 0); /* tracked: the streams decide */
+    assert_int_equal(sh_pool_evict_drain(sys.pool, &a, 1, NULL),
+                     0); /* tracked: the streams decide */
     assert_int_equal(fk.drains, drains);
     assert_int_equal(start_early(a), 0);
     stop();
