@@ -160,10 +160,9 @@ static int ev_startable(struct sh_pool *pool, struct region *r)
 }
 
 /* 1 when a region at vas[0..n) could move early but for work issued
- * against it since the last drain. */
+ * against it since the last drain (ev_idle says no). */
 static int any_used(struct sh_pool *pool, const uintptr_t *vas, size_t n)
 {
-    uint64_t drained = __atomic_load_n(&pool->drained, __ATOMIC_RELAXED);
     int used = 0;
     pthread_mutex_lock(&pool->mu);
     sh_rw_rdlock(&pool->index_lock);
@@ -171,7 +170,7 @@ static int any_used(struct sh_pool *pool, const uintptr_t *vas, size_t n)
         const struct region *r = sh_rindex_lookup(pool->index, vas[i]);
         used = r && r->va == vas[i] && r->path != SH_PATH_SLAB && !r->pinned &&
                __atomic_load_n(&r->state, __ATOMIC_RELAXED) == SH_RS_RESIDENT &&
-               sh_pool_issued_at(pool, r) > drained;
+               !ev_idle(pool, r, sh_pool_issued_at(pool, r));
     }
     sh_rw_unlock(&pool->index_lock);
     pthread_mutex_unlock(&pool->mu);
