@@ -624,7 +624,7 @@ int sh_sched_start_evictions(void *ctx, const uint64_t *ids, size_t n)
     uintptr_t moved[MAX_PLAN];
     size_t nm = 0;
     n = n < MAX_PLAN ? n : MAX_PLAN;
-    sh_pool_evict_drain(d->pool, (const uintptr_t *)ids, n, sh_capturing);
+    sh_pool_evict_drain(d->pool, (const uintptr_t *)ids, n);
     sh_engine_lock(&d->engine); /* started and told as one (sh_sched_commit_all) */
     if (sh_pool_evict_start(d->pool, (const uintptr_t *)ids, n, moved, &nm) == SH_OK) {
         atomic_fetch_add(&d->engine.pressure, 1); /* not quiet while they fly */

@@ -269,6 +269,7 @@ static void open_mover(struct sh_dev *dv)
         m.targets_has = targets_has;
     }
     m.drain_ctx = &dv->drvdev;
+    m.capturing = sh_capturing;
     sh_slots_tracked_drain(&m.drain_streams, &m.streams_idle);
     sh_pool_set_mover(dv->pool, &m);
 }

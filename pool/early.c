@@ -182,13 +182,13 @@ static int any_used(struct sh_pool *pool, const uintptr_t *vas, size_t n)
  * link idled: ResNet-50's first activations went out only once the card was
  * full. A drain now costs what a window's does (the work issued so far and
  * the copies on the link) and lets the planner's choice start at once. */
-int sh_pool_evict_drain(struct sh_pool *pool, const uintptr_t *vas, size_t n, int (*held)(void))
+int sh_pool_evict_drain(struct sh_pool *pool, const uintptr_t *vas, size_t n)
 {
     if (n == 0 || pool->mover.drain_streams || !pool->mover.xfer || sh_gate_held_any() ||
         __atomic_load_n(&pool->no_early, __ATOMIC_RELAXED) || !any_used(pool, vas, n) ||
-        sh_gate_lock(pool->mover.gate) != 0)
+        sh_pool_window_lock(pool) != 0)
         return 0;
-    int rc = held && held() ? SH_EBUSY : sh_pool_drain_device(pool);
+    int rc = sh_pool_drain_device(pool);
     sh_gate_unlock(pool->mover.gate);
     return rc == 0;
 }

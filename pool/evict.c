@@ -130,6 +130,16 @@ int sh_pool_drain_device(struct sh_pool *pool)
     return rc;
 }
 
+int sh_pool_window_lock(struct sh_pool *pool)
+{
+    int rc = sh_gate_lock(pool->mover.gate);
+    if (rc == 0 && pool->mover.capturing && pool->mover.capturing()) {
+        sh_gate_unlock(pool->mover.gate);
+        rc = SH_EBUSY;
+    }
+    return rc;
+}
+
 /* Waits for the work that may touch the regions of a window: the whole
  * device, or with a tracked drain only the streams that used them. */
 static int drain(struct sh_pool *pool, struct region **v, size_t n)
@@ -265,8 +275,8 @@ void sh_pool_evicted_one(struct sh_pool *pool, struct region *r, size_t *release
 
 /* Copies and remaps a batch of EVICTING regions; move_mu held. Regions
  * that could not go return to RESIDENT. Adds the bytes released. */
-static void evict_batch(struct sh_pool *pool, struct candidates *c, size_t n, size_t *released,
-                        uintptr_t *evicted, size_t *nevicted)
+static int evict_batch(struct sh_pool *pool, struct candidates *c, size_t n, size_t *released,
+                       uintptr_t *evicted, size_t *nevicted)
 {
     size_t ready = 0;
     unsigned wait_ms = pool->mover.slab_wait_ms;
@@ -281,7 +291,8 @@ static void evict_batch(struct sh_pool *pool, struct candidates *c, size_t n, si
         }
     }
     size_t done = 0;
-    if (ready && sh_gate_lock(pool->mover.gate) == 0) {
+    int rc = ready ? sh_pool_window_lock(pool) : 0;
+    if (ready && rc == 0) {
         done = evict_window(pool, c->r, ready);
         sh_gate_unlock(pool->mover.gate);
     }
@@ -296,6 +307,7 @@ static void evict_batch(struct sh_pool *pool, struct candidates *c, size_t n, si
             sh_pool_kept_unevict(pool, c->r[k]);
         }
     }
+    return rc;
 }
 
 /* 1 when this caller may open a remap window now. A caller issuing work
@@ -335,11 +347,11 @@ int sh_pool_evict_these(struct sh_pool *pool, const uintptr_t *vas, size_t n, si
     sh_rw_unlock(&pool->index_lock);
     pthread_mutex_unlock(&pool->mu);
     size_t movable = c.n;
-    evict_batch(pool, &c, c.n, released, evicted, nevicted);
+    int rc = evict_batch(pool, &c, c.n, released, evicted, nevicted);
     pthread_mutex_unlock(&pool->move_mu);
     free(c.r);
     sh_chunkcache_trim(pool->cc, *released);
-    return *released ? 0 : movable ? SH_ENOMEM : SH_EBUSY;
+    return *released ? 0 : rc ? rc : movable ? SH_ENOMEM : SH_EBUSY;
 }
 
 /* ---- use and restore ---- */
@@ -540,7 +552,7 @@ int sh_pool_restore(struct sh_pool *pool, const uintptr_t *addrs, size_t n)
     for (size_t k = ready; k < m; k++)
         sh_pool_finish_state(pool, v[k], SH_RS_HOST); /* no device memory: stays on the host */
     size_t done = 0;
-    int gate = ready ? sh_gate_lock(pool->mover.gate) : 0;
+    int gate = ready ? sh_pool_window_lock(pool) : 0;
     if (ready && gate == 0) {
         done = restore_window(pool, v, ready);
         sh_gate_unlock(pool->mover.gate);
@@ -550,7 +562,7 @@ int sh_pool_restore(struct sh_pool *pool, const uintptr_t *addrs, size_t n)
                    ready - done);
     }
     if (done < ready)
-        rc = gate ? gate : SH_EDRIVER; /* SH_EBUSY: the caller holds the gate */
+        rc = gate ? gate : SH_EDRIVER; /* SH_EBUSY: the caller holds the gate, or a capture */
     for (size_t k = 0; k < ready; k++) {
         if (k < done) {
             restored(pool, v[k]);

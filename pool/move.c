@@ -134,7 +134,7 @@ void sh_pool_move_cancel_all(struct sh_pool *pool, struct move_list *l)
  * to 1 for each region it moved. committed() finishes those; the others
  * are cancelled, back where they were. Their bases go to out and back
  * (back may be NULL; *nback counts them anyway). SH_EBUSY when the caller
- * holds the gate. */
+ * holds the gate or a stream captures. */
 int sh_pool_move_commit(struct sh_pool *pool, struct move_list *l, int all, size_t max,
                         void (*window)(struct sh_pool *, struct region **, size_t, char *),
                         void (*committed)(struct sh_pool *, struct region *, void *), void *arg,
@@ -153,7 +153,7 @@ int sh_pool_move_commit(struct sh_pool *pool, struct move_list *l, int all, size
     size_t n = move_take_batch(pool, l, all, v, max);
     int rc = 0;
     memset(ok, 0, n);
-    if (n && (rc = sh_gate_lock(pool->mover.gate)) == 0) {
+    if (n && (rc = sh_pool_window_lock(pool)) == 0) {
         window(pool, v, n, ok);
         sh_gate_unlock(pool->mover.gate);
     }

@@ -318,6 +318,10 @@ struct sh_pool_mover {
      * start without a full drain. NULL: never. */
     int (*streams_idle)(void *ctx, uint64_t mask);
     void *drain_ctx;
+    /* 1 while a stream captures: a window's drain would break the capture,
+     * so no window opens then. Asked with the gate closed (a capture's start
+     * and end take every gate: none can begin meanwhile). NULL: never. */
+    int (*capturing)(void);
     unsigned slab_wait_ms; /* how long to wait for the host pool to grow */
     /* Fills out[i] with the fingerprint (clean.h) of the device bytes at
      * addr[i], len[i]; 0, or an error. bus[dir] += the bytes it moved each
@@ -365,7 +369,8 @@ void sh_pool_set_mover(struct sh_pool *pool, const struct sh_pool_mover *m);
 /* Evicts exactly the resident regions starting at vas[0..n) (the
  * scheduler's choice), in one remap window. The bases of those evicted go
  * to evicted[0..*nevicted) (room for n). SH_EBUSY when none of them can
- * move now (moving already, pinned, not resident, a slab); SH_ENOMEM when
+ * move now (moving already, pinned, not resident, a slab, a stream
+ * captures: mover.capturing); SH_ENOMEM when
  * those that could released nothing (the host side is exhausted). */
 int sh_pool_evict_these(struct sh_pool *pool, const uintptr_t *vas, size_t n, size_t *released,
                         uintptr_t *evicted, size_t *nevicted);
@@ -431,7 +436,8 @@ void sh_pool_bounds(struct sh_pool *pool, uintptr_t *lo, uintptr_t *hi);
  * those of them that are evicted. */
 void sh_pool_touch(struct sh_pool *pool, const uintptr_t *addrs, size_t n, size_t *host_bytes);
 /* Brings the evicted regions containing addrs[0..n) back to the device. The
- * caller makes room first. SH_ENOMEM if device memory ran out. */
+ * caller makes room first. SH_ENOMEM if device memory ran out; SH_EBUSY
+ * when the caller holds the gate or a stream captures (they stay). */
 int sh_pool_restore(struct sh_pool *pool, const uintptr_t *addrs, size_t n);
 /* A move the driver failed both ways can leave a chunk's address unmapped
  * (its bytes kept on the handle that held them). sh_pool_heal maps such
@@ -490,11 +496,9 @@ void sh_pool_prefetch_cancel_all(struct sh_pool *pool);
  * sh_pool_evict_drain: when one of them is RESIDENT but cannot start for
  * work issued since the last drain, drains the whole device as a window
  * would (gate closed; the copies on the link are waited for too), so that
- * sh_pool_evict_start can start it now; 1 when it drained. `held`, when
- * not NULL, is asked once the gate is closed (no capture can begin then):
- * nonzero calls the drain off (a stream captures, and a drain would break
- * its capture). Nothing happens under the tracked drain (whose early
- * evictions ask the streams) or inside a gate.
+ * sh_pool_evict_start can start it now; 1 when it drained. Nothing
+ * happens under the tracked drain (whose early evictions ask the streams),
+ * inside a gate, or while a stream captures (the mover's capturing).
  *
  * sh_pool_evict_commit: in one remap window, maps the slabs of early
  * evictions at their addresses and releases their device chunks: all of
@@ -513,7 +517,7 @@ void sh_pool_prefetch_cancel_all(struct sh_pool *pool);
  * runs, is not noticed (verify_moves reports it). */
 int sh_pool_evict_start(struct sh_pool *pool, const uintptr_t *vas, size_t n, uintptr_t *started,
                         size_t *nstarted);
-int sh_pool_evict_drain(struct sh_pool *pool, const uintptr_t *vas, size_t n, int (*held)(void));
+int sh_pool_evict_drain(struct sh_pool *pool, const uintptr_t *vas, size_t n);
 int sh_pool_evict_commit(struct sh_pool *pool, int all, uintptr_t *out, uintptr_t *back, size_t max,
                          size_t *nout, size_t *nback, size_t *released);
 size_t sh_pool_evict_ready(struct sh_pool *pool, size_t *inflight);

@@ -282,6 +282,10 @@ uint64_t sh_pool_issued_at(const struct sh_pool *pool, const struct region *r);
 /* Drains the whole device (the gate closed: no work between its issue and
  * its stamp) and notes the stamp all work up to has finished. */
 int sh_pool_drain_device(struct sh_pool *pool);
+/* Closes the gate for a remap window: 0, or SH_EBUSY when the caller holds
+ * it or a stream captures (mover.capturing, asked once it is closed: a
+ * window's drain would break the capture), and then it stays open. */
+int sh_pool_window_lock(struct sh_pool *pool);
 
 /* r may be reached by work whose pointer lands in another region: the
  * program's own mappings, which it places side by side (PyTorch's

@@ -144,6 +144,14 @@ static inline int t_idle(void *ctx, uint64_t mask)
     return (mask & busy_mask) == 0;
 }
 
+/* A stream capture, faked: while capture_on, the mover hears one. */
+static int capture_on;
+
+static inline int t_capturing(void)
+{
+    return capture_on;
+}
+
 #include "pool_sys.h"
 
 static inline void start(const struct opts *o)
@@ -154,6 +162,7 @@ static inline void start(const struct opts *o)
     fail_wait = 0;
     wait_sleep_us = 0;
     busy_mask = drained_mask = 0;
+    capture_on = 0;
     sys_start(o, &copy_ops);
 }
 

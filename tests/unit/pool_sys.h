@@ -124,6 +124,7 @@ struct opts {
     /* drain_mode = tracked, when set */
     int (*drain_streams)(void *ctx, uint64_t mask);
     int (*streams_idle)(void *ctx, uint64_t mask);
+    int (*capturing)(void); /* a stream captures: no window opens */
 };
 
 static void sys_start(const struct opts *o, const struct sh_copy_ops *copy)
@@ -157,6 +158,7 @@ static void sys_start(const struct opts *o, const struct sh_copy_ops *copy)
                               .plant_lost_write = o->plant_lost_write,
                               .drain_streams = o->drain_streams,
                               .streams_idle = o->streams_idle,
+                              .capturing = o->capturing,
                               .slab_wait_ms = 100,
                               .fingerprint = fake_fingerprint,
                               .fingerprint_queue = o->queue_fp ? fake_fp_queue : NULL,
