@@ -80,6 +80,12 @@ static size_t room_evict_chosen(void *ctx, size_t need, const uintptr_t *protect
         int rc = n ? sh_pool_evict_these(d->pool, victims, n, &got, evicted, &ne) : SH_ENOMEM;
         if (rc != SH_OK && rc != SH_EBUSY)
             break; /* no victim, or the host side is full */
+        if (rc == SH_EBUSY && sh_capturing()) {
+            /* begun since the engine asked: no window opens until it ends,
+             * whose end makes the room (sh_graph_captures_ended) */
+            atomic_fetch_add(&d->engine.deferred, 1);
+            break;
+        }
         released += got;
         sh_sched_residency(d, evicted, ne, 0);
         sh_sched_announce(d, evicted, ne, SH_TM_EV_EVICT);
