@@ -49,9 +49,10 @@
 #define STR_(x)   #x
 #define STR(x)    STR_(x)
 /* The simulated card reads its memory (the library's fingerprint and
- * pointer prefilter) at this rate, below what its CPU stand-ins do even on
- * a busy 2-core machine, so that they take the modelled time, as copies
- * take the link's; stagehand-sim is told the same. */
+ * pointer prefilter) at this rate, about what its CPU stand-ins do on a
+ * busy 2-core machine: they take the modelled time or, where the CPU falls
+ * behind, a little more. stagehand-sim is told the rate a child measured,
+ * as for the link. */
 #define HBM_GBPS  "2.5"
 #define KERNEL_US 4000
 #define STEPS     6
@@ -223,10 +224,12 @@ static void print_card_costs(void)
     double parts =
         (double)(st.drain_us + st.copy_wait_us + st.remap_us + st.prefilter_us + st.fingerprint_us);
     double rest = (double)st.window_us > parts ? (double)st.window_us - parts : 0;
-    printf("card_map_us=%.1f card_window_us=%.1f card_h2d_gbps=%.4f card_d2h_gbps=%.4f\n",
+    double hbm = card.us_hbm ? (double)card.bytes_hbm / (double)card.us_hbm / 1e3 : atof(HBM_GBPS);
+    printf("card_map_us=%.1f card_window_us=%.1f card_h2d_gbps=%.4f card_d2h_gbps=%.4f "
+           "card_hbm_gbps=%.4f\n",
            (double)st.remap_us / (double)st.vmm_unmaps, rest / (double)st.remap_windows,
            (double)card.bytes_h2d / (double)card.us_h2d / 1e3,
-           (double)card.bytes_d2h / (double)card.us_d2h / 1e3);
+           (double)card.bytes_d2h / (double)card.us_d2h / 1e3, hbm);
 }
 
 /* The loop; prints "step_s=..." (steady mean) on stdout. */
@@ -298,9 +301,9 @@ static const char *build_dir(void)
 }
 
 /* A child's run: its steady step time (-1: it failed), and the simulated
- * card's remap costs it measured (print_card_costs; -1: none). */
+ * card's remap costs and rates it measured (print_card_costs; -1: none). */
 struct run {
-    double step, map_us, window_us, h2d_gbps, d2h_gbps;
+    double step, map_us, window_us, h2d_gbps, d2h_gbps, hbm_gbps;
 };
 
 /* Runs the loop under an eviction policy, with or without prefetch. */
@@ -316,11 +319,13 @@ static struct run run_child(const char *config, const char *policy, int prefetch
         config, policy, prefetch ? "true" : "false", trace, env, (int)getpid());
     FILE *f = popen(cmd, "r");
     assert_non_null(f);
-    struct run r = {-1, -1, -1, -1, -1};
+    struct run r = {-1, -1, -1, -1, -1, -1};
     char line[256];
     while (fgets(line, sizeof line, f)) {
-        sscanf(line, "card_map_us=%lf card_window_us=%lf card_h2d_gbps=%lf card_d2h_gbps=%lf",
-               &r.map_us, &r.window_us, &r.h2d_gbps, &r.d2h_gbps);
+        sscanf(line,
+               "card_map_us=%lf card_window_us=%lf card_h2d_gbps=%lf card_d2h_gbps=%lf "
+               "card_hbm_gbps=%lf",
+               &r.map_us, &r.window_us, &r.h2d_gbps, &r.d2h_gbps, &r.hbm_gbps);
         if (sscanf(line, "step_s=%lf", &r.step) == 1)
             break;
     }
@@ -336,31 +341,31 @@ static struct run run_child(const char *config, const char *policy, int prefetch
  * (GB/s), a chunk's remap and a window's own cost (us), and its link's
  * rates each way (GB/s). */
 struct card {
-    const char *hbm_gbps;
-    double map_us, window_us, h2d_gbps, d2h_gbps;
+    double hbm_gbps, map_us, window_us, h2d_gbps, d2h_gbps;
 };
 
 /* The simulated card, as a child measured it. */
 static struct card simulated_card(const char *policy, const struct run *r)
 {
     printf("%s: the simulated card remapped a chunk in %.1f us, spent %.1f us a window "
-           "besides, and copied at %.3f GB/s to the device, %.3f GB/s from it\n",
-           policy, r->map_us, r->window_us, r->h2d_gbps, r->d2h_gbps);
-    return (struct card){HBM_GBPS, r->map_us, r->window_us, r->h2d_gbps, r->d2h_gbps};
+           "besides, copied at %.3f GB/s to the device, %.3f GB/s from it, and read its "
+           "memory at %.3f GB/s\n",
+           policy, r->map_us, r->window_us, r->h2d_gbps, r->d2h_gbps, r->hbm_gbps);
+    return (struct card){r->hbm_gbps, r->map_us, r->window_us, r->h2d_gbps, r->d2h_gbps};
 }
 
 /* A GPU's memory and remaps, on the modelled link: stagehand-sim's defaults. */
-static const struct card a_gpu = {"2000", 20, 20, PCIE_GBPS, PCIE_GBPS};
+static const struct card a_gpu = {2000, 20, 20, PCIE_GBPS, PCIE_GBPS};
 
 /* stagehand-sim's steady step for a trace under a policy, or -1. */
 static double simulate(const char *config, const char *trace, const char *policy, struct card c)
 {
     char cmd[1024];
-    if (c.map_us < 0 || c.h2d_gbps <= 0 || c.d2h_gbps <= 0)
+    if (c.map_us < 0 || c.h2d_gbps <= 0 || c.d2h_gbps <= 0 || c.hbm_gbps <= 0)
         return -1;
     snprintf(cmd, sizeof cmd,
              "%s/stagehand-sim --trace %s --config %s --vram-gb %.6f --pcie-gbps %.4f "
-             "--d2h-gbps %.4f --hbm-gbps %s --map-us %.1f --remap-us %.1f --policy %s",
+             "--d2h-gbps %.4f --hbm-gbps %.4f --map-us %.1f --remap-us %.1f --policy %s",
              build_dir(), trace, config, (double)BUDGET_MB / 1024.0, c.h2d_gbps, c.d2h_gbps,
              c.hbm_gbps, c.map_us, c.window_us, policy);
     FILE *f = popen(cmd, "r");

@@ -405,17 +405,18 @@ static double sim_mono_us(void)
  * on time. */
 #define PACE_MARGIN 3
 
-void sim_paced(struct sim_pace *p, double us, size_t bytes, bool (*work)(void *), void *arg)
+double sim_paced(struct sim_pace *p, double us, size_t bytes, bool (*work)(void *), void *arg)
 {
     double start = sim_mono_us();
     sim_sleep_us(us - (double)bytes * p->us_per_byte * PACE_MARGIN);
     double t0 = sim_mono_us();
     if (!work(arg))
-        return;
+        return sim_mono_us() - start;
     double t1 = sim_mono_us();
     if (us > 0 && bytes >= 4096)
         p->us_per_byte = (p->us_per_byte * 3 + (t1 - t0) / (double)bytes) / 4;
     sim_sleep_us(us - (t1 - start)); /* never shorter than modelled */
+    return sim_mono_us() - start;
 }
 
 /* ---- versions ---- */
@@ -712,4 +713,6 @@ SIM_EXPORT void simcuda_get_stats(simcuda_stats_t *out)
     out->faults = atomic_load(&sim_stats.faults);
     out->us_h2d = atomic_load(&sim_stats.us_h2d);
     out->us_d2h = atomic_load(&sim_stats.us_d2h);
+    out->bytes_hbm = atomic_load(&sim_stats.bytes_hbm);
+    out->us_hbm = atomic_load(&sim_stats.us_hbm);
 }

@@ -406,7 +406,9 @@ static void launch_run(struct sim_op *op)
     struct watched w = {.l = l};
     watch(l, w.serials);
     if (l->k->builtin) {
-        sim_paced(&hbm_pace, l->us, l->bytes, launch_land, &w);
+        double took = sim_paced(&hbm_pace, l->us, l->bytes, launch_land, &w);
+        atomic_fetch_add(&sim_stats.bytes_hbm, l->bytes);
+        atomic_fetch_add(&sim_stats.us_hbm, (unsigned long long)(took + 0.5));
         return;
     }
     sim_sleep_us(l->us); /* then its work, which the program's kernels add */

@@ -88,11 +88,11 @@ void sim_sleep_us(double us);
  * less what it is expected to take (learned per byte, with a margin) has
  * passed, so that it ends on time even when it runs slower than the last
  * ones; the rest is slept out. work returns false when it faulted
- * instead: nothing is learned from it. */
+ * instead: nothing is learned from it. Returns the microseconds it took. */
 struct sim_pace {
     _Atomic double us_per_byte;
 };
-void sim_paced(struct sim_pace *p, double us, size_t bytes, bool (*work)(void *), void *arg);
+double sim_paced(struct sim_pace *p, double us, size_t bytes, bool (*work)(void *), void *arg);
 
 /* Name/value tables of the error enums, generated from the headers by
  * gen_errors.sh: sim_cu_errors (CUresult, in libcuda) and sim_rt_errors
@@ -106,7 +106,8 @@ extern const size_t sim_cu_errors_count, sim_rt_errors_count;
 
 struct sim_stats {
     atomic_ullong copies_h2d, copies_d2h, bytes_h2d, bytes_d2h, launches, faults;
-    atomic_ullong us_h2d, us_d2h; /* what the copies over the modelled link took */
+    atomic_ullong us_h2d, us_d2h;    /* what the copies over the modelled link took */
+    atomic_ullong bytes_hbm, us_hbm; /* what the builtin kernels read, and took */
 };
 extern struct sim_stats sim_stats;
 

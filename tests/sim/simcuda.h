@@ -60,6 +60,11 @@ typedef struct {
      * each from its start to its end: never less than modelled, more when
      * moving the bytes here took longer (pages touched for the first time). */
     unsigned long long us_h2d, us_d2h;
+    /* The library's own kernels (fingerprints, the pointer prefilter),
+     * paced at SIMCUDA_HBM_GBPS: the bytes they read and the microseconds
+     * they took, more than modelled when the CPU standing in for the
+     * card's memory could not keep up. */
+    unsigned long long bytes_hbm, us_hbm;
 } simcuda_stats_t;
 
 void simcuda_get_stats(simcuda_stats_t *out);

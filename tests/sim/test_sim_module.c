@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include <cuda.h>
+#include "simcuda.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -155,7 +156,9 @@ static double seconds_since(const struct timespec *a)
 
 /* Both kernels take at least their bytes over SIMCUDA_HBM_GBPS (HBM_GBPS
  * here), the fingerprint reading its length in bytes, the prefilter its
- * words, and still compute what they compute. */
+ * words, and still compute what they compute. The card's statistics count
+ * what they read and the time they took (what a test tells stagehand-sim
+ * of the card: at least the modelled time, and no more than was waited). */
 #define HBM_GBPS "0.05"
 static void test_kernels_read_at_hbm_rate(void **state)
 {
@@ -171,10 +174,17 @@ static void test_kernels_read_at_hbm_rate(void **state)
     uint32_t *w = calloc(NW, 4);
     assert_non_null(w);
     w[NW / 2] = 0x7f04;
+    simcuda_stats_t st0, st1;
+    simcuda_get_stats(&st0);
     struct timespec a;
     clock_gettime(CLOCK_MONOTONIC, &a);
     assert_int_equal(run_ptrs(ptrs, w, NW, 0x7f00, 0x10), 1);
-    assert_true(seconds_since(&a) >= NW * 4.0 / rate);
+    double waited = seconds_since(&a);
+    assert_true(waited >= NW * 4.0 / rate);
+    simcuda_get_stats(&st1);
+    assert_int_equal(st1.bytes_hbm - st0.bytes_hbm, NW * 4ull);
+    assert_true((double)(st1.us_hbm - st0.us_hbm) >= NW * 4.0 / rate * 1e6 - 1);
+    assert_true((double)(st1.us_hbm - st0.us_hbm) <= waited * 1e6 + 1);
     struct sh_clean_key k;
     assert_int_equal(sh_clean_key_random(&k), 0);
     uint64_t want[2] = {0, 0}, got[2];
