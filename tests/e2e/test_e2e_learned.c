@@ -176,11 +176,13 @@ static int scheduler_followed(void)
             (unsigned long long)st.remap_us);
     fprintf(stderr,
             "early evictions %llu (%llu committed) scan %llu us (waited %llu us, %llu MB) "
-            "prefilters %llu, scans skipped %llu, fingerprints %llu\n",
+            "prefilters %llu (%llu us waited), scans skipped %llu, fingerprints %llu (%llu us "
+            "waited)\n",
             (unsigned long long)st.early_evictions, (unsigned long long)st.early_commits,
             (unsigned long long)st.scan_us, (unsigned long long)st.scan_wait_us,
             (unsigned long long)(st.scanned_bytes >> 20), (unsigned long long)st.prefilters,
-            (unsigned long long)st.scans_skipped, (unsigned long long)st.fingerprints);
+            (unsigned long long)st.prefilter_us, (unsigned long long)st.scans_skipped,
+            (unsigned long long)st.fingerprints, (unsigned long long)st.fingerprint_us);
     /* Without marks, two whole steps alike are needed before the first
      * boundary is found. */
     return st.steps_found >= STEPS - 3 && st.steps_followed >= 1 && st.prefetches >= 1 &&
