@@ -87,6 +87,7 @@ static void device_stats(struct sh_dev *d, stagehand_stats_t *s)
     s->scan_us = st.scan_ns / 1000u;
     s->scan_wait_us = st.scan_wait_ns / 1000u;
     s->fingerprint_us = st.fingerprint_ns / 1000u;
+    s->fingerprint_start_us = st.fingerprint_start_ns / 1000u;
     s->prefilter_us = st.prefilter_ns / 1000u;
     s->scanned_bytes = st.scanned_bytes;
     s->prefilters = st.prefilters;

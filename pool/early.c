@@ -34,7 +34,7 @@ static void ev_abandon(struct sh_pool *pool, struct region *r)
 static int ev_snapshot(struct sh_pool *pool, struct region *r)
 {
     struct sh_clean_fp *fp;
-    int rc = sh_pool_fingerprint_all(pool, &r, NULL, 1, &fp);
+    int rc = sh_pool_fingerprint_all(pool, &r, NULL, 1, &fp, &pool->st.fingerprint_start_ns);
     for (unsigned i = 0; i < r->nchunks && rc == 0; i++)
         r->chunks[i].ev_fp = fp[i];
     free(fp);
@@ -292,7 +292,7 @@ static void ev_unchanged(struct sh_pool *pool, struct region **v, size_t n, uint
         }
     }
     struct sh_clean_fp *now = NULL;
-    if (m && sh_pool_fingerprint_all(pool, sel, NULL, m, &now) == 0)
+    if (m && sh_pool_fingerprint_all(pool, sel, NULL, m, &now, NULL) == 0)
         for (size_t s = 0, j = 0; s < m; s++) {
             struct region *r = sel[s];
             for (unsigned i = 0; i < r->nchunks; i++, j++)

@@ -186,7 +186,7 @@ static void count_fingerprints(struct sh_pool *pool, struct region *const *v, si
 }
 
 int sh_pool_fingerprint_all(struct sh_pool *pool, struct region *const *v, const uintptr_t *base,
-                            size_t n, struct sh_clean_fp **out)
+                            size_t n, struct sh_clean_fp **out, uint64_t *waited_ns)
 {
     *out = NULL;
     if (!pool->mover.fingerprint)
@@ -200,7 +200,10 @@ int sh_pool_fingerprint_all(struct sh_pool *pool, struct region *const *v, const
     }
     uint64_t bus[2] = {0, 0}, t0 = sh_clock_ns();
     int rc = total ? pool->mover.fingerprint(pool->mover.fp_ctx, addr, len, total, fp, bus) : 0;
-    __atomic_add_fetch(&pool->st.fingerprint_ns, sh_clock_ns() - t0, __ATOMIC_RELAXED);
+    uint64_t waited = sh_clock_ns() - t0;
+    __atomic_add_fetch(&pool->st.fingerprint_ns, waited, __ATOMIC_RELAXED);
+    if (waited_ns)
+        __atomic_add_fetch(waited_ns, waited, __ATOMIC_RELAXED);
     free(addr);
     count_fingerprints(pool, v, n, rc, bus);
     if (rc)
@@ -254,7 +257,7 @@ void sh_pool_kept_compare(struct sh_pool *pool, struct region **v, size_t n, uin
             sel[m++] = v[k];
     struct sh_clean_fp *now = NULL;
     /* none to compare, or the device cannot be waited for: copy all */
-    if (m && drain_all(pool) == 0 && sh_pool_fingerprint_all(pool, sel, NULL, m, &now) == 0)
+    if (m && drain_all(pool) == 0 && sh_pool_fingerprint_all(pool, sel, NULL, m, &now, NULL) == 0)
         for (size_t k = 0, j = 0; k < m; k++) {
             struct region *r = sel[k];
             int dirty = 0;
@@ -289,7 +292,7 @@ void sh_pool_kept_mark(struct sh_pool *pool, struct region **v, const uintptr_t 
         }
     }
     struct sh_clean_fp *fp = NULL;
-    if (m && sh_pool_fingerprint_all(pool, sel, at, m, &fp) == 0)
+    if (m && sh_pool_fingerprint_all(pool, sel, at, m, &fp, NULL) == 0)
         for (size_t k = 0, j = 0; k < m; k++) {
             struct region *r = sel[k];
             for (unsigned i = 0; i < r->nchunks; i++, j++)

@@ -102,13 +102,14 @@ struct sh_pool_stats {
     uint64_t scans_skipped; /* evicted regions the device found no pointer candidate in */
     uint64_t prefilters;    /* ranges the device looked at (kernel launches) */
     /* where moves spend their time, in nanoseconds */
-    uint64_t drain_ns;       /* waiting for the work that may use the regions moved */
-    uint64_t copy_wait_ns;   /* a window's copies (and slots), waited for in the window */
-    uint64_t remap_ns;       /* remapping chunks (unmap, map, access) */
-    uint64_t scan_ns;        /* reading evicted bytes for pointers (ptrscan.c), any thread */
-    uint64_t scan_wait_ns;   /* ... waited for by whoever needed the answer */
-    uint64_t fingerprint_ns; /* the device's fingerprints, waited for (windows, starts) */
-    uint64_t prefilter_ns;   /* the device's pointer prefilter, waited for (windows) */
+    uint64_t drain_ns;             /* waiting for the work that may use the regions moved */
+    uint64_t copy_wait_ns;         /* a window's copies (and slots), waited for in the window */
+    uint64_t remap_ns;             /* remapping chunks (unmap, map, access) */
+    uint64_t scan_ns;              /* reading evicted bytes for pointers (ptrscan.c), any thread */
+    uint64_t scan_wait_ns;         /* ... waited for by whoever needed the answer */
+    uint64_t fingerprint_ns;       /* the device's fingerprints, waited for (windows, starts) */
+    uint64_t fingerprint_start_ns; /* ... of them, taken at once at a start: in no window */
+    uint64_t prefilter_ns;         /* the device's pointer prefilter, waited for (windows) */
     uint64_t scanned_bytes;
 };
 

@@ -651,6 +651,7 @@ void sh_pool_stats(struct sh_pool *pool, struct sh_pool_stats *st)
     st->scan_ns = __atomic_load_n(&pool->st.scan_ns, __ATOMIC_RELAXED);
     st->scan_wait_ns = __atomic_load_n(&pool->st.scan_wait_ns, __ATOMIC_RELAXED);
     st->fingerprint_ns = __atomic_load_n(&pool->st.fingerprint_ns, __ATOMIC_RELAXED);
+    st->fingerprint_start_ns = __atomic_load_n(&pool->st.fingerprint_start_ns, __ATOMIC_RELAXED);
     st->prefilter_ns = __atomic_load_n(&pool->st.prefilter_ns, __ATOMIC_RELAXED);
     st->scanned_bytes = __atomic_load_n(&pool->st.scanned_bytes, __ATOMIC_RELAXED);
     st->vmm_maps = __atomic_load_n(&pool->st.vmm_maps, __ATOMIC_RELAXED);

@@ -338,9 +338,10 @@ void sh_pool_unseen_write(struct sh_pool *pool, const struct region *r, const ch
  * stats), in one call to the device (a round trip each would hold a window
  * that much longer), v[k]'s as mapped at base[k] (at its own address when
  * base is NULL): *out gets them in order, to be freed; 0, or an error and
- * *out NULL. */
+ * *out NULL. The time waited is added to *waited_ns too, when not NULL
+ * (the stats' start fingerprints: waited outside any window). */
 int sh_pool_fingerprint_all(struct sh_pool *pool, struct region *const *v, const uintptr_t *base,
-                            size_t n, struct sh_clean_fp **out);
+                            size_t n, struct sh_clean_fp **out, uint64_t *waited_ns);
 /* The same for r at its address, queued on dir's copy stream ahead of
  * what is queued there next (mover's fingerprint_queue); the results are
  * taken with sh_pool_fingerprint_take (out NULL: given up), once each. */

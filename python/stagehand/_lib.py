@@ -45,7 +45,7 @@ STATS_FIELDS = (
     ("early_evictions", False), ("early_commits", False),
     ("steps_found", True), ("steps_followed", False), ("steps_departed", False),
     ("fingerprint_us", False), ("prefilter_us", False),
-    ("host_launches", False),
+    ("host_launches", False), ("fingerprint_start_us", False),
 )
 
 

@@ -371,8 +371,17 @@ static void test_early_eviction_exact(void **state)
     assert_int_equal(start_early(a), 0);
     assert_int_equal(state_of(a), SH_RS_RESIDENT);
     evict_one(b); /* a window: drains everything issued so far */
+    struct sh_pool_stats st;
+    sh_pool_stats(sys.pool, &st);
+    uint64_t fp_ns = st.fingerprint_ns;
+    assert_int_equal(st.fingerprint_start_ns, 0);
     assert_int_equal(start_early(a), 1);
     assert_int_equal(state_of(a), SH_RS_EVICTING);
+    /* its start fingerprints, taken at once (none is queued here): counted
+     * apart too, as time in no window */
+    sh_pool_stats(sys.pool, &st);
+    assert_true(st.fingerprint_start_ns > 0);
+    assert_true(st.fingerprint_start_ns <= st.fingerprint_ns - fp_ns);
     assert_int_equal(bad_words(a, RSIZE, 4), 0); /* still on the device, readable */
     size_t inflight = 0;
     assert_int_equal(sh_pool_evict_ready(sys.pool, &inflight), 1);
@@ -382,7 +391,6 @@ static void test_early_eviction_exact(void **state)
     assert_int_equal(back, 0);
     assert_int_equal(state_of(a), SH_RS_HOST);
     assert_int_equal(bad_words(a, RSIZE, 4), 0);
-    struct sh_pool_stats st;
     sh_pool_stats(sys.pool, &st);
     assert_int_equal(st.early_evictions, 1);
     assert_int_equal(st.early_commits, 1);
@@ -534,7 +542,8 @@ static void test_early_eviction_queued_fingerprint(void **state)
     assert_int_equal(start_early(a), 1);
     assert_int_equal(fpk.queued, 1);
     assert_int_equal(fpk.calls, calls); /* nothing waited for */
-    fill(a, RSIZE, 6);                  /* unseen */
+    assert_int_equal(pstats().fingerprint_start_ns, 0);
+    fill(a, RSIZE, 6); /* unseen */
     size_t back = 0;
     assert_int_equal(commit_early(1, &back), 0);
     assert_int_equal(back, 1);
