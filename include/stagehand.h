@@ -147,9 +147,9 @@ typedef struct stagehand_stats {
      * for all of them could not be made within the budget, so as many as
      * fit came back and the kernel reached the rest over the bus. */
     uint64_t host_launches;
-    /* Of fingerprint_us, the early evictions' start fingerprints that
-     * could not be queued on the copy stream (a region with a kept copy):
-     * taken at once, outside any remap window. */
+    /* Of fingerprint_us, the early evictions' start fingerprints not
+     * queued on the copy stream (a region with a kept copy, or no room in
+     * the queue): taken at once, outside any remap window. */
     uint64_t fingerprint_start_us;
 } stagehand_stats_t;
 
