@@ -7,7 +7,8 @@
  * making room in the model, and its remap windows opened as the library
  * opens them; and clean regions ([policy] clean_skip): what launches only
  * read leaves without a copy, every use counts as a write in a trace that
- * says nothing of it, and fingerprints cost their bytes over --hbm-gbps.
+ * says nothing of it, and fingerprints cost their bytes over --hbm-gbps;
+ * and a free that calls off its region's move, as the library's does.
  * Runs the built tool
  * ($STAGEHAND_TEST_BUILD/stagehand-sim) under a memory limit, so a replay
  * whose lists grow without end fails here instead of taking the machine's
@@ -484,6 +485,35 @@ static void test_early_eviction_drains(void **state)
     }
 }
 
+/* A free calls off its region's move in flight, as the library's does
+ * (pool/region.c's settle): the copy on the link is waited for, and the
+ * memory goes back at once, never committed in a window (where a kept copy
+ * would have been compared, draining the device). The replay's
+ * consistency checks (--verbose x5) fail a run in which a freed region
+ * still moves; each generated shape frees gradients and activations under
+ * early eviction. */
+static void test_free_calls_off_moves(void **state)
+{
+    (void)state;
+    static const char *const shapes[] = {"", "--checkpointing", "--lora", "--lora --checkpointing"};
+    const char *build = getenv("STAGEHAND_TEST_BUILD");
+    unsigned off = 0;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        char cmd[1024], line[512];
+        snprintf(cmd, sizeof cmd,
+                 "%s/stagehand-sim --gen --blocks 8 --steps 4 --oversub 2 %s --config "
+                 "stagehand.ini --policy all --verbose --verbose --verbose --verbose --verbose "
+                 "2>&1 >/dev/null",
+                 build ? build : "build", shapes[i]);
+        FILE *p = popen(cmd, "r");
+        assert_non_null(p);
+        while (fgets(line, sizeof line, p))
+            off += strstr(line, " calls off its ") != NULL;
+        assert_int_equal(pclose(p), 0);
+    }
+    assert_true(off >= 4);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -504,6 +534,7 @@ int main(void)
         cmocka_unit_test(test_room_beside_the_regions),
         cmocka_unit_test(test_early_evictions_wait_for_a_drain),
         cmocka_unit_test(test_early_eviction_drains),
+        cmocka_unit_test(test_free_calls_off_moves),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -225,3 +225,29 @@ int finish(struct run *r, int c)
     refill(r, cp->dir);
     return 0;
 }
+
+/* A free calls off the region's move in flight, as the library's
+ * sh_pool_free does (settle): the freeing thread waits for the copy on the
+ * link, if any, and the memory goes back with no window (a region freed
+ * is never committed, nor its kept copy compared). */
+int cancel_copy(struct run *r, struct sreg *s)
+{
+    struct copy *cp = &r->cp[s->copy];
+    uint64_t t0 = r->now;
+    if (cp->state == C_QUEUED)
+        fifo_remove(&r->queued[cp->dir], s->copy);
+    else if (cp->state == C_ISSUED && advance(r, cp->done_ns))
+        return SH_EINVAL;
+    if (r->sp->verbose > 3)
+        fprintf(stderr, "      free of region %llu calls off its %s (waited %.3f ms)\n",
+                (unsigned long long)s->id, cp->dir == H2D ? "restore" : "eviction",
+                (double)(r->now - t0) / 1e6);
+    if (cp->state == C_READY)
+        r->nready_dir[cp->dir]--; /* stays in the ready list, skipped at commit */
+    cp->state = C_DONE;
+    s->copy = -1;
+    if (cp->dir == D2H)
+        r->evicting -= s->bytes;
+    r->used -= s->bytes;
+    return 0;
+}

@@ -419,23 +419,11 @@ static int on_free(struct run *r, const struct sh_trace_event *e)
     /* As the library does (sh_sched_free): the policy records the free and
      * forgets the region at once, whatever its memory is still doing, so
      * that the id may come back for the next allocation (the pool reuses a
-     * freed region's address). The sreg keeps the memory until its copy in
-     * flight, if any, is committed. */
+     * freed region's address). A copy in flight is called off. */
     sh_policy_free(r->pol, r->now / 1000, e->id);
     sh_policy_forget(r->pol, e->id);
-    if (s->copy >= 0) {
-        struct copy *cp = &r->cp[s->copy];
-        if (cp->state != C_QUEUED)
-            return 0; /* released when the copy is committed */
-        /* nothing copied yet: release at once */
-        fifo_remove(&r->queued[cp->dir], s->copy);
-        cp->state = C_DONE;
-        s->copy = -1;
-        if (cp->dir == D2H)
-            r->evicting -= s->bytes;
-        r->used -= s->bytes;
-        return 0;
-    }
+    if (s->copy >= 0)
+        return cancel_copy(r, s);
     if (s->res == SH_RES_DEVICE)
         r->used -= s->bytes;
     return 0;
@@ -636,13 +624,17 @@ static int set_future(struct run *r)
     return rc ? run_fail(r, "out of memory") : 0;
 }
 
-/* Device bytes recounted from the regions: must equal r->used. */
+/* Device bytes recounted from the regions: must equal r->used. A freed
+ * region holds none and moves no more (its copy was called off):
+ * UINT64_MAX when one does. */
 static uint64_t recount(const struct run *r)
 {
     uint64_t u = 0;
     for (size_t g = 0; g < r->nreg; g++) {
         const struct sreg *s = &r->reg[g];
-        if ((s->live && s->res != SH_RES_HOST) || (!s->live && s->copy >= 0))
+        if (!s->live && s->copy >= 0)
+            return UINT64_MAX;
+        if (s->live && s->res != SH_RES_HOST)
             u += s->bytes;
     }
     return u;
@@ -687,9 +679,12 @@ static int replay(struct run *r, const size_t *starts, size_t nst)
         }
         if (rc)
             return run_fail(r, "trace line %u: replay failed", e->line);
-        if (r->sp->verbose > 4 && recount(r) != r->used)
+        uint64_t held = r->sp->verbose > 4 ? recount(r) : r->used;
+        if (held == UINT64_MAX)
+            return run_fail(r, "event %zu (type %d): a freed region still moves", i, e->type);
+        if (held != r->used)
             return run_fail(r, "event %zu (type %d): used %llu, regions hold %llu", i, e->type,
-                            (unsigned long long)r->used, (unsigned long long)recount(r));
+                            (unsigned long long)r->used, (unsigned long long)held);
     }
     return r->failed ? SH_EINVAL : 0;
 }

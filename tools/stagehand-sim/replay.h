@@ -155,5 +155,8 @@ int start_copy(struct run *r, size_t g, int dir, int demand);
 int next_done(const struct run *r);
 /* Copy c left the link: ready for a remap window, unless cancelled. */
 int finish(struct run *r, int c);
+/* The program freed s: its copy in flight is called off, as the library's
+ * free does (waiting for it if it is on the link). */
+int cancel_copy(struct run *r, struct sreg *s);
 
 #endif
