@@ -624,20 +624,22 @@ static int set_future(struct run *r)
     return rc ? run_fail(r, "out of memory") : 0;
 }
 
-/* Device bytes recounted from the regions: must equal r->used. A freed
- * region holds none and moves no more (its copy was called off):
- * UINT64_MAX when one does. */
-static uint64_t recount(const struct run *r)
+/* --verbose x5, after event i: the device bytes recounted from the regions
+ * equal r->used, and no freed region moves still (its copy was called off). */
+static int check_held(struct run *r, size_t i, const struct sh_trace_event *e)
 {
-    uint64_t u = 0;
+    uint64_t held = 0;
     for (size_t g = 0; g < r->nreg; g++) {
         const struct sreg *s = &r->reg[g];
         if (!s->live && s->copy >= 0)
-            return UINT64_MAX;
-        if (s->live && s->res != SH_RES_HOST)
-            u += s->bytes;
+            return run_fail(r, "event %zu (type %d): freed region %llu still moves", i, e->type,
+                            (unsigned long long)s->id);
+        held += s->live && s->res != SH_RES_HOST ? s->bytes : 0;
     }
-    return u;
+    if (held != r->used)
+        return run_fail(r, "event %zu (type %d): used %llu, regions hold %llu", i, e->type,
+                        (unsigned long long)r->used, (unsigned long long)held);
+    return 0;
 }
 
 static int replay(struct run *r, const size_t *starts, size_t nst)
@@ -679,12 +681,8 @@ static int replay(struct run *r, const size_t *starts, size_t nst)
         }
         if (rc)
             return run_fail(r, "trace line %u: replay failed", e->line);
-        uint64_t held = r->sp->verbose > 4 ? recount(r) : r->used;
-        if (held == UINT64_MAX)
-            return run_fail(r, "event %zu (type %d): a freed region still moves", i, e->type);
-        if (held != r->used)
-            return run_fail(r, "event %zu (type %d): used %llu, regions hold %llu", i, e->type,
-                            (unsigned long long)r->used, (unsigned long long)held);
+        if (r->sp->verbose > 4 && check_held(r, i, e))
+            return SH_EINVAL;
     }
     return r->failed ? SH_EINVAL : 0;
 }
